@@ -1,0 +1,1 @@
+"""Evaluation internals behind eval_summ.py: generation, CNNSum ROUGE-L, reports, failure modes, plots."""

@@ -1,0 +1,164 @@
+"""The run directory format shared by finetune, generation, probes and reports.
+
+A run directory holds:
+- ``run.json``: metadata written atomically: ``kind`` ("generate", "probe", "finetune"), ``model``,
+  ``rope`` (a rope spec dict from rope_scaling, or ``{"rope": "none"}``), ``train_length`` (or null), ``args``,
+  ``versions``, timestamps, and whatever the producer adds (``prompt``, ``subset``, ``backend``, ``probe``...).
+- one or more append-only JSONL record files (``predictions.jsonl`` for generation, ``items.jsonl`` for probes):
+  one JSON object a line, each with a unique ``id``. A record is appended with one ``write`` + ``fsync``, so a
+  kill -9 loses at most the record in flight; a torn last line is cut off when the log is reopened. Resuming
+  skips ids already present and never duplicates one.
+- ``summary.json`` / ``scores.json``: derived numbers, written atomically.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from .io import InputError, write_json_atomic
+
+RUN_JSON = "run.json"
+
+
+def versions() -> dict[str, str]:
+    """Versions of the packages that shape results (for run.json)."""
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for name in ("torch", "transformers", "peft", "deepspeed", "vllm", "jieba", "ropescale"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    from . import __version__
+
+    out["ropescale"] = __version__
+    return out
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class RecordLog:
+    """An append-only JSONL file of records keyed by ``id`` (see module doc)."""
+
+    def __init__(self, path: str | os.PathLike, key: str = "id"):
+        self.path = Path(path)
+        self.key = key
+        self._repair()
+        self._ids = {r[key] for r in self.records() if key in r}
+
+    def _repair(self) -> None:
+        """Cut a torn last line (a writer killed mid-record) so appends start on a clean line."""
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            cut = data.rfind(b"\n") + 1
+            with open(self.path, "r+b") as f:
+                f.truncate(cut)
+
+    def records(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        out = []
+        with open(self.path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise InputError(f"malformed record: {e.msg}", self.path, lineno) from None
+        return out
+
+    def done_ids(self) -> set:
+        return set(self._ids)
+
+    def __contains__(self, rid) -> bool:
+        return rid in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def append(self, record: dict) -> None:
+        rid = record.get(self.key)
+        if rid is None:
+            raise ValueError(f"record has no {self.key!r}")
+        if rid in self._ids:
+            raise ValueError(f"duplicate record id {rid!r} in {self.path}")
+        line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._ids.add(rid)
+
+
+class RunDir:
+    """A run directory: ``run.json`` + record logs + derived json files."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    @property
+    def meta_path(self) -> Path:
+        return self.path / RUN_JSON
+
+    def exists(self) -> bool:
+        return self.meta_path.is_file()
+
+    def read_meta(self) -> dict:
+        if not self.meta_path.is_file():
+            raise InputError("not a run directory (no run.json)", self.path)
+        try:
+            return json.loads(self.meta_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise InputError(f"unreadable run.json: {e}", self.meta_path) from None
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        meta = dict(meta)
+        meta.setdefault("created", now())
+        meta["updated"] = now()
+        meta.setdefault("versions", versions())
+        write_json_atomic(self.meta_path, meta)
+
+    def update_meta(self, **fields: Any) -> dict:
+        meta = self.read_meta() if self.exists() else {}
+        meta.update(fields)
+        self.write_meta(meta)
+        return meta
+
+    def log(self, name: str = "predictions.jsonl", key: str = "id") -> RecordLog:
+        return RecordLog(self.path / name, key=key)
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        p = self.path / name
+        write_json_atomic(p, obj)
+        return p
+
+    def read_json(self, name: str) -> Any:
+        p = self.path / name
+        if not p.is_file():
+            raise InputError(f"missing {name}", self.path)
+        return json.loads(p.read_text(encoding="utf-8"))
+
+
+def find_run_dirs(paths: Iterable[str | os.PathLike]) -> Iterator[RunDir]:
+    """Yield run directories among ``paths``: each path is a run dir or a folder searched recursively."""
+    for p in map(Path, paths):
+        if (p / RUN_JSON).is_file():
+            yield RunDir(p)
+        elif p.is_dir():
+            for meta in sorted(p.rglob(RUN_JSON)):
+                yield RunDir(meta.parent)
+        else:
+            raise InputError("no such run directory", p)

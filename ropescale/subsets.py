@@ -1,0 +1,62 @@
+"""CNNSum subset presets (the paper's Sec 3.2 and Sec 4 / Appendix B.1), in one place.
+
+Sampling range of a subset with target T is [T - a, T + 2K] (K = 1024 tokens):
+L = 16K [-4K], XL = 32K [-6K], 2XL = 64K [-10K], 3XL = 128K [-16K].
+Generation: greedy, at least 10 new tokens, at most 400 for L/XL and 500 for 2XL/3XL.
+The official release names its files cnnsum_L_16k, cnnsum_XL_32k, cnnsum_XXL_64k, cnnsum_XXXL_128k.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .io import InputError
+
+K = 1024
+
+
+@dataclass(frozen=True)
+class Subset:
+    name: str  # L, XL, 2XL, 3XL
+    target: int  # tokens
+    below: int  # a: the range starts at target - below
+    above: int  # the range ends at target + above (2K for every subset)
+    max_new_tokens: int
+    release_file: str
+
+    @property
+    def range(self) -> tuple[int, int]:
+        return self.target - self.below, self.target + self.above
+
+
+SUBSETS: dict[str, Subset] = {
+    "L": Subset("L", 16 * K, 4 * K, 2 * K, 400, "cnnsum_L_16k"),
+    "XL": Subset("XL", 32 * K, 6 * K, 2 * K, 400, "cnnsum_XL_32k"),
+    "2XL": Subset("2XL", 64 * K, 10 * K, 2 * K, 500, "cnnsum_XXL_64k"),
+    "3XL": Subset("3XL", 128 * K, 16 * K, 2 * K, 500, "cnnsum_XXXL_128k"),
+}
+ORDER = ("L", "XL", "2XL", "3XL")
+MIN_NEW_TOKENS = 10
+_ALIASES = {"XXL": "2XL", "XXXL": "3XL"}
+
+
+def get(name: str) -> Subset:
+    key = _ALIASES.get(name.upper(), name.upper())
+    if key not in SUBSETS:
+        raise InputError(f"unknown subset {name!r} (choose from {', '.join(ORDER)})")
+    return SUBSETS[key]
+
+
+def from_filename(path: str | Path) -> Subset | None:
+    """The subset a release file name implies (cnnsum_XXL_64k.jsonl -> 2XL), or None."""
+    m = re.search(r"cnnsum_(L|XL|XXL|XXXL|2XL|3XL)_", Path(path).name, re.IGNORECASE)
+    return get(m.group(1)) if m else None
+
+
+def scaled(target: int, like: str = "L") -> Subset:
+    """A subset scaled down to ``target`` tokens with the same relative range as ``like`` (for tiny models)."""
+    base = get(like)
+    f = target / base.target
+    return Subset(f"T{target}", target, max(1, round(base.below * f)), max(1, round(base.above * f)),
+                  base.max_new_tokens, "")
