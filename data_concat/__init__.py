@@ -1,0 +1,14 @@
+"""data_concat: training data and evaluation data the CNNSum way (arXiv 2412.02819).
+
+- ``pack``: render short summarization pairs with the Appendix F.2 prompts and concatenate them at random into
+  14–18K / 30–34K token training samples (Sec 5), loss on the summaries only -> OUT/train.parquet.
+- ``pairs``: real pairs from the shared novels (chapter text -> its heading couplet).
+- ``sample``: the multi-scale sliding-window sampler of Sec 3.2 (L/XL/2XL/3XL or a scaled-down target).
+
+CLI: ``python -m data_concat {pack,stats,pairs,sample} --help``.
+"""
+from .pack import (TARGETS, EncodedPair, Pair, Plan, compute_stats, encode_pairs, load_meta, load_packed, pack,
+                   pack_encoded, plan_packing, read_pairs, resolve_range, stats_of)
+
+__all__ = ["TARGETS", "EncodedPair", "Pair", "Plan", "compute_stats", "encode_pairs", "load_meta", "load_packed",
+           "pack", "pack_encoded", "plan_packing", "read_pairs", "resolve_range", "stats_of"]
