@@ -1,0 +1,18 @@
+"""RoPE context extension: PI, static / dynamic NTK, YaRN and ABF, written into Hugging Face configs.
+
+    from rope_scaling import RopeSpec, add_rope_args, spec_from_args, apply_rope, read_rope, extended_context
+
+- ``formulas``: one pure function per method (inv_freq, attention factor), one registry.
+- ``hf``: the one adapter that writes a spec into / reads it from an HF config (transformers 4.x and 5.x).
+- ``args``: the shared ``--rope/--scale/--rope-base/--orig-ctx/--yarn-*`` flags.
+- ``describe``: ``python -m rope_scaling describe`` explains a setting per rotary dimension pair.
+"""
+from ropescale.io import InputError
+
+from .args import add_rope_args, spec_from_args
+from .formulas import FORMULAS, Freqs, frequencies
+from .hf import RopeState, apply_rope, extended_context, read_rope, rope_state
+from .spec import METHODS, RopeSpec
+
+__all__ = ["RopeSpec", "add_rope_args", "spec_from_args", "apply_rope", "read_rope", "extended_context",
+           "InputError", "METHODS", "FORMULAS", "Freqs", "frequencies", "rope_state", "RopeState"]

@@ -1,0 +1,276 @@
+"""The one place that writes a RopeSpec into, and reads it back from, a Hugging Face config.
+
+Every method is expressed as plain HF rope entries, so a saved model reloads with ``AutoModelForCausalLM`` (and
+vLLM) without importing this repo:
+
+==============  =========================================================  ==========================
+method          rope entries (``rope_parameters`` on 5.x)                  max_position_embeddings
+==============  =========================================================  ==========================
+pi              linear, factor s                                           orig * s
+ntk             default, rope_theta = b * s^(d/(d-2))                      orig * s
+abf             default, rope_theta = rope_base                            orig * s
+dynamic_ntk     dynamic, factor s  (HF reads max_position_embeddings as    orig
+                the original context, so it stays orig)
+yarn            yarn, factor, beta_fast, beta_slow, original_max_position  orig * s
+                _embeddings (+ attention_factor when --yarn-mscale)
+==============  =========================================================  ==========================
+
+``--rope-base`` replaces rope_theta first (ABF), then the method applies. transformers 5.x keeps everything in
+``config.rope_parameters`` (rope_theta inside; the dict is always rebuilt whole); 4.x uses ``config.rope_scaling``
+plus ``config.rope_theta``. Plain dicts (a loaded config.json) of either shape work too.
+
+What HF entries cannot say (ntk vs abf vs none all look like "default"; the pre-scaling base and context) is kept
+in one extra top-level config key, ``ropescale_rope``, which transformers stores and reloads untouched. It is
+trusted only while the rope entries still match what was written; otherwise the HF entries alone are read.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from ropescale.io import InputError
+
+from .formulas import Freqs, frequencies, ntk_base
+from .spec import RopeSpec
+
+RECORD_KEY = "ropescale_rope"
+DEFAULT_THETA = 10000.0  # transformers' default_theta when a config names no base
+_SUPPORTED_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+
+
+# ---------------------------------------------------------------- config access (object or dict)
+def _get(cfg, key: str, default=None):
+    if isinstance(cfg, dict):
+        return cfg.get(key, default)
+    return getattr(cfg, key, default)
+
+
+def _has(cfg, key: str) -> bool:
+    if isinstance(cfg, dict):
+        return key in cfg
+    try:
+        getattr(cfg, key)
+        return True
+    except AttributeError:
+        return False
+
+
+def _set(cfg, key: str, value) -> None:
+    if isinstance(cfg, dict):
+        cfg[key] = value
+    else:
+        setattr(cfg, key, value)
+
+
+def _style(cfg) -> str:
+    """'5' (rope_parameters), '4' (rope_scaling + rope_theta), or InputError when the config has no rope fields."""
+    rp = _get(cfg, "rope_parameters")
+    if isinstance(rp, dict) and rp:
+        return "5"
+    if _has(cfg, "rope_theta") or (isinstance(cfg, dict) and "rope_scaling" in cfg) or (
+            not isinstance(cfg, dict) and not _has(cfg, "rope_parameters") and _has(cfg, "rope_scaling")):
+        return "4"
+    raise InputError("config has no RoPE fields (rope_parameters, or rope_theta / rope_scaling): "
+                     "not a RoPE model")
+
+
+def _entries(cfg) -> dict:
+    """The config's rope entries as one flat 5.x-style dict: rope_type, rope_theta, and the type's keys."""
+    if _style(cfg) == "5":
+        e = dict(_get(cfg, "rope_parameters"))
+        labels = _get(cfg, "layer_types") or ()
+        if any(isinstance(v, dict) for v in e.values()) or any(k in labels for k in e):
+            raise InputError("per-layer rope_parameters are not supported (Llama / Qwen2 / Mistral have one)")
+    else:
+        e = dict(_get(cfg, "rope_scaling") or {})
+        e["rope_theta"] = _get(cfg, "rope_theta", DEFAULT_THETA)
+    e["rope_type"] = e.pop("type", None) or e.get("rope_type") or "default"
+    e.setdefault("rope_theta", DEFAULT_THETA)
+    if e["rope_theta"] is None:
+        e["rope_theta"] = DEFAULT_THETA
+    return e
+
+
+def _write(cfg, entries: dict, max_pos: int) -> None:
+    """Replace the config's rope entries by ``entries`` (complete) and set max_position_embeddings."""
+    if _style(cfg) == "5":
+        _set(cfg, "rope_parameters", dict(entries))
+    else:
+        rest = {k: v for k, v in entries.items() if k != "rope_theta"}
+        _set(cfg, "rope_theta", entries["rope_theta"])
+        t = rest["rope_type"]
+        _set(cfg, "rope_scaling", None if t == "default" else {**rest, "type": t})
+    _set(cfg, "max_position_embeddings", int(max_pos))
+    if _get(cfg, "original_max_position_embeddings") is not None and "original_max_position_embeddings" in entries:
+        # Phi3-style top-level key: transformers 5.x gives it priority over the one in rope_parameters
+        _set(cfg, "original_max_position_embeddings", entries["original_max_position_embeddings"])
+
+
+def rotary_dim(cfg) -> int:
+    """head_dim * partial_rotary_factor: the number of rotated channels (d in every formula)."""
+    hd = _get(cfg, "head_dim")
+    if not hd:
+        hs, nh = _get(cfg, "hidden_size"), _get(cfg, "num_attention_heads")
+        if not hs or not nh:
+            raise InputError("config has neither head_dim nor hidden_size / num_attention_heads")
+        hd = hs // nh
+    prf = _entries(cfg).get("partial_rotary_factor") or _get(cfg, "partial_rotary_factor") or 1.0
+    return int(hd * prf)
+
+
+# ---------------------------------------------------------------- reading
+def _record(cfg, entries: dict) -> dict | None:
+    """The ``ropescale_rope`` record, if present and still matching the rope entries."""
+    rec = _get(cfg, RECORD_KEY)
+    if not isinstance(rec, dict) or not isinstance(rec.get("spec"), dict) or not isinstance(rec.get("original"), dict):
+        return None
+    w = rec.get("written") or {}
+    try:
+        if w.get("rope_type") != entries["rope_type"] or not math.isclose(float(w.get("rope_theta")),
+                                                                          float(entries["rope_theta"]), rel_tol=1e-9):
+            return None
+        if entries.get("factor") is not None and not math.isclose(float(w.get("factor") or 0), float(entries["factor"]),
+                                                                 rel_tol=1e-9):
+            return None
+    except (TypeError, ValueError):
+        return None
+    return rec
+
+
+def _from_entries(cfg, e: dict) -> RopeSpec:
+    """A spec from HF rope entries alone (configs not written here, e.g. a model's native scaling)."""
+    t, max_pos = e["rope_type"], _get(cfg, "max_position_embeddings")
+    orig = e.get("original_max_position_embeddings") or _get(cfg, "original_max_position_embeddings") or max_pos
+    if t not in _SUPPORTED_TYPES:
+        raise InputError(f"rope type {t!r} is not supported (supported: {', '.join(_SUPPORTED_TYPES)})")
+    if t == "default":
+        return RopeSpec("none", orig_ctx=max_pos)
+    factor = e.get("factor")
+    if factor is None:
+        raise InputError(f"rope type {t!r} without a factor")
+    if t == "linear":
+        return RopeSpec("pi", scale=factor, orig_ctx=orig)
+    if t == "dynamic":  # transformers' dynamic NTK takes max_position_embeddings as the original context
+        return RopeSpec("dynamic_ntk", scale=factor, orig_ctx=max_pos)
+    if t == "yarn":
+        if e.get("mscale") or e.get("mscale_all_dim") or e.get("truncate") is False:
+            raise InputError("yarn with mscale / mscale_all_dim / truncate=false is not supported")
+        return RopeSpec("yarn", scale=factor, orig_ctx=orig, yarn_alpha=e.get("beta_slow") or 1.0,
+                        yarn_beta=e.get("beta_fast") or 32.0, yarn_mscale=e.get("attention_factor"))
+    return RopeSpec("llama3", scale=factor, orig_ctx=orig, llama3_low=e["low_freq_factor"],
+                    llama3_high=e["high_freq_factor"])
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeState:
+    """What a config carries: the spec, and the unscaled model underneath (base, context, max positions)."""
+
+    spec: RopeSpec
+    base: float  # the model's own RoPE base, before ABF / NTK
+    orig_ctx: int  # its original context
+    max_position_embeddings: int  # its unscaled max_position_embeddings
+    rotary_dim: int
+
+    def frequencies(self, seq_len: int | None = None) -> Freqs:
+        return frequencies(self.spec, self.rotary_dim, self.base, seq_len)
+
+    def original_frequencies(self) -> Freqs:
+        return frequencies(RopeSpec(), self.rotary_dim, self.base)
+
+
+def rope_state(cfg) -> RopeState:
+    """The spec a config carries plus the unscaled model under it (InputError when it has no RoPE fields)."""
+    e = _entries(cfg)
+    d = rotary_dim(cfg)
+    rec = _record(cfg, e)
+    if rec is not None:
+        o = rec["original"]
+        return RopeState(RopeSpec.from_dict(rec["spec"]), float(o["base"]), int(o["orig_ctx"]),
+                         int(o["max_position_embeddings"]), d)
+    spec = _from_entries(cfg, e)
+    max_pos = _get(cfg, "max_position_embeddings")
+    if not max_pos:
+        raise InputError("config has no max_position_embeddings")
+    if spec.method == "none":
+        orig = _get(cfg, "original_max_position_embeddings") or max_pos
+        return RopeState(spec, float(e["rope_theta"]), int(orig), int(max_pos), d)
+    return RopeState(spec, float(e["rope_theta"]), int(spec.orig_ctx), int(spec.orig_ctx), d)
+
+
+def read_rope(cfg) -> RopeSpec:
+    """The RopeSpec a (saved) config carries: method none for plain RoPE, llama3 for Llama-3.x native scaling."""
+    return rope_state(cfg).spec
+
+
+def extended_context(cfg) -> int:
+    """The context the (scaled) config is meant for: orig_ctx * scale (max_position_embeddings when unscaled or
+    for native llama3 scaling, whose configs state it)."""
+    st = rope_state(cfg)
+    if st.spec.method in ("none", "llama3"):
+        return int(_get(cfg, "max_position_embeddings"))
+    return int(round(st.orig_ctx * st.spec.scale))
+
+
+# ---------------------------------------------------------------- writing
+def hf_entries(spec: RopeSpec, base: float, d: int) -> tuple[dict, int]:
+    """(rope entries, max_position_embeddings) expressing a resolved spec (orig_ctx set) on a model with RoPE
+    ``base`` and rotary dim ``d``."""
+    b = spec.rope_base if spec.rope_base is not None else base
+    s, L = spec.scale, spec.orig_ctx
+    m = spec.method
+    extended = int(round(L * s))
+    if m in ("none", "abf"):
+        return {"rope_type": "default", "rope_theta": b}, extended
+    if m == "ntk":
+        return {"rope_type": "default", "rope_theta": ntk_base(b, d, s)}, extended
+    if m == "pi":
+        return {"rope_type": "linear", "rope_theta": b, "factor": s}, extended
+    if m == "dynamic_ntk":
+        return {"rope_type": "dynamic", "rope_theta": b, "factor": s}, L
+    if m == "yarn":
+        e = {"rope_type": "yarn", "rope_theta": b, "factor": s, "original_max_position_embeddings": L,
+             "beta_fast": spec.yarn_beta, "beta_slow": spec.yarn_alpha}
+        if spec.yarn_mscale is not None:
+            e["attention_factor"] = spec.yarn_mscale
+        return e, extended
+    if m == "llama3":
+        return {"rope_type": "llama3", "rope_theta": b, "factor": s, "original_max_position_embeddings": L,
+                "low_freq_factor": spec.llama3_low, "high_freq_factor": spec.llama3_high}, extended
+    raise InputError(f"unknown RoPE method {m!r}")
+
+
+def apply_rope(cfg, spec: RopeSpec):
+    """Write ``spec`` into ``cfg`` in place (and return it), as plain HF entries; apply before building the model.
+
+    Method none is a no-op (with ``replace``: the config's scaling is removed). A config that already carries
+    scaling (Llama-3.x ``llama3``, or one applied earlier) is an InputError unless ``spec.replace``, in which
+    case the new method is applied to the unscaled model underneath; re-applying the spec a config already
+    carries is a no-op. ``orig_ctx`` None means the config's original context.
+    """
+    if not isinstance(spec, RopeSpec):
+        raise TypeError(f"apply_rope needs a RopeSpec, got {type(spec).__name__}")
+    st = rope_state(cfg)
+    cur = st.spec
+    target = dataclasses.replace(spec, orig_ctx=spec.orig_ctx or st.orig_ctx, replace=False)
+    if spec.method == "none" and not spec.replace:
+        return cfg
+    if cur.method != "none" and cur.same_rope(target):
+        return cfg
+    if cur.method != "none" and not spec.replace:
+        raise InputError(f"config already carries {cur.describe()} RoPE scaling; stacking {spec.describe()} on "
+                         f"top is not supported (pass --replace to replace it)")
+    e = _entries(cfg)
+    extra = {k: e[k] for k in ("partial_rotary_factor",) if k in e}
+    if spec.method == "none":
+        _write(cfg, {"rope_type": "default", "rope_theta": st.base, **extra}, st.max_position_embeddings)
+        _set(cfg, RECORD_KEY, None)
+        return cfg
+    entries, max_pos = hf_entries(target, st.base, st.rotary_dim)
+    _write(cfg, {**entries, **extra}, max_pos)
+    _set(cfg, RECORD_KEY, {
+        "spec": target.to_dict(),
+        "original": {"base": st.base, "orig_ctx": st.orig_ctx, "max_position_embeddings": st.max_position_embeddings},
+        "written": {k: entries[k] for k in ("rope_type", "rope_theta", "factor") if k in entries},
+    })
+    return cfg
