@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the stats as JSON")
     p.set_defaults(func=cmd_stats)
 
+    from . import pairs as pairs_mod
+
+    pairs_mod.register(sub)
     return ap
 
 
