@@ -1,0 +1,11 @@
+"""LoRA fine-tuning with RoPE scaling (CNNSum Sec 5). See ``python finetune.py --help``; internals in training/."""
+import sys
+
+from training.env import setup_env
+
+setup_env()  # before torch / DeepSpeed are imported: CPU accelerator, rendezvous defaults
+
+from training.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

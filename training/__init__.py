@@ -1,0 +1,11 @@
+"""training: finetune.py's internals (CNNSum Sec 5 / Appendix B.2).
+
+- ``env``: process set-up before torch/DeepSpeed (CPU accelerator + gloo, single-process rendezvous defaults).
+- ``config``: the setting keys, recipes (YAML) and CLI precedence.
+- ``data``: packed samples (data_concat format), the tiny model's default data, length checks, batching.
+- ``model``: config + RoPE, model loading, LoRA + trainable embeddings/norms.
+- ``loss``: the label-only loss (LM head only at labelled positions).
+- ``trainer``: HF Trainer subclass + progress / export callbacks.
+- ``saving``: ZeRO-aware export of what was trained, merge into a full model.
+- ``run``: one run top to bottom; ``cli``: the command line.
+"""

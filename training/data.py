@@ -1,0 +1,156 @@
+"""Training data: packed samples (data_concat's format), the default data of the tiny model, batching.
+
+A packed sample is one long token sequence (several prompt + summary pairs concatenated, Sec 5) with labels
+-100 everywhere except on the summaries; it is trained as one sequence (positions 0..len-1), like the paper.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from ropescale import CACHE_DIR, CHAPTERS_JSONL
+from ropescale.io import InputError
+
+IGNORE_INDEX = -100
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- the default data (tiny model)
+def default_data_range(orig_ctx: int, extended: int, factor: float = 2.0) -> tuple[int, int, int]:
+    """(target, min, max) of the default packed data: target = factor x the original context, in the paper's
+    proportions (14K-18K around 16K: min = 7/8 target, max = 9/8 target), lowered so max fits the extended
+    context."""
+    target = int(round(factor * orig_ctx))
+    if target * 9 // 8 > extended:
+        target = extended * 8 // 9
+    return target, target * 7 // 8, target * 9 // 8
+
+
+def build_default_data(model_dir: str | os.PathLike, orig_ctx: int, extended: int, *, factor: float = 2.0,
+                       n_samples: int = 64, seed: int = 0, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Build (once) and cache pairs from the shared novels and a pack sized for the model, with data_concat's
+    functions. Pairs are 1/8-1/4 of the target length (the paper: 2K-4K pairs for 16K samples). Returns the
+    packed directory."""
+    from data_concat import pack
+    from data_concat.chapters import read_chapters
+    from data_concat.pairs import build_pairs
+    from data_concat.tokenizer import load_tokenizer
+
+    from ropescale.io import write_jsonl_atomic
+
+    target, lo, hi = default_data_range(orig_ctx, extended, factor)
+    tok_files = sorted(p for p in Path(model_dir).iterdir() if p.name.startswith("tokenizer") or p.name == "vocab.json")
+    h = hashlib.sha256()
+    for p in tok_files:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    h.update(json.dumps([target, lo, hi, n_samples, seed, str(CHAPTERS_JSONL)]).encode())
+    root = Path(cache_dir or CACHE_DIR) / "data" / f"novels-{target}-{h.hexdigest()[:10]}"
+    packed = root / "packed"
+    if (packed / "train.parquet").is_file():
+        return packed
+    root.mkdir(parents=True, exist_ok=True)
+    tok = load_tokenizer(model_dir)
+    from ropescale import prompts
+
+    overhead = max(len(tok(prompts.render("", k), add_special_tokens=False)["input_ids"]) for k in ("ft-ib", "ft-ie"))
+    overhead += 24  # the summary (a heading couplet) + EOS
+    pair_lo, pair_hi = max(16, target // 8 - overhead), target // 4 - overhead
+    if pair_hi <= pair_lo:
+        raise InputError(f"the default data needs samples of a few pairs, but {lo}-{hi}-token samples leave no room "
+                         f"beside the {overhead}-token prompt; pass --data or a larger --default-data-factor")
+    max_pairs = max(64, n_samples * 16)
+    log(f"[data] building default data: pairs of {pair_lo}-{pair_hi} context tokens from {CHAPTERS_JSONL}, "
+        f"packed into {lo}-{hi}-token samples -> {packed}")
+    chapters = read_chapters(CHAPTERS_JSONL)
+    pairs, _ = build_pairs(chapters, tok, pair_lo, pair_hi, split="all", max_pairs=max_pairs)
+    if not pairs:
+        raise InputError(f"no pairs of {pair_lo}-{pair_hi} tokens could be built from the novels", CHAPTERS_JSONL)
+    pairs_path = root / "pairs.jsonl"
+    write_jsonl_atomic(pairs_path, pairs)
+    pack(pairs_path, model_dir, packed, min_len=lo, max_len=hi, prompt="mix", seed=seed, on_bad="skip")
+    return packed
+
+
+# ---------------------------------------------------------------- loading + checks
+def load_rows(data_dir: str | os.PathLike) -> list[dict]:
+    """Rows of a packed dataset with their input ids and labels (validated: equal lengths, some labels)."""
+    from data_concat import load_packed
+
+    d = Path(data_dir)
+    if not d.is_dir():
+        raise InputError("no such packed dataset directory", d)
+    rows = load_packed(d)
+    if not rows:
+        raise InputError("packed dataset has no samples", d / "train.parquet")
+    for i, r in enumerate(rows):
+        if len(r["input_ids"]) != len(r["labels"]):
+            raise InputError(f"sample {i}: input_ids and labels differ in length", d / "train.parquet")
+    if not any(any(x != IGNORE_INDEX for x in r["labels"]) for r in rows):
+        raise InputError("no sample has a label (nothing to train on)", d / "train.parquet")
+    return rows
+
+
+def check_rows(rows: list[dict], *, vocab_size: int, extended: int, allow_extrapolation: bool, where, rope_desc: str
+               ) -> dict:
+    """Fail before training when the data cannot be trained on as asked. Returns length stats."""
+    lengths = [len(r["input_ids"]) for r in rows]
+    longest = max(lengths)
+    top = max(max(r["input_ids"]) for r in rows)
+    if top >= vocab_size:
+        raise InputError(f"token id {top} is outside the model's vocabulary ({vocab_size}); the data was packed "
+                         f"with another tokenizer", where)
+    if longest > extended and not allow_extrapolation:
+        raise InputError(f"samples up to {longest} tokens are longer than the {extended}-token context of the "
+                         f"model with {rope_desc}; use a larger --scale, shorter data, or --allow-extrapolation",
+                         where)
+    return {"samples": len(rows), "min": min(lengths), "max": longest, "mean": sum(lengths) / len(lengths),
+            "tokens": sum(lengths),
+            "supervised": sum(sum(1 for x in r["labels"] if x != IGNORE_INDEX) for r in rows)}
+
+
+class PackedDataset:
+    """A map-style dataset of packed samples -> {input_ids, labels} (int64 tensors)."""
+
+    def __init__(self, rows: list[dict]):
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict:
+        import torch
+
+        r = self.rows[i]
+        return {"input_ids": torch.tensor(r["input_ids"], dtype=torch.long),
+                "labels": torch.tensor(r["labels"], dtype=torch.long)}
+
+
+class Collator:
+    """Right-pad a batch (pad id, labels -100, attention mask); a batch of equal lengths gets no mask."""
+
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+
+    def __call__(self, batch: list[dict]) -> dict:
+        import torch
+
+        n = max(len(b["input_ids"]) for b in batch)
+        if all(len(b["input_ids"]) == n for b in batch):
+            return {"input_ids": torch.stack([b["input_ids"] for b in batch]),
+                    "labels": torch.stack([b["labels"] for b in batch])}
+        ids = torch.full((len(batch), n), self.pad_id, dtype=torch.long)
+        lab = torch.full((len(batch), n), IGNORE_INDEX, dtype=torch.long)
+        mask = torch.zeros((len(batch), n), dtype=torch.long)
+        for i, b in enumerate(batch):
+            k = len(b["input_ids"])
+            ids[i, :k] = b["input_ids"]
+            lab[i, :k] = b["labels"]
+            mask[i, :k] = 1
+        return {"input_ids": ids, "labels": lab, "attention_mask": mask}

@@ -1,0 +1,87 @@
+"""The LM loss on labelled tokens only, with the LM head applied only where there is a label.
+
+A 32K-token sample with a 150K vocabulary would need 32K x 150K fp32 logits (19 GB, twice with their gradient)
+if the head ran everywhere; the summaries (the only positions with a label) are a few percent of a packed
+sample. So: run the decoder (``causal_lm.model``) for the final hidden states, gather the positions whose
+*shifted* label is not -100, apply the head there only, in chunks of ``chunk`` positions whose logits are
+recomputed in backward (at most one chunk of logits is alive), and sum the cross-entropy.
+
+Same value as the usual causal-LM loss (``mean over t with labels[t+1] != -100 of -log p(labels[t+1] | x<=t)``),
+e.g. transformers' ``ForCausalLMLoss``.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+IGNORE_INDEX = -100
+
+
+def causal_lm_of(model):
+    """The transformers CausalLM inside a PEFT model / DeepSpeed engine / the model itself."""
+    m = getattr(model, "module", model)  # DeepSpeed engine / DDP
+    if hasattr(m, "get_base_model"):  # PEFT
+        m = m.get_base_model()
+    return m
+
+
+def decoder_of(causal_lm):
+    """The decoder stack that returns the final hidden states (``causal_lm.model`` for Llama/Qwen2/Mistral)."""
+    dec = getattr(causal_lm, getattr(causal_lm, "base_model_prefix", "model"), None)
+    if dec is None or dec is causal_lm:
+        dec = causal_lm.get_decoder()
+    return dec
+
+
+def _head_ce(head, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(head(h).float(), t, reduction="sum")
+
+
+def head_loss_sum(head, hidden: torch.Tensor, labels: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, int]:
+    """(sum of next-token CE over positions whose shifted label != -100, their count): the head sees only those
+    positions. ``hidden``: (B, T, H) final hidden states; ``labels``: (B, T)."""
+    tgt = labels[:, 1:]
+    mask = tgt != IGNORE_INDEX
+    h = hidden[:, :-1][mask]  # (N, H)
+    t = tgt[mask]
+    n = int(t.numel())
+    if n == 0:
+        return hidden.sum() * 0.0, 0  # keeps the graph (and ZeRO-3 hooks) consistent across ranks
+    if n <= chunk or not torch.is_grad_enabled():
+        return _head_ce(head, h, t), n
+    total = None
+    for s in range(0, n, chunk):
+        part = checkpoint(_head_ce, head, h[s:s + chunk], t[s:s + chunk], use_reentrant=False)
+        total = part if total is None else total + part
+    return total, n
+
+
+def label_only_forward(self, input_ids=None, labels=None, attention_mask=None, position_ids=None, **_):
+    """forward() installed on the trained (PEFT) model: decoder -> gathered hidden states -> head -> CE sum.
+    Returns {"loss_sum", "n_tokens"}. Runs inside the root module's call, so hooks on the root (DeepSpeed ZeRO-3
+    parameter fetching) fire as for a normal forward."""
+    lm = causal_lm_of(self)
+    out = decoder_of(lm)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False)
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    loss_sum, n = head_loss_sum(lm.get_output_embeddings(), hidden, labels, chunk=getattr(self, "_head_chunk", 4096))
+    return {"loss_sum": loss_sum, "n_tokens": torch.tensor(n, device=loss_sum.device)}
+
+
+def install_label_only_forward(model, chunk: int = 4096):
+    """Make ``model(input_ids=, labels=, attention_mask=)`` return the label-only loss sum (see module doc).
+    The model object stays what it is (a PeftModel stays a PeftModel for saving / loading)."""
+    model._head_chunk = int(chunk)
+    model.forward = types.MethodType(label_only_forward, model)
+    return model
+
+
+def label_only_loss(model, input_ids, labels, attention_mask=None, chunk: int = 4096) -> torch.Tensor:
+    """Mean label-only loss of a (PEFT-wrapped or plain) causal LM without installing anything."""
+    lm = causal_lm_of(model)
+    out = decoder_of(lm)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    s, n = head_loss_sum(lm.get_output_embeddings(), out.last_hidden_state, labels, chunk=chunk)
+    return s / max(n, 1)

@@ -1,0 +1,262 @@
+"""One fine-tuning run, top to bottom: settings -> model + RoPE -> data checks -> LoRA -> Trainer -> exports.
+
+Every input problem (model path, data length vs the RoPE-extended context, recipe key, resume from another
+RoPE setting, batch arithmetic) raises InputError before the first training step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+import weakref
+from pathlib import Path
+
+from ropescale import REPO_ROOT
+from ropescale.io import InputError
+
+from . import env
+from .config import default_global_batch, resolve_ds_config
+
+RUNS_DIR = REPO_ROOT / "runs" / "train"
+
+
+def log(msg: str) -> None:
+    if env.is_main():
+        print(msg, file=sys.stderr, flush=True)
+
+
+def model_name(model_arg: str) -> str:
+    from ropescale.tiny import TINY_NAMES
+
+    return "tiny" if str(model_arg) in TINY_NAMES else Path(str(model_arg).rstrip("/")).name
+
+
+def default_output_dir(model_arg: str, spec) -> Path:
+    """runs/train/<model>-<rope>-x<scale> ("-none" without scaling)."""
+    name = model_name(model_arg)
+    if spec.method == "none":
+        return RUNS_DIR / f"{name}-none"
+    return RUNS_DIR / f"{name}-{spec.method}-x{spec.scale:g}"
+
+
+def rope_record(spec) -> dict:
+    d = spec.to_dict() if hasattr(spec, "to_dict") else dict(spec.__dict__)
+    return d
+
+
+def same_rope(a: dict, b: dict) -> bool:
+    from rope_scaling import RopeSpec
+
+    try:
+        return RopeSpec.from_dict(a) == RopeSpec.from_dict(b)
+    except Exception:  # noqa: BLE001 - an unreadable record differs
+        return a == b
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    cps = [(int(m.group(1)), p) for p in run_dir.glob("checkpoint-*")
+           if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)) and (p / "trainer_state.json").is_file()]
+    return max(cps)[1] if cps else None
+
+
+def ds_config_dict(path: Path, *, cuda: bool, cpu_adam: str) -> dict:
+    """The DeepSpeed JSON with what this machine needs: no pinned memory on CPU; with optimizer offload either
+    DeepSpeedCPUAdam (an ``optimizer`` section, "auto" values from HF) or torch AdamW
+    (``zero_force_ds_cpu_optimizer: false``)."""
+    try:
+        cfg = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise InputError(f"malformed DeepSpeed JSON: {e.msg}", path, e.lineno) from None
+    zo = cfg.get("zero_optimization", {})
+    offload = zo.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
+    if not cuda:
+        for k in ("offload_optimizer", "offload_param"):
+            if isinstance(zo.get(k), dict):
+                zo[k]["pin_memory"] = False
+    use_cpu_adam = {"auto": cuda, "true": True, "false": False}.get(str(cpu_adam).lower())
+    if use_cpu_adam is None:
+        raise InputError(f"--ds-cpu-adam must be auto, true or false, not {cpu_adam!r}")
+    if offload and use_cpu_adam:
+        cfg.setdefault("optimizer", {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                                "weight_decay": "auto"}})
+    elif offload:
+        cfg.pop("optimizer", None)
+        cfg["zero_force_ds_cpu_optimizer"] = False
+    return cfg
+
+
+def train(args: argparse.Namespace) -> Path:
+    """Run (or resume) a fine-tuning run; returns the run directory."""
+    env.setup_env()
+    env.disable_shm_comm()
+    import torch
+
+    from rope_scaling import extended_context, spec_from_args
+    from ropescale.runs import RunDir
+    from ropescale.tiny import resolve_model
+
+    from .data import Collator, PackedDataset, build_default_data, check_rows, load_rows
+    from .model import (add_lora, cast_trainable, load_config, load_model, param_counts, resolve_attn,
+                        resolve_dtype)
+    from .saving import export, find_export, load_export_into
+
+    t_start = time.time()
+    cuda = torch.cuda.is_available()
+    world = env.world_size()
+    main = env.is_main()
+    spec = spec_from_args(args)
+    model_dir = resolve_model(args.model)
+    config = load_config(model_dir, spec)
+    extended = extended_context(config)
+    from rope_scaling import read_rope
+
+    rope = rope_record(read_rope(config))
+    rope_desc = "no RoPE scaling" if spec.method == "none" else f"--rope {spec.method} --scale {spec.scale:g}"
+    log(f"[finetune] model {model_dir} ({config.model_type}), {rope_desc}: context {extended} tokens")
+
+    # ---- data
+    if args.data:
+        data_dir = Path(args.data)
+    else:
+        orig = read_rope(config).orig_ctx or extended
+        data_dir = build_default_data(model_dir, orig, extended, factor=args.default_data_factor,
+                                      n_samples=max(8, args.max_steps * (args.global_batch or 1)),
+                                      seed=args.seed) if main else None
+        if world > 1:  # other ranks wait for rank 0 to build it
+            data_dir = _broadcast_path(data_dir)
+    rows = load_rows(data_dir)
+    stats = check_rows(rows, vocab_size=config.vocab_size, extended=extended,
+                       allow_extrapolation=args.allow_extrapolation, where=data_dir, rope_desc=rope_desc)
+    log(f"[finetune] data {data_dir}: {stats['samples']} samples, {stats['min']}-{stats['max']} tokens "
+        f"(mean {stats['mean']:.0f}), {stats['supervised']} labelled tokens")
+
+    # ---- run directory, resume
+    run_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args.model, spec)
+    rd = RunDir(run_dir)
+    resume_from = None
+    if args.resume:
+        if not rd.exists():
+            raise InputError("--resume: not a finetune run directory (no run.json)", run_dir)
+        meta = rd.read_meta()
+        if not same_rope(meta.get("rope", {}), rope):
+            raise InputError(f"--resume: the run was trained with rope {meta.get('rope')}, not {rope}", run_dir)
+        if meta.get("model") and Path(meta["model"]).resolve() != Path(model_dir).resolve():
+            raise InputError(f"--resume: the run was trained from {meta['model']}, not {model_dir}", run_dir)
+        resume_from = latest_checkpoint(run_dir) if args.resume == "auto" else Path(args.resume)
+        if resume_from is not None and not (resume_from / "trainer_state.json").is_file():
+            raise InputError("--resume: not a checkpoint directory", resume_from)
+        log(f"[finetune] resuming from {resume_from or 'the start (no checkpoint yet)'}")
+    elif latest_checkpoint(run_dir) is not None:
+        raise InputError("the run directory already has checkpoints: pass --resume auto to continue it, or "
+                         "choose another --output-dir", run_dir)
+
+    # ---- batch arithmetic (B.2)
+    global_batch = args.global_batch or default_global_batch(stats["max"])
+    per_step = args.micro_batch * world
+    if global_batch % per_step:
+        raise InputError(f"global batch {global_batch} is not a multiple of micro batch {args.micro_batch} x "
+                         f"{world} processes")
+    grad_accum = global_batch // per_step
+
+    # ---- DeepSpeed + TrainingArguments (before the model: ZeRO-3 partitions while loading)
+    from transformers import TrainingArguments
+
+    dtype = resolve_dtype(args.dtype, cuda)
+    ds_path = resolve_ds_config(args.deepspeed)
+    ds_cfg = ds_config_dict(ds_path, cuda=cuda, cpu_adam=args.ds_cpu_adam) if ds_path else None
+    targs = TrainingArguments(
+        output_dir=str(run_dir), max_steps=args.max_steps, per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=grad_accum, learning_rate=args.lr, warmup_steps=args.warmup_steps,
+        lr_scheduler_type=args.lr_scheduler, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+        logging_steps=args.logging_steps, save_strategy="steps", save_steps=args.save_steps,
+        save_total_limit=args.save_total_limit, seed=args.seed, data_seed=args.seed,
+        bf16=dtype == torch.bfloat16 and cuda, fp16=dtype == torch.float16 and cuda, use_cpu=not cuda,
+        deepspeed=ds_cfg, report_to=[], remove_unused_columns=False, dataloader_num_workers=args.num_workers,
+        gradient_checkpointing=False, disable_tqdm=True, log_level="warning", optim="adamw_torch",
+        save_only_model=False,
+    )
+
+    # ---- model, LoRA
+    attn = resolve_attn(args.attn, cuda)
+    model = load_model(model_dir, config, dtype if (ds_cfg or not cuda) else dtype, attn)
+    peft_model, extra_names = add_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout,
+                                       targets=args.lora_targets, embeddings=args.train_embeddings,
+                                       norms=args.train_norms, gradient_checkpointing=args.gradient_checkpointing)
+    if args.init_from:
+        src = find_export(args.init_from, args.init_step)
+        load_export_into(peft_model, src)
+        log(f"[finetune] initialised adapter + trained tensors from {src}")
+    if ds_cfg is None and cuda and dtype != torch.float32:
+        cast_trainable(peft_model, torch.float32)  # fp32 master weights; the forward runs under autocast
+    trainable, total = param_counts(peft_model)
+    log(f"[finetune] trainable params: {trainable:,} of {total:,} ({100 * trainable / max(total, 1):.3f}%): "
+        f"LoRA r={args.lora_r} on {','.join(args.lora_targets)} + {len(extra_names)} embedding/norm tensors; "
+        f"attention {attn}, {str(dtype).replace('torch.', '')}, "
+        f"{'DeepSpeed ' + ds_path.stem if ds_path else 'no DeepSpeed'}, {world} process(es), "
+        f"global batch {global_batch} = {args.micro_batch} x {world} x {grad_accum} accumulation")
+
+    from .loss import install_label_only_forward
+
+    install_label_only_forward(peft_model, args.head_chunk)
+
+    # ---- run.json
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        meta = rd.read_meta() if (args.resume and rd.exists()) else {}
+        meta.update({"kind": "finetune", "model": str(model_dir), "rope": rope, "train_length": stats["max"],
+                     "data": str(data_dir), "data_stats": stats, "args": _jsonable(vars(args)),
+                     "global_batch": global_batch, "grad_accum": grad_accum, "world_size": world,
+                     "trainable_params": trainable, "total_params": total, "extra_trained": extra_names,
+                     "dtype": str(dtype).replace("torch.", ""), "attn": attn,
+                     "deepspeed": str(ds_path) if ds_path else None, "status": "running"})
+        rd.write_meta(meta)
+        config.save_pretrained(str(run_dir))  # the rope setting next to the run, readable at once
+
+    # ---- train
+    from .trainer import ExportCallback, LabelOnlyTrainer, ProgressCallback
+
+    tok_dir = model_dir
+    export_kw = dict(extra_names=extra_names, base_model=str(model_dir), config=config, rope=rope,
+                     tokenizer_dir=tok_dir)
+    collator = Collator(pad_id=config.pad_token_id if config.pad_token_id is not None else
+                        (config.eos_token_id if isinstance(config.eos_token_id, int) else 0))
+    trainer = LabelOnlyTrainer(model=peft_model, args=targs, train_dataset=PackedDataset(rows),
+                               data_collator=collator)
+    ref = weakref.ref(trainer)
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback as HFProgress
+
+    for cb in (PrinterCallback, HFProgress):  # they print log dicts to stdout; ours go to stderr
+        trainer.remove_callback(cb)
+    trainer.add_callback(ProgressCallback(ref, run_dir / "train_log.jsonl" if main else None, main, world))
+    trainer.add_callback(ExportCallback(ref, export_kw, main))
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    out = export(trainer.model, run_dir / "final", step=trainer.state.global_step, is_main=main, **export_kw)
+    if main:
+        rd.update_meta(status="done", steps=trainer.state.global_step, seconds=round(time.time() - t_start, 1),
+                       final=str(out))
+        print(str(run_dir))
+    return run_dir
+
+
+def _broadcast_path(p):
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        import deepspeed
+
+        deepspeed.init_distributed()
+    obj = [str(p) if p is not None else None]
+    dist.broadcast_object_list(obj, src=0)
+    return Path(obj[0])
+
+
+def _jsonable(d: dict) -> dict:
+    out = {}
+    for k, v in d.items():
+        if k == "func":
+            continue
+        out[k] = v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v)
+    return out
