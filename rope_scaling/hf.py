@@ -12,7 +12,8 @@ abf             default, rope_theta = rope_base                            orig 
 dynamic_ntk     dynamic, factor s  (HF reads max_position_embeddings as    orig
                 the original context, so it stays orig)
 yarn            yarn, factor, beta_fast, beta_slow, original_max_position  orig * s
-                _embeddings (+ attention_factor when --yarn-mscale)
+                _embeddings (+ attention_factor, and vLLM's attn_factor,
+                when --yarn-mscale is given)
 ==============  =========================================================  ==========================
 
 ``--rope-base`` replaces rope_theta first (ABF), then the method applies. transformers 5.x keeps everything in
@@ -31,7 +32,7 @@ from typing import Any
 
 from ropescale.io import InputError
 
-from .formulas import Freqs, frequencies, ntk_base
+from .formulas import Freqs, frequencies, ntk_base, yarn_attention_factor
 from .spec import RopeSpec
 
 RECORD_KEY = "ropescale_rope"
@@ -232,7 +233,8 @@ def hf_entries(spec: RopeSpec, base: float, d: int) -> tuple[dict, int]:
         e = {"rope_type": "yarn", "rope_theta": b, "factor": s, "original_max_position_embeddings": L,
              "beta_fast": spec.yarn_beta, "beta_slow": spec.yarn_alpha}
         if spec.yarn_mscale is not None:
-            e["attention_factor"] = spec.yarn_mscale
+            e["attention_factor"] = spec.yarn_mscale  # transformers: the factor itself
+            e["attn_factor"] = spec.yarn_mscale / yarn_attention_factor(s)  # vLLM: a multiplier on 0.1*ln(s)+1
         return e, extended
     if m == "llama3":
         return {"rope_type": "llama3", "rope_theta": b, "factor": s, "original_max_position_embeddings": L,
