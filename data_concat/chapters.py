@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ropescale.io import InputError, read_jsonl
+from ropescale.io import InputError, read_jsonl, write_json_atomic
 
 # How several chapter headings are merged into one summary (a window of chapters -> its headings, in order).
 MERGE_SEP = "；"
@@ -107,3 +109,47 @@ def sentence_cuts(text: str) -> list[int]:
 def merged_title(chapters: Sequence[Chapter]) -> str:
     """The summary of a window of chapters: their headings in order, joined by MERGE_SEP."""
     return MERGE_SEP.join(c.title for c in chapters)
+
+
+def _tokenizer_fingerprint(tok) -> str | None:
+    """sha256 over the tokenizer's files (None when it was not loaded from a directory)."""
+    d = Path(str(getattr(tok, "name_or_path", "")))
+    if not d.is_dir():
+        return None
+    h = hashlib.sha256()
+    found = False
+    for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json", "tokenizer.model"):
+        f = d / name
+        if f.is_file():
+            found = True
+            h.update(name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16] if found else None
+
+
+def paragraph_token_counts(tok, texts: Sequence[str], *, cache: bool = True) -> list[list[int]]:
+    """For each text, the token counts of its paragraphs (lines): the text's tokens partitioned by the paragraph
+    a token ends in, so they sum to the text's token count exactly. Cached on disk per tokenizer and text
+    (``$ROPESCALE_CACHE/data_concat/``) so repeated runs over the same novels skip tokenization."""
+    from ropescale import CACHE_DIR
+
+    fp = _tokenizer_fingerprint(tok) if cache else None
+    path = CACHE_DIR / "data_concat" / f"paracounts-{fp}.json" if fp else None
+    store: dict[str, list[int]] = {}
+    if path is not None and path.is_file():
+        try:
+            store = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            store = {}
+    keys = [hashlib.sha1(t.encode("utf-8")).hexdigest() for t in texts]
+    todo = [i for i, k in enumerate(keys) if k not in store]
+    for i, tz in zip(todo, tokenize_with_offsets(tok, [texts[i] for i in todo])):
+        starts, pos = [], 0
+        for line in texts[i].split("\n"):
+            starts.append(pos)
+            pos += len(line) + 1
+        bounds = [tz.tokens_upto(s) for s in starts[1:]] + [tz.n_tokens]
+        store[keys[i]] = [b - a for a, b in zip([0] + bounds[:-1], bounds)]
+    if todo and path is not None:
+        write_json_atomic(path, store)
+    return [store[k] for k in keys]

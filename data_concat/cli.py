@@ -57,8 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_stats)
 
     from . import pairs as pairs_mod
+    from . import sampler as sampler_mod
 
     pairs_mod.register(sub)
+    sampler_mod.register(sub)
     return ap
 
 
