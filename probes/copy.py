@@ -1,0 +1,90 @@
+"""copy: sequence-level copying from the distant context (Sun et al. 2021, Sec 5, "Sequence-level copying").
+
+"We copy the target sequence and paste it into different positions of the prefix": for an N-token input (prefix of
+n = N - k tokens, then the k-token target) the target is pasted over the prefix so that the copy ends d tokens
+before the target starts (prefix tokens n-d-k .. n-d-1 are overwritten, so the input length and the target's
+positions stay the same at every distance). Cells: the target loss (nats/token) vs d, group ``copy``; group
+``no-copy`` is the same target with the intact prefix (the baseline, repeated in every column). A model that uses
+its context gives the pasted target a very low loss when the copy is near; Sun et al. find the benefit gone beyond
+about 2K tokens.
+"""
+from __future__ import annotations
+
+import argparse
+
+from ropescale.io import InputError
+
+from .common import ProbeRun, add_common_args, int_list, load_model, print_summary, progress, set_threads
+from .data import load_docs
+from .perturb import default_distances
+from .ppl import _data_name, sample_targets, tokenize_docs
+from .scorer import score_continuations
+
+
+def paste(prefix: list[int], target: list[int], d: int) -> list[int]:
+    """The prefix with ``target`` pasted over it so that the copy ends ``d`` tokens before the prefix's end."""
+    n, k = len(prefix), len(target)
+    if not 0 <= d <= n - k:
+        raise ValueError(f"distance {d} outside [0, {n - k}] for a {n}-token prefix and {k}-token target")
+    return list(prefix[:n - d - k]) + list(target) + list(prefix[n - d:])
+
+
+def copy_probe(loaded, docs, *, length: int, distances: list[int], n: int, target_len: int, seed: int, out: str,
+               batch_size: int = 4, args: argparse.Namespace | None = None) -> dict:
+    """Run the copy probe into run dir ``out``; cells: mean target loss per distance (copy / no-copy)."""
+    n_prefix = length - target_len
+    bad = [d for d in distances if not 0 <= d <= n_prefix - target_len]
+    if n_prefix < target_len or bad:
+        raise InputError(f"distances must lie in [0, {n_prefix - target_len}] for --length {length} and "
+                         f"--target-len {target_len}: {bad or distances}")
+    run = ProbeRun(out, "copy", loaded, [length], seed,
+                   {"n": n, "target_len": target_len, "distances": distances, "data": _data_name(docs)}, args,
+                   metric="loss (nats/token) on the target span", column="distance d of the pasted copy (tokens)")
+    doc_ids = tokenize_docs(loaded.tokenizer, docs)
+    targets = sample_targets(doc_ids, docs, n, n_prefix, target_len, seed)
+    for t in progress(targets, "copy"):
+        ids = doc_ids[t.doc]
+        prefix, target = ids[t.start - n_prefix:t.start], ids[t.start:t.start + target_len]
+        todo = [d for d in distances if not run.done(f"{t.key}:copy:d{d}")]
+        if not todo:
+            continue
+        variants = [prefix] + [paste(prefix, target, d) for d in todo]
+        scores = score_continuations(loaded.model, variants, [target] * len(variants), batch_size=batch_size,
+                                     pad_id=loaded.pad_id)
+        base = scores[0].loss
+        for d, sc in zip(todo, scores[1:]):
+            common = {"doc": docs[t.doc].id, "target_start": t.start, "prefix_len": n_prefix}
+            run.add({"id": f"{t.key}:copy:d{d}", "group": "copy", "col": d, "value": sc.loss, **common})
+            if not run.done(f"{t.key}:no-copy:d{d}"):
+                run.add({"id": f"{t.key}:no-copy:d{d}", "group": "no-copy", "col": d, "value": base, **common})
+    return run.finish()
+
+
+def register(sub) -> None:
+    ap = sub.add_parser("copy", help="target span pasted into the prefix at a distance (Sun et al. Sec 5)",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(ap, "documents JSONL or chapters JSONL (one document per book)", None)
+    ap.add_argument("--length", type=int, default=0,
+                    help="total input tokens N = n + k (default: the model's (scaled) context)")
+    ap.add_argument("--distances", type=int_list, default=None,
+                    help="distances d between the copy's end and the target (default: 0 and powers of two from 64)")
+    ap.add_argument("--target-len", type=int, default=128, help="target span tokens k (default 128)")
+    ap.add_argument("--tail-chapters", type=int, default=0, help="chapters data: keep each book's last N chapters")
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    ap.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from rope_scaling import spec_from_args
+
+    set_threads(args.threads)
+    docs = load_docs(args.data, args.tail_chapters)
+    loaded = load_model(args.model, spec_from_args(args))
+    length = args.length or loaded.context
+    n_prefix = length - args.target_len
+    distances = args.distances if args.distances is not None else \
+        [d for d in default_distances(n_prefix) if d <= n_prefix - args.target_len]
+    summary = copy_probe(loaded, docs, length=length, distances=distances, n=args.n, target_len=args.target_len,
+                         seed=args.seed, out=args.out, batch_size=args.batch_size, args=args)
+    print_summary(summary, args.json)
+    return 0

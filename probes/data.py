@@ -1,0 +1,157 @@
+"""Probe inputs: books of chapters (the shared novels), documents from any JSONL, and sentence splitting.
+
+- Chapters JSONL ({book, chapter, title, text}, e.g. ropescale.CHAPTERS_JSONL): each chapter is rendered the way the
+  book prints it: a heading line ``第N回 <title>`` (水浒传's chapter 0: ``楔子 <title>``), then the body, then a
+  newline. A book is its chapters in file order.
+- Documents JSONL: one document a line with ``text`` (or ``context``); optional ``id`` and ``book`` (documents
+  with the same ``book`` count as one book for "same-book" negatives; without it each document is its own book).
+  A chapters file is read as documents too: one document per book (headings included).
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ropescale.io import InputError, read_jsonl
+
+_DIGITS = "零一二三四五六七八九"
+
+
+def chinese_numeral(n: int) -> str:
+    """1 -> 一, 10 -> 十, 21 -> 二十一, 101 -> 一百零一, 120 -> 一百二十 (as chapter numbers are printed)."""
+    if n < 0 or n >= 10000:
+        raise ValueError(f"chapter number out of range: {n}")
+    if n < 10:
+        return _DIGITS[n]
+    out, zero = "", False
+    for value, unit in ((1000, "千"), (100, "百"), (10, "十"), (1, "")):
+        d = n // value % 10
+        if d == 0:
+            zero = bool(out)
+            continue
+        if zero:
+            out += "零"
+            zero = False
+        out += ("" if (d == 1 and unit == "十" and not out) else _DIGITS[d]) + unit
+    return out
+
+
+def chapter_index(chapter: int) -> str:
+    """The printed chapter index: 第N回 (chapter 0 is 水浒传's prologue 楔子)."""
+    return "楔子" if chapter == 0 else f"第{chinese_numeral(chapter)}回"
+
+
+def chapter_heading(chapter: int, title: str) -> str:
+    """The printed heading line of a chapter: ``第N回 <title>``."""
+    return f"{chapter_index(chapter)} {title}".rstrip()
+
+
+@dataclass
+class Chapter:
+    book: str
+    chapter: int
+    title: str
+    text: str
+    line: int = 0
+
+    @property
+    def heading(self) -> str:
+        return chapter_heading(self.chapter, self.title)
+
+
+@dataclass
+class Doc:
+    """A document: ``id``, ``book`` (grouping for same-book sampling), ``text``; ``where`` = file:line."""
+
+    id: str
+    book: str
+    text: str
+    where: str = ""
+    chapters: list[Chapter] = field(default_factory=list)
+
+
+def is_chapters_file(path: str | os.PathLike) -> bool:
+    """True when the file's first record has the chapters fields {book, chapter, title, text}."""
+    for row in read_jsonl(path):
+        return all(k in row for k in ("book", "chapter", "title", "text"))
+    raise InputError("empty file", path)
+
+
+def load_books(path: str | os.PathLike) -> dict[str, list[Chapter]]:
+    """Chapters JSONL -> {book: [Chapter, ...]} in file order (chapter must be an integer)."""
+    books: dict[str, list[Chapter]] = {}
+    for row in read_jsonl(path, required=("book", "chapter", "title", "text")):
+        ln = row["_line"]
+        if not isinstance(row["chapter"], int) or isinstance(row["chapter"], bool):
+            raise InputError(f"'chapter' must be an integer, got {row['chapter']!r}", path, ln)
+        for k in ("book", "title", "text"):
+            if not isinstance(row[k], str):
+                raise InputError(f"{k!r} must be a string", path, ln)
+        if not row["text"].strip():
+            raise InputError("empty chapter text", path, ln)
+        books.setdefault(row["book"], []).append(Chapter(row["book"], row["chapter"], row["title"], row["text"], ln))
+    if not books:
+        raise InputError("no chapters", path)
+    return books
+
+
+def render_chapter(ch: Chapter) -> str:
+    return f"{ch.heading}\n{ch.text.rstrip()}\n"
+
+
+def load_docs(path: str | os.PathLike, tail_chapters: int = 0) -> list[Doc]:
+    """Documents from a documents JSONL ({text} or {context}) or a chapters JSONL (one document per book;
+    ``tail_chapters`` > 0 keeps only each book's last N chapters, e.g. text held out from training)."""
+    path = Path(path)
+    if is_chapters_file(path):
+        docs = []
+        for book, chs in load_books(path).items():
+            if tail_chapters > 0:
+                chs = chs[-tail_chapters:]
+            docs.append(Doc(book, book, "".join(render_chapter(c) for c in chs), f"{path}:{chs[0].line}", chs))
+        return docs
+    docs = []
+    seen = set()
+    for row in read_jsonl(path, required=("text",), aliases={"context": "text"}):
+        ln = row["_line"]
+        if not isinstance(row["text"], str) or not row["text"].strip():
+            raise InputError("'text' must be a non-empty string", path, ln)
+        did = str(row.get("id", f"line{ln}"))
+        if did in seen:
+            raise InputError(f"duplicate document id {did!r}", path, ln)
+        seen.add(did)
+        docs.append(Doc(did, str(row.get("book", did)), row["text"], f"{path}:{ln}"))
+    if not docs:
+        raise InputError("no documents", path)
+    return docs
+
+
+# Sentence ends: Chinese 。！？ (a run of them, e.g. "！？"), or ASCII .!? followed by whitespace / end of text
+# (a bare '?' inside Chinese text is a lost character in these editions, not an end), each with any closing
+# quotes/brackets that follow (”」』’"' and ）)》); a line break also ends a sentence (paragraph end).
+_SENT_END = re.compile(r"(?:[。！？]+|[.!?]+(?=[”」』’\"'）)》]*(?:\s|$)))[”」』’\"'）)》]*[ \t]*\n?|\n")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split into sentences that concatenate back to ``text`` exactly (each keeps its end mark, closing quotes
+    and trailing line break). Chinese sentences end at 。！？ plus closing quotes ”」』 (Laban et al. 2021 split
+    documents into sentences; this is the Chinese equivalent); whitespace-only pieces are merged into the
+    previous sentence."""
+    out: list[str] = []
+    pos = 0
+    for m in _SENT_END.finditer(text):
+        if m.end() <= pos:
+            continue
+        out.append(text[pos:m.end()])
+        pos = m.end()
+    if pos < len(text):
+        out.append(text[pos:])
+    merged: list[str] = []
+    for s in out:
+        if merged and not s.strip():
+            merged[-1] += s
+        else:
+            merged.append(s)
+    return merged

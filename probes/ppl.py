@@ -1,0 +1,110 @@
+"""ppl: loss on a fixed target span as the prefix grows (Sun et al. 2021, "Do Long-Range Language Models Actually
+Use Long-Range Context?", Sec 2.2 and 3).
+
+Sun et al. evaluate only the k target tokens at the end of an N-token input, so every target token has about the
+same context, and grow N. Here: for each item a target span of ``--target-len`` tokens is fixed in a document;
+for each length N in ``--lengths`` (total input tokens, default 1x..8x the original context) the input is the
+N - k tokens before the target followed by the target, and the cell is the mean NLL (nats/token) of the target
+tokens. The same targets are used at every length, so the columns differ only in how much prefix the model sees.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from ropescale.io import InputError
+
+from .common import ProbeRun, add_common_args, default_lengths, encode, load_model, print_summary, progress, \
+    rng_for, set_threads
+from .data import load_docs
+from .scorer import score_continuations
+
+
+@dataclass
+class Target:
+    """A fixed target span: ``doc`` index, ``start`` token offset, ``k`` tokens; ``key`` names it in item ids."""
+
+    doc: int
+    start: int
+    k: int
+    key: str
+
+
+def tokenize_docs(tokenizer, docs) -> list[list[int]]:
+    return [encode(tokenizer, d.text) for d in docs]
+
+
+def sample_targets(doc_ids: list[list[int]], docs, n: int, need_before: int, k: int, seed: int) -> list[Target]:
+    """``n`` target spans of ``k`` tokens, each with at least ``need_before`` tokens before it in its document.
+    Documents are taken round-robin (in file order, among those long enough); the offset is drawn from a seeded
+    RNG per item. Raises InputError when no document is long enough."""
+    ok = [i for i, ids in enumerate(doc_ids) if len(ids) >= need_before + k]
+    if not ok:
+        longest = max(len(x) for x in doc_ids)
+        raise InputError(f"no document is long enough: need {need_before + k} tokens, longest has {longest}",
+                         docs[0].where.rsplit(":", 1)[0] if docs else None)
+    out = []
+    for j in range(n):
+        d = ok[j % len(ok)]
+        rng = rng_for(seed, "target", j, docs[d].id)
+        start = rng.randint(need_before, len(doc_ids[d]) - k)
+        out.append(Target(d, start, k, f"{docs[d].id}@{start}"))
+    return out
+
+
+def ppl_probe(loaded, docs, *, lengths: list[int], n: int, target_len: int, seed: int, out: str,
+              batch_size: int = 4, args: argparse.Namespace | None = None) -> dict:
+    """Run the ppl probe into run dir ``out``; returns the summary (cells: mean target loss per length)."""
+    if any(L <= target_len for L in lengths):
+        raise InputError(f"every length must exceed --target-len {target_len}: {lengths}")
+    run = ProbeRun(out, "ppl", loaded, lengths, seed, {"n": n, "target_len": target_len,
+                                                       "data": _data_name(docs)}, args,
+                   metric="loss (nats/token) on the target span", column="input length N (prefix + target)")
+    doc_ids = tokenize_docs(loaded.tokenizer, docs)
+    targets = sample_targets(doc_ids, docs, n, max(lengths) - target_len, target_len, seed)
+    todo = []
+    for t in targets:
+        ids = doc_ids[t.doc]
+        for L in lengths:
+            rid = f"{t.key}:N{L}"
+            if not run.done(rid):
+                todo.append((rid, t, L, ids[t.start - (L - target_len):t.start], ids[t.start:t.start + target_len]))
+    todo.sort(key=lambda c: c[2])  # equal lengths in a batch: no padding
+    for i in progress(range(0, len(todo), batch_size), "ppl", total=(len(todo) + batch_size - 1) // batch_size):
+        chunk = todo[i:i + batch_size]
+        scores = score_continuations(loaded.model, [c[3] for c in chunk], [c[4] for c in chunk],
+                                     batch_size=batch_size, pad_id=loaded.pad_id)
+        for (rid, t, L, _, _), sc in zip(chunk, scores):
+            run.add({"id": rid, "group": "", "col": L, "value": sc.loss, "doc": docs[t.doc].id,
+                     "target_start": t.start, "prefix_len": L - target_len, "target_len": target_len,
+                     "logprob": sc.logprob})
+    return run.finish()
+
+
+def _data_name(docs) -> str:
+    return docs[0].where.rsplit(":", 1)[0] if docs else ""
+
+
+def register(sub) -> None:
+    ap = sub.add_parser("ppl", help="loss on a fixed target span vs prefix length (Sun et al. 2021 Sec 3)",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(ap, "documents JSONL ({text} or {context}) or chapters JSONL (one document per book)",
+                    "total input lengths N (prefix + target), default 1x..8x the original context")
+    ap.add_argument("--target-len", type=int, default=128, help="target span tokens k (default 128)")
+    ap.add_argument("--tail-chapters", type=int, default=0,
+                    help="chapters data: keep only each book's last N chapters (e.g. text held out from training)")
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    ap.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from rope_scaling import spec_from_args
+
+    set_threads(args.threads)
+    docs = load_docs(args.data, args.tail_chapters)
+    loaded = load_model(args.model, spec_from_args(args))
+    lengths = args.lengths or default_lengths(loaded.orig_ctx)
+    summary = ppl_probe(loaded, docs, lengths=lengths, n=args.n, target_len=args.target_len, seed=args.seed,
+                        out=args.out, batch_size=args.batch_size, args=args)
+    print_summary(summary, args.json)
+    return 0

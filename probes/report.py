@@ -1,0 +1,180 @@
+"""report: the extrapolation table of probe runs.
+
+One table per probe: rows = model x rope method x scale (x the probe's group: block size k, perturbation kind,
+copy / no-copy), columns = the probe's length bucket (prefix length, input length, distance), cells = the probe's
+metric (accuracy or loss, the mean over items; ``n`` items per cell in the JSON/CSV output). Printed as markdown
+(default), CSV or JSON; ``--plot FILE.png`` draws one panel per probe with a line per row.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+from pathlib import Path
+
+from ropescale.io import InputError, write_text_atomic
+from ropescale.runs import find_run_dirs
+
+from .common import ITEMS, SUMMARY, summarize
+
+
+def load_runs(paths: list[str]) -> list[dict]:
+    """Summaries of the probe runs under ``paths`` (recomputed from items.jsonl when summary.json is missing,
+    e.g. for an interrupted run), each with the run's meta fields (probe, model, rope, scale, metric, column)."""
+    out = []
+    for rd in find_run_dirs(paths):
+        meta = rd.read_meta()
+        if meta.get("kind") != "probe":
+            continue
+        if (rd.path / SUMMARY).is_file():
+            s = rd.read_json(SUMMARY)
+        elif (rd.path / ITEMS).is_file():
+            s = summarize(rd.log(ITEMS).records())
+        else:
+            continue
+        for k in ("probe", "model", "rope", "scale", "metric", "column"):
+            s.setdefault(k, meta.get(k))
+        s["run_dir"] = str(rd.path)
+        out.append(s)
+    if not out:
+        raise InputError("no probe run directories found", ", ".join(map(str, paths)))
+    return out
+
+
+def model_label(model: str) -> str:
+    p = Path(str(model))
+    return p.name if len(p.parts) > 1 else str(model)
+
+
+def rope_label(rope: dict | None) -> str:
+    rope = rope or {}
+    return str(rope.get("method") or rope.get("rope") or "none")
+
+
+def table_rows(summaries: list[dict]) -> tuple[str, list[str], list[list], list[list]]:
+    """(title, header, rows of labels + cell values, rows of cell counts) for summaries of ONE probe."""
+    probe = summaries[0].get("probe", "")
+    cols: list = []
+    rows: dict[tuple, dict] = {}
+    counts: dict[tuple, dict] = {}
+    for s in summaries:
+        for c in s["cells"]:
+            if c["col"] not in cols:
+                cols.append(c["col"])
+            key = (model_label(s.get("model", "")), rope_label(s.get("rope")), float(s.get("scale") or 1.0),
+                   c.get("group", ""))
+            rows.setdefault(key, {})[c["col"]] = c["value"]
+            counts.setdefault(key, {})[c["col"]] = c["n"]
+    cols.sort(key=lambda c: (0, c) if isinstance(c, (int, float)) else (1, str(c)))
+    has_group = any(k[3] for k in rows)
+    header = ["model", "rope", "scale"] + (["group"] if has_group else []) + [str(c) for c in cols]
+    ordered = sorted(rows, key=lambda k: (k[0], k[1] != "none", k[1], k[2], str(k[3])))
+    body, ns = [], []
+    for k in ordered:
+        lab = [k[0], k[1], f"{k[2]:g}"] + ([k[3]] if has_group else [])
+        body.append(lab + [rows[k].get(c) for c in cols])
+        ns.append(lab + [counts[k].get(c) for c in cols])
+    metric = summaries[0].get("metric", "")
+    column = summaries[0].get("column", "")
+    title = f"{probe}: {metric}; columns = {column}"
+    return title, header, body, ns
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return str(v)
+
+
+def to_markdown(title: str, header: list[str], body: list[list], ns: list[list] | None = None) -> str:
+    lines = [f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in body:
+        lines.append("| " + " | ".join(_fmt(v) for v in r) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def by_probe(summaries: list[dict]) -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = {}
+    for s in summaries:
+        groups.setdefault(s.get("probe", ""), []).append(s)
+    return groups
+
+
+def render(summaries: list[dict], fmt: str = "md") -> str:
+    """All tables in ``fmt`` (md, csv, json)."""
+    tables = [table_rows(ss) for ss in by_probe(summaries).values()]
+    if fmt == "json":
+        return json.dumps([{"title": t, "header": h, "rows": b, "n": n} for t, h, b, n in tables],
+                          ensure_ascii=False, indent=2) + "\n"
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        for t, h, b, _ in tables:
+            w.writerow(["probe"] + h)
+            for r in b:
+                w.writerow([t.split(":")[0]] + [("" if v is None else v) for v in r])
+        return buf.getvalue()
+    return "\n".join(to_markdown(*t) for t in tables)
+
+
+def plot(summaries: list[dict], path: str | os.PathLike) -> Path:
+    """One panel per probe, a line per row (model x rope x scale x group) over the columns."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = by_probe(summaries)
+    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.2), squeeze=False)
+    for ax, (probe, ss) in zip(axes[0], groups.items()):
+        title, header, body, _ = table_rows(ss)
+        ncol0 = 4 if header[3:4] == ["group"] else 3
+        cols = header[ncol0:]
+        numeric = all(c.lstrip("-").isdigit() for c in cols)
+        xs = [int(c) for c in cols] if numeric else list(range(len(cols)))
+        for r in body:
+            pts = [(x, v) for x, v in zip(xs, r[ncol0:]) if v is not None]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=" ".join(map(str, r[:ncol0])))
+        if numeric and min(xs) > 0 and max(xs) / min(xs) >= 8:
+            ax.set_xscale("log", base=2)
+        if not numeric:
+            ax.set_xticks(xs, cols)
+        ax.set_title(title.split(";")[0])
+        ax.set_xlabel(ss[0].get("column", ""))
+        ax.set_ylabel(ss[0].get("metric", ""))
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def register(sub) -> None:
+    ap = sub.add_parser("report", help="extrapolation table of probe runs (markdown/csv/json) + PNG",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="probe run directories (or folders holding them)")
+    ap.add_argument("--format", choices=("md", "csv", "json"), default="md", help="output format (default md)")
+    ap.add_argument("--out", help="also write the table to this file")
+    ap.add_argument("--plot", help="write a PNG plot here")
+    ap.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    summaries = load_runs(args.runs)
+    text = render(summaries, args.format)
+    print(text, end="")
+    if args.out:
+        write_text_atomic(args.out, text)
+    if args.plot:
+        plot(summaries, args.plot)
+    return 0

@@ -1,0 +1,127 @@
+"""The shared log-likelihood scorer: batched teacher-forced scoring, no generation.
+
+Every probe reduces to "sum of token log-probabilities of a continuation given a prefix" (Sun et al. 2021 Sec 2.1,
+ChapterBreak Sec 2: P(s|c); Laban et al. 2021 Sec 3.1, Eq. 1: log P(S) = sum_i log P(W_i | W_<i)).
+Sequences in one batch are right-padded and masked; the model runs in fp32 under ``torch.no_grad``.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass
+class Score:
+    """Log-likelihood of one continuation: ``logprob`` = sum of its token log-probs, ``n`` = its token count."""
+
+    logprob: float
+    n: int
+    token_logprobs: list[float] | None = None
+
+    @property
+    def loss(self) -> float:
+        """Mean negative log-likelihood per continuation token (nats)."""
+        return -self.logprob / self.n if self.n else float("nan")
+
+    @property
+    def ppl(self) -> float:
+        return math.exp(self.loss) if self.n else float("nan")
+
+
+def _forward_logprobs(model, batch: list[list[int]], pad_id: int):
+    """log-softmax over the vocabulary for a right-padded batch: (B, T, V) fp32 tensor and the lengths."""
+    import torch
+
+    T = max(len(x) for x in batch)
+    ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), T), dtype=torch.long)
+    for i, x in enumerate(batch):
+        ids[i, :len(x)] = torch.tensor(x, dtype=torch.long)
+        mask[i, :len(x)] = 1
+    out = model(input_ids=ids, attention_mask=mask, use_cache=False)
+    return torch.log_softmax(out.logits.float(), dim=-1), ids
+
+
+def score_continuations(model, prefixes: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], *,
+                        batch_size: int = 4, pad_id: int = 0, keep_tokens: bool = False,
+                        progress: str | None = None) -> list[Score]:
+    """For each pair, sum_t log P(cont_t | prefix, cont_<t): the continuation's log-likelihood given its prefix.
+
+    An empty prefix is allowed: the continuation's first token is then unscored (it has no context), as in a
+    plain LM evaluation. Pairs are sorted by total length so batches hold similar lengths; results come back
+    in input order.
+    """
+    import torch
+    from tqdm import tqdm
+
+    if len(prefixes) != len(continuations):
+        raise ValueError("prefixes and continuations differ in number")
+    seqs, starts = [], []
+    for p, c in zip(prefixes, continuations):
+        p, c = list(p), list(c)
+        if not c:
+            raise ValueError("empty continuation")
+        seqs.append(p + c)
+        starts.append(max(len(p), 1))  # first scored position
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+    results: list[Score | None] = [None] * len(seqs)
+    was_training = model.training
+    model.eval()
+    bar = tqdm(total=len(seqs), desc=progress, unit="seq", file=sys.stderr, leave=False, disable=progress is None)
+    with torch.no_grad():
+        for b in range(0, len(order), batch_size):
+            idx = order[b:b + batch_size]
+            batch = [seqs[i] for i in idx]
+            logp, ids = _forward_logprobs(model, batch, pad_id)
+            for row, i in enumerate(idx):
+                L, s = len(seqs[i]), starts[i]
+                # the token at position t is predicted by the logits at position t-1
+                tgt = ids[row, s:L]
+                lp = logp[row, s - 1:L - 1].gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+                results[i] = Score(float(lp.sum()), int(L - s), lp.tolist() if keep_tokens else None)
+            bar.update(len(idx))
+    bar.close()
+    if was_training:
+        model.train()
+    return results  # type: ignore[return-value]
+
+
+def window_starts(n_tokens: int, window: int, overlap: float = 0.5) -> list[int]:
+    """Start offsets of successive windows of ``window`` tokens overlapping by ``overlap`` (Laban et al. 2021
+    Sec 3.1: "split into successive windows with 50% overlap"); the last window ends at the document's end."""
+    if window < 2:
+        raise ValueError("window must be at least 2 tokens")
+    if n_tokens <= window:
+        return [0]
+    stride = max(1, int(round(window * (1 - overlap))))
+    starts = list(range(0, n_tokens - window, stride))
+    last = n_tokens - window
+    if not starts or starts[-1] != last:
+        if starts and last - starts[-1] < 1:
+            starts[-1] = last
+        else:
+            starts.append(last)
+    return starts
+
+
+def score_document(model, docs: Sequence[Sequence[int]], window: int, *, overlap: float = 0.5,
+                   batch_size: int = 4, pad_id: int = 0, progress: str | None = None) -> list[float]:
+    """Document log-likelihood: the mean over 50%-overlapping windows of each window's log-likelihood
+    (Laban et al. 2021 Sec 3.1: "Window log-likelihoods are averaged into a document log-likelihood").
+    A document that fits in one window is scored whole (its first token has no context and is unscored)."""
+    pieces, owner = [], []
+    for d, ids in enumerate(docs):
+        ids = list(ids)
+        for s in window_starts(len(ids), window, overlap):
+            pieces.append(ids[s:s + window])
+            owner.append(d)
+    scores = score_continuations(model, [[]] * len(pieces), pieces, batch_size=batch_size, pad_id=pad_id,
+                                 progress=progress)
+    tot = [0.0] * len(docs)
+    cnt = [0] * len(docs)
+    for d, sc in zip(owner, scores):
+        tot[d] += sc.logprob
+        cnt[d] += 1
+    return [t / c for t, c in zip(tot, cnt)]

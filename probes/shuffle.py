@@ -1,0 +1,144 @@
+"""shuffle: the zero-shot k-Block Shuffle Test (Laban, Dai, Bandarkar & Hearst 2021, Sec 3-4).
+
+A document is split into sentences (Chinese sentences end at 。！？ plus any closing quotes ”」』); sentences are
+grouped in contiguous blocks of k (k = ``--blocks``, default 1..5; the last block may be shorter), and the blocks
+are shuffled, keeping the sentence order inside each block (a permutation other than the identity). The model is
+right when the original document gets a higher log-likelihood than the shuffled one (a tie counts as wrong).
+Documents longer than the model's context (``--window``, default: the context its scaled config is meant for) are
+scored with successive windows overlapping by 50%, the window log-likelihoods averaged (Sec 3.1).
+
+Both versions are tokenized sentence by sentence, so they hold exactly the same tokens and only the order differs.
+Documents: each chapter of a chapters JSONL (its body), or each document of a documents JSONL. Without
+``--lengths`` documents are truncated at ``--max-sentences`` (default 20, as in Sec 3.2) and the column is ``all``;
+with ``--lengths`` each document is cut to the longest run of whole leading sentences that fits in L tokens (and
+must be at least L/2 tokens), so the columns show how the test fares as documents outgrow the original context.
+"""
+from __future__ import annotations
+
+import argparse
+
+from ropescale.io import InputError
+
+from .common import ProbeRun, add_common_args, int_list, load_model, print_summary, progress, rng_for, \
+    set_threads
+from .data import Doc, is_chapters_file, load_books, load_docs, split_sentences
+from .scorer import score_document
+
+
+def block_shuffle(items: list, k: int, rng) -> list:
+    """Group ``items`` in contiguous blocks of ``k`` and return them with the blocks permuted (never the identity
+    permutation) and the order inside each block kept (Laban et al. 2021 Sec 4). Needs at least two blocks."""
+    if k < 1:
+        raise ValueError("block size must be >= 1")
+    blocks = [items[i:i + k] for i in range(0, len(items), k)]
+    if len(blocks) < 2:
+        raise ValueError(f"{len(items)} sentences make fewer than two blocks of {k}")
+    order = list(range(len(blocks)))
+    perm = order[:]
+    while perm == order:
+        rng.shuffle(perm)
+    return [x for b in perm for x in blocks[b]]
+
+
+def shuffle_docs(data: str) -> list[Doc]:
+    """The test's documents: chapter bodies of a chapters JSONL, or the documents of a documents JSONL."""
+    if is_chapters_file(data):
+        return [Doc(f"{c.book}:{c.chapter}", c.book, c.text, f"{data}:{c.line}")
+                for chs in load_books(data).values() for c in chs]
+    return load_docs(data)
+
+
+def truncate(sent_ids: list[list[int]], max_sentences: int, max_tokens: int) -> int:
+    """How many leading sentences to keep: at most ``max_sentences`` (0 = no cap) and ``max_tokens`` (0 = no cap)."""
+    n, tot = 0, 0
+    for ids in sent_ids:
+        if max_sentences and n >= max_sentences:
+            break
+        if max_tokens and tot + len(ids) > max_tokens:
+            break
+        n += 1
+        tot += len(ids)
+    return n
+
+
+def shuffle_probe(loaded, docs: list[Doc], *, blocks: list[int], lengths: list[int] | None, max_sentences: int,
+                  n: int, window: int, seed: int, out: str, batch_size: int = 4, data: str = "",
+                  args=None) -> dict:
+    """Run the k-block shuffle test into run dir ``out``; cells: accuracy per block size (group) x length."""
+    if any(k < 1 for k in blocks):
+        raise InputError(f"block sizes must be >= 1: {blocks}")
+    run = ProbeRun(out, "shuffle", loaded, lengths or [], seed,
+                   {"n": n, "blocks": blocks, "max_sentences": max_sentences, "window": window, "data": data}, args,
+                   metric="accuracy (original scores above the block-shuffled version)",
+                   column="document length budget (tokens)" if lengths else "document")
+    tok = loaded.tokenizer
+    cols = lengths or ["all"]
+    # choose documents: in a seeded order, those that give >= 2 blocks of the largest k at every length
+    order = list(range(len(docs)))
+    rng_for(seed, "shuffle-docs").shuffle(order)
+    chosen = []
+    for di in order:
+        if len(chosen) >= n:
+            break
+        sents = split_sentences(docs[di].text)
+        sent_ids = tok(sents, add_special_tokens=False)["input_ids"] if sents else []
+        cuts = {}
+        for L in cols:
+            cap = 0 if L == "all" else L
+            m = truncate(sent_ids, max_sentences, cap)
+            if m < 2 * max(blocks) or (cap and sum(len(x) for x in sent_ids[:m]) < cap // 2):
+                break
+            cuts[L] = m
+        else:
+            chosen.append((di, sent_ids, cuts))
+    if len(chosen) < n:
+        raise InputError(f"only {len(chosen)} of {n} documents are long enough ({2 * max(blocks)} sentences"
+                         + (f", {max(lengths) // 2}+ tokens" if lengths else "") + ")", data or None)
+    for di, sent_ids, cuts in progress(chosen, "shuffle"):
+        doc = docs[di]
+        todo, pairs = [], []
+        for k in blocks:
+            for L in cols:
+                rid = f"{doc.id}:k{k}:{'' if L == 'all' else 'L'}{L}"
+                if run.done(rid):
+                    continue
+                kept = sent_ids[:cuts[L]]
+                shuffled = block_shuffle(kept, k, rng_for(seed, "kbst", doc.id, k, L))
+                todo.append((rid, k, L, len(kept)))
+                pairs += [[t for s in kept for t in s], [t for s in shuffled for t in s]]
+        if not todo:
+            continue
+        lls = score_document(loaded.model, pairs, window, batch_size=batch_size, pad_id=loaded.pad_id)
+        for i, (rid, k, L, ns) in enumerate(todo):
+            orig, shuf = lls[2 * i], lls[2 * i + 1]
+            run.add({"id": rid, "group": f"k={k}", "col": L, "value": float(orig > shuf), "doc": doc.id,
+                     "sentences": ns, "tokens": len(pairs[2 * i]), "ll_original": orig, "ll_shuffled": shuf})
+    return run.finish()
+
+
+def register(sub) -> None:
+    ap = sub.add_parser("shuffle", help="zero-shot k-Block Shuffle Test (Laban et al. 2021 Sec 3-4)",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(ap, "chapters JSONL (each chapter body is a document) or documents JSONL ({text}/{context})",
+                    "document length budgets in tokens (default: none, documents cut at --max-sentences)")
+    ap.add_argument("--blocks", type=int_list, default=[1, 2, 3, 4, 5], help="block sizes k (default 1,2,3,4,5)")
+    ap.add_argument("--max-sentences", type=int, default=None,
+                    help="truncate documents at this many sentences (default 20 without --lengths, else no cap)")
+    ap.add_argument("--window", type=int, default=0,
+                    help="scoring window in tokens (default: the model's (scaled) context); 50%% overlap")
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    ap.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from rope_scaling import spec_from_args
+
+    set_threads(args.threads)
+    docs = shuffle_docs(args.data)
+    loaded = load_model(args.model, spec_from_args(args))
+    max_sent = args.max_sentences if args.max_sentences is not None else (0 if args.lengths else 20)
+    summary = shuffle_probe(loaded, docs, blocks=args.blocks, lengths=args.lengths, max_sentences=max_sent,
+                            n=args.n, window=args.window or loaded.context, seed=args.seed, out=args.out,
+                            batch_size=args.batch_size, data=str(args.data), args=args)
+    print_summary(summary, args.json)
+    return 0

@@ -1,0 +1,243 @@
+"""suffix-id: suffix identification, accuracy vs prefix length.
+
+``--variant chapter`` (default): ChapterBreak (Sun, Thai & Iyyer 2022, Sec 2). Each example is a triplet
+(c, s+, N): c is a prefix of L tokens (``--lengths``, default orig/2 .. 8x the original context) that ends exactly
+at a chapter break; s+ is the gold suffix, the first 128 tokens of the next chapter; N holds five negatives, the
+beginnings of *later* chapters of the same book (sampled with the seed). All negatives are given the same chapter
+heading/index as the gold, so memorized chapter numbers cannot help. The model is right when
+log P(s+|c) > log P(s-|c) for every negative (all candidates have the same token count, so this is also lowest
+perplexity). The prefix is the book as printed (each chapter's heading line ``第N回 <title>``, then its body).
+
+How the heading appears (``--heading``):
+- ``index`` (default, the paper's setting): a candidate is its chapter's beginning as printed, heading line
+  included, truncated to 128 tokens, with the chapter index replaced by the gold's (``第N回``); each candidate keeps
+  its own title couplet (the first words of its chapter), exactly as "Chapter III" + the chapter's text in PG-19.
+- ``full``: the gold's whole heading line (index and title) ends the context of every candidate; candidates are the
+  first 128 tokens of the chapter bodies. Easier: the title summarizes the gold chapter.
+- ``none``: no heading at all; candidates are the first 128 body tokens.
+
+``--variant sentence``: the suffix-identification test of Sun et al. 2021 (Sec 5): the prefix ends at a full stop,
+the gold suffix is the next 128 tokens, and the five negatives are random 128-token spans of the same book that
+start at a sentence and overlap neither the prefix nor the gold suffix. Works on any documents JSONL.
+"""
+from __future__ import annotations
+
+import argparse
+
+from ropescale.io import InputError
+
+from .common import ProbeRun, add_common_args, encode, load_model, print_summary, progress, rng_for, set_threads
+from .data import Chapter, chapter_index, is_chapters_file, load_books, load_docs, render_chapter, split_sentences
+from .scorer import score_continuations
+
+N_NEGATIVES = 5
+HEADINGS = ("index", "full", "none")
+
+
+def default_suffix_lengths(orig_ctx: int) -> list[int]:
+    """orig/2, orig, 2x, 4x, 8x the original context (ChapterBreak: prefixes up to 8x a model's context)."""
+    return [orig_ctx // 2, orig_ctx, orig_ctx * 2, orig_ctx * 4, orig_ctx * 8]
+
+
+# ---------------------------------------------------------------- chapter variant (ChapterBreak)
+def chapter_candidate(ch: Chapter, gold: Chapter, heading: str, tokenizer, suffix_len: int) -> list[int]:
+    """The tokens of one candidate suffix: chapter ``ch``'s beginning, given ``gold``'s chapter index."""
+    if heading == "index":
+        text = f"{chapter_index(gold.chapter)} {ch.title}".rstrip() + "\n" + ch.text
+    else:  # full (the heading goes into the context) / none
+        text = ch.text
+    ids = encode(tokenizer, text)[:suffix_len]
+    if len(ids) < suffix_len:
+        raise InputError(f"chapter {ch.book}:{ch.chapter} is shorter than {suffix_len} tokens", None)
+    return ids
+
+
+def chapter_examples(books: dict[str, list[Chapter]], tokenizer, *, n: int, max_len: int, seed: int,
+                     negatives: int = N_NEGATIVES) -> list[dict]:
+    """``n`` ChapterBreak examples: a break before chapter index j of a book (j >= 1) with at least ``negatives``
+    chapters after j and at least ``max_len`` tokens before it. Breaks are drawn per book round-robin with the
+    seed; each example names its book, the gold position j, the negative positions (later chapters: > j), and the
+    book's token stream up to the break."""
+    per_book = {}
+    for book, chs in books.items():
+        starts, ids = [], []
+        for ch in chs:
+            starts.append(len(ids))
+            ids += encode(tokenizer, render_chapter(ch))
+        ok = [j for j in range(1, len(chs) - negatives) if starts[j] >= max_len]
+        if ok:
+            per_book[book] = (chs, starts, ids, ok)
+    if not per_book:
+        raise InputError(f"no chapter break has {max_len} tokens before it and {negatives} later chapters")
+    names = sorted(per_book)
+    rng = rng_for(seed, "chapter-breaks")
+    pools = {b: rng.sample(per_book[b][3], len(per_book[b][3])) for b in names}
+    out = []
+    i = 0
+    while len(out) < n and any(pools.values()):
+        b = names[i % len(names)]
+        i += 1
+        if not pools[b]:
+            continue
+        j = pools[b].pop()
+        chs, starts, ids, _ = per_book[b]
+        r = rng_for(seed, "negatives", b, chs[j].chapter)
+        negs = sorted(r.sample(range(j + 1, len(chs)), negatives))
+        out.append({"book": b, "j": j, "chapters": chs, "negs": negs, "prefix_ids": ids[:starts[j]]})
+    return out
+
+
+def chapter_probe(loaded, books, *, lengths: list[int], n: int, heading: str, suffix_len: int, seed: int,
+                  out: str, batch_size: int = 6, data: str = "", args=None) -> dict:
+    """ChapterBreak suffix identification into run dir ``out``; cells: accuracy per prefix length."""
+    if heading not in HEADINGS:
+        raise InputError(f"unknown --heading {heading!r} ({', '.join(HEADINGS)})")
+    run = ProbeRun(out, "suffix-id", loaded, lengths, seed,
+                   {"variant": "chapter", "n": n, "heading": heading, "suffix_len": suffix_len,
+                    "negatives": N_NEGATIVES, "data": data}, args,
+                   metric="accuracy (gold suffix most likely of 6)", column="prefix length (tokens)")
+    tok = loaded.tokenizer
+    examples = chapter_examples(books, tok, n=n, max_len=max(lengths), seed=seed)
+    for ex in progress(examples, "suffix-id"):
+        chs, j = ex["chapters"], ex["j"]
+        gold = chs[j]
+        cands = [chapter_candidate(chs[c], gold, heading, tok, suffix_len) for c in [j] + ex["negs"]]
+        tail = encode(tok, gold.heading + "\n") if heading == "full" else []
+        for L in lengths:
+            rid = f"{ex['book']}:{gold.chapter}:L{L}"
+            if run.done(rid):
+                continue
+            ctx = ex["prefix_ids"][-L:] + tail
+            scores = score_continuations(loaded.model, [ctx] * len(cands), cands, batch_size=batch_size,
+                                         pad_id=loaded.pad_id)
+            lps = [s.logprob for s in scores]
+            run.add({"id": rid, "group": "", "col": L, "value": float(all(lps[0] > x for x in lps[1:])),
+                     "book": ex["book"], "gold_chapter": gold.chapter,
+                     "negative_chapters": [chs[c].chapter for c in ex["negs"]], "logprobs": lps,
+                     "gold_rank": 1 + sum(x > lps[0] for x in lps[1:])})
+    return run.finish()
+
+
+# ---------------------------------------------------------------- sentence variant (Sun et al. 2021 Sec 5)
+_FULL_STOP = ("。", "！", "？", ".", "!", "?")
+
+
+def _ends_at_full_stop(sentence: str) -> bool:
+    s = sentence.rstrip().rstrip("”」』’\"'）)》")
+    return s.endswith(_FULL_STOP)
+
+
+def sentence_stream(tokenizer, text: str) -> tuple[list[int], list[int], list[bool]]:
+    """Tokens of ``text`` tokenized sentence by sentence, the token offset of each sentence start, and whether the
+    sentence before each start ends at a full stop."""
+    sents = split_sentences(text)
+    enc = tokenizer(sents, add_special_tokens=False)["input_ids"] if sents else []
+    ids, starts, stop = [], [], []
+    prev_stop = False
+    for s, e in zip(sents, enc):
+        starts.append(len(ids))
+        stop.append(prev_stop)
+        ids += e
+        prev_stop = _ends_at_full_stop(s)
+    return ids, starts, stop
+
+
+def sentence_examples(docs, tokenizer, *, n: int, max_len: int, suffix_len: int, seed: int,
+                      negatives: int = N_NEGATIVES) -> list[dict]:
+    """``n`` examples: a boundary b after a full stop with >= ``max_len`` tokens before it; gold = ids[b:b+128];
+    negatives = 128-token spans of the same book starting at a sentence start, outside [b - max_len, b + 128)."""
+    books: dict[str, list] = {}
+    for d in docs:
+        books.setdefault(d.book, []).append(d)
+    per_book = {}
+    for book, ds in books.items():
+        ids, starts, stop = sentence_stream(tokenizer, "".join(d.text for d in ds))
+        bounds = [k for k in range(len(starts)) if stop[k] and max_len <= starts[k] <= len(ids) - suffix_len]
+        per_book[book] = (ids, starts, bounds)
+    names = sorted(per_book)
+    out = []
+    tries = 0
+    i = 0
+    while len(out) < n and tries < 50 * max(n, 1):
+        tries += 1
+        b = names[i % len(names)]
+        i += 1
+        ids, starts, bounds = per_book[b]
+        rng = rng_for(seed, "sentence", b, tries)
+        if not bounds:
+            continue
+        bpos = starts[rng.choice(bounds)]
+        lo, hi = bpos - max_len, bpos + suffix_len
+        # a negative [s, s+128) must not overlap [lo, hi)
+        cand = [s for s in starts if s + suffix_len <= len(ids) and (s + suffix_len <= lo or s >= hi)]
+        if len(cand) < negatives:
+            continue
+        if any(e["book"] == b and e["boundary"] == bpos for e in out):
+            continue
+        negs = sorted(rng.sample(cand, negatives))
+        out.append({"book": b, "boundary": bpos, "ids": ids, "negs": negs})
+    if len(out) < n:
+        raise InputError(f"only {len(out)} of {n} sentence examples fit (need {max_len} prefix tokens, "
+                         f"{negatives} non-overlapping same-book spans)")
+    return out
+
+
+def sentence_probe(loaded, docs, *, lengths: list[int], n: int, suffix_len: int, seed: int, out: str,
+                   batch_size: int = 6, data: str = "", args=None) -> dict:
+    run = ProbeRun(out, "suffix-id", loaded, lengths, seed,
+                   {"variant": "sentence", "n": n, "suffix_len": suffix_len, "negatives": N_NEGATIVES,
+                    "data": data}, args,
+                   metric="accuracy (gold suffix most likely of 6)", column="prefix length (tokens)")
+    examples = sentence_examples(docs, loaded.tokenizer, n=n, max_len=max(lengths), suffix_len=suffix_len, seed=seed)
+    for ex in progress(examples, "suffix-id"):
+        ids, b = ex["ids"], ex["boundary"]
+        cands = [ids[b:b + suffix_len]] + [ids[s:s + suffix_len] for s in ex["negs"]]
+        for L in lengths:
+            rid = f"{ex['book']}@{b}:L{L}"
+            if run.done(rid):
+                continue
+            scores = score_continuations(loaded.model, [ids[b - L:b]] * len(cands), cands, batch_size=batch_size,
+                                         pad_id=loaded.pad_id)
+            lps = [s.logprob for s in scores]
+            run.add({"id": rid, "group": "", "col": L, "value": float(all(lps[0] > x for x in lps[1:])),
+                     "book": ex["book"], "boundary": b, "negative_starts": ex["negs"], "logprobs": lps,
+                     "gold_rank": 1 + sum(x > lps[0] for x in lps[1:])})
+    return run.finish()
+
+
+def register(sub) -> None:
+    ap = sub.add_parser("suffix-id", help="suffix identification accuracy vs prefix length (ChapterBreak)",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(ap, "chapters JSONL {book, chapter, title, text} (variant sentence: any documents JSONL)",
+                    "prefix lengths in tokens (default orig/2, 1x, 2x, 4x, 8x the original context)")
+    ap.add_argument("--variant", choices=("chapter", "sentence"), default="chapter",
+                    help="chapter: ChapterBreak (prefix ends at a chapter break); sentence: Sun et al. 2021 Sec 5")
+    ap.add_argument("--heading", choices=HEADINGS, default="index",
+                    help="how the gold's chapter heading is given to every candidate (see above; default index)")
+    ap.add_argument("--suffix-len", type=int, default=128, help="candidate suffix tokens (default 128)")
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    ap.set_defaults(func=main, batch_size=6)
+
+
+def main(args: argparse.Namespace) -> int:
+    from rope_scaling import spec_from_args
+
+    set_threads(args.threads)
+    if args.variant == "chapter":
+        if not is_chapters_file(args.data):
+            raise InputError("the chapter variant needs a chapters JSONL {book, chapter, title, text}", args.data)
+        data = load_books(args.data)
+    else:
+        data = load_docs(args.data)
+    loaded = load_model(args.model, spec_from_args(args))
+    lengths = args.lengths or default_suffix_lengths(loaded.orig_ctx)
+    if args.variant == "chapter":
+        summary = chapter_probe(loaded, data, lengths=lengths, n=args.n, heading=args.heading,
+                                suffix_len=args.suffix_len, seed=args.seed, out=args.out,
+                                batch_size=args.batch_size, data=str(args.data), args=args)
+    else:
+        summary = sentence_probe(loaded, data, lengths=lengths, n=args.n, suffix_len=args.suffix_len,
+                                 seed=args.seed, out=args.out, batch_size=args.batch_size, data=str(args.data),
+                                 args=args)
+    print_summary(summary, args.json)
+    return 0
