@@ -9,10 +9,13 @@ What a pair becomes (``encode_pairs``)::
     labels:  -100 ... -100                                                   summary tokens + EOS
 
 so the loss falls on the summaries only. How pairs become samples (``plan_packing``): the pairs are shuffled
-with the seed and taken in that order; a sample grows pair by pair and is closed as soon as its length reaches
-``min``. A pair that would push the open sample past ``max`` waits in a pool and goes into the next sample it
-fits. At the end the pairs still out (the unfinished last sample, the pool) are placed, best fit, into finished
-samples that still have room below ``max``; what cannot be placed anywhere is reported as ``leftover`` (ids in
+with the seed and taken in that order. Each sample draws a length goal uniformly from [min, max] (seeded), grows
+pair by pair and is closed once it reaches its goal, or once it is at least ``min`` long and the next pair would
+push it past ``max`` or farther past the goal than it now falls short (that pair starts the next sample). So lengths spread over the whole range and average
+about its middle, as the paper's "14k~18k ... with average lengths of about 16k" (Sec 5). A pair that would push
+a sample still below ``min`` past ``max`` waits in a pool and goes into the next sample it fits. At the end the
+pairs still out (an unfinished last sample, the pool) are placed, best fit, into finished samples that still
+have room below ``max``; what cannot be placed anywhere is reported as ``leftover`` (ids in
 stats.json). A pair longer than ``max`` can never fit: ``--on-bad error`` stops with its file:line, ``skip``
 counts it as dropped. Samples have variable length inside [min, max] and carry no padding at all; every pair
 is used at most once.
@@ -202,41 +205,58 @@ class Plan:
 
 def plan_packing(lengths: Sequence[int], lo: int, hi: int, seed: int) -> Plan:
     """Random concatenation into samples of length in [lo, hi] (Sec 5), each pair at most once (see module doc)."""
+    rng = random.Random(seed)
     order = list(range(len(lengths)))
-    random.Random(seed).shuffle(order)
+    rng.shuffle(order)
     samples: list[list[int]] = []
     totals: list[int] = []
     too_long: list[int] = []
-    pool: list[int] = []  # pairs that did not fit the open sample, in arrival order
+    pool: list[int] = []  # pairs that did not fit an open sample still below lo, in arrival order
     cur: list[int] = []
     total = 0
+    goal = rng.randint(lo, hi)  # this sample's length goal, uniform in [lo, hi]
 
-    def close_and_refill():
-        nonlocal cur, total
-        while total >= lo:
-            samples.append(cur)
-            totals.append(total)
-            cur, total = [], 0
-            keep = []
-            for j in pool:
-                if total < lo and total + lengths[j] <= hi:
-                    cur.append(j)
-                    total += lengths[j]
-                else:
-                    keep.append(j)
-            pool[:] = keep
+    def close():
+        nonlocal cur, total, goal
+        samples.append(cur)
+        totals.append(total)
+        cur, total, goal = [], 0, rng.randint(lo, hi)
+
+    def add(i):
+        nonlocal total
+        cur.append(i)
+        total += lengths[i]
+        if total >= goal:
+            close()
+            refill()
+
+    def refill():
+        k = 0
+        while k < len(pool):
+            j = pool[k]
+            if total + lengths[j] <= hi:
+                pool.pop(k)
+                add(j)  # may close the sample and refill the next one from the pool
+                k = 0
+            else:
+                k += 1
 
     for i in order:
         n = lengths[i]
         if n > hi:
             too_long.append(i)
             continue
+        # Close a sample that is long enough when the pair does not fit, or would land it farther past its
+        # goal than it now is short of it (so lengths centre on the goals, not above them).
+        if total >= lo and (total + n > hi or total + n - goal > goal - total):
+            close()
+            refill()
         if total + n <= hi:
-            cur.append(i)
-            total += n
-            close_and_refill()
+            add(i)
         else:
             pool.append(i)
+    if total >= lo:
+        close()
     # Place what is still out into finished samples with room (best fit: the least room that suffices).
     rest = cur + pool
     leftover: list[int] = []

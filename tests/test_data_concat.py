@@ -123,6 +123,21 @@ def test_plan_leftover_placed_into_room():
     assert sorted(len(s) for s in plan.samples) == [2, 3] and plan.leftover == []
 
 
+def test_plan_lengths_centre_on_the_paper_averages():
+    # Sec 5: 2K-4K pairs concatenated into 14K-18K / 30K-34K "with average lengths of about 16k and 32k".
+    rng = random.Random(0)
+    lengths = [rng.randint(2 * K, 4 * K) for _ in range(3000)]
+    for (lo, hi), mid in (((14 * K, 18 * K), 16 * K), ((30 * K, 34 * K), 32 * K)):
+        plan = plan_packing(lengths, lo, hi, seed=1)
+        sums = [sum(lengths[i] for i in s) for s in plan.samples]
+        assert all(lo <= t <= hi for t in sums)
+        assert abs(sum(sums) / len(sums) - mid) < 0.02 * mid
+        assert min(sums) < lo + K and max(sums) > hi - K  # spread over the whole range
+        members = sorted(i for s in plan.samples for i in s)
+        assert sorted(members + plan.leftover) == list(range(len(lengths)))  # each pair once, none lost
+        assert len(plan.leftover) <= 2
+
+
 def test_resolve_range_presets():
     assert resolve_range("16k") == ("16k", 14336, 18432)  # 14K-18K, K = 1024 (Sec 5)
     assert resolve_range("32k") == ("32k", 30720, 34816)
