@@ -117,6 +117,9 @@ def train(args: argparse.Namespace) -> Path:
     rope_desc = "no RoPE scaling" if spec.method == "none" else f"--rope {spec.method} --scale {spec.scale:g}"
     log(f"[finetune] model {model_dir} ({config.model_type}), {rope_desc}: context {extended} tokens")
 
+    if world > 1:  # join the process group first (DeepSpeed sizes its batch from it)
+        _init_dist(cuda)
+
     # ---- data
     if args.data:
         data_dir = Path(args.data)
@@ -241,13 +244,22 @@ def train(args: argparse.Namespace) -> Path:
     return run_dir
 
 
+def _init_dist(cuda: bool) -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    try:
+        import deepspeed
+    except ImportError:
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+        return
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+
+
 def _broadcast_path(p):
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        import deepspeed
-
-        deepspeed.init_distributed()
     obj = [str(p) if p is not None else None]
     dist.broadcast_object_list(obj, src=0)
     return Path(obj[0])
