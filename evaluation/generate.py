@@ -84,6 +84,14 @@ def resolve_subset(name: str | None, data_path) -> subsets.Subset | None:
     return subsets.from_filename(data_path)
 
 
+def default_max_new_tokens(sub: subsets.Subset | None, data_path=None) -> int:
+    """The subset's max new tokens (400 for L/XL, 500 for 2XL/3XL: paper Sec 4.2)."""
+    if sub is None:
+        raise InputError("cannot tell the subset from the file name (cnnsum_L_16k, cnnsum_XL_32k, "
+                         "cnnsum_XXL_64k, cnnsum_XXXL_128k): pass --subset or --max-new-tokens", data_path)
+    return sub.max_new_tokens
+
+
 def find_train_length(model_dir: Path) -> int | None:
     """The training length of a fine-tuned model: ``train_length`` of the finetune run.json in the model dir or
     its parent (``finetune.py merge`` writes the merged model inside the run dir), else None."""
@@ -183,10 +191,7 @@ def generate(model="tiny", data=None, prompt="ie", out=None, *, prompt_style="re
     data = Path(data)
     sub = resolve_subset(subset, data)
     if max_new_tokens is None:
-        if sub is None:
-            raise InputError("cannot tell the subset from the file name (cnnsum_L_16k, cnnsum_XL_32k, "
-                             "cnnsum_XXL_64k, cnnsum_XXXL_128k): pass --subset or --max-new-tokens", data)
-        max_new_tokens = sub.max_new_tokens
+        max_new_tokens = default_max_new_tokens(sub, data)
     if max_new_tokens < 1 or min_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 1 and --min-new-tokens >= 0 "
                          f"(got {max_new_tokens}, {min_new_tokens})")
