@@ -75,6 +75,9 @@ def cmd_pack(args) -> int:
     else:
         print(format_stats(stats, load_meta(args.out)))
         print(f"wrote {args.out}")
+    if stats["samples"] == 0:
+        print(f"warning: no sample reached the minimum length; {stats['leftover']} pair(s) left over",
+              file=sys.stderr)
     return 0
 
 

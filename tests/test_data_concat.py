@@ -189,6 +189,22 @@ def test_pack16k_lengths_and_labels(packed16k, pairs_file, qwen2_tokenizer):
     assert sum(b["count"] for b in stats["length"]["histogram"]) == len(rows)
 
 
+def test_packed_schema(packed16k):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out, _ = packed16k
+    schema = pq.read_schema(out / "train.parquet")
+    want = {"input_ids": pa.list_(pa.int32()), "labels": pa.list_(pa.int32()), "pair_starts": pa.list_(pa.int32()),
+            "pair_ids": pa.list_(pa.string()), "length": pa.int32()}
+    assert {f.name: f.type for f in schema} == want
+    meta = load_meta(out)
+    for k in ("tokenizer", "target", "min", "max", "prompt", "seed", "counts"):
+        assert k in meta
+    assert meta["target"] == "16k" and meta["prompt"] == "mix" and meta["seed"] == 3
+    assert json.loads((out / "stats.json").read_text(encoding="utf-8"))["samples"] == meta["counts"]["samples"]
+
+
 def test_pack_reproducible_by_seed(packed16k, pairs_file, tmp_path):
     out, _ = packed16k
     again = tmp_path / "again"
