@@ -45,10 +45,10 @@ class TinySpec:
     rope_theta: float = 10000.0
     seed: int = 0
     tokenizer_chars: int = 3_000_000  # characters of novel text the tokenizer is trained on
-    train_seconds: float = 240.0  # wall-clock pretraining budget
-    max_steps: int = 3000
-    batch_size: int = 8
-    lr: float = 2e-3
+    steps: int = 700  # fixed step count (deterministic; ~5 min on 2 idle CPU cores)
+    batch_size: int = 4
+    lr: float = 3e-3
+    copy_prob: float = 0.3  # share of windows in which a passage is repeated later in the window
     heldout_per_book: int = 2  # last chapters of each book held out for perplexity
     heldout_windows: int = 24
 
@@ -164,10 +164,24 @@ def perplexity(model, batches: Sequence[Sequence[int]], batch_size: int = 8) -> 
     return math.exp(tot / max(cnt, 1))
 
 
-def pretrain(model, train_ids: Sequence[int], *, seq_len: int, batch_size: int, lr: float, max_steps: int,
-             train_seconds: float, seed: int, log=None) -> list[dict]:
-    """Plain next-token pretraining on random windows (AdamW, cosine decay); stops at ``max_steps`` or
-    ``train_seconds``. Returns the log (step, loss, seconds)."""
+def sample_window(ids: Sequence[int], seq_len: int, rng: random.Random, copy_prob: float) -> list[int]:
+    """A random ``seq_len`` window of the novels; with probability ``copy_prob`` a 16–64-token passage of its
+    first half is repeated further on (at a distance of up to ~seq_len), so the model learns to use distant
+    context inside its original window (the behaviour whose extrapolation the probes and RoPE methods test)."""
+    s = rng.randrange(len(ids) - seq_len - 1)
+    w = list(ids[s:s + seq_len])
+    if rng.random() < copy_prob:
+        n = rng.randint(16, 64)
+        src = rng.randrange(0, seq_len // 2 - n)
+        dst = rng.randrange(src + n + 8, seq_len - n)
+        w[dst:dst + n] = w[src:src + n]
+    return w
+
+
+def pretrain(model, train_ids: Sequence[int], *, seq_len: int, batch_size: int, lr: float, steps: int,
+             seed: int, copy_prob: float = 0.0) -> list[dict]:
+    """Next-token pretraining on random windows for a fixed number of steps (AdamW, 30 warm-up steps, cosine
+    decay to 10%). Deterministic for a seed on a given machine. Returns the log (step, loss, seconds)."""
     import torch
     from tqdm import tqdm
 
@@ -177,15 +191,12 @@ def pretrain(model, train_ids: Sequence[int], *, seq_len: int, batch_size: int, 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     hist: list[dict] = []
     t0 = time.time()
-    bar = tqdm(total=max_steps, desc="pretrain tiny", unit="step", file=sys.stderr, leave=False)
     ema = None
-    for step in range(max_steps):
-        frac = min(1.0, (time.time() - t0) / train_seconds, step / max_steps)
-        cur_lr = lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+    for step in tqdm(range(steps), desc="pretrain tiny", unit="step", file=sys.stderr, leave=False):
+        cur_lr = lr * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
         for g in opt.param_groups:
             g["lr"] = cur_lr
-        starts = [rng.randrange(len(train_ids) - seq_len - 1) for _ in range(batch_size)]
-        x = torch.tensor([train_ids[s:s + seq_len] for s in starts])
+        x = torch.tensor([sample_window(train_ids, seq_len, rng, copy_prob) for _ in range(batch_size)])
         loss = model(input_ids=x, labels=x).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -193,16 +204,9 @@ def pretrain(model, train_ids: Sequence[int], *, seq_len: int, batch_size: int, 
         opt.step()
         cur = loss.item()
         ema = cur if ema is None else 0.95 * ema + 0.05 * cur
-        bar.update(1)
-        bar.set_postfix(loss=f"{ema:.3f}", lr=f"{cur_lr:.1e}")
-        if step % 50 == 0:
-            hist.append({"step": step, "loss": round(cur, 4), "seconds": round(time.time() - t0, 1)})
-            if log:
-                log(f"step {step} loss {ema:.3f}")
-        if time.time() - t0 > train_seconds:
-            break
-    bar.close()
-    hist.append({"step": step + 1, "loss": round(cur, 4), "seconds": round(time.time() - t0, 1)})
+        if step % 50 == 0 or step == steps - 1:
+            hist.append({"step": step, "loss": round(cur, 4), "loss_ema": round(ema, 4),
+                         "seconds": round(time.time() - t0, 1)})
     model.eval()
     return hist
 
@@ -241,10 +245,10 @@ def build_tiny(spec: TinySpec = DEFAULT_SPEC, out_dir: str | os.PathLike | None 
     held_windows = windows(held_ids, spec.orig_ctx, spec.heldout_windows, spec.seed)
     ppl_random = perplexity(model, held_windows)
     nparams = sum(p.numel() for p in model.parameters())
-    log(f"[tiny] pretraining {nparams / 1e6:.1f}M params for up to {spec.train_seconds:.0f}s on "
-        f"{len(train_ids):,} tokens (context {spec.orig_ctx})")
+    log(f"[tiny] pretraining {nparams / 1e6:.1f}M params for {spec.steps} steps x {spec.batch_size} x "
+        f"{spec.orig_ctx} tokens on {len(train_ids):,} novel tokens (context {spec.orig_ctx})")
     hist = pretrain(model, train_ids, seq_len=spec.orig_ctx, batch_size=spec.batch_size, lr=spec.lr,
-                    max_steps=spec.max_steps, train_seconds=spec.train_seconds, seed=spec.seed, log=None)
+                    steps=spec.steps, seed=spec.seed, copy_prob=spec.copy_prob)
     ppl = perplexity(model, held_windows)
     log(f"[tiny] held-out perplexity: trained {ppl:.1f} vs random {ppl_random:.1f}")
     model.save_pretrained(tmp, safe_serialization=True)
@@ -286,11 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ropescale make-tiny",
                                  description="Build (or show) the embedded tiny default model.")
     ap.add_argument("--out", help="model dir (default: the cache folder every CLI uses)")
-    ap.add_argument("--seconds", type=float, default=DEFAULT_SPEC.train_seconds,
-                    help="pretraining budget in seconds (changing it builds a different cached model)")
+    ap.add_argument("--steps", type=int, default=DEFAULT_SPEC.steps,
+                    help="pretraining steps (changing it builds a different cached model)")
     ap.add_argument("--force", action="store_true", help="rebuild even if cached")
     args = ap.parse_args(argv)
-    spec = TinySpec(train_seconds=args.seconds) if args.seconds != DEFAULT_SPEC.train_seconds else DEFAULT_SPEC
+    spec = TinySpec(steps=args.steps) if args.steps != DEFAULT_SPEC.steps else DEFAULT_SPEC
     d = Path(args.out) if args.out else tiny_dir(spec)
     if args.force or not (d / "tiny.json").is_file():
         build_tiny(spec, d, log=lambda m: print(m, file=sys.stderr))
