@@ -45,6 +45,7 @@ KINDS = ("IE", "IB")
 VIEWS = ("all", "table2", "table7", "extrapolation", "failures")
 FORMATS = ("markdown", "csv", "json")
 CSV_REQUIRED = ("model", "prompt", "subset", "rouge_l")
+NO_SUBSET = "all"  # the column of runs generated without a subset (``generate --max-new-tokens`` only)
 
 
 @dataclass(frozen=True)
@@ -294,9 +295,17 @@ def _opt_float(v, name, path, ln) -> Optional[float]:
         raise InputError(f"{name} is not a number: {v!r}", path, ln) from None
 
 
+def display_model(model: str) -> str:
+    """A model path is shown by its last component (run.json stores absolute paths); names stay as they are."""
+    if "/" in model or os.sep in model:
+        name = Path(model).name
+        return name or model
+    return model
+
+
 def load_runs(paths: Iterable[str | os.PathLike], metric: str = DEFAULT_METRIC) -> list[RunResult]:
     """Every generation run under ``paths`` (run dirs or folders), with scores (stored or recomputed)."""
-    runs = []
+    found = []
     for rd in find_run_dirs(paths):
         if not (rd.path / PREDICTIONS).is_file():
             meta = rd.read_meta()
@@ -314,8 +323,18 @@ def load_runs(paths: Iterable[str | os.PathLike], metric: str = DEFAULT_METRIC) 
         if not isinstance(prompt, str):
             raise InputError("run.json has no prompt (ie/ib/ft-ie/ft-ib)", rd.meta_path)
         tl = summary.get("train_length")
-        series = Series(str(model), method, scale, int(tl) if isinstance(tl, (int, float)) else None)
-        runs.append(RunResult(rd.path, series, canon_kind(prompt, (rd.meta_path, None)), summary, samples, fresh))
+        kind = canon_kind(prompt, (rd.meta_path, None))
+        found.append((rd, str(model), method, scale, int(tl) if isinstance(tl, (int, float)) else None, kind,
+                      summary, samples, fresh))
+    # show a model path by its last component unless two different paths would then look the same
+    short: dict = {}
+    for f in found:
+        short.setdefault(display_model(f[1]), set()).add(f[1])
+    runs = []
+    for rd, model, method, scale, tl, kind, summary, samples, fresh in found:
+        name = display_model(model)
+        series = Series(name if len(short[name]) == 1 else model, method, scale, tl)
+        runs.append(RunResult(rd.path, series, kind, summary, samples, fresh))
     return runs
 
 
@@ -357,9 +376,7 @@ def build_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.P
         add(s, r["kind"], r["subset"], float(r["rouge_l"]))
     for run in runs:
         for smp in run.samples:
-            sub = smp.get("subset") or run.summary.get("subset")
-            if sub is None:
-                raise InputError("sample has no subset (and run.json none)", run.path / PREDICTIONS)
+            sub = smp.get("subset") or run.summary.get("subset") or NO_SUBSET
             add(run.series, run.kind, canon_subset(sub), float(smp["rouge_l"]))
     columns = sorted({k[2] for k in cells}, key=subset_key)
     return Report(series=series, columns=columns, cells=cells, runs=runs,

@@ -37,6 +37,7 @@ jieba is loaded once per process (:func:`load_jieba`), its start-up chatter sile
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Iterable, Sequence
@@ -62,9 +63,16 @@ def load_jieba():
     return _jieba
 
 
+@functools.lru_cache(maxsize=8192)
+def _tokenize_cached(text: str) -> tuple:
+    return tuple(load_jieba().cut(text, cut_all=False))
+
+
 def tokenize(text: str) -> list[str]:
-    """jieba precise-mode tokens of ``text`` (whitespace tokens included, as ``jieba.cut`` yields them)."""
-    return list(load_jieba().cut(text, cut_all=False))
+    """jieba precise-mode tokens of ``text`` (whitespace tokens included, as ``jieba.cut`` yields them).
+
+    Memoized per process (a reference is scored once per prompt and RoPE setting in a report)."""
+    return list(_tokenize_cached(text))
 
 
 def check_metric(metric: str) -> str:

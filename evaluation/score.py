@@ -108,23 +108,18 @@ def _data_path(meta: dict, run_dir: Path) -> Optional[Path]:
 def load_contexts(meta: dict, run_dir: str | os.PathLike) -> dict:
     """id -> context from the data file named in run.json (``data`` or ``args.data``), or {} if unknown.
 
-    A data line's id is its ``id`` field, else its 0-based line index among non-empty lines (as a string too).
+    A data line's id is its ``id`` field, else its 1-based line number (as ``eval_summ.py generate`` numbers it).
     """
     p = _data_path(meta, Path(run_dir))
     if p is None:
         return {}
     out = {}
     try:
-        for k, rec in enumerate(read_jsonl(p, ())):
+        for rec in read_jsonl(p, ()):
             ctx = rec.get("context")
-            if not isinstance(ctx, str):
-                continue
-            if "id" in rec:
-                out[rec["id"]] = ctx
-                out[str(rec["id"])] = ctx
-            else:
-                out[k] = ctx
-                out[str(k)] = ctx
+            rid = rec.get("id", rec["_line"])
+            if isinstance(ctx, str) and isinstance(rid, (str, int)):
+                out[rid] = ctx
     except InputError:
         return {}  # the context only feeds the copy detector; a data file that moved on is not fatal
     return out

@@ -307,3 +307,22 @@ def test_score_run_dir_cli(runs, capsys):
     d = json.loads(out)
     assert d["rouge_l"] == pytest.approx(F_SAME / 2) and d["n_empty"] == 1
     assert (runs / "ntk-ib" / "scores.json").is_file() and (runs / "ntk-ib" / "sample_scores.jsonl").is_file()
+
+
+def test_model_paths_and_generate_style_ids(tmp_path):
+    """generate stores absolute model paths and numbers id-less data lines 1, 2, ... (its load_samples)."""
+    data = tmp_path / "cnnsum_L_16k.jsonl"
+    ctx = "宝玉和黛玉在园中读书，忽见一人走来。" * 3
+    data.write_text(json.dumps({"context": "别的故事" * 20, "summary": REF}, ensure_ascii=False) + "\n\n"
+                    + json.dumps({"context": ctx, "summary": REF}, ensure_ascii=False) + "\n", encoding="utf-8")
+    root = tmp_path / "runs"
+    a = make_run(root, "a", model="/models/exp1/merged", subset="L", samples=[], data=data)
+    log = RunDir(a).log()
+    log.append({"id": 1, "subset": "L", "input_tokens": 10, "prediction": ctx[:20], "reference": REF})
+    log.append({"id": 3, "subset": "L", "input_tokens": 10, "prediction": ctx[:20], "reference": REF})
+    make_run(root, "b", model="/models/exp2/merged", subset="L", samples=[(REF, REF, 10)])
+    make_run(root, "c", model="/models/qwen-7b", subset="L", samples=[(REF, REF, 10)])
+    rep = RP.build_report([root])
+    assert sorted(s.model for s in rep.series) == ["/models/exp1/merged", "/models/exp2/merged", "qwen-7b"]
+    fails = {Path(r["run"]).name: r for r in rep.failures()}
+    assert fails["a"]["copy"] == 0.5  # id 3 = line 3 holds ctx (line 2 is blank); id 1's context is another text
