@@ -288,3 +288,22 @@ def test_cli_pack_prints_summary(tmp_path, tiny_tokenizer_dir, capsys):
     assert rc == 0
     for key in ("samples:", "pairs per sample", "supervised tokens", "leftover:", "dropped:"):
         assert key in text
+
+
+def test_cli_pairs_end_to_end(chapters, tmp_path, capsys):
+    rows = [c for c in chapters if c["book"] == "hongloumeng"][:3]
+    f = tmp_path / "ch.jsonl"
+    lines = [json.dumps({k: r[k] for k in ("book", "chapter", "title", "text")}, ensure_ascii=False) for r in rows]
+    f.write_text("\n".join(lines[:2] + ['{"book": "x", "chapter": 1, "title": "t"}'] + lines[2:]) + "\n",
+                 encoding="utf-8")
+    args = ["pairs", "--chapters", str(f), "--tokenizer", str(QWEN2_TOKENIZER), "--min-tokens", "2048",
+            "--max-tokens", "4096", "--out", str(tmp_path / "p.jsonl")]
+    assert cli_main(args) == 2
+    assert "ch.jsonl:3: missing field(s) 'text'" in capsys.readouterr().err
+    assert not (tmp_path / "p.jsonl").exists()
+    assert cli_main(args + ["--on-bad", "skip", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    got = [json.loads(l) for l in (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert rep["skipped_bad_lines"] == 1 and rep["pairs"] == len(got) == 3
+    assert [g["summary"] for g in got] == [r["title"] for r in rows]
+    assert cli_main(args + ["--books", "nosuchbook"]) == 2
