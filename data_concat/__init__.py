@@ -9,6 +9,9 @@ CLI: ``python -m data_concat {pack,stats,pairs,sample} --help``.
 """
 from .pack import (TARGETS, EncodedPair, Pair, Plan, compute_stats, encode_pairs, load_meta, load_packed, pack,
                    pack_encoded, plan_packing, read_pairs, resolve_range, stats_of)
+from .pairs import build_pairs
+from .sampler import balance, sample, sliding_windows
 
-__all__ = ["TARGETS", "EncodedPair", "Pair", "Plan", "compute_stats", "encode_pairs", "load_meta", "load_packed",
-           "pack", "pack_encoded", "plan_packing", "read_pairs", "resolve_range", "stats_of"]
+__all__ = ["TARGETS", "EncodedPair", "Pair", "Plan", "balance", "build_pairs", "compute_stats", "encode_pairs",
+           "load_meta", "load_packed", "pack", "pack_encoded", "plan_packing", "read_pairs", "resolve_range",
+           "sample", "sliding_windows", "stats_of"]
