@@ -434,6 +434,13 @@ def table2_tabular(rep: Report, fmt: str) -> tuple[list[str], list[list]]:
 
 
 def table7_tabular(rep: Report, fmt: str) -> tuple[list[str], list[list]]:
+    if fmt == "markdown":  # one row per model, "IE / IB" in each subset cell
+        header = ["model"] + [f"{c} (IE / IB)" for c in rep.columns]
+        rows = []
+        for s in rep.series:
+            cells = [f"{_f(rep.value(s, 'IE', c))} / {_f(rep.value(s, 'IB', c))}" for c in rep.columns]
+            rows.append([s.label] + cells)
+        return header, rows
     header = ["model", "prompt"] + rep.columns
     rows = []
     for row in rep.table7():
@@ -476,7 +483,7 @@ _TABULAR = {"table2": table2_tabular, "table7": table7_tabular, "extrapolation":
             "failures": failures_tabular}
 _TITLES = {
     "table2": "Table 2 view: average of Prompt-IE and Prompt-IB (ROUGE-L) and MSE (P-IE vs P-IB)",
-    "table7": "Table 7 view: Prompt-IE and Prompt-IB",
+    "table7": "Table 7 view: Prompt-IE and Prompt-IB side by side (ROUGE-L)",
     "extrapolation": "Extrapolation: ROUGE-L by {cols}",
     "failures": "Failure modes per run (share of predictions; copy needs the contexts)",
 }
@@ -560,7 +567,12 @@ def plot_report(rep: Report, path: str | os.PathLike, window: int = 15) -> Path:
 def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "report", help="Table 2 / Table 7 / extrapolation / failure-mode tables (+ Fig. 3 PNG)",
-        description=__doc__.split("Importable:")[0],
+        description=__doc__.split("Importable:")[0].replace("``", ""),
+        epilog="examples:\n"
+               "  eval_summ.py report --scores scores.csv                   # Table 2 + Table 7 views (markdown)\n"
+               "  eval_summ.py report --scores scores.csv --format json     # {model: {avg: {subset: v}, mse: v}}\n"
+               "  eval_summ.py report runs/ --plot fig3.png --out tables/   # every view + Fig. 3 from run dirs\n"
+               "  eval_summ.py report runs/ --buckets 1024,2048,4096 --view extrapolation --format csv",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="*", metavar="RUN_DIR|FILE.csv",
                    help="run directories (or folders holding them) and/or scores CSV files")
@@ -568,7 +580,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="CSV with columns model,prompt,subset,rouge_l (repeatable)")
     p.add_argument("--format", choices=FORMATS, default="markdown", help="output format (default: markdown)")
     p.add_argument("--view", choices=VIEWS, default=None,
-                   help="which table to print (default: all for markdown/json-with-runs, table2 for csv/json)")
+                   help="which table to print (default: all for markdown, table2 for csv and json)")
     p.add_argument("--buckets", metavar="EDGES", default=None,
                    help="extrapolation columns by input length: comma-separated token edges, e.g. 512,1024,2048")
     p.add_argument("--metric", choices=METRICS, default=DEFAULT_METRIC,

@@ -87,7 +87,8 @@ def test_markdown_and_csv_views(capsys):
     assert rc == 0
     assert "Table 2 view" in out and "Table 7 view" in out
     assert "| Qwen1.5-7B | 12.10 | 10.85 | 5.70 | 2.55 | 34.38 |" in out
-    assert "| Qwen1.5-7B | IE | 16.50 | 14.50 | 7.00 | 2.50 |" in out
+    assert "| Qwen1.5-7B | 16.50 / 7.70 | 14.50 / 7.20 | 7.00 / 4.40 | 2.50 / 2.60 |" in out
+    assert "| GPT-4o-2024-08-06 | 15.30 / 15.70 | 14.20 / 14.20 | 12.40 / 12.50 | - / - |" in out
     rc, out, _ = run_cli(["report", "--scores", str(TABLE7), "--format", "csv", "--view", "table7"], capsys)
     rows = list(csv.DictReader(io.StringIO(out)))
     assert rows[0] == {"model": "GPT-4o-2024-08-06", "prompt": "IE", "L": "15.3", "XL": "14.2", "2XL": "12.4",
