@@ -17,7 +17,8 @@ Views:
 - Failure modes (CNNSum Sec 4.4): per run, the share of empty / copied / repetitive / prompt-echoing outputs.
 
 A model evaluated with several RoPE settings appears once per setting ("model · rope xS · train N").
-Importable: :func:`build_report` (paths and/or rows -> :class:`Report`), :func:`render`, :func:`write_report`.
+Importable: :func:`make_report` (the whole command as one call), :func:`build_report` (paths and/or rows ->
+:class:`Report`), :func:`render`, :func:`write_report`, :func:`plot_report`.
 """
 from __future__ import annotations
 
@@ -596,24 +597,42 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def main(args: argparse.Namespace) -> int:
-    buckets = parse_buckets(args.buckets) if args.buckets else None
-    if args.window < 1:
+def make_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.PathLike] = (),
+                metric: str = DEFAULT_METRIC, buckets: Optional[Sequence[int]] = None, fmt: str = "markdown",
+                view: Optional[str] = None, out_dir: Optional[str | os.PathLike] = None,
+                plot: Optional[str | os.PathLike] = None, window: int = 15, save_scores: bool = True) -> str:
+    """Everything ``eval_summ.py report`` does, as one call (``eval_summ.py run`` uses it): build the views,
+    validate every input, then save recomputed run scores, write ``out_dir`` tables and the ``plot`` PNG, and
+    return the text to print. Bad input raises InputError before anything is written."""
+    if window < 1:
         raise InputError("--window must be >= 1")
-    rep = build_report(args.paths, scores_csv=args.scores, metric=args.metric, buckets=buckets)
+    rep = build_report(sources, scores_csv=scores_csv, metric=metric, buckets=buckets)
     if buckets and not rep.runs:
         raise InputError("--buckets needs run directories (per-sample input lengths)")
-    if args.plot and not rep.runs:
-        raise InputError("--plot needs run directories (per-sample scores with input lengths)")
-    view = args.view or ("all" if args.format == "markdown" else "table2")
-    text = render(rep, args.format, view)  # every check before the first write
-    if not args.no_save_scores:
+    if plot:
+        from .plot import series_from_runs
+
+        if not rep.runs:
+            raise InputError("--plot needs run directories (per-sample scores with input lengths)")
+        if not series_from_runs(rep.runs):
+            raise InputError("--plot: no sample of these runs has input_tokens")
+    view = view or ("all" if fmt == "markdown" else "table2")
+    text = render(rep, fmt, view)  # every check before the first write
+    if save_scores:
         save_fresh_scores(rep)
-    if args.out:
-        for p in write_report(rep, args.out):
+    if out_dir:
+        for p in write_report(rep, out_dir):
             print(f"wrote {p}", file=sys.stderr)
-    if args.plot:
-        print(f"wrote {plot_report(rep, args.plot, args.window)}", file=sys.stderr)
+    if plot:
+        print(f"wrote {plot_report(rep, plot, window)}", file=sys.stderr)
+    return text
+
+
+def main(args: argparse.Namespace) -> int:
+    text = make_report(args.paths, scores_csv=args.scores, metric=args.metric,
+                       buckets=parse_buckets(args.buckets) if args.buckets else None, fmt=args.format,
+                       view=args.view, out_dir=args.out, plot=args.plot, window=args.window,
+                       save_scores=not args.no_save_scores)
     sys.stdout.write(text)
     sys.stdout.flush()
     return 0
