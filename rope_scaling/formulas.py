@@ -20,25 +20,23 @@ class Freqs(NamedTuple):
 
 
 def rope_inv_freq(d: int, base: float) -> list[float]:
-    """theta_i = base^(-2i/d), i = 0..d/2-1 -- RoFormer, Su et al. 2021 (arXiv 2104.09864), Sec 3.2.2, Eq. 15."""
+    """theta_i = base^(-2i/d), i = 0..d/2-1 -- RoFormer, Su et al. 2021 (arXiv 2104.09864), Sec 3.2.2."""
     return [base ** (-(2 * i) / d) for i in range(d // 2)]
 
 
 def ntk_base(base: float, d: int, s: float) -> float:
-    """b' = b * s^(d/(d-2)) -- NTK-aware scaled RoPE (bloc97, r/LocalLLaMA 2023); YaRN arXiv 2309.00071 Sec 3.1."""
+    """b' = b * s^(d/(d-2)) -- NTK-aware RoPE (bloc97, r/LocalLLaMA 2023); YaRN arXiv 2309.00071 Sec 3.1."""
     return base * s ** (d / (d - 2))
 
 
 def dynamic_ntk_base(base: float, d: int, s: float, seq_len: int, orig_ctx: int) -> float:
-    """b' = b * (s*L/L_orig - (s-1))^(d/(d-2)) for L > L_orig, else b -- Dynamic NTK (emozilla, r/LocalLLaMA 2023),
-    as transformers' ``_compute_dynamic_ntk_parameters``; YaRN arXiv 2309.00071 Sec 3.3."""
+    """b' = b * (s*L/L_orig - (s-1))^(d/(d-2)) for L > L_orig -- Dynamic NTK, YaRN 2309.00071 Sec 3.3."""
     L = max(seq_len, orig_ctx)
     return base * ((s * L / orig_ctx) - (s - 1)) ** (d / (d - 2))
 
 
 def yarn_correction_range(d: int, base: float, orig_ctx: int, beta_fast: float, beta_slow: float) -> tuple[int, int]:
-    """Pair indices bounding the ramp: i(r) = d*ln(L/(2*pi*r)) / (2*ln b) for r = beta_fast (floor) and
-    r = beta_slow (ceil), clamped to [0, d-1] -- YaRN arXiv 2309.00071 Sec 3.2 (r(d) = L/lambda_d, Eq. 17-18)."""
+    """Ramp ends floor(i(beta_fast)), ceil(i(beta_slow)); i(r) = d*ln(L/(2*pi*r))/(2*ln b) -- YaRN Sec 3.2."""
     def dim(rot: float) -> float:
         return d * math.log(orig_ctx / (rot * 2 * math.pi)) / (2 * math.log(base))
 
@@ -62,7 +60,7 @@ def _pi(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Freqs:
 
 
 def _ntk(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Freqs:
-    """Static NTK-aware: RoPE with b' = b * s^(d/(d-2)) -- bloc97 (r/LocalLLaMA 2023); CodeLlama arXiv 2308.12950."""
+    """Static NTK-aware: RoPE with b' = b * s^(d/(d-2)) -- bloc97 (r/LocalLLaMA 2023); YaRN arXiv 2309.00071 Sec 3.1."""
     b = ntk_base(base, d, spec.scale)
     return Freqs(rope_inv_freq(d, b), 1.0, b)
 
@@ -74,8 +72,7 @@ def _dynamic_ntk(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Fr
 
 
 def _yarn(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Freqs:
-    """NTK-by-parts + attention temperature: h(theta_i) = (1-g_i)*theta_i/s + g_i*theta_i with a linear ramp g
-    between the correction dims -- YaRN arXiv 2309.00071 Sec 3.2 (Eq. 17-18) and Sec 3.4."""
+    """NTK-by-parts (linear ramp between the correction dims) + attention 0.1*ln(s)+1 -- YaRN 2309.00071 Sec 3.2-3.4."""
     low, high = yarn_correction_range(d, base, spec.orig_ctx, spec.yarn_beta, spec.yarn_alpha)
     if high == low:
         high += 0.001  # as the reference implementation: avoid a zero-width ramp
@@ -88,13 +85,12 @@ def _yarn(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Freqs:
 
 
 def _abf(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Freqs:
-    """Adjusted Base Frequency: RoPE with a new base -- Xiong et al. 2023 (arXiv 2309.16039), Sec 3."""
+    """Adjusted Base Frequency: RoPE with a new base -- Xiong et al. 2023 (arXiv 2309.16039); CodeLlama Sec 2.4."""
     return Freqs(rope_inv_freq(d, base), 1.0, base)
 
 
 def _llama3(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Freqs:
-    """Llama 3.1 native scaling: keep wavelengths < L/high, divide those > L/low by s, interpolate smoothly
-    between -- Llama 3 herd of models (arXiv 2407.21783) reference code ``apply_scaling``."""
+    """Llama 3.1 scaling: keep wavelen < L/high, divide > L/low by s, blend between -- Meta llama3 ``apply_scaling``."""
     L, lo, hi = spec.orig_ctx, spec.llama3_low, spec.llama3_high
     out = []
     for f in rope_inv_freq(d, base):

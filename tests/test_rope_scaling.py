@@ -43,7 +43,7 @@ def ref_rope(d: int, b: float) -> list[float]:
 
 
 def ref_yarn(d, b, s, L, alpha=1.0, beta=32.0):
-    # pair i turns r(i) = L / wavelength_i = L / (2*pi*b^(2i/d)) times over L; r(i) = r  <=>  i = d*ln(L/(2*pi*r))/(2*ln b)
+    # pair i turns r(i) = L / (2*pi*b^(2i/d)) times over L, so r(i) = r  <=>  i = d*ln(L/(2*pi*r)) / (2*ln b)
     i_of = lambda r: d * math.log(L / (2 * math.pi * r)) / (2 * math.log(b))  # noqa: E731
     lo = max(math.floor(i_of(beta)), 0)
     hi = min(math.ceil(i_of(alpha)), d - 1)
