@@ -104,19 +104,10 @@ class Report:
         """{label: {"avg": {subset: mean of IE/IB present}, "mse": MSE(P-IE vs P-IB) or None, "IE", "IB"}}."""
         out = {}
         for s in self.series:
-            avg, ie, ib, sq = {}, {}, {}, []
-            for c in self.columns:
-                a, b = self.value(s, "IE", c), self.value(s, "IB", c)
-                if a is not None:
-                    ie[c] = a
-                if b is not None:
-                    ib[c] = b
-                present = [v for v in (a, b) if v is not None]
-                if present:
-                    avg[c] = sum(present) / len(present)
-                if a is not None and b is not None:
-                    sq.append((a - b) ** 2)
-            out[s.label] = {"avg": avg, "mse": (sum(sq) / len(sq)) if sq else None, "IE": ie, "IB": ib}
+            ie = {c: v for c in self.columns if (v := self.value(s, "IE", c)) is not None}
+            ib = {c: v for c in self.columns if (v := self.value(s, "IB", c)) is not None}
+            avg = {c: prompt_average(ie.get(c), ib.get(c)) for c in self.columns if c in ie or c in ib}
+            out[s.label] = {"avg": avg, "mse": mse_ie_ib(ie, ib), "IE": ie, "IB": ib}
         return out
 
     def extrapolation(self) -> tuple[list[str], list[dict]]:
@@ -165,6 +156,19 @@ class Report:
                          "rouge_l": r.summary.get("rouge_l"),
                          **{m: fm.get(m) for m in ("empty", "copy", "repetition", "echo")}})
         return rows
+
+
+# ----------------------------------------------------------------------------------------------- formulas
+def prompt_average(ie: Optional[float], ib: Optional[float]) -> float:
+    """CNNSum Table 2 cell: the mean of the Prompt-IE and Prompt-IB scores (of the one present if only one is)."""
+    present = [v for v in (ie, ib) if v is not None]
+    return sum(present) / len(present)
+
+
+def mse_ie_ib(ie: dict, ib: dict) -> Optional[float]:
+    """CNNSum Table 2 'MSE (P-IE vs P-IB)' (Sec 4.3): mean over subsets scored with both prompts of (IE - IB)^2."""
+    both = [c for c in ie if c in ib]
+    return sum((ie[c] - ib[c]) ** 2 for c in both) / len(both) if both else None
 
 
 # ------------------------------------------------------------------------------------------------ helpers
