@@ -301,10 +301,11 @@ def _opt_float(v, name, path, ln) -> Optional[float]:
 
 
 def display_model(model: str) -> str:
-    """A model path is shown by its last component (run.json stores absolute paths); names stay as they are."""
+    """A model path is shown by its last two components (run.json stores absolute paths: /x/Qwen/Qwen1.5-7B ->
+    Qwen/Qwen1.5-7B, /x/runs/ft-ntk8/merged -> ft-ntk8/merged); names (tiny) stay as they are."""
     if "/" in model or os.sep in model:
-        name = Path(model).name
-        return name or model
+        parts = [p for p in Path(model).parts if p not in ("/", os.sep)]
+        return "/".join(parts[-2:]) or model
     return model
 
 
@@ -331,7 +332,7 @@ def load_runs(paths: Iterable[str | os.PathLike], metric: str = DEFAULT_METRIC) 
         kind = canon_kind(prompt, (rd.meta_path, None))
         found.append((rd, str(model), method, scale, int(tl) if isinstance(tl, (int, float)) else None, kind,
                       summary, samples, fresh))
-    # show a model path by its last component unless two different paths would then look the same
+    # show a model path by its last two components unless two different paths would then look the same
     short: dict = {}
     for f in found:
         short.setdefault(display_model(f[1]), set()).add(f[1])

@@ -317,13 +317,15 @@ def test_model_paths_and_generate_style_ids(tmp_path):
     data.write_text(json.dumps({"context": "别的故事" * 20, "summary": REF}, ensure_ascii=False) + "\n\n"
                     + json.dumps({"context": ctx, "summary": REF}, ensure_ascii=False) + "\n", encoding="utf-8")
     root = tmp_path / "runs"
-    a = make_run(root, "a", model="/models/exp1/merged", subset="L", samples=[], data=data)
+    a = make_run(root, "a", model="/data/a/exp1/merged", subset="L", samples=[], data=data)
     log = RunDir(a).log()
     log.append({"id": 1, "subset": "L", "input_tokens": 10, "prediction": ctx[:20], "reference": REF})
     log.append({"id": 3, "subset": "L", "input_tokens": 10, "prediction": ctx[:20], "reference": REF})
-    make_run(root, "b", model="/models/exp2/merged", subset="L", samples=[(REF, REF, 10)])
-    make_run(root, "c", model="/models/qwen-7b", subset="L", samples=[(REF, REF, 10)])
+    make_run(root, "b", model="/data/b/exp1/merged", subset="L", samples=[(REF, REF, 10)])
+    make_run(root, "c", model="/hub/cache/Qwen/Qwen1.5-7B", subset="L", samples=[(REF, REF, 10)])
+    make_run(root, "d", model="tiny", subset="L", samples=[(REF, REF, 10)])
     rep = RP.build_report([root])
-    assert sorted(s.model for s in rep.series) == ["/models/exp1/merged", "/models/exp2/merged", "qwen-7b"]
+    assert sorted(s.model for s in rep.series) == ["/data/a/exp1/merged", "/data/b/exp1/merged", "Qwen/Qwen1.5-7B",
+                                                   "tiny"]
     fails = {Path(r["run"]).name: r for r in rep.failures()}
     assert fails["a"]["copy"] == 0.5  # id 3 = line 3 holds ctx (line 2 is blank); id 1's context is another text
