@@ -1,0 +1,213 @@
+#!/usr/bin/env python
+"""Generation throughput: the hf backend of ``eval_summ generate`` vs plain ``model.generate`` (greedy, batch 1),
+on the same prompts and the same loaded model, measured in one run; prints samples/hour of both and the ratio,
+and checks that both produced the same tokens on the samples both ran.
+
+    .venv/bin/python bench/bench_generate.py                      # CPU, the tiny default model (goal >= 2x)
+    python bench/bench_generate.py --device cuda --shape 7b       # H100: 7B-shaped Qwen1.5-like model, random
+                                                                  # weights, bf16, SDPA, 16K prompts (goal >= 5x)
+    python bench/bench_generate.py --device cpu --toy             # the CUDA path's code on a toy shape, seconds
+
+Prompts: token ids drawn from the shared novels (tiny model) or random ids (random-weight shapes), lengths spread
+over a CNNSum-like range (L: 12K-18K tokens for 7b; 1.5K-2.3K, i.e. L scaled to the tiny model's 512-token
+context x4, for tiny). Both sides decode exactly ``--new-tokens`` tokens (min = max new tokens, so an early EOS
+cannot make one side's work smaller). The baseline runs ``--base-samples`` of the prompts (it is the slow side),
+ours runs all ``--samples``; samples/hour is each side's count / its wall time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# Qwen1.5-7B's shape (config.json of Qwen/Qwen1.5-7B): MHA, no GQA, so its KV cache is 0.5 MB per token in bf16.
+SHAPES = {
+    "7b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+               intermediate_size=11008, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6),
+    "toy": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                intermediate_size=344, vocab_size=4096, max_position_embeddings=4096, rope_theta=1e6),
+}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def build_random(shape: str, device: str, dtype):
+    """A random-weight Qwen2-architecture causal LM of the given shape, created directly on ``device`` in
+    ``dtype`` (no fp32 copy on the host: a 7B model is built on the GPU in seconds)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    cfg = Qwen2Config(**SHAPES[shape], tie_word_embeddings=False, use_sliding_window=False, sliding_window=None,
+                      eos_token_id=0, pad_token_id=0, bos_token_id=None)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+def tiny_prompts(n: int, lo: int, hi: int, seed: int):
+    """(model, tokenizer, prompts): the tiny default and ``n`` CNNSum IE prompts of novel text, ``lo``-``hi``
+    tokens."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ropescale import prompts
+    from ropescale.tiny import ensure_tiny, load_chapters
+
+    d = ensure_tiny()
+    tok = AutoTokenizer.from_pretrained(str(d))
+    model = AutoModelForCausalLM.from_pretrained(str(d), dtype="float32", attn_implementation="sdpa").eval()
+    rng = random.Random(seed)
+    chapters = load_chapters()
+    text = "\n".join(c["text"] for c in chapters[-40:])  # the end of 西游记
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    out = []
+    for _ in range(n):
+        k = rng.randint(lo, hi)
+        s = rng.randrange(len(ids) - k)
+        ctx = tok.decode(ids[s:s + k])
+        p = tok(prompts.render(ctx, "ie"))["input_ids"]
+        out.append(p[:hi])
+    return model, tok, out
+
+
+def run(args) -> dict:
+    import torch
+
+    from evaluation.backends import HFBackend, Item, pick_device, pick_dtype
+
+    device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device)
+    shape = "toy" if args.toy else args.shape
+    rng = random.Random(args.seed)
+    if shape == "tiny":
+        model, tok, seqs = tiny_prompts(args.samples, args.min_len or 1536, args.max_len or 2304, args.seed)
+        model = model.to(device=device, dtype=dtype)
+    else:
+        lo, hi = (args.min_len or 12 * 1024, args.max_len or 18 * 1024) if shape == "7b" else \
+            (args.min_len or 768, args.max_len or 1024)
+        t0 = time.time()
+        model = build_random(shape, device, dtype)
+        log(f"[bench] built a random {shape} model on {device} in {time.time() - t0:.1f}s")
+        tok = None
+        vocab = model.config.vocab_size
+        seqs = [[rng.randrange(1, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(args.samples)]
+    new = args.new_tokens
+    nparams = sum(p.numel() for p in model.parameters())
+    log(f"[bench] {shape}: {nparams / 1e6:.1f}M params, {device}, {str(dtype).replace('torch.', '')}, "
+        f"{len(seqs)} prompts of {min(map(len, seqs))}-{max(map(len, seqs))} tokens, {new} new tokens each")
+
+    def sync():
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    # warm-up (CUDA kernels / allocator; CPU thread pools), excluded from both timings
+    with torch.inference_mode():
+        model.generate(input_ids=torch.tensor([seqs[0][:64]], device=device), do_sample=False, max_new_tokens=4,
+                       min_new_tokens=4, pad_token_id=0)
+    sync()
+
+    # baseline: plain model.generate, greedy, batch 1, one prompt at a time
+    base_out = []
+    t0 = time.time()
+    for s in seqs[: args.base_samples]:
+        with torch.inference_mode():
+            o = model.generate(input_ids=torch.tensor([s], device=device), do_sample=False, max_new_tokens=new,
+                               min_new_tokens=new, pad_token_id=0)
+        base_out.append(o[0, len(s):].tolist())
+        sync()
+    t_base = time.time() - t0
+    log(f"[bench] plain generate (batch 1): {len(base_out)} samples in {t_base:.1f}s")
+
+    # ours: the hf backend of eval_summ generate on all prompts
+    results = {}
+    for cache in (["dynamic", "static"] if args.cache == "both" else [args.cache]):
+        be = HFBackend(None, model.config, tok or _NoTok(), model=model, device=device, dtype=args.dtype,
+                       batch_tokens=args.batch_tokens, max_batch=args.max_batch, cache=cache, log=log)
+        # min_new_tokens = max = new on both sides: EOS is suppressed throughout, exactly `new` tokens each
+        got = {}
+        sync()
+        t0 = time.time()
+        be.generate([Item(i, s) for i, s in enumerate(seqs)], new, new, lambda it, o: got.__setitem__(it.id, o))
+        sync()
+        t_ours = time.time() - t0
+        same = all(got[i] == base_out[i] for i in range(len(base_out)))
+        log(f"[bench] ours ({cache} cache): {len(seqs)} samples in {t_ours:.1f}s; same tokens as plain generate "
+            f"on {len(base_out)} shared samples: {same}")
+        results[cache] = {"seconds": round(t_ours, 2), "samples_per_hour": round(len(seqs) * 3600 / t_ours, 1),
+                          "identical_to_baseline": same}
+    base_sph = len(base_out) * 3600 / t_base
+    best = max(results.values(), key=lambda r: r["samples_per_hour"])
+    out = {
+        "shape": shape, "device": device, "dtype": str(dtype).replace("torch.", ""),
+        "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None,
+        "prompt_tokens": [min(map(len, seqs)), max(map(len, seqs))], "new_tokens": new,
+        "baseline": {"samples": len(base_out), "seconds": round(t_base, 2), "samples_per_hour": round(base_sph, 1),
+                     "tokens_per_second": round(len(base_out) * new / t_base, 2)},
+        "ours": results, "ratio": round(best["samples_per_hour"] / base_sph, 2),
+        "goal": 5.0 if shape == "7b" else 2.0,
+    }
+    return out
+
+
+class _NoTok:
+    """Stand-in tokenizer for random-id prompts (the backend only needs the pad id)."""
+
+    pad_token_id = 0
+    eos_token_id = 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    ap.add_argument("--shape", default=None, choices=("tiny", "7b", "toy"),
+                    help="tiny (the tiny default, real weights; default on CPU) or 7b (random weights; default "
+                         "on CUDA)")
+    ap.add_argument("--toy", action="store_true", help="the random-weight path on a toy shape (fast, any device)")
+    ap.add_argument("--dtype", default="auto", help="auto: fp32 on CPU, bf16 on CUDA")
+    ap.add_argument("--samples", type=int, help="prompts ours runs (default: 16 on tiny, 16 on 7b, 8 toy)")
+    ap.add_argument("--base-samples", type=int, help="prompts the baseline runs (default: 4 on tiny/toy, 3 on 7b)")
+    ap.add_argument("--new-tokens", type=int, help="new tokens per sample (default: 64 tiny, 400 7b, 32 toy)")
+    ap.add_argument("--min-len", type=int)
+    ap.add_argument("--max-len", type=int)
+    ap.add_argument("--batch-tokens", type=int, help="ours: batch token budget (default: the backend's auto)")
+    ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--cache", default="dynamic", choices=("dynamic", "static", "both"),
+                    help="ours: KV cache (both = measure each)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.shape is None:
+        args.shape = "7b" if args.device.startswith("cuda") and not args.toy else "tiny"
+    shape = "toy" if args.toy else args.shape
+    args.samples = args.samples or {"tiny": 16, "7b": 16, "toy": 8}[shape]
+    args.base_samples = min(args.samples, args.base_samples or {"tiny": 4, "7b": 3, "toy": 4}[shape])
+    args.new_tokens = args.new_tokens or {"tiny": 64, "7b": 400, "toy": 32}[shape]
+    res = run(args)
+    if args.json:
+        print(json.dumps(res))
+    else:
+        b = res["baseline"]
+        print(f"generation, {res['shape']} on {res['gpu'] or res['device']} ({res['dtype']}), prompts "
+              f"{res['prompt_tokens'][0]}-{res['prompt_tokens'][1]} tokens, {res['new_tokens']} new tokens")
+        print(f"  plain HF generate, batch 1: {b['samples_per_hour']:.1f} samples/h ({b['tokens_per_second']} tok/s)")
+        for cache, r in res["ours"].items():
+            print(f"  eval_summ hf backend ({cache} cache): {r['samples_per_hour']:.1f} samples/h "
+                  f"(x{r['samples_per_hour'] / b['samples_per_hour']:.2f}; same tokens: "
+                  f"{r['identical_to_baseline']})")
+        print(f"  ratio: {res['ratio']:.2f}x (goal >= {res['goal']:g}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
