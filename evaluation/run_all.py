@@ -21,8 +21,8 @@ from .generate import add_generate_args, generate, generate_kwargs
 def run(*, metric: str = "cnnsum", with_runs=(), plot=None, report_out=None, buckets=None, log=None,
         **gen_kwargs) -> dict:
     """Generate (``gen_kwargs`` as :func:`evaluation.generate.generate`), score, and build the report.
-    Returns {"generate": ..., "score": scores.json summary, "report": markdown text, "written": [paths]}."""
-    from .report import build_report, plot_report, render, save_fresh_scores, write_report
+    Returns {"generate": ..., "score": scores.json summary, "report": the tables as markdown}."""
+    from .report import make_report
     from .score import score_run
 
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
@@ -30,17 +30,8 @@ def run(*, metric: str = "cnnsum", with_runs=(), plot=None, report_out=None, buc
     log(f"[run] scoring {gen['out']} ({metric} ROUGE-L)")
     summary = score_run(gen["out"], metric)
     log(f"[run] ROUGE-L {summary['rouge_l']:.2f} over {summary['n']} samples")
-    rep = build_report([gen["out"], *with_runs], metric=metric, buckets=buckets)
-    text = render(rep, "markdown", "all")
-    save_fresh_scores(rep)
-    written = []
-    if report_out:
-        written += [str(p) for p in write_report(rep, report_out)]
-    if plot:
-        written.append(str(plot_report(rep, plot)))
-    for p in written:
-        log(f"[run] wrote {p}")
-    return {"generate": gen, "score": summary, "report": text, "written": written}
+    text = make_report([gen["out"], *with_runs], metric=metric, buckets=buckets, out_dir=report_out, plot=plot)
+    return {"generate": gen, "score": summary, "report": text}
 
 
 def _main(args) -> int:
@@ -49,7 +40,7 @@ def _main(args) -> int:
     res = run(metric=args.metric, with_runs=args.with_runs, plot=args.plot, report_out=args.report_out,
               buckets=parse_buckets(args.buckets) if args.buckets else None, **generate_kwargs(args))
     if args.json:
-        print(json.dumps({k: res[k] for k in ("generate", "score", "written")}, ensure_ascii=False))
+        print(json.dumps({k: res[k] for k in ("generate", "score")}, ensure_ascii=False))
     else:
         sys.stdout.write(res["report"])
     return 0
