@@ -329,3 +329,32 @@ def test_model_paths_and_generate_style_ids(tmp_path):
                                                    "tiny"]
     fails = {Path(r["run"]).name: r for r in rep.failures()}
     assert fails["a"]["copy"] == 0.5  # id 3 = line 3 holds ctx (line 2 is blank); id 1's context is another text
+
+
+def test_report_on_real_generate_output(make_tiny_model, chapters, tmp_path, capsys):
+    """The run directories `eval_summ.py generate` writes (a tiny random model) go straight into score/report."""
+    from evaluation.generate import generate
+
+    _, model_dir = make_tiny_model(orig_ctx=256)
+    data = tmp_path / "eval.jsonl"
+    data.write_text("".join(json.dumps({"context": c["text"][:200], "summary": c["title"]}, ensure_ascii=False)
+                            + "\n" for c in chapters[:3]), encoding="utf-8")
+    for p in ("ie", "ib"):
+        generate(str(model_dir), str(data), p, str(tmp_path / "runs" / p), subset="T512", max_new_tokens=10,
+                 progress=False, log=lambda *a, **k: None)
+    png = tmp_path / "fig.png"
+    rc, out, _ = run_cli(["report", str(tmp_path / "runs"), "--format", "json", "--view", "all",
+                          "--plot", str(png)], capsys)
+    assert rc == 0
+    d = json.loads(out)
+    (label, t2), = d["table2"].items()
+    assert set(t2["IE"]) == set(t2["IB"]) == {"T512"}
+    fails = d["failures"]
+    assert [f["n"] for f in fails] == [3, 3]
+    assert all(f["copy"] is not None for f in fails)  # contexts found through run.json's data path
+    for p in ("ie", "ib"):
+        s = json.loads((tmp_path / "runs" / p / "scores.json").read_text(encoding="utf-8"))
+        assert s["n"] == 3 and s["prompt_kind"] == p.upper()
+        smp = (tmp_path / "runs" / p / "sample_scores.jsonl").read_text(encoding="utf-8").splitlines()
+        assert all(json.loads(x)["input_tokens"] > 0 for x in smp)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
