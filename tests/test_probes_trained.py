@@ -1,0 +1,138 @@
+"""probes end to end through the CLI: a tiny Qwen2 model trained in the test to memorize a short book identifies
+the true suffix at every chapter break (ChapterBreak construction) and after full stops (Sun et al. 2021 Sec 5);
+the rope flags reach the model config and run.json."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from probes.cli import main
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models on shared cores: one thread is several times faster
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def short_book(chapters, tmp_path_factory):
+    """The first 9 chapters of 三国演义, each body cut to its first sentence, as a chapters JSONL."""
+    rows = [dict(c) for c in chapters if c["book"] == "sanguo_yanyi"][:9]
+    for r in rows:
+        r.pop("_line", None)
+        r["text"] = r["text"][:r["text"].index("。") + 1]  # the first sentence (15-37 characters here)
+        assert len(r["text"]) <= 40
+    p = tmp_path_factory.mktemp("book") / "book.jsonl"
+    p.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return p, rows
+
+
+@pytest.fixture(scope="module")
+def memorized(make_tiny_model, short_book, tiny_tokenizer, one_thread):
+    """A tiny model trained until it reproduces the short book as printed (headings included)."""
+    from probes.data import Chapter, render_chapter
+
+    _, rows = short_book
+    ids = []
+    for r in rows:
+        ids += tiny_tokenizer(render_chapter(Chapter(r["book"], r["chapter"], r["title"], r["text"])),
+                              add_special_tokens=False)["input_ids"]
+    model, d = make_tiny_model(orig_ctx=512, seed=0)
+    torch.manual_seed(0)
+    model.train()
+    # random 64-token crops, so the text is memorized by content at any offset (not by absolute position);
+    # the probes below feed at most 52 tokens, positions the model was trained on
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    g = torch.Generator().manual_seed(0)
+    full = torch.tensor(ids)
+    for _ in range(200):
+        starts = torch.randint(0, len(ids) - 64, (16,), generator=g)
+        x = torch.stack([full[s:s + 64] for s in starts.tolist()])
+        loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.2, f"did not memorize (loss {loss.item():.3f})"
+    model.eval()
+    model.save_pretrained(d, safe_serialization=True)
+    return d, len(ids)
+
+
+def _items(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "items.jsonl").read_text().splitlines()]
+
+
+def test_memorized_model_identifies_the_next_chapter(memorized, short_book, tmp_path, capsys, one_thread):
+    model_dir, _ = memorized
+    book, _ = short_book
+    out = tmp_path / "sid"
+    rc = main(["suffix-id", "--model", str(model_dir), "--data", str(book), "--out", str(out), "--n", "3",
+               "--lengths", "16,40", "--suffix-len", "12", "--json"])
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert [(c["col"], c["value"], c["n"]) for c in summary["cells"]] == [(16, 1.0, 3), (40, 1.0, 3)]
+    recs = _items(out)
+    assert {r["gold_chapter"] for r in recs} == {2, 3, 4}  # breaks before chapters 2..4 have 5 later chapters
+    assert all(min(n) > r["gold_chapter"] for r in recs for n in [r["negative_chapters"]])
+    assert all(r["gold_rank"] == 1 for r in recs)
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["kind"] == "probe" and meta["probe"] == "suffix-id" and meta["lengths"] == [16, 40]
+    assert meta["settings"]["heading"] == "index"
+
+
+def test_memorized_model_identifies_the_suffix_after_a_full_stop(memorized, short_book, tmp_path, capsys,
+                                                                 one_thread):
+    model_dir, _ = memorized
+    _, rows = short_book
+    from probes.data import Chapter, render_chapter
+
+    docs = tmp_path / "docs.jsonl"
+    text = "".join(render_chapter(Chapter(r["book"], r["chapter"], r["title"], r["text"])) for r in rows)
+    docs.write_text(json.dumps({"id": "book", "text": text}, ensure_ascii=False) + "\n", encoding="utf-8")
+    out = tmp_path / "sent"
+    assert main(["suffix-id", "--variant", "sentence", "--model", str(model_dir), "--data", str(docs), "--out",
+                 str(out), "--n", "3", "--lengths", "24", "--suffix-len", "8", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["cells"] == [{"group": "", "col": 24, "value": 1.0, "n": 3}]
+    for r in _items(out):  # negatives overlap neither the prefix nor the gold suffix
+        b = r["boundary"]
+        assert all(s + 8 <= b - 24 or s >= b + 8 for s in r["negative_starts"])
+
+
+def test_rope_flags_reach_the_model_and_run_json(make_tiny_model, short_book, tmp_path, capsys, one_thread):
+    from rope_scaling import RopeSpec, apply_rope
+    from transformers import AutoConfig
+
+    book, _ = short_book
+    _, d = make_tiny_model(orig_ctx=64, seed=1)
+    out = tmp_path / "ppl_pi"
+    assert main(["ppl", "--model", str(d), "--data", str(book), "--out", str(out), "--n", "2", "--lengths", "40,80",
+                 "--target-len", "8", "--rope", "pi", "--scale", "2", "--json"]) == 0
+    capsys.readouterr()
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["rope"]["method"] == "pi" and meta["scale"] == 2.0 and meta["context"] == 128
+    assert meta["orig_ctx"] == 64
+    # a model whose config already carries scaling: a second method needs --replace
+    scaled = tmp_path / "scaled"
+    shutil.copytree(d, scaled)
+    cfg = AutoConfig.from_pretrained(str(scaled))
+    apply_rope(cfg, RopeSpec("yarn", scale=4.0))
+    cfg.save_pretrained(str(scaled))
+    args = ["ppl", "--model", str(scaled), "--data", str(book), "--n", "1", "--lengths", "40", "--target-len", "8",
+            "--rope", "pi", "--scale", "2"]
+    assert main(args + ["--out", str(tmp_path / "x")]) == 2
+    assert "--replace" in capsys.readouterr().err
+    assert main(args + ["--out", str(tmp_path / "y"), "--replace"]) == 0
+    assert json.loads((tmp_path / "y" / "run.json").read_text())["rope"]["method"] == "pi"
+    # without flags the run records the scaling the config carries
+    assert main(["ppl", "--model", str(scaled), "--data", str(book), "--n", "1", "--lengths", "40",
+                 "--target-len", "8", "--out", str(tmp_path / "z")]) == 0
+    meta = json.loads((tmp_path / "z" / "run.json").read_text())
+    assert meta["rope"]["method"] == "yarn" and meta["scale"] == 4.0 and meta["context"] == 256
