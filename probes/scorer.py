@@ -125,3 +125,50 @@ def score_document(model, docs: Sequence[Sequence[int]], window: int, *, overlap
         tot[d] += sc.logprob
         cnt[d] += 1
     return [t / c for t, c in zip(tot, cnt)]
+
+
+def score_candidates(model, prefix: Sequence[int], candidates: Sequence[Sequence[int]], *, batch_size: int = 6,
+                     pad_id: int = 0, reuse_prefix: bool = True) -> list[Score]:
+    """log P(cand | prefix) for candidates that share one prefix: the same numbers as
+    :func:`score_continuations` on (prefix, cand) pairs, but the prefix is encoded once and its key/value cache
+    reused for every batch of candidates (6x less work for suffix identification). ``reuse_prefix=False`` (or an
+    empty prefix) scores the pairs in full; do so for dynamic NTK, whose frequencies depend on the total length."""
+    import copy
+
+    import torch
+
+    prefix = list(prefix)
+    if not reuse_prefix or not prefix:
+        return score_continuations(model, [prefix] * len(candidates), candidates, batch_size=batch_size,
+                                   pad_id=pad_id)
+    was_training = model.training
+    model.eval()
+    out: list[Score] = []
+    with torch.no_grad():
+        first = model(input_ids=torch.tensor([prefix]), use_cache=True)
+        last = torch.log_softmax(first.logits[0, -1].float(), dim=-1)  # predicts each candidate's first token
+        cache = first.past_key_values
+        P = len(prefix)
+        for b in range(0, len(candidates), batch_size):
+            chunk = [list(c) for c in candidates[b:b + batch_size]]
+            if any(not c for c in chunk):
+                raise ValueError("empty continuation")
+            B, T = len(chunk), max(len(c) for c in chunk)
+            ids = torch.full((B, T), pad_id, dtype=torch.long)
+            mask = torch.zeros((B, P + T), dtype=torch.long)
+            mask[:, :P] = 1
+            for i, c in enumerate(chunk):
+                ids[i, :len(c)] = torch.tensor(c)
+                mask[i, P:P + len(c)] = 1
+            kv = copy.deepcopy(cache)
+            kv.batch_repeat_interleave(B)
+            res = model(input_ids=ids, attention_mask=mask, past_key_values=kv, use_cache=True)
+            logp = torch.log_softmax(res.logits.float(), dim=-1)
+            for i, c in enumerate(chunk):
+                n = len(c)
+                lp0 = last[c[0]]
+                rest = logp[i, :n - 1].gather(-1, ids[i, 1:n].unsqueeze(-1)).squeeze(-1)
+                out.append(Score(float(lp0 + rest.sum()), n))
+    if was_training:
+        model.train()
+    return out

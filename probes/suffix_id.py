@@ -28,7 +28,7 @@ from ropescale.io import InputError
 
 from .common import ProbeRun, add_common_args, encode, load_model, print_summary, progress, rng_for, set_threads
 from .data import Chapter, chapter_index, is_chapters_file, load_books, load_docs, render_chapter, split_sentences
-from .scorer import score_continuations
+from .scorer import score_candidates
 
 N_NEGATIVES = 5
 HEADINGS = ("index", "full", "none")
@@ -37,6 +37,11 @@ HEADINGS = ("index", "full", "none")
 def default_suffix_lengths(orig_ctx: int) -> list[int]:
     """orig/2, orig, 2x, 4x, 8x the original context (ChapterBreak: prefixes up to 8x a model's context)."""
     return [orig_ctx // 2, orig_ctx, orig_ctx * 2, orig_ctx * 4, orig_ctx * 8]
+
+
+def _reuse(loaded) -> bool:
+    """Encode the shared prefix once, except under dynamic NTK (its frequencies depend on the total length)."""
+    return (loaded.rope or {}).get("method") != "dynamic_ntk"
 
 
 # ---------------------------------------------------------------- chapter variant (ChapterBreak)
@@ -108,8 +113,8 @@ def chapter_probe(loaded, books, *, lengths: list[int], n: int, heading: str, su
             if run.done(rid):
                 continue
             ctx = ex["prefix_ids"][-L:] + tail
-            scores = score_continuations(loaded.model, [ctx] * len(cands), cands, batch_size=batch_size,
-                                         pad_id=loaded.pad_id)
+            scores = score_candidates(loaded.model, ctx, cands, batch_size=batch_size, pad_id=loaded.pad_id,
+                                      reuse_prefix=_reuse(loaded))
             lps = [s.logprob for s in scores]
             run.add({"id": rid, "group": "", "col": L, "value": float(all(lps[0] > x for x in lps[1:])),
                      "book": ex["book"], "gold_chapter": gold.chapter,
@@ -196,8 +201,8 @@ def sentence_probe(loaded, docs, *, lengths: list[int], n: int, suffix_len: int,
             rid = f"{ex['book']}@{b}:L{L}"
             if run.done(rid):
                 continue
-            scores = score_continuations(loaded.model, [ids[b - L:b]] * len(cands), cands, batch_size=batch_size,
-                                         pad_id=loaded.pad_id)
+            scores = score_candidates(loaded.model, ids[b - L:b], cands, batch_size=batch_size,
+                                      pad_id=loaded.pad_id, reuse_prefix=_reuse(loaded))
             lps = [s.logprob for s in scores]
             run.add({"id": rid, "group": "", "col": L, "value": float(all(lps[0] > x for x in lps[1:])),
                      "book": ex["book"], "boundary": b, "negative_starts": ex["negs"], "logprobs": lps,

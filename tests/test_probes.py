@@ -20,7 +20,7 @@ from probes.copy import copy_probe, paste
 from probes.data import Doc, chapter_index, chinese_numeral, load_docs, split_sentences
 from probes.perturb import perturb_prefix, perturb_probe
 from probes.report import load_runs, plot, render
-from probes.scorer import score_continuations, score_document, window_starts
+from probes.scorer import score_candidates, score_continuations, score_document, window_starts
 from probes.shuffle import block_shuffle, shuffle_probe
 from probes.suffix_id import chapter_candidate, chapter_examples
 from ropescale.io import InputError
@@ -173,6 +173,18 @@ def test_scorer_matches_hf_loss_and_is_batch_invariant(make_tiny_model):
         assert sc.n == n and sc.loss == pytest.approx(ref, abs=1e-4)
         single = score_continuations(model, [p], [c])[0]
         assert single.logprob == pytest.approx(sc.logprob, abs=1e-3)
+
+
+def test_shared_prefix_cache_gives_the_same_scores(make_tiny_model):
+    model, _ = make_tiny_model(save=False, seed=5)
+    rng = random.Random(1)
+    V = model.config.vocab_size
+    prefix = [rng.randrange(1, V) for _ in range(40)]
+    cands = [[rng.randrange(1, V) for _ in range(n)] for n in (6, 6, 2, 9, 1)]
+    fast = score_candidates(model, prefix, cands, batch_size=2)
+    full = score_continuations(model, [prefix] * len(cands), cands, batch_size=1)
+    assert [s.n for s in fast] == [6, 6, 2, 9, 1]
+    assert [s.logprob for s in fast] == pytest.approx([s.logprob for s in full], abs=1e-3)
 
 
 def test_document_score_is_mean_of_overlapping_windows(make_tiny_model):
