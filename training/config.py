@@ -87,6 +87,8 @@ FIELDS: tuple[Field, ...] = (
     Field("save_total_limit", None, _opt_int, "keep at most N checkpoints (default: all)"),
     Field("logging_steps", 1, int, "log every N steps"),
     Field("seed", 42, int, "seed (data order, LoRA init, dropout)"),
+    Field("deterministic", False, _bool, "deterministic kernels (torch.use_deterministic_algorithms; slower): "
+                                         "bit-identical reruns"),
     # how
     Field("deepspeed", None, _opt_str, "DeepSpeed config: a JSON file or a name in ds_configs/ (zero2, "
                                        "zero2_offload, zero3, zero3_offload); default: none (plain PyTorch)"),

@@ -152,6 +152,8 @@ def train(args: argparse.Namespace) -> Path:
         if resume_from is not None and not (resume_from / "trainer_state.json").is_file():
             raise InputError("--resume: not a checkpoint directory", resume_from)
         log(f"[finetune] resuming from {resume_from or 'the start (no checkpoint yet)'}")
+        if main:
+            _cut_log(run_dir / "train_log.jsonl", _checkpoint_step(resume_from))
     elif latest_checkpoint(run_dir) is not None:
         raise InputError("the run directory already has checkpoints: pass --resume auto to continue it, or "
                          "choose another --output-dir", run_dir)
@@ -176,6 +178,7 @@ def train(args: argparse.Namespace) -> Path:
         lr_scheduler_type=args.lr_scheduler, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
         logging_steps=args.logging_steps, save_strategy="steps", save_steps=args.save_steps,
         save_total_limit=args.save_total_limit, seed=args.seed, data_seed=args.seed,
+        full_determinism=args.deterministic,
         bf16=dtype == torch.bfloat16 and cuda, fp16=dtype == torch.float16 and cuda, use_cpu=not cuda,
         deepspeed=ds_cfg, report_to=[], remove_unused_columns=False, dataloader_num_workers=args.num_workers,
         gradient_checkpointing=False, disable_tqdm=True, log_level="warning", optim="adamw_torch",
@@ -184,6 +187,9 @@ def train(args: argparse.Namespace) -> Path:
 
     # ---- model, LoRA
     attn = resolve_attn(args.attn, cuda)
+    from transformers import set_seed
+
+    set_seed(args.seed)  # LoRA A is initialised randomly when the adapter is added (before the Trainer seeds)
     model = load_model(model_dir, config, dtype if (ds_cfg or not cuda) else dtype, attn)
     peft_model, extra_names = add_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout,
                                        targets=args.lora_targets, embeddings=args.train_embeddings,
@@ -235,6 +241,10 @@ def train(args: argparse.Namespace) -> Path:
         trainer.remove_callback(cb)
     trainer.add_callback(ProgressCallback(ref, run_dir / "train_log.jsonl" if main else None, main, world))
     trainer.add_callback(ExportCallback(ref, export_kw, main))
+    if resume_from is not None and ds_cfg is None:
+        # HF restores only the PEFT adapter of a PEFT model; the trained embeddings/norms come from our export
+        # (under DeepSpeed its checkpoint holds every trainable tensor and restores them itself)
+        load_export_into(peft_model, resume_from / "export")
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     out = export(trainer.model, run_dir / "final", step=trainer.state.global_step, is_main=main, **export_kw)
     if main:
@@ -242,6 +252,28 @@ def train(args: argparse.Namespace) -> Path:
                        final=str(out))
         print(str(run_dir))
     return run_dir
+
+
+def _checkpoint_step(ckpt: Path | None) -> int:
+    if ckpt is None:
+        return 0
+    return int(json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))["global_step"])
+
+
+def _cut_log(path: Path, step: int) -> None:
+    """Drop log records after the checkpoint a resumed run restarts from (they are logged again)."""
+    if not path.is_file():
+        return
+    from ropescale.io import write_text_atomic
+
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                keep.append(line)
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue  # a torn last line of a killed run
+    write_text_atomic(path, "".join(x + "\n" for x in keep))
 
 
 def _init_dist(cuda: bool) -> None:
