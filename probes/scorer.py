@@ -30,8 +30,9 @@ class Score:
         return math.exp(self.loss) if self.n else float("nan")
 
 
-def _forward_logprobs(model, batch: list[list[int]], pad_id: int):
-    """log-softmax over the vocabulary for a right-padded batch: (B, T, V) fp32 tensor and the lengths."""
+def _forward_logits(model, batch: list[list[int]], pad_id: int, keep: int):
+    """Logits of the last ``keep`` positions of a right-padded batch (B, keep, V) and the padded ids (B, T).
+    ``logits_to_keep`` spares the LM head (and memory) at prefix positions nobody scores."""
     import torch
 
     T = max(len(x) for x in batch)
@@ -40,8 +41,9 @@ def _forward_logprobs(model, batch: list[list[int]], pad_id: int):
     for i, x in enumerate(batch):
         ids[i, :len(x)] = torch.tensor(x, dtype=torch.long)
         mask[i, :len(x)] = 1
-    out = model(input_ids=ids, attention_mask=mask, use_cache=False)
-    return torch.log_softmax(out.logits.float(), dim=-1), ids
+    kw = {"logits_to_keep": keep} if keep < T else {}
+    out = model(input_ids=ids, attention_mask=mask, use_cache=False, **kw)
+    return out.logits[:, -keep:] if keep < T else out.logits, ids
 
 
 def score_continuations(model, prefixes: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], *,
@@ -74,12 +76,15 @@ def score_continuations(model, prefixes: Sequence[Sequence[int]], continuations:
         for b in range(0, len(order), batch_size):
             idx = order[b:b + batch_size]
             batch = [seqs[i] for i in idx]
-            logp, ids = _forward_logprobs(model, batch, pad_id)
+            T = max(len(x) for x in batch)
+            off = min(starts[i] for i in idx) - 1  # first position whose logits are needed
+            logits, ids = _forward_logits(model, batch, pad_id, T - off)
             for row, i in enumerate(idx):
                 L, s = len(seqs[i]), starts[i]
                 # the token at position t is predicted by the logits at position t-1
                 tgt = ids[row, s:L]
-                lp = logp[row, s - 1:L - 1].gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+                logp = torch.log_softmax(logits[row, s - 1 - off:L - 1 - off].float(), dim=-1)
+                lp = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
                 results[i] = Score(float(lp.sum()), int(L - s), lp.tolist() if keep_tokens else None)
             bar.update(len(idx))
     bar.close()

@@ -40,7 +40,7 @@ class InductionLM(torch.nn.Module):
         super().__init__()
         self.vocab, self.window, self.boost = vocab, window, boost
 
-    def forward(self, input_ids, attention_mask=None, use_cache=False):
+    def forward(self, input_ids, attention_mask=None, use_cache=False, logits_to_keep=0):
         B, T = input_ids.shape
         logits = torch.zeros(B, T, self.vocab)
         for b in range(B):
@@ -53,7 +53,7 @@ class InductionLM(torch.nn.Module):
                 if j is not None and t - j <= self.window:
                     logits[b, t, x[j + 1]] = self.boost
                 last[key] = t
-        return _Out(logits)
+        return _Out(logits[:, -logits_to_keep:] if logits_to_keep else logits)
 
 
 class _Tok:
