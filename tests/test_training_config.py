@@ -1,0 +1,177 @@
+"""Recipes (Table 8 / Table 5 of CNNSum), DeepSpeed configs, settings precedence, and the input errors that must
+stop a run before training."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from ropescale import REPO_ROOT
+from ropescale.io import InputError
+from training.cli import build_train_parser, main
+from training.config import explicit_keys, load_recipe, resolve
+from training.run import default_output_dir, ds_config_dict
+
+RECIPES = REPO_ROOT / "recipes"
+K = 1024
+
+
+def parse(argv):
+    p = build_train_parser()
+    args = p.parse_args(argv)
+    return resolve(args, explicit_keys(p, argv), args.recipe)[0]
+
+
+def test_table8_grid_is_complete_with_the_paper_settings():
+    # Table 8: {Qwen1.5-7B, Yi-6B} x {RoPE, PI 2/4/8/16, NTK 2/8/16} x {16K, 32K}; App. B.2 settings
+    ctx = {"qwen1.5-7b": 32768, "yi-6b": 4096}  # the models' original contexts (config max_position_embeddings)
+    grid = [("none", 1), ("pi", 2), ("pi", 4), ("pi", 8), ("pi", 16), ("ntk", 2), ("ntk", 8), ("ntk", 16)]
+    seen = 0
+    for model, orig in ctx.items():
+        for method, s in grid:
+            for length, max_len in (("16k", 18 * K), ("32k", 34 * K)):
+                tag = "none" if method == "none" else f"{method}-x{s}"
+                r = load_recipe(RECIPES / f"{model}_{tag}_{length}.yaml")
+                seen += 1
+                assert r["rope"] == method and r.get("scale", 1) == s
+                assert r["lr"] == 2e-5 and r["warmup_steps"] == 30 and r["lora_r"] == 8
+                assert r["train_embeddings"] and r["train_norms"]
+                assert r["global_batch"] == (16 if length == "16k" else 8)
+                if length == "32k":  # continued from the 300-step 16K checkpoint
+                    assert r["init_from"] == f"runs/train/{model}-{tag}-16k" and r["init_step"] == 300
+                    assert r["init_from"] == load_recipe(RECIPES / f"{model}_{tag}_16k.yaml")["output_dir"]
+                else:
+                    assert r["max_steps"] >= 500 and r["save_steps"] <= 100 and 300 % r["save_steps"] == 0
+                # samples longer than orig * s only where the paper trained beyond the extended context
+                assert bool(r.get("allow_extrapolation", False)) == (orig * s < max_len), (model, tag, length)
+    assert seen == 32
+
+
+@pytest.mark.parametrize("alpha,beta", [(1, 32), (1, 4), (0.1, 32)])
+def test_table5_yarn_recipes(alpha, beta):
+    r = load_recipe(RECIPES / f"yi-6b_yarn-x16-a{alpha:g}-b{beta:g}_16k.yaml")
+    assert (r["rope"], r["scale"], r["yarn_alpha"], r["yarn_beta"]) == ("yarn", 16, alpha, beta)
+    from rope_scaling import RopeSpec
+
+    RopeSpec(method="yarn", scale=16, yarn_alpha=alpha, yarn_beta=beta)  # a valid setting
+
+
+def test_every_recipe_loads():
+    files = sorted(RECIPES.glob("*.yaml"))
+    assert len(files) == 32 + 3 + 1
+    for f in files:
+        assert load_recipe(f)
+
+
+def test_unknown_recipe_key_names_file_and_line(tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("rope: pi\nscale: 4\nlearning_rate: 1e-4\n")
+    with pytest.raises(InputError) as e:
+        load_recipe(f)
+    assert str(e.value).startswith(f"{f}:3:") and "learning_rate" in str(e.value)
+    # through the CLI: exit 2, one line, before anything else happens
+    assert main(["--recipe", str(f)]) == 2
+
+
+def test_flags_override_recipe_values(tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("model: /some/model\nrope: pi\nscale: 4\nlr: 1.0e-4\nmax_steps: 7\nlora_targets: [q_proj, v_proj]\n")
+    a = parse(["--recipe", str(f)])
+    assert (a.rope, a.scale, a.lr, a.max_steps, a.lora_targets) == ("pi", 4, 1e-4, 7, ["q_proj", "v_proj"])
+    a = parse(["--recipe", str(f), "--scale", "8", "--lr", "3e-5", "--lora-targets", "q_proj,k_proj"])
+    assert (a.rope, a.scale, a.lr, a.max_steps, a.lora_targets) == ("pi", 8.0, 3e-5, 7, ["q_proj", "k_proj"])
+    a = parse(["--recipe", str(f), "--scale=8"])
+    assert a.scale == 8.0
+
+
+def test_defaults_and_tiny_demo():
+    a = parse(["--model", "/some/model"])  # a real model: the paper's defaults (App. B.2, Sec 5)
+    assert (a.lr, a.warmup_steps, a.lora_r, a.lora_alpha, a.lora_dropout) == (2e-5, 30, 8, 16, 0.05)
+    assert a.lora_targets == ["q_proj", "k_proj", "v_proj", "o_proj"] and a.recipe is None
+    a = parse(["--rope", "ntk", "--scale", "8"])  # the tiny default gets the demo recipe: a few steps
+    demo = load_recipe(RECIPES / "tiny_demo.yaml")
+    assert a.recipe.endswith("tiny_demo.yaml") and a.max_steps == demo["max_steps"] <= 20
+    assert (a.rope, a.scale) == ("ntk", 8.0)
+
+
+def test_default_output_dir_names():
+    from rope_scaling import RopeSpec
+
+    assert default_output_dir("tiny", RopeSpec("ntk", 8)).name == "tiny-ntk-x8"
+    assert default_output_dir("/m/Qwen1.5-7B/", RopeSpec("pi", 2.5)).name == "Qwen1.5-7B-pi-x2.5"
+    assert default_output_dir("/m/Yi-6B", RopeSpec()).name == "Yi-6B-none"
+    assert default_output_dir("tiny", RopeSpec()).parent == REPO_ROOT / "runs" / "train"
+
+
+def test_ds_configs():
+    d = REPO_ROOT / "ds_configs"
+    stages = {"zero2": 2, "zero2_offload": 2, "zero3": 3, "zero3_offload": 3}
+    for name, stage in stages.items():
+        cfg = json.loads((d / f"{name}.json").read_text())
+        zo = cfg["zero_optimization"]
+        assert zo["stage"] == stage
+        for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                  "gradient_clipping"):
+            assert cfg[k] == "auto", (name, k)
+        assert cfg["bf16"]["enabled"] == "auto"
+        assert ("offload_optimizer" in zo) == name.endswith("offload")
+        if name.endswith("offload"):
+            assert zo["offload_optimizer"]["device"] == "cpu"
+        if stage == 3:
+            assert zo["stage3_gather_16bit_weights_on_model_save"] is True
+    cpu = ds_config_dict(d / "zero3_offload.json", cuda=False, cpu_adam="auto")
+    assert cpu["zero_force_ds_cpu_optimizer"] is False and "optimizer" not in cpu  # torch AdamW, no JIT op
+    assert cpu["zero_optimization"]["offload_param"]["pin_memory"] is False
+    gpu = ds_config_dict(d / "zero3_offload.json", cuda=True, cpu_adam="auto")
+    assert gpu["optimizer"]["type"] == "AdamW" and gpu["optimizer"]["params"]["lr"] == "auto"
+    assert "optimizer" not in ds_config_dict(d / "zero2.json", cuda=True, cpu_adam="auto")
+
+
+def _err(capsys, argv):
+    rc = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    return rc, err[-1] if err else ""
+
+
+def test_unknown_model_path_is_one_clear_error(capsys, tmp_path):
+    rc, line = _err(capsys, ["--model", str(tmp_path / "nope"), "--rope", "pi", "--scale", "2"])
+    assert rc == 2 and line.startswith("error: ") and "nope" in line and "config.json" in line
+
+
+def test_data_longer_than_the_extended_context(capsys, tmp_path, make_tiny_model, chapters, tiny_tokenizer_dir):
+    from ft_helpers import packed
+
+    _, model_dir = make_tiny_model(orig_ctx=64)
+    data = packed(chapters, tiny_tokenizer_dir, tmp_path / "packed", 300, 480, n=12)
+    longest = max(r["length"] for r in __import__("data_concat").load_packed(data))
+    # ntk x4 extends the 64-token original context to 256 < the samples
+    rc, line = _err(capsys, ["--model", str(model_dir), "--data", str(data), "--rope", "ntk", "--scale", "4",
+                             "--output-dir", str(tmp_path / "run")])
+    assert rc == 2 and f"{longest} tokens" in line and "256-token context" in line and str(data) in line
+    assert not (tmp_path / "run").exists()  # nothing written
+    # no scaling at all: the 64-token context
+    rc, line = _err(capsys, ["--model", str(model_dir), "--data", str(data), "--output-dir", str(tmp_path / "r2")])
+    assert rc == 2 and "64-token context" in line
+    # a global batch that the processes cannot split
+    rc, line = _err(capsys, ["--model", str(model_dir), "--data", str(data), "--rope", "ntk", "--scale", "8",
+                             "--global-batch", "3", "--micro-batch", "2", "--output-dir", str(tmp_path / "r3")])
+    assert rc == 2 and "global batch 3" in line
+
+
+def test_resume_requires_a_run_dir(capsys, tmp_path, make_tiny_model, chapters, tiny_tokenizer_dir):
+    from ft_helpers import packed
+
+    _, model_dir = make_tiny_model(orig_ctx=64)
+    data = packed(chapters, tiny_tokenizer_dir, tmp_path / "packed", 300, 480, n=12)
+    rc, line = _err(capsys, ["--model", str(model_dir), "--data", str(data), "--rope", "ntk", "--scale", "8",
+                             "--output-dir", str(tmp_path / "none"), "--resume", "auto"])
+    assert rc == 2 and "run.json" in line
+    # a run dir of another rope setting
+    run = tmp_path / "other"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"kind": "finetune", "model": str(model_dir),
+                                              "rope": {"method": "pi", "scale": 8.0}}))
+    rc, line = _err(capsys, ["--model", str(model_dir), "--data", str(data), "--rope", "ntk", "--scale", "8",
+                             "--output-dir", str(run), "--resume", "auto"])
+    assert rc == 2 and re.search(r"rope", line) and "pi" in line
