@@ -129,3 +129,17 @@ def cast_trainable(model, dtype: torch.dtype) -> None:
     for p in model.parameters():
         if p.requires_grad and p.dtype != dtype:
             p.data = p.data.to(dtype)
+
+
+def fp32_master(model, compute_dtype: torch.dtype) -> None:
+    """Mixed precision without DeepSpeed: trained tensors in fp32 (so 2e-5 updates are not lost to bf16
+    rounding), the forward in ``compute_dtype`` under autocast. The embedding lookup is not autocast, so its
+    output is cast back to ``compute_dtype``: the residual stream (and the checkpointed activations) stay bf16,
+    as in a plain bf16 model."""
+    cast_trainable(model, torch.float32)
+    emb = model.get_input_embeddings()
+
+    def to_compute(_module, _inputs, out):
+        return out.to(compute_dtype) if torch.is_tensor(out) and out.is_floating_point() else out
+
+    emb.register_forward_hook(to_compute)

@@ -99,7 +99,7 @@ def train(args: argparse.Namespace) -> Path:
     from ropescale.tiny import resolve_model
 
     from .data import Collator, PackedDataset, build_default_data, check_rows, load_rows
-    from .model import (add_lora, cast_trainable, load_config, load_model, param_counts, resolve_attn,
+    from .model import (add_lora, fp32_master, load_config, load_model, param_counts, resolve_attn,
                         resolve_dtype)
     from .saving import export, find_export, load_export_into
 
@@ -199,7 +199,7 @@ def train(args: argparse.Namespace) -> Path:
         load_export_into(peft_model, src)
         log(f"[finetune] initialised adapter + trained tensors from {src}")
     if ds_cfg is None and cuda and dtype != torch.float32:
-        cast_trainable(peft_model, torch.float32)  # fp32 master weights; the forward runs under autocast
+        fp32_master(peft_model, dtype)  # fp32 trained tensors; the forward runs under autocast
     trainable, total = param_counts(peft_model)
     log(f"[finetune] trainable params: {trainable:,} of {total:,} ({100 * trainable / max(total, 1):.3f}%): "
         f"LoRA r={args.lora_r} on {','.join(args.lora_targets)} + {len(extra_names)} embedding/norm tensors; "

@@ -1,0 +1,223 @@
+"""GPU benchmark: one fine-tuning training step of a 7B-shaped model at 16K / 32K tokens, on one GPU.
+
+The model is Qwen1.5-7B-shaped (hidden 4096, 32 layers, 32 heads, intermediate 11008, vocab 151,936, q/k/v
+bias) with random weights created directly in bf16 on the GPU (no fp32 copy, nothing read from disk). The
+training set-up is finetune.py's own code (``training.model.add_lora``, ``training.loss``,
+``training.trainer.LabelOnlyTrainer``): LoRA r=8 on q,k,v,o + embeddings + every norm trainable (fp32 master
+copies of the trained tensors, bf16 autocast), SDPA (FlashAttention-2 when installed), gradient checkpointing,
+the label-only LM head. Each sample is one packed sequence whose labels cover ``--label-share`` of it (the
+summaries), batch 1 per step.
+
+Each (variant, length) runs in a fresh process: a few warm-up steps, then timed steps; it prints tokens/s and
+``torch.cuda.max_memory_allocated``. ``--baseline`` also runs the plain HF Trainer + PEFT loop (default
+compute_loss: the model's full-logits loss) on the same model and data, in the same run; an out-of-memory
+step is reported as OOM.
+
+    python bench/gpu_train_step.py --seq 16384 32768 --baseline          # on the GPU
+    python bench/gpu_train_step.py --toy                                 # CPU, toy shape (for testing)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+SHAPE_7B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                intermediate_size=11008, vocab_size=151936)
+SHAPE_TOY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                 intermediate_size=172, vocab_size=151936)
+
+
+def make_config(shape: dict, max_len: int):
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model("qwen2", **shape, max_position_embeddings=max(32768, max_len), rope_theta=1e6,
+                               tie_word_embeddings=False, use_sliding_window=False, sliding_window=None,
+                               eos_token_id=151643, pad_token_id=151643, bos_token_id=None)
+    cfg.use_cache = False
+    return cfg
+
+
+def make_model(cfg, device, dtype, attn: str):
+    """Random weights created in ``dtype`` directly on ``device`` (no fp32 init, no disk)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)
+    finally:
+        torch.set_default_dtype(prev)
+    model.config.use_cache = False
+    return model
+
+
+def make_rows(seq: int, n: int, vocab: int, label_share: float, pairs: int = 6) -> list[dict]:
+    """``n`` packed-like samples of ``seq`` tokens: ``pairs`` segments, each ending in a labelled summary."""
+    import random
+
+    rng = random.Random(0)
+    rows = []
+    seg = seq // pairs
+    lab_len = max(1, int(seg * label_share))
+    for _ in range(n):
+        ids = [rng.randrange(vocab) for _ in range(seq)]
+        labels = [-100] * seq
+        for p in range(pairs):
+            end = (p + 1) * seg if p < pairs - 1 else seq
+            for t in range(end - lab_len, end):
+                labels[t] = ids[t]
+        rows.append({"input_ids": ids, "labels": labels})
+    return rows
+
+
+def one(variant: str, seq: int, warmup: int, steps: int, toy: bool, label_share: float, attn_arg: str,
+        bf16: bool = False) -> dict:
+    """Run ``warmup + steps`` optimizer steps of ``variant`` (ours | baseline) in this process."""
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
+
+    from training.data import Collator, PackedDataset
+    from training.loss import install_label_only_forward
+    from training.model import add_lora, fp32_master, param_counts, resolve_attn
+    from training.trainer import LabelOnlyTrainer
+
+    cuda = torch.cuda.is_available() and not toy
+    device = "cuda" if cuda else "cpu"
+    mixed = cuda or bf16  # bf16 weights + autocast, fp32 trained tensors (the GPU path; on CPU only to test it)
+    dtype = torch.bfloat16 if mixed else torch.float32
+    attn = resolve_attn(attn_arg, cuda)
+    cfg = make_config(SHAPE_TOY if toy else SHAPE_7B, seq)
+    set_seed(0)
+    t0 = time.time()
+    model = make_model(cfg, device, dtype, attn)
+    pm, extra = add_lora(model, r=8, alpha=16, dropout=0.05, gradient_checkpointing=True)
+    if mixed:
+        fp32_master(pm, dtype)  # as finetune.py without DeepSpeed: fp32 trained tensors, bf16 autocast forward
+    trainable, total = param_counts(pm)
+    build_s = time.time() - t0
+    rows = make_rows(seq, warmup + steps, cfg.vocab_size, label_share)
+    times: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter())
+
+    res = {"variant": variant, "seq": seq, "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+           "attn": attn, "dtype": str(dtype).replace("torch.", ""), "trainable_params": trainable,
+           "total_params": total, "build_seconds": round(build_s, 1), "warmup_steps": warmup, "timed_steps": steps}
+    with tempfile.TemporaryDirectory() as tmp:
+        targs = TrainingArguments(output_dir=tmp, max_steps=warmup + steps, per_device_train_batch_size=1,
+                                  gradient_accumulation_steps=1, learning_rate=2e-5, warmup_steps=0,
+                                  lr_scheduler_type="constant", bf16=mixed, use_cpu=not cuda, report_to=[],
+                                  save_strategy="no", logging_strategy="no", disable_tqdm=True,
+                                  remove_unused_columns=False, seed=0, data_seed=0, optim="adamw_torch_fused"
+                                  if cuda else "adamw_torch", gradient_checkpointing=False)
+        ds = PackedDataset(rows)
+        if variant == "ours":
+            install_label_only_forward(pm)
+            tr = LabelOnlyTrainer(model=pm, args=targs, train_dataset=ds, data_collator=Collator(0))
+        else:
+            tr = Trainer(model=pm, args=targs, train_dataset=ds, data_collator=Collator(0))
+        tr.add_callback(Clock())
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        t_start = time.perf_counter()
+        try:
+            tr.train()
+        except torch.OutOfMemoryError as e:
+            res.update({"oom": True, "error": str(e).splitlines()[0][:200], "steps_done": len(times)})
+            if cuda:
+                res["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+            return res
+    first = times[warmup - 1] if warmup > 0 else t_start
+    dt = times[-1] - first
+    res.update({"oom": False, "seconds_timed": round(dt, 3), "seconds_per_step": round(dt / steps, 3),
+                "tokens_per_s": round(seq * steps / dt, 1),
+                "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+                "final_loss": round(float(tr.state.log_history[-1].get("train_loss", float("nan"))), 4)
+                if tr.state.log_history else None})
+    return res
+
+
+def run_sub(variant: str, seq: int, a) -> dict:
+    cmd = [sys.executable, __file__, "--_one", variant, "--seq", str(seq), "--warmup", str(a.warmup), "--steps",
+           str(a.steps), "--label-share", str(a.label_share), "--attn", a.attn] + (["--toy"] if a.toy else []) + \
+        (["--bf16"] if a.bf16 else [])
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
+    if p.returncode != 0 or not lines:
+        tail = p.stderr.strip().splitlines()[-3:]
+        oom = any("out of memory" in x.lower() for x in p.stderr.splitlines()[-50:])
+        return {"variant": variant, "seq": seq, "oom": oom, "error": " | ".join(tail)[-400:]}
+    return json.loads(lines[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seq", type=int, nargs="+", default=None,
+                    help="sequence lengths (default 16384 32768; --toy: 512)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (default %(default)s)")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps (default %(default)s)")
+    ap.add_argument("--baseline", action="store_true",
+                    help="also run the plain HF Trainer + PEFT loop (full-logits loss) for comparison")
+    ap.add_argument("--label-share", type=float, default=0.1,
+                    help="share of each sample with labels (the summaries), default %(default)s")
+    ap.add_argument("--attn", default="auto", help="auto (flash_attention_2 if installed, else sdpa), sdpa, eager")
+    ap.add_argument("--toy", action="store_true", help="toy shape on CPU (hidden 64, 2 layers) to test the script")
+    ap.add_argument("--bf16", action="store_true", help="with --toy: the GPU's mixed-precision path on CPU")
+    ap.add_argument("--json", action="store_true", help="print one JSON object with every result")
+    ap.add_argument("--_one", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a._one:
+        seq = a.seq[0] if a.seq else 512
+        print(json.dumps(one(a._one, seq, a.warmup, a.steps, a.toy, a.label_share, a.attn, a.bf16)), flush=True)
+        return 0
+    seqs = a.seq or ([512] if a.toy else [16384, 32768])
+    variants = ["ours"] + (["baseline"] if a.baseline else [])
+    results = []
+    for seq in seqs:
+        for v in variants:
+            r = run_sub(v, seq, a)
+            results.append(r)
+            if r.get("oom"):
+                msg = f"OOM (peak {r.get('peak_mem_gib', '?')} GiB)"
+            elif "error" in r:
+                msg = f"FAILED: {r['error']}"
+            else:
+                msg = (f"{r['tokens_per_s']:>9,.0f} tok/s  {r['seconds_per_step']:.2f} s/step  peak "
+                       f"{r['peak_mem_gib'] if r['peak_mem_gib'] is not None else '-'} GiB  ({r['device']}, "
+                       f"{r['attn']}, {r['dtype']}, trainable {r['trainable_params']:,} of {r['total_params']:,})")
+            name = "ours (label-only head)" if v == "ours" else "plain HF Trainer + PEFT"
+            print(f"seq {seq:>6}  {name:<24} {msg}", flush=True)
+    for seq in seqs:
+        by = {r["variant"]: r for r in results if r["seq"] == seq}
+        if "baseline" in by and "tokens_per_s" in by.get("ours", {}) and "tokens_per_s" in by["baseline"]:
+            line = (f"seq {seq:>6}  speed ratio ours / plain HF+PEFT: "
+                    f"{by['ours']['tokens_per_s'] / by['baseline']['tokens_per_s']:.2f}x")
+            if by["ours"].get("peak_mem_gib") and by["baseline"].get("peak_mem_gib"):
+                line += f"; peak memory ratio {by['ours']['peak_mem_gib'] / by['baseline']['peak_mem_gib']:.2f}"
+            print(line)
+    if a.json:
+        print(json.dumps({"results": results}))
+    return 0 if all("error" not in r or r.get("oom") for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
