@@ -69,3 +69,21 @@ def test_installed_forward_on_peft_model_matches_reference(make_tiny_model):
         out = peft_model(input_ids=ids, labels=labels)
     assert int(out["n_tokens"]) == int((labels[:, 1:] != -100).sum())
     assert torch.allclose(out["loss_sum"] / out["n_tokens"], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_packed_dataset_matches_data_concat_rows(tmp_path, chapters, tiny_tokenizer_dir):
+    from data_concat import load_packed
+    from ft_helpers import packed
+
+    from training.data import PackedDataset, check_rows, load_rows
+
+    d = packed(chapters, tiny_tokenizer_dir, tmp_path / "p", 300, 480, n=12)
+    ref = load_packed(d)  # data_concat's own reader: the reference
+    arrays = load_rows(d)
+    ds = PackedDataset(arrays)
+    assert len(ds) == len(ref)
+    for i, r in enumerate(ref):
+        assert ds[i]["input_ids"].tolist() == r["input_ids"] and ds[i]["labels"].tolist() == r["labels"]
+    st = check_rows(arrays, vocab_size=10**6, extended=10**6, allow_extrapolation=False, where=d, rope_desc="x")
+    assert st["max"] == max(r["length"] for r in ref) and st["samples"] == len(ref)
+    assert st["supervised"] == sum(sum(x != -100 for x in r["labels"]) for r in ref)

@@ -36,6 +36,8 @@ def build_train_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", help="YAML recipe (recipes/*.yaml or a path); flags given here override it")
     p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="auto|CHECKPOINT",
                    help="continue the run in --output-dir from its newest checkpoint (auto) or from CHECKPOINT")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start the run over when --output-dir already holds one (its checkpoints are deleted)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     add_rope_args(p)
     add_train_args(p)

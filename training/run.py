@@ -154,9 +154,12 @@ def train(args: argparse.Namespace) -> Path:
         log(f"[finetune] resuming from {resume_from or 'the start (no checkpoint yet)'}")
         if main:
             _cut_log(run_dir / "train_log.jsonl", _checkpoint_step(resume_from))
-    elif latest_checkpoint(run_dir) is not None:
-        raise InputError("the run directory already has checkpoints: pass --resume auto to continue it, or "
-                         "choose another --output-dir", run_dir)
+    elif latest_checkpoint(run_dir) is not None or (run_dir / "final").exists():
+        if not getattr(args, "overwrite", False):
+            raise InputError("the run directory already holds a run: pass --resume auto to continue it, "
+                             "--overwrite to start over, or another --output-dir", run_dir)
+        if main:
+            _clear_run(run_dir)
 
     # ---- batch arithmetic (B.2)
     global_batch = args.global_batch or default_global_batch(stats["max"])
@@ -181,8 +184,8 @@ def train(args: argparse.Namespace) -> Path:
         full_determinism=args.deterministic,
         bf16=dtype == torch.bfloat16 and cuda, fp16=dtype == torch.float16 and cuda, use_cpu=not cuda,
         deepspeed=ds_cfg, report_to=[], remove_unused_columns=False, dataloader_num_workers=args.num_workers,
-        gradient_checkpointing=False, disable_tqdm=True, log_level="warning", optim="adamw_torch",
-        save_only_model=False,
+        gradient_checkpointing=False, disable_tqdm=True, log_level="warning",
+        optim="adamw_torch_fused" if cuda else "adamw_torch", save_only_model=False,
     )
 
     # ---- model, LoRA
@@ -252,6 +255,16 @@ def train(args: argparse.Namespace) -> Path:
                        final=str(out))
         print(str(run_dir))
     return run_dir
+
+
+def _clear_run(run_dir: Path) -> None:
+    """--overwrite: remove what a previous run wrote (only the files finetune writes)."""
+    import shutil
+
+    for p in list(run_dir.glob("checkpoint-*")) + [run_dir / "final"]:
+        shutil.rmtree(p, ignore_errors=True)
+    for name in ("train_log.jsonl", "run.json", "config.json"):
+        (run_dir / name).unlink(missing_ok=True)
 
 
 def _checkpoint_step(ckpt: Path | None) -> int:
