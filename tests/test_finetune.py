@@ -105,3 +105,30 @@ def test_merged_model_logits_equal_independent_reconstruction(ds_run, tmp_path):
         diff = (merged(input_ids=ids).logits - ref(input_ids=ids).logits).abs().max()
     assert diff < 1e-4, diff
     assert merged.config.rope_parameters == cfg.rope_parameters  # the rope setting survived the merge
+
+
+def test_init_from_continues_from_a_checkpoint_export(ds_run, tmp_path):
+    """The 32K recipes start from the 16K run's step-300 export: --init-from RUN --init-step N (ZeRO-3 here, where
+    the embedding and norms are partitioned while loading). With lr 0 the new run's tensors equal the source."""
+    from safetensors.torch import load_file
+
+    from ft_helpers import finetune_cmd
+
+    out = tmp_path / "cont"
+    p = run(finetune_cmd("--model", ds_run["model_dir"], "--data", ds_run["data"], "--rope", "ntk", "--scale", "8",
+                         "--deepspeed", "zero3_offload", "--init-from", ds_run["run"], "--init-step", "2",
+                         "--max-steps", "1", "--global-batch", "1", "--lr", "0", "--warmup-steps", "0",
+                         "--lora-dropout", "0", "--output-dir", out), timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    src = ds_run["run"] / "checkpoint-2" / "export"
+    for f in ("trained_tensors.safetensors", "adapter_model.safetensors"):
+        a, b = load_file(str(src / f)), load_file(str(out / "final" / f))
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), (f, k)
+    # and the source differs from the base model (so equality is not trivially true)
+    assert not torch.equal(load_file(str(src / "trained_tensors.safetensors"))["model.norm.weight"],
+                           torch.ones(64))
+    bad = run(finetune_cmd("--model", ds_run["model_dir"], "--data", ds_run["data"], "--rope", "ntk", "--scale",
+                           "8", "--init-from", ds_run["run"], "--init-step", "7", "--output-dir", tmp_path / "x"))
+    assert bad.returncode == 2 and "step 7" in bad.stderr

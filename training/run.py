@@ -193,7 +193,7 @@ def train(args: argparse.Namespace) -> Path:
     from transformers import set_seed
 
     set_seed(args.seed)  # LoRA A is initialised randomly when the adapter is added (before the Trainer seeds)
-    model = load_model(model_dir, config, dtype if (ds_cfg or not cuda) else dtype, attn)
+    model = load_model(model_dir, config, dtype, attn)
     peft_model, extra_names = add_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout,
                                        targets=args.lora_targets, embeddings=args.train_embeddings,
                                        norms=args.train_norms, gradient_checkpointing=args.gradient_checkpointing)

@@ -114,7 +114,8 @@ def find_export(run_dir: str | os.PathLike, step: int | None = None) -> Path:
     if not (cand / EXPORT_JSON).is_file():
         if step is None and (run / EXPORT_JSON).is_file():
             return run
-        have = sorted(int(p.parent.name.split("-")[1]) for p in run.glob("checkpoint-*/export/" + EXPORT_JSON))
+        have = sorted(int(p.parent.parent.name.split("-")[1])
+                      for p in run.glob("checkpoint-*/export/" + EXPORT_JSON))
         raise InputError(f"no {'final export' if step is None else f'export of step {step}'} "
                          f"(checkpoints with exports: {have or 'none'})", run)
     return cand
@@ -133,10 +134,20 @@ def load_export_into(peft_model, export_dir: str | os.PathLike) -> None:
         raise InputError(f"adapter does not fit the model (unexpected {unexpected[:3]})", d)
     extra = load_file(str(d / TRAINED_FILE))
     params = dict(peft_model.get_base_model().named_parameters())
-    with torch.no_grad():
+    for n in extra:
+        if n not in params:
+            raise InputError(f"trained tensor {n} is not in the model", d / TRAINED_FILE)
+    z3 = [params[n] for n in extra if _is_zero3_param(params[n])]
+    if z3:  # partitioned by ZeRO-3 while loading: gather, write, re-partition (all ranks call this)
+        import deepspeed
+
+        ctx = deepspeed.zero.GatheredParameters(z3, modifier_rank=0)
+    else:
+        import contextlib
+
+        ctx = contextlib.nullcontext()
+    with ctx, torch.no_grad():
         for n, t in extra.items():
-            if n not in params:
-                raise InputError(f"trained tensor {n} is not in the model", d / TRAINED_FILE)
             params[n].copy_(t.to(params[n].dtype))
 
 
