@@ -8,7 +8,6 @@ dtypes; DeepSpeed keeps fp32 master weights itself).
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import torch
@@ -16,10 +15,6 @@ import torch
 from ropescale.io import InputError
 
 NORM_CLASS_HINTS = ("norm",)  # RMSNorm / LayerNorm / Qwen2RMSNorm / LlamaRMSNorm ...
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def resolve_dtype(name: str, cuda: bool) -> torch.dtype:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import torch
@@ -26,10 +25,6 @@ TRAINED_FILE = "trained_tensors.safetensors"
 EXPORT_JSON = "export.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "added_tokens.json", "chat_template.jinja", "generation_config.json")
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def _is_zero3_param(p) -> bool:
