@@ -116,6 +116,30 @@ def train(args: argparse.Namespace) -> Path:
     rope_desc = "no RoPE scaling" if spec.method == "none" else f"--rope {spec.method} --scale {spec.scale:g}"
     log(f"[finetune] model {model_dir} ({config.model_type}), {rope_desc}: context {extended} tokens")
 
+    # ---- run directory, resume
+    run_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args.model, spec)
+    rd = RunDir(run_dir)
+    resume_from = None
+    if args.resume:
+        if not rd.exists():
+            raise InputError("--resume: not a finetune run directory (no run.json)", run_dir)
+        meta = rd.read_meta()
+        if not same_rope(meta.get("rope", {}), rope):
+            raise InputError(f"--resume: the run was trained with rope {meta.get('rope')}, not {rope}", run_dir)
+        if meta.get("model") and Path(meta["model"]).resolve() != Path(model_dir).resolve():
+            raise InputError(f"--resume: the run was trained from {meta['model']}, not {model_dir}", run_dir)
+        resume_from = latest_checkpoint(run_dir) if args.resume == "auto" else Path(args.resume)
+        if resume_from is not None and not (resume_from / "trainer_state.json").is_file():
+            raise InputError("--resume: not a checkpoint directory", resume_from)
+    elif (latest_checkpoint(run_dir) is not None or (run_dir / "final").exists()) and not args.overwrite:
+        raise InputError("the run directory already holds a run: pass --resume auto to continue it, "
+                         "--overwrite to start over, or another --output-dir", run_dir)
+    if args.init_from:
+        init_export = find_export(args.init_from, args.init_step)
+    ds_path = resolve_ds_config(args.deepspeed)
+    dtype = resolve_dtype(args.dtype, cuda)
+    attn = resolve_attn(args.attn, cuda)
+
     if world > 1:  # join the process group first (DeepSpeed sizes its batch from it)
         _init_dist(cuda)
 
@@ -135,31 +159,6 @@ def train(args: argparse.Namespace) -> Path:
     log(f"[finetune] data {data_dir}: {stats['samples']} samples, {stats['min']}-{stats['max']} tokens "
         f"(mean {stats['mean']:.0f}), {stats['supervised']} labelled tokens")
 
-    # ---- run directory, resume
-    run_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args.model, spec)
-    rd = RunDir(run_dir)
-    resume_from = None
-    if args.resume:
-        if not rd.exists():
-            raise InputError("--resume: not a finetune run directory (no run.json)", run_dir)
-        meta = rd.read_meta()
-        if not same_rope(meta.get("rope", {}), rope):
-            raise InputError(f"--resume: the run was trained with rope {meta.get('rope')}, not {rope}", run_dir)
-        if meta.get("model") and Path(meta["model"]).resolve() != Path(model_dir).resolve():
-            raise InputError(f"--resume: the run was trained from {meta['model']}, not {model_dir}", run_dir)
-        resume_from = latest_checkpoint(run_dir) if args.resume == "auto" else Path(args.resume)
-        if resume_from is not None and not (resume_from / "trainer_state.json").is_file():
-            raise InputError("--resume: not a checkpoint directory", resume_from)
-        log(f"[finetune] resuming from {resume_from or 'the start (no checkpoint yet)'}")
-        if main:
-            _cut_log(run_dir / "train_log.jsonl", _checkpoint_step(resume_from))
-    elif latest_checkpoint(run_dir) is not None or (run_dir / "final").exists():
-        if not getattr(args, "overwrite", False):
-            raise InputError("the run directory already holds a run: pass --resume auto to continue it, "
-                             "--overwrite to start over, or another --output-dir", run_dir)
-        if main:
-            _clear_run(run_dir)
-
     # ---- batch arithmetic (B.2)
     global_batch = args.global_batch or default_global_batch(stats["max"])
     per_step = args.micro_batch * world
@@ -171,8 +170,6 @@ def train(args: argparse.Namespace) -> Path:
     # ---- DeepSpeed + TrainingArguments (before the model: ZeRO-3 partitions while loading)
     from transformers import TrainingArguments
 
-    dtype = resolve_dtype(args.dtype, cuda)
-    ds_path = resolve_ds_config(args.deepspeed)
     ds_cfg = ds_config_dict(ds_path, cuda=cuda, cpu_adam=args.ds_cpu_adam) if ds_path else None
     targs = TrainingArguments(
         output_dir=str(run_dir), max_steps=args.max_steps, per_device_train_batch_size=args.micro_batch,
@@ -188,7 +185,6 @@ def train(args: argparse.Namespace) -> Path:
     )
 
     # ---- model, LoRA
-    attn = resolve_attn(args.attn, cuda)
     from transformers import set_seed
 
     set_seed(args.seed)  # LoRA A is initialised randomly when the adapter is added (before the Trainer seeds)
@@ -197,9 +193,8 @@ def train(args: argparse.Namespace) -> Path:
                                        targets=args.lora_targets, embeddings=args.train_embeddings,
                                        norms=args.train_norms, gradient_checkpointing=args.gradient_checkpointing)
     if args.init_from:
-        src = find_export(args.init_from, args.init_step)
-        load_export_into(peft_model, src)
-        log(f"[finetune] initialised adapter + trained tensors from {src}")
+        load_export_into(peft_model, init_export)
+        log(f"[finetune] initialised adapter + trained tensors from {init_export}")
     if ds_cfg is None and cuda and dtype != torch.float32:
         fp32_master(peft_model, dtype)  # fp32 trained tensors; the forward runs under autocast
     trainable, total = param_counts(peft_model)
@@ -213,8 +208,13 @@ def train(args: argparse.Namespace) -> Path:
 
     install_label_only_forward(peft_model, args.head_chunk)
 
-    # ---- run.json
+    # ---- run.json (every check has passed: now the run directory may change)
     if main:
+        if args.resume:
+            log(f"[finetune] resuming from {resume_from or 'the start (no checkpoint yet)'}")
+            _cut_log(run_dir / "train_log.jsonl", _checkpoint_step(resume_from))
+        elif args.overwrite:
+            _clear_run(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         meta = rd.read_meta() if (args.resume and rd.exists()) else {}
         meta.update({"kind": "finetune", "model": str(model_dir), "rope": rope, "train_length": stats["max"],
