@@ -175,3 +175,16 @@ def test_resume_requires_a_run_dir(capsys, tmp_path, make_tiny_model, chapters, 
     rc, line = _err(capsys, ["--model", str(model_dir), "--data", str(data), "--rope", "ntk", "--scale", "8",
                              "--output-dir", str(run), "--resume", "auto"])
     assert rc == 2 and re.search(r"rope", line) and "pi" in line
+
+
+def test_existing_run_dir_is_not_reused_silently(capsys, tmp_path, make_tiny_model, chapters, tiny_tokenizer_dir):
+    from ft_helpers import packed
+
+    _, model_dir = make_tiny_model(orig_ctx=64)
+    data = packed(chapters, tiny_tokenizer_dir, tmp_path / "packed", 300, 480, n=12)
+    run = tmp_path / "done"
+    (run / "final").mkdir(parents=True)
+    rc, line = _err(capsys, ["--model", str(model_dir), "--data", str(data), "--rope", "ntk", "--scale", "8",
+                             "--output-dir", str(run)])
+    assert rc == 2 and "--resume auto" in line and "--overwrite" in line
+    assert (run / "final").is_dir()  # untouched

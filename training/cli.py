@@ -22,7 +22,8 @@ with CPU offload.
 Settings: defaults < --recipe FILE (YAML, same keys with underscores) < flags. Without --recipe, the tiny
 default model uses recipes/tiny_demo.yaml (a few steps). The run directory gets run.json, train_log.jsonl,
 checkpoint-N/ (resumable with --resume auto; each with an export/), final/ (the export) and config.json with the
-RoPE setting. Prints the run directory on stdout at the end.
+RoPE setting. Prints the run directory on stdout at the end. An existing run directory is never reused silently
+(--resume auto or --overwrite), except the tiny demo's default one, which a rerun replaces.
 """
 
 

@@ -131,7 +131,12 @@ def train(args: argparse.Namespace) -> Path:
         resume_from = latest_checkpoint(run_dir) if args.resume == "auto" else Path(args.resume)
         if resume_from is not None and not (resume_from / "trainer_state.json").is_file():
             raise InputError("--resume: not a checkpoint directory", resume_from)
-    elif (latest_checkpoint(run_dir) is not None or (run_dir / "final").exists()) and not args.overwrite:
+    elif latest_checkpoint(run_dir) is not None or (run_dir / "final").exists():
+        if not args.output_dir and model_name(args.model) == "tiny" and not args.overwrite:
+            args.overwrite = True  # the tiny demo's default run dir: a rerun replaces it (30 s to recreate)
+            log(f"[finetune] replacing the previous tiny demo run in {run_dir}")
+    if not args.resume and not args.overwrite and (latest_checkpoint(run_dir) is not None
+                                                   or (run_dir / "final").exists()):
         raise InputError("the run directory already holds a run: pass --resume auto to continue it, "
                          "--overwrite to start over, or another --output-dir", run_dir)
     if args.init_from:
