@@ -14,8 +14,11 @@ hf backend (why it is faster than calling ``model.generate`` once per sample):
 - SDPA attention (FlashAttention-2 when ``flash_attn`` is importable, on CUDA, in bf16/fp16); fp32 on CPU, bf16
   on GPU; ``logits_to_keep=1`` during prefill (transformers does this), so a 16K prompt never materialises
   16K x vocab logits;
-- ``cache="static"`` uses transformers' static KV cache, which it compiles on CUDA (opt-in: a compile per new
-  batch shape only pays off on long runs with few distinct shapes; the default dynamic cache is always correct).
+- a static KV cache (default): transformers' ``StaticCache``, allocated once per batch for prompt + max new
+  tokens, so a decode step writes one position in place instead of concatenating (copying) the whole cache, as
+  the dynamic cache does at every step (at a 16K prompt that copy is most of a step's memory traffic). It is not
+  compiled unless ``compile=True`` (``--compile``: transformers then compiles the decode step on CUDA, once per new
+  batch shape, which only pays off on long runs); ``cache="dynamic"`` is the plain transformers default.
 
 Batching changes nothing but speed: greedy outputs equal those of plain batch-1 ``model.generate`` (tested on a
 tiny random model in fp32 on CPU, token for token).
@@ -135,8 +138,8 @@ class HFBackend:
     name = "hf"
 
     def __init__(self, model_dir, config, tokenizer, *, device: str = "auto", dtype: str = "auto",
-                 batch_tokens: int | None = None, max_batch: int = 64, cache: str = "dynamic", model=None,
-                 log=None):
+                 batch_tokens: int | None = None, max_batch: int = 64, cache: str = "static", compile: bool = False,
+                 model=None, log=None):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -147,6 +150,7 @@ class HFBackend:
         if cache not in ("dynamic", "static"):
             raise InputError(f"unknown --cache {cache!r} (dynamic, static)")
         self.cache = cache
+        self.compile = bool(compile)
         if model is None:
             self.attn = attn_implementation(self.device, self.dtype)
             model = AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, dtype=self.dtype,
@@ -167,8 +171,8 @@ class HFBackend:
 
     def describe(self) -> dict:
         return {"backend": "hf", "device": self.device, "dtype": str(self.dtype).replace("torch.", ""),
-                "attn_implementation": self.attn, "cache": self.cache, "batch_tokens": self.batch_tokens,
-                "max_batch": self.max_batch}
+                "attn_implementation": self.attn, "cache": self.cache, "compile": self.compile,
+                "batch_tokens": self.batch_tokens, "max_batch": self.max_batch}
 
     def _auto_budget(self, max_new_tokens: int, longest: int) -> int:
         """Token budget for a batch: on CPU a fixed 32K tokens; on CUDA what 70% of the free memory holds,
@@ -200,7 +204,8 @@ class HFBackend:
         gc = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
                               min_new_tokens=min(min_new_tokens, max_new_tokens), eos_token_id=self.eos,
                               pad_token_id=self.pad, use_cache=True,
-                              cache_implementation="static" if self.cache == "static" else None)
+                              cache_implementation="static" if self.cache == "static" else None,
+                              disable_compile=not self.compile)
         with torch.inference_mode():
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                                       generation_config=gc)

@@ -168,7 +168,7 @@ class Tokenize:
 def generate(model="tiny", data=None, prompt="ie", out=None, *, prompt_style="release", subset=None, rope=None,
              max_new_tokens=None, min_new_tokens=subsets.MIN_NEW_TOKENS, backend="hf", chat_template=False,
              truncate="none", max_input_tokens=None, device="auto", dtype="auto", batch_tokens=None, max_batch=64,
-             cache="dynamic", limit=None, progress=True, log=_log, hf_model=None) -> dict:
+             cache="static", compile=False, limit=None, progress=True, log=_log, hf_model=None) -> dict:
     """Generate predictions for ``data`` into the run directory ``out`` (see module doc); returns a summary dict.
 
     ``rope`` is a :class:`rope_scaling.RopeSpec` (or None = the model as saved). ``hf_model`` lets a caller pass an
@@ -252,7 +252,8 @@ def generate(model="tiny", data=None, prompt="ie", out=None, *, prompt_style="re
         longest = max(len(it.input_ids) for it in items)
         max_model_len = max(2 * sub.target if sub else 0, longest + max_new_tokens)
         be = make_backend(backend, model_dir, config, tokenizer, device=device, dtype=dtype,
-                          batch_tokens=batch_tokens, max_batch=max_batch, cache=cache, model=hf_model,
+                          batch_tokens=batch_tokens, max_batch=max_batch, cache=cache, compile=compile,
+                          model=hf_model,
                           rope_overrides=overrides, max_model_len=max_model_len, log=log)
         meta.update(backend_info=be.describe())
         run.write_meta(meta)
@@ -321,8 +322,12 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-tokens", type=int,
                    help="hf backend: token budget of a batch (default: 32K on CPU, from free memory on GPU)")
     p.add_argument("--max-batch", type=int, default=64, help="hf backend: most samples per batch")
-    p.add_argument("--cache", default="dynamic", choices=("dynamic", "static"),
-                   help="hf backend KV cache; static = transformers' static cache (compiled on CUDA)")
+    p.add_argument("--cache", default="static", choices=("static", "dynamic"),
+                   help="hf backend KV cache: static (default; written in place) or dynamic (transformers' default, "
+                        "concatenated every step)")
+    p.add_argument("--compile", action="store_true",
+                   help="hf backend: let transformers compile the static-cache decode step (CUDA; pays off on long "
+                        "runs)")
     p.add_argument("--limit", type=int, help="only the first N samples")
     add_rope_args(p)
 
@@ -336,7 +341,7 @@ def generate_kwargs(args) -> dict:
                 min_new_tokens=args.min_new_tokens, backend=args.backend, chat_template=args.chat_template,
                 truncate=args.truncate, max_input_tokens=args.max_input_tokens, device=args.device,
                 dtype=args.dtype, batch_tokens=args.batch_tokens, max_batch=args.max_batch, cache=args.cache,
-                limit=args.limit)
+                compile=args.compile, limit=args.limit)
 
 
 def _main(args) -> int:

@@ -5,7 +5,8 @@ evaluate extrapolation the CNNSum way, on a CPU in minutes. Every step prints th
 1. build the tiny default (cached): ``python -m ropescale make-tiny``;
 2. fine-tuning data: ``python -m data_concat pairs`` (chapter/heading pairs from three of the four novels) and
    ``python -m data_concat pack`` into samples of 2x-8x the original context (F.2 prompts, loss on summaries);
-3. ``deepspeed finetune.py --rope ntk --scale 8 --data <pack>``, then ``python finetune.py merge``;
+3. ``deepspeed finetune.py --rope ntk --scale 8 --data <pack> --output-dir OUT/train/tiny-ntk-x8``, then
+   ``python finetune.py merge``;
 4. eval sets sampled the CNNSum way (``python -m data_concat sample --target T``, Sec 3.2) from the fourth novel
    (西游记, never trained on) at 1x, 2x, 4x, 8x the original context;
 5. ``eval_summ.py generate`` for three models x two prompts x four lengths: the base model unscaled, the base model
@@ -13,9 +14,10 @@ evaluate extrapolation the CNNSum way, on a CPU in minutes. Every step prints th
 6. ``eval_summ.py report``: scores every run (CNNSum ROUGE-L), prints the extrapolation table, writes every
    table to OUT/report/ and the Fig. 3 plot to OUT/fig3.png.
 
-Outputs go under ``--out`` (runs/demo); the fine-tuning run goes to finetune.py's default run directory
-(runs/train/tiny-ntk-x8, merged model in its merged/). Re-running reuses what is finished (the tiny model, the
-fine-tuned model, finished generations); ``--fresh`` starts over.
+Everything goes under ``--out`` (runs/demo), the fine-tuning run included (runs/demo/train/tiny-ntk-x8, merged
+model in its merged/), so the demo never touches a run of yours in finetune.py's default runs/train/. Re-running
+reuses what is finished (the tiny model, the data, the fine-tuned model, finished generations); ``--fresh``
+starts over.
 """
 from __future__ import annotations
 
@@ -62,6 +64,14 @@ def sh(argv: list[str], capture: bool = False) -> str:
     if res.returncode != 0:
         raise SystemExit(f"[demo] step failed (exit {res.returncode}): {' '.join(argv)}")
     return res.stdout or ""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def eval_generate(argv: list[str]) -> None:
@@ -124,23 +134,22 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", rope: str = "ntk", 
         say(f"reusing {rel(packed)}")
 
     # 3 ---------------------------------------------------------------- fine-tune + merge
-    default_train = ROOT / "runs" / "train" / f"{'tiny' if model == 'tiny' else model_dir.name}-{rope}-x{s_txt}"
-    train_dir = Path(train_dir) if train_dir else default_train  # finetune.py's default run directory
+    train_dir = Path(train_dir) if train_dir else out / "train" / f"{'tiny' if model == 'tiny' else model_dir.name}-{rope}-x{s_txt}"
     merged = train_dir / "merged"
     say(f"step 3/6: LoRA fine-tuning with {rope} x{s_txt} ({launcher}), then merging into {rel(merged)}")
-    if fresh and train_dir.exists():
-        shutil.rmtree(train_dir)
     if not (merged / "config.json").is_file():
-        ft = ["finetune.py", "--rope", rope, "--scale", s_txt, "--data", str(packed)]
-        if model != "tiny":
-            ft += ["--model", str(model_dir)]
-        if train_dir.resolve() != default_train.resolve():
-            ft += ["--output-dir", str(train_dir)]
-        if train_dir.exists():  # an interrupted earlier run: continue it
-            ft += ["--resume", "auto"]
-        ft += list(finetune_args)
-        launch = [str(Path(py).parent / "deepspeed")] if launcher == "deepspeed" else [py]
-        sh(launch + ft)
+        if not (train_dir / "final").is_dir():
+            ft = ["finetune.py", "--rope", rope, "--scale", s_txt, "--data", str(packed), "--output-dir", str(train_dir)]
+            if model != "tiny":
+                ft += ["--model", str(model_dir)]
+            if train_dir.exists():  # an interrupted earlier demo run: continue it
+                ft += ["--resume", "auto"]
+            ft += list(finetune_args)
+            if launcher == "deepspeed":  # a free rendezvous port: 29500 may be taken by another job
+                launch = [str(Path(py).parent / "deepspeed"), "--master_port", str(free_port())]
+            else:
+                launch = [py]
+            sh(launch + ft)
         sh([py, "finetune.py", "merge", "--run", str(train_dir), "--out", str(merged)])
     else:
         say(f"reusing {rel(merged)}")
@@ -210,8 +219,7 @@ def main(argv=None) -> int:
                     help="the references are chapter headings (~15-30 tokens), so 48 rather than the paper's 400")
     ap.add_argument("--max-pairs", type=int, default=400)
     ap.add_argument("--launcher", default="deepspeed", choices=("deepspeed", "python"))
-    ap.add_argument("--train-dir", help="fine-tuning run directory (default: finetune.py's runs/train/<model>-"
-                                        "<rope>-x<scale>)")
+    ap.add_argument("--train-dir", help="fine-tuning run directory (default: OUT/train/<model>-<rope>-x<scale>)")
     ap.add_argument("--finetune-args", default="", help="extra finetune.py flags, e.g. '--max-steps 4'")
     ap.add_argument("--fresh", action="store_true", help="remove earlier demo outputs first")
     args = ap.parse_args(argv)

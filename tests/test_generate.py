@@ -73,8 +73,8 @@ def test_plan_batches_by_token_budget():
     assert plan_batches([1000], 10, 5, 8) == [[0]]  # one sample always fits
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
-def test_batched_greedy_equals_plain_batch1_generate(make_tiny_model, tiny_tokenizer, chapters, arch):
+@pytest.mark.parametrize("arch,cache", [("qwen2", "static"), ("qwen2", "dynamic"), ("llama", "static")])
+def test_batched_greedy_equals_plain_batch1_generate(make_tiny_model, tiny_tokenizer, chapters, arch, cache):
     import torch
 
     from evaluation.backends import HFBackend, Item
@@ -105,7 +105,8 @@ def test_batched_greedy_equals_plain_batch1_generate(make_tiny_model, tiny_token
     ref = plain(eos)
     assert any(len(o) < max_new for o in ref)  # EOS stopped some rows early ...
     assert any(len(o) == max_new for o in ref)  # ... and not others
-    be = HFBackend(d, model.config, tiny_tokenizer, model=model, batch_tokens=4 * (len(seqs[-1]) + max_new))
+    be = HFBackend(d, model.config, tiny_tokenizer, model=model, batch_tokens=4 * (len(seqs[-1]) + max_new),
+                   cache=cache)
     be.eos = [eos]
     got = {}
     be.generate([Item(i, s) for i, s in enumerate(seqs)], max_new, min_new, lambda it, o: got.__setitem__(it.id, o))
