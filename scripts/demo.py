@@ -134,12 +134,14 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", rope: str = "ntk", 
         say(f"reusing {rel(packed)}")
 
     # 3 ---------------------------------------------------------------- fine-tune + merge
-    train_dir = Path(train_dir) if train_dir else out / "train" / f"{'tiny' if model == 'tiny' else model_dir.name}-{rope}-x{s_txt}"
+    name = "tiny" if model == "tiny" else model_dir.name
+    train_dir = Path(train_dir) if train_dir else out / "train" / f"{name}-{rope}-x{s_txt}"
     merged = train_dir / "merged"
     say(f"step 3/6: LoRA fine-tuning with {rope} x{s_txt} ({launcher}), then merging into {rel(merged)}")
     if not (merged / "config.json").is_file():
         if not (train_dir / "final").is_dir():
-            ft = ["finetune.py", "--rope", rope, "--scale", s_txt, "--data", str(packed), "--output-dir", str(train_dir)]
+            ft = ["finetune.py", "--rope", rope, "--scale", s_txt, "--data", str(packed), "--output-dir",
+                  str(train_dir)]
             if model != "tiny":
                 ft += ["--model", str(model_dir)]
             if train_dir.exists():  # an interrupted earlier demo run: continue it
