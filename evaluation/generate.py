@@ -320,7 +320,7 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="hf backend: auto, cpu, cuda[:N]")
     p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
     p.add_argument("--batch-tokens", type=int,
-                   help="hf backend: token budget of a batch (default: 32K on CPU, from free memory on GPU)")
+                   help="hf backend: token budget of a batch (default: 8K on CPU, from free memory on GPU)")
     p.add_argument("--max-batch", type=int, default=64, help="hf backend: most samples per batch")
     p.add_argument("--cache", default="static", choices=("static", "dynamic"),
                    help="hf backend KV cache: static (default; written in place) or dynamic (transformers' default, "
