@@ -2,7 +2,8 @@
 
 One table per probe: rows = model x rope method x scale (x the probe's group: block size k, perturbation kind,
 copy / no-copy), columns = the probe's length bucket (prefix length, input length, distance), cells = the probe's
-metric (accuracy or loss, the mean over items; ``n`` items per cell in the JSON/CSV output). Printed as markdown
+metric (accuracy or loss, the mean over items; ``n`` items per cell in the JSON output). A probe with a single
+column bucket and several groups (the shuffle test without ``--lengths``) shows the groups (k=1..5) as columns. Printed as markdown
 (default), CSV or JSON; ``--plot FILE.png`` draws one panel per probe with a line per row.
 """
 from __future__ import annotations
@@ -69,6 +70,9 @@ def table_rows(summaries: list[dict]) -> tuple[str, list[str], list[list], list[
             counts.setdefault(key, {})[c["col"]] = c["n"]
     cols.sort(key=lambda c: (0, c) if isinstance(c, (int, float)) else (1, str(c)))
     has_group = any(k[3] for k in rows)
+    if len(cols) == 1 and has_group:  # one bucket, several groups (shuffle without --lengths): groups as columns
+        rows, counts, cols = _pivot(rows), _pivot(counts), sorted({k[3] for k in rows}, key=str)
+        has_group = False
     header = ["model", "rope", "scale"] + (["group"] if has_group else []) + [str(c) for c in cols]
     ordered = sorted(rows, key=lambda k: (k[0], k[1] != "none", k[1], k[2], str(k[3])))
     body, ns = [], []
@@ -80,6 +84,13 @@ def table_rows(summaries: list[dict]) -> tuple[str, list[str], list[list], list[
     column = summaries[0].get("column", "")
     title = f"{probe}: {metric}; columns = {column}"
     return title, header, body, ns
+
+
+def _pivot(cells: dict[tuple, dict]) -> dict[tuple, dict]:
+    out: dict[tuple, dict] = {}
+    for (m, r, sc, g), by_col in cells.items():
+        out.setdefault((m, r, sc, ""), {})[g] = next(iter(by_col.values()))
+    return out
 
 
 def _fmt(v) -> str:

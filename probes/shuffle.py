@@ -70,7 +70,7 @@ def shuffle_probe(loaded, docs: list[Doc], *, blocks: list[int], lengths: list[i
     run = ProbeRun(out, "shuffle", loaded, lengths or [], seed,
                    {"n": n, "blocks": blocks, "max_sentences": max_sentences, "window": window, "data": data}, args,
                    metric="accuracy (original scores above the block-shuffled version)",
-                   column="document length budget (tokens)" if lengths else "document")
+                   column="document length budget (tokens)" if lengths else "block size k")
     tok = loaded.tokenizer
     cols = lengths or ["all"]
     # choose documents: in a seeded order, those that give >= 2 blocks of the largest k at every length

@@ -262,6 +262,8 @@ def test_shuffling_a_repeated_pattern_lowers_likelihood(tmp_path):
     s = shuffle_probe(lo, docs, blocks=[1, 2, 3], lengths=None, max_sentences=0, n=4, window=4096, seed=0,
                       out=tmp_path / "s")
     assert {c["group"]: c["value"] for c in s["cells"]} == {"k=1": 1.0, "k=2": 1.0, "k=3": 1.0}
+    # one column bucket, groups k=1..3: the report shows the block sizes as columns
+    assert "| oracle | none | 1 | 1.000 | 1.000 | 1.000 |" in render(load_runs([tmp_path / "s"]), "md")
     recs = [json.loads(x) for x in (tmp_path / "s" / "items.jsonl").read_text().splitlines()]
     assert len(recs) == 12 and all(r["ll_original"] > r["ll_shuffled"] and r["tokens"] == 168 for r in recs)
     # longer than the window: 50%-overlapping windows of 100 tokens (each holds two periods) give the same verdict
