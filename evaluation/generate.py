@@ -243,20 +243,20 @@ def generate(model="tiny", data=None, prompt="ie", out=None, *, prompt_style="re
     meta = {"kind": "generate", **settings, "model_dir": str(model_dir), "train_length": find_train_length(model_dir),
             "extended_context": ext_ctx, "backend": backend, "n_samples": len(samples), "status": "running",
             "versions": versions()}
-    if run.exists():  # resuming: keep what the earlier run recorded (created, its backend info...)
-        meta = {**run.read_meta(), **meta}
-    run.write_meta(meta)
-
-    t0 = time.time()
-    if items:
+    be = None
+    if items:  # the backend first: a backend that cannot start (no vllm, no GPU) leaves no run directory behind
         longest = max(len(it.input_ids) for it in items)
         max_model_len = max(2 * sub.target if sub else 0, longest + max_new_tokens)
         be = make_backend(backend, model_dir, config, tokenizer, device=device, dtype=dtype,
                           batch_tokens=batch_tokens, max_batch=max_batch, cache=cache, compile=compile,
-                          model=hf_model,
-                          rope_overrides=overrides, max_model_len=max_model_len, log=log)
+                          model=hf_model, rope_overrides=overrides, max_model_len=max_model_len, log=log)
         meta.update(backend_info=be.describe())
-        run.write_meta(meta)
+    if run.exists():  # resuming: keep what the earlier run recorded (created...)
+        meta = {**run.read_meta(), **meta}
+    run.write_meta(meta)
+
+    t0 = time.time()
+    if be is not None:
         bar = tqdm(total=len(items), desc=f"generate {prompt}", unit="sample", file=sys.stderr,
                    disable=not progress, dynamic_ncols=True)
         new_tok = [0]

@@ -296,6 +296,7 @@ def test_vllm_backend_absent_is_a_clear_error(model, data, tmp_path):
     assert importlib.util.find_spec("vllm") is None  # this environment has no vllm (a GPU extra)
     with pytest.raises(InputError, match="vllm"):
         generate(str(model[1]), data, "ie", tmp_path / "v", backend="vllm", max_new_tokens=10, progress=False)
+    assert not (tmp_path / "v").exists()  # nothing written for a backend that cannot start
 
 
 # ------------------------------------------------------------------ resume after kill -9
