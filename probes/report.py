@@ -38,10 +38,23 @@ def load_runs(paths: list[str]) -> list[dict]:
         for k in ("probe", "model", "rope", "scale", "metric", "column"):
             s.setdefault(k, meta.get(k))
         s["run_dir"] = str(rd.path)
+        s["setting"] = run_setting(meta)
         out.append(s)
     if not out:
         raise InputError("no probe run directories found", ", ".join(map(str, paths)))
     return out
+
+
+def run_setting(meta: dict) -> str:
+    """What tells apart runs of one probe beyond model x rope x scale: the input length N of copy / perturb, the
+    suffix-id variant and heading mode (empty for the defaults)."""
+    st = meta.get("settings") or {}
+    if meta.get("probe") in ("copy", "perturb") and meta.get("lengths"):
+        return f"N={meta['lengths'][0]}"
+    if meta.get("probe") == "suffix-id":
+        parts = [p for p in (st.get("variant"), st.get("heading")) if p and p not in ("chapter", "index")]
+        return " ".join(parts)
+    return ""
 
 
 def model_label(model: str) -> str:
@@ -60,12 +73,19 @@ def table_rows(summaries: list[dict]) -> tuple[str, list[str], list[list], list[
     cols: list = []
     rows: dict[tuple, dict] = {}
     counts: dict[tuple, dict] = {}
+    owner: dict[tuple, str] = {}
+    has_setting = any(s.get("setting") for s in summaries)
     for s in summaries:
+        model = model_label(s.get("model", ""))
+        base = (model, rope_label(s.get("rope")), float(s.get("scale") or 1.0), s.get("setting", ""))
+        if owner.setdefault(base, s.get("run_dir", "")) != s.get("run_dir", ""):
+            # two runs with the same row labels: tell them apart by their run directory's name
+            model = f"{model} ({Path(s.get('run_dir', '')).name})"
+            base = (model,) + base[1:]
         for c in s["cells"]:
             if c["col"] not in cols:
                 cols.append(c["col"])
-            key = (model_label(s.get("model", "")), rope_label(s.get("rope")), float(s.get("scale") or 1.0),
-                   c.get("group", ""))
+            key = base[:3] + (c.get("group", ""),) + base[3:]
             rows.setdefault(key, {})[c["col"]] = c["value"]
             counts.setdefault(key, {})[c["col"]] = c["n"]
     cols.sort(key=lambda c: (0, c) if isinstance(c, (int, float)) else (1, str(c)))
@@ -73,11 +93,12 @@ def table_rows(summaries: list[dict]) -> tuple[str, list[str], list[list], list[
     if len(cols) == 1 and has_group:  # one bucket, several groups (shuffle without --lengths): groups as columns
         rows, counts, cols = _pivot(rows), _pivot(counts), sorted({k[3] for k in rows}, key=str)
         has_group = False
-    header = ["model", "rope", "scale"] + (["group"] if has_group else []) + [str(c) for c in cols]
-    ordered = sorted(rows, key=lambda k: (k[0], k[1] != "none", k[1], k[2], str(k[3])))
+    header = (["model", "rope", "scale"] + (["setting"] if has_setting else []) + (["group"] if has_group else [])
+              + [str(c) for c in cols])
+    ordered = sorted(rows, key=lambda k: (k[0], k[1] != "none", k[1], k[2], str(k[4]), str(k[3])))
     body, ns = [], []
     for k in ordered:
-        lab = [k[0], k[1], f"{k[2]:g}"] + ([k[3]] if has_group else [])
+        lab = [k[0], k[1], f"{k[2]:g}"] + ([k[4]] if has_setting else []) + ([k[3]] if has_group else [])
         body.append(lab + [rows[k].get(c) for c in cols])
         ns.append(lab + [counts[k].get(c) for c in cols])
     metric = summaries[0].get("metric", "")
@@ -88,8 +109,8 @@ def table_rows(summaries: list[dict]) -> tuple[str, list[str], list[list], list[
 
 def _pivot(cells: dict[tuple, dict]) -> dict[tuple, dict]:
     out: dict[tuple, dict] = {}
-    for (m, r, sc, g), by_col in cells.items():
-        out.setdefault((m, r, sc, ""), {})[g] = next(iter(by_col.values()))
+    for (m, r, sc, g, st), by_col in cells.items():
+        out.setdefault((m, r, sc, "", st), {})[g] = next(iter(by_col.values()))
     return out
 
 
@@ -143,7 +164,7 @@ def plot(summaries: list[dict], path: str | os.PathLike) -> Path:
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.2), squeeze=False)
     for ax, (probe, ss) in zip(axes[0], groups.items()):
         title, header, body, _ = table_rows(ss)
-        ncol0 = 4 if header[3:4] == ["group"] else 3
+        ncol0 = 3 + sum(h in ("setting", "group") for h in header[3:5])
         cols = header[ncol0:]
         numeric = all(c.lstrip("-").isdigit() for c in cols)
         xs = [int(c) for c in cols] if numeric else list(range(len(cols)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -323,18 +324,23 @@ def test_run_dir_resume_report_and_plot(tmp_path):
     d2.mkdir()
     (d2 / "run.json").write_text(json.dumps({"kind": "probe", "probe": "copy", "model": "/x/m2",
                                              "rope": {"method": "pi", "scale": 2.0}, "scale": 2.0,
-                                             "metric": "loss", "column": "d"}))
+                                             "lengths": [200], "metric": "loss", "column": "d"}))
     (d2 / "items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
         {"id": "a", "group": "copy", "col": 0, "value": 1.0}, {"id": "b", "group": "copy", "col": 0, "value": 2.0},
         {"id": "c", "group": "copy", "col": 96, "value": 4.0}]))
+    # the same row labels from a third run: told apart by its run directory's name
+    d3 = tmp_path / "third"
+    shutil.copytree(d2, d3)
+    (d3 / "items.jsonl").write_text(json.dumps({"id": "a", "group": "copy", "col": 0, "value": 9.0}) + "\n")
     runs = load_runs([tmp_path])
     md = render(runs, "md")
-    assert "| m2 | pi | 2 | copy | 1.500 | 4.000 |" in md
-    assert "| oracle | none | 1 | no-copy |" in md
+    assert "| m2 | pi | 2 | N=200 | copy | 1.500 | 4.000 |" in md
+    assert "| m2 (third) | pi | 2 | N=200 | copy | 9.000 | – |" in md
+    assert "| oracle | none | 1 | N=200 | no-copy |" in md
     js = json.loads(render(runs, "json"))
     row = next(r for r in js[0]["rows"] if r[0] == "m2")
-    assert row == ["m2", "pi", "2", "copy", 1.5, 4.0] and js[0]["header"][-2:] == ["0", "96"]
-    assert "copy,m2,pi,2,copy,1.5,4.0" in render(runs, "csv")
+    assert row == ["m2", "pi", "2", "N=200", "copy", 1.5, 4.0] and js[0]["header"][-2:] == ["0", "96"]
+    assert "copy,m2,pi,2,N=200,copy,1.5,4.0" in render(runs, "csv")
     png = plot(runs, tmp_path / "r.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
