@@ -140,7 +140,6 @@ class HFBackend:
     def __init__(self, model_dir, config, tokenizer, *, device: str = "auto", dtype: str = "auto",
                  batch_tokens: int | None = None, max_batch: int = 64, cache: str = "static", compile: bool = False,
                  model=None, log=None):
-        import torch
         from transformers import AutoModelForCausalLM
 
         self.log = log or (lambda m: print(m, file=sys.stderr))
@@ -166,8 +165,6 @@ class HFBackend:
         self.pad = int(pad) if pad is not None else self.eos[0]
         self.max_batch = max(1, int(max_batch))
         self.batch_tokens = batch_tokens
-        if self.device == "cpu":
-            torch.set_grad_enabled(False)
 
     def describe(self) -> dict:
         return {"backend": "hf", "device": self.device, "dtype": str(self.dtype).replace("torch.", ""),
