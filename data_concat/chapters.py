@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ropescale.io import InputError, read_jsonl, write_json_atomic
+from ropescale.text import sentence_ends
 
 # How several chapter headings are merged into one summary (a window of chapters -> its headings, in order).
 MERGE_SEP = "；"
-# A sentence ends after one of these, optionally followed by closing quotes.
-_SENTENCE_END = re.compile(r"[。！？!?…][」』”’\"']*")
 
 
 @dataclass
@@ -102,8 +101,9 @@ def paragraph_cuts(text: str) -> list[int]:
 
 
 def sentence_cuts(text: str) -> list[int]:
-    """Character positions right after each sentence end."""
-    return [m.end() for m in _SENTENCE_END.finditer(text)] + [len(text)]
+    """Character positions right after each sentence end (ropescale.text, the splitter the probes use too)."""
+    ends = sentence_ends(text)
+    return ends if ends and ends[-1] == len(text) else ends + [len(text)]
 
 
 def merged_title(chapters: Sequence[Chapter]) -> str:

@@ -10,11 +10,11 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ropescale.io import InputError, read_jsonl
+from ropescale.text import split_sentences  # noqa: F401  (the one sentence splitter, re-exported for the probes)
 
 _DIGITS = "零一二三四五六七八九"
 
@@ -128,30 +128,3 @@ def load_docs(path: str | os.PathLike, tail_chapters: int = 0) -> list[Doc]:
     return docs
 
 
-# Sentence ends: Chinese 。！？ (a run of them, e.g. "！？"), or ASCII .!? followed by whitespace / end of text
-# (a bare '?' inside Chinese text is a lost character in these editions, not an end), each with any closing
-# quotes/brackets that follow (”」』’"' and ）)》); a line break also ends a sentence (paragraph end).
-_SENT_END = re.compile(r"(?:[。！？]+|[.!?]+(?=[”」』’\"'）)》]*(?:\s|$)))[”」』’\"'）)》]*[ \t]*\n?|\n")
-
-
-def split_sentences(text: str) -> list[str]:
-    """Split into sentences that concatenate back to ``text`` exactly (each keeps its end mark, closing quotes
-    and trailing line break). Chinese sentences end at 。！？ plus closing quotes ”」』 (Laban et al. 2021 split
-    documents into sentences; this is the Chinese equivalent); whitespace-only pieces are merged into the
-    previous sentence."""
-    out: list[str] = []
-    pos = 0
-    for m in _SENT_END.finditer(text):
-        if m.end() <= pos:
-            continue
-        out.append(text[pos:m.end()])
-        pos = m.end()
-    if pos < len(text):
-        out.append(text[pos:])
-    merged: list[str] = []
-    for s in out:
-        if merged and not s.strip():
-            merged[-1] += s
-        else:
-            merged.append(s)
-    return merged
