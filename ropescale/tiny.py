@@ -11,6 +11,7 @@ Built deterministically, offline, on CPU from the shared novels and cached under
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -297,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     spec = TinySpec(steps=args.steps) if args.steps != DEFAULT_SPEC.steps else DEFAULT_SPEC
     d = Path(args.out) if args.out else tiny_dir(spec)
     if args.force or not (d / "tiny.json").is_file():
-        build_tiny(spec, d, log=lambda m: print(m, file=sys.stderr))
+        # stdout carries only the JSON result: libraries imported during the build (DeepSpeed's accelerator
+        # probe, via transformers) log to stdout
+        with contextlib.redirect_stdout(sys.stderr):
+            build_tiny(spec, d, log=lambda m: print(m, file=sys.stderr))
     info = json.loads((d / "tiny.json").read_text())
     print(json.dumps({"model": str(d), "params": info["params"], "ppl_heldout": round(info["ppl_heldout"], 2),
                       "ppl_heldout_random": round(info["ppl_heldout_random"], 2)}, ensure_ascii=False))
