@@ -106,8 +106,8 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", rope: str = "ntk", 
     # 1 ---------------------------------------------------------------- the model
     if model == "tiny":
         say("step 1/6: the embedded tiny default (Qwen2 architecture, 512-token context), built once and cached")
-        out = sh([py, "-m", "ropescale", "make-tiny"], capture=True)
-        info = json.loads(out.strip().splitlines()[-1])  # its result is the last stdout line
+        printed = sh([py, "-m", "ropescale", "make-tiny"], capture=True)
+        info = json.loads(printed.strip().splitlines()[-1])  # its result is the last stdout line
         model_dir = Path(info["model"])
         say(f"tiny default at {rel(model_dir)}: {info['params'] / 1e6:.1f}M params, held-out perplexity "
             f"{info['ppl_heldout']:.1f} (random weights: {info['ppl_heldout_random']:.1f})")
