@@ -80,4 +80,16 @@ def main(argv: list[str] | None = None) -> int:
     from .run import train
 
     train(args)
+    _shutdown_dist()
     return 0
+
+
+def _shutdown_dist() -> None:
+    """Tear the process group down before the interpreter exits: left to interpreter shutdown, gloo's threads are
+    sometimes destroyed while joinable and the process aborts ("terminate called without an active exception",
+    exit 250) after a successful run."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
