@@ -16,36 +16,14 @@ import argparse
 import json
 import random
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evaluation import rouge as R  # noqa: E402
+from evaluation.rouge_reference import run_big_stack  # noqa: E402
 from ropescale import CHAPTERS_JSONL, DATA_DIR  # noqa: E402
-
-
-def big_stack(fn):
-    box = {}
-
-    def target():
-        try:
-            box["v"] = fn()
-        except BaseException as e:  # noqa: BLE001
-            box["e"] = e
-
-    old = threading.stack_size(512 * 1024 * 1024)
-    sys.setrecursionlimit(1_000_000)
-    try:
-        t = threading.Thread(target=target)
-        t.start()
-        t.join()
-    finally:
-        threading.stack_size(old)
-    if "e" in box:
-        raise box["e"]
-    return box["v"]
 
 
 CPU = {}
@@ -114,7 +92,7 @@ def main() -> int:
                 out.append(0.0)
         return out
 
-    t_pkg, ref = big_stack(lambda: timed(pkg_scores))
+    t_pkg, ref = run_big_stack(lambda: timed(pkg_scores))
     c_pkg = cpu()
     t_ours, ours = timed(lambda: [0.0 if p == "" else R.cnnsum_from_tokens(a, b) for (p, _), (a, b) in
                                   zip(pairs, toks)])

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import random
 import sys
-import threading
 
 import jieba
 import pytest
@@ -17,34 +16,10 @@ from rouge import rouge_score as pkg_rouge_score
 from rouge_score import rouge_scorer
 
 from evaluation import rouge as R
+from evaluation.rouge_reference import run_big_stack
 from ropescale import DATA_DIR
 
 CLONGEVAL = sorted((DATA_DIR / "clongeval").glob("*.jsonl"))
-
-
-def run_big_stack(fn, *args):
-    """Run fn(*args) in a thread with a 512 MB stack and recursion limit 10^6; return or re-raise."""
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - handed back to the caller
-            box["error"] = e
-
-    old_limit = sys.getrecursionlimit()
-    old_size = threading.stack_size(512 * 1024 * 1024)
-    sys.setrecursionlimit(1_000_000)
-    try:
-        t = threading.Thread(target=target)
-        t.start()
-        t.join()
-    finally:
-        threading.stack_size(old_size)
-        sys.setrecursionlimit(old_limit)
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def official(prediction: str, reference: str) -> tuple[float, bool]:
