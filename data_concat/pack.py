@@ -29,7 +29,6 @@ Output directory (written to a temp dir beside OUT, then renamed into place)::
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -44,7 +43,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from ropescale import prompts
-from ropescale.io import InputError, read_jsonl, write_json_atomic
+from ropescale.io import InputError, read_jsonl, sha256_file, write_json_atomic
 
 K = 1024
 # Sec 5: "setting ranges to 14k~18k and 30k~34k" (k = 1024, as in Sec 3.2).
@@ -354,14 +353,6 @@ def _bar(total: int, desc: str, enabled: bool):
     return tqdm(total=total, desc=desc, unit="pair", disable=not enabled, file=sys.stderr, leave=False)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
-
-
 def write_packed(out: str | os.PathLike, cols: dict, meta: dict, stats: dict) -> Path:
     """Write OUT/{train.parquet, meta.json, stats.json} into a temp dir beside OUT, then rename it into place
     (an existing OUT is replaced only after the new one is complete)."""
@@ -454,7 +445,7 @@ def pack(pairs: str | os.PathLike, tokenizer: str | os.PathLike, out: str | os.P
         "format": "ropescale-packed", "format_version": FORMAT_VERSION,
         "tokenizer": str(tok_dir), "tokenizer_arg": str(tokenizer), "eos_token_id": int(tok.eos_token_id),
         "target": name, "min": lo, "max": hi, "prompt": prompt.lower(), "prompt_types": prompt_counts,
-        "seed": seed, "on_bad": on_bad, "pairs": str(pairs_path), "pairs_sha256": _sha256(pairs_path),
+        "seed": seed, "on_bad": on_bad, "pairs": str(pairs_path), "pairs_sha256": sha256_file(pairs_path),
         "counts": {"pairs_read": len(plist), "pairs_used": used, "samples": len(plan.samples),
                    "dropped": len(bad.items), "leftover": len(plan.leftover)},
         "ignore_index": IGNORE_INDEX,

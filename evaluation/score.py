@@ -11,14 +11,13 @@ A score is ROUGE-L F x 100; a file's or run's ``rouge_l`` is the mean over its s
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Iterable, Optional
 
-from ropescale.io import InputError, read_jsonl, write_json_atomic, write_jsonl_atomic
+from ropescale.io import InputError, read_jsonl, sha256_file, write_json_atomic, write_jsonl_atomic
 from ropescale.prompts import prompt_kind
 from ropescale.runs import RunDir, now
 
@@ -86,14 +85,6 @@ def score_file(path: str | os.PathLike, metric: str = DEFAULT_METRIC) -> dict:
 
 
 # --------------------------------------------------------------------------------------------- run directories
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _data_path(meta: dict, run_dir: Path) -> Optional[Path]:
     """The eval data file a run was generated from, if run.json names one that exists."""
     args = meta.get("args") if isinstance(meta.get("args"), dict) else {}
@@ -177,7 +168,7 @@ def score_run_data(run_dir: str | os.PathLike, metric: str = DEFAULT_METRIC) -> 
         "model": meta.get("model"), "rope": method, "scale": scale, "train_length": meta.get("train_length"),
         "prompt": prompt, "prompt_kind": prompt_kind(prompt) if isinstance(prompt, str) else None,
         "subset": meta.get("subset"), "backend": meta.get("backend"),
-        "predictions_sha256": _sha256(pred_path), "scored": now(),
+        "predictions_sha256": sha256_file(pred_path), "scored": now(),
     }
     return summary, samples
 
@@ -206,7 +197,7 @@ def load_run_scores(run_dir: str | os.PathLike, metric: str = DEFAULT_METRIC) ->
         try:
             summary = json.loads(sj.read_text(encoding="utf-8"))
             if (summary.get("version") == SCORES_VERSION and summary.get("metric") == metric
-                    and summary.get("predictions_sha256") == _sha256(pj)):
+                    and summary.get("predictions_sha256") == sha256_file(pj)):
                 samples = [json.loads(line) for line in ss.read_text(encoding="utf-8").splitlines() if line.strip()]
                 if len(samples) == summary.get("n"):
                     return summary, samples, False
