@@ -1,8 +1,12 @@
 #!/usr/bin/env python
 """eval_summ.py — generate, score and report CNNSum-style summarization runs. See `python eval_summ.py -h`."""
+import os
 import sys
 
-from evaluation.cli import main
+# long prompts' KV buffers and per-sample prefills fragment the CUDA caching allocator otherwise
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+from evaluation.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

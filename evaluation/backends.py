@@ -5,23 +5,29 @@ both) and return, per sample, the greedy continuation's token ids cut at the fir
 (Sec 4.2 / Appendix B.1): greedy decoding, at least ``min_new_tokens`` (10) new tokens, at most
 ``max_new_tokens``.
 
-hf backend (why it is faster than calling ``model.generate`` once per sample):
-- samples are sorted by input length (longest first, so an out-of-memory shows up at once and the ETA is
-  conservative) and grouped into left-padded batches whose size is set by a token budget
-  (batch * (longest input + max new tokens) <= budget); sorted batches carry almost no padding;
-- one batched ``model.generate`` per batch (greedy, EOS handled per row); on a CUDA out-of-memory error the
-  batch is split in half and retried, and later batches keep the smaller size;
-- SDPA attention (FlashAttention-2 when ``flash_attn`` is importable, on CUDA, in bf16/fp16); fp32 on CPU, bf16
-  on GPU; ``logits_to_keep=1`` during prefill (transformers does this), so a 16K prompt never materialises
-  16K x vocab logits;
-- a static KV cache (default): transformers' ``StaticCache``, allocated once per batch for prompt + max new
-  tokens, so a decode step writes one position in place instead of concatenating (copying) the whole cache, as
-  the dynamic cache does at every step (at a 16K prompt that copy is most of a step's memory traffic). It is not
-  compiled unless ``compile=True`` (``--compile``: transformers then compiles the decode step on CUDA, once per new
-  batch shape, which only pays off on long runs); ``cache="dynamic"`` is the plain transformers default.
+hf backend, ``cache="slots"`` (the default; :mod:`evaluation.engine`): ropescale's own greedy loop over a fixed
+slot cache — each sample prefilled alone (no padding, SDPA's causal flash path), continuous batching (a finished
+slot is refilled from the length-sorted queue), and on CUDA a decode step captured once as a CUDA graph. The slot
+count comes from a token budget: slots x (longest prompt + 2 x max new tokens) <= ``batch_tokens`` (default 32K
+tokens on CPU, at most a quarter of the RAM; on CUDA what 90% of the free memory holds after one prefill's
+activations). On an H100 with a 7B
+shape at 12-17K prompts this is 12.4x plain batch-1 ``generate`` (README). It needs transformers 5.x and SDPA;
+otherwise the backend falls back to ``static`` with a note.
 
-Batching changes nothing but speed: greedy outputs equal those of plain batch-1 ``model.generate`` (tested on a
-tiny random model in fp32 on CPU, token for token).
+hf backend, ``cache="static"`` / ``"dynamic"``: transformers ``generate`` on length-sorted, left-padded batches
+whose size is set by a token budget (batch x (longest input + max new tokens) <= budget; CUDA: 70% of the free
+memory counting KV cache, prefill activations and the padding mask), with transformers' ``StaticCache`` (written
+in place; ``compile=True`` lets transformers compile its decode step) or its dynamic cache (concatenated every
+step). SDPA attention (FlashAttention-2 when ``flash_attn`` is importable, on CUDA, in half precision).
+
+Every path: fp32 on CPU, bf16 on GPU; logits for the last position only during prefill, so a 16K prompt never
+materialises 16K x vocab logits; on a CUDA out-of-memory error the slot count / batch is halved and the
+unfinished samples retried.
+
+Batching changes nothing but speed: greedy outputs equal those of plain batch-1 ``model.generate`` in fp32 (tested
+token for token on tiny random Qwen2 / Llama models on CPU, for every cache; on CUDA by ``bench_generate.py --toy
+--dtype float32``). In bf16 the attention kernels round differently (masked vs causal SDPA), and with flat
+random-weight logits an argmax flips after a few tokens.
 
 vllm backend: imported lazily (``pip install vllm`` on a CUDA machine); the RoPE setting is passed as
 ``hf_overrides`` (the config fields that :func:`rope_scaling.apply_rope` changed) and ``max_model_len`` is the
@@ -37,6 +43,7 @@ from typing import Callable, Sequence
 from ropescale.io import InputError
 
 BACKENDS = ("hf", "vllm")
+CACHES = ("slots", "static", "dynamic")  # hf backend: our slot decoder, or transformers generate with that cache
 
 
 @dataclass
@@ -138,18 +145,19 @@ class HFBackend:
     name = "hf"
 
     def __init__(self, model_dir, config, tokenizer, *, device: str = "auto", dtype: str = "auto",
-                 batch_tokens: int | None = None, max_batch: int = 64, cache: str = "static", compile: bool = False,
-                 model=None, log=None):
+                 batch_tokens: int | None = None, max_batch: int = 64, cache: str = "slots", compile: bool = False,
+                 cuda_graph: bool = True, model=None, log=None):
         from transformers import AutoModelForCausalLM
 
         self.log = log or (lambda m: print(m, file=sys.stderr))
         self.device = pick_device(device)
         self.dtype = pick_dtype(dtype, self.device)
         self.tokenizer = tokenizer
-        if cache not in ("dynamic", "static"):
-            raise InputError(f"unknown --cache {cache!r} (dynamic, static)")
+        if cache not in CACHES:
+            raise InputError(f"unknown --cache {cache!r} ({', '.join(CACHES)})")
         self.cache = cache
         self.compile = bool(compile)
+        self.cuda_graph = bool(cuda_graph)
         if model is None:
             self.attn = attn_implementation(self.device, self.dtype)
             model = AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, dtype=self.dtype,
@@ -165,11 +173,25 @@ class HFBackend:
         self.pad = int(pad) if pad is not None else self.eos[0]
         self.max_batch = max(1, int(max_batch))
         self.batch_tokens = batch_tokens
+        if self.cache == "slots":
+            from .engine import supported
+
+            why = supported(self.model)
+            if why:
+                self.log(f"[generate] --cache slots not available ({why}); using transformers generate with a "
+                         "static cache")
+                self.cache = "static"
+        self.graph_used = None
 
     def describe(self) -> dict:
-        return {"backend": "hf", "device": self.device, "dtype": str(self.dtype).replace("torch.", ""),
-                "attn_implementation": self.attn, "cache": self.cache, "compile": self.compile,
-                "batch_tokens": self.batch_tokens, "max_batch": self.max_batch}
+        d = {"backend": "hf", "device": self.device, "dtype": str(self.dtype).replace("torch.", ""),
+             "attn_implementation": self.attn, "cache": self.cache, "batch_tokens": self.batch_tokens,
+             "max_batch": self.max_batch}
+        if self.cache == "slots":
+            d["cuda_graph"] = self.cuda_graph and self.device.startswith("cuda")
+        else:
+            d["compile"] = self.compile
+        return d
 
     def _auto_budget(self, max_new_tokens: int, longest: int) -> int:
         """Token budget for a batch: on CPU a fixed 8K tokens (measured on the tiny model: a CPU decode step costs
@@ -212,11 +234,73 @@ class HFBackend:
         eos = set(self.eos)
         return [cut_at_eos(row, eos) for row in new]
 
+    def _slots(self, max_new_tokens: int, longest: int) -> int:
+        """How many slots the slot decoder gets: what the token budget holds at ``longest + 2 x max_new_tokens``
+        tokens a slot (its buffer length); on CUDA the budget is 90% of the free memory less one prefill of the
+        longest prompt, counted as KV bytes per token."""
+        import torch
+
+        from .engine import slot_bytes_per_token
+
+        per_slot = longest + 2 * max_new_tokens
+        if self.batch_tokens:
+            budget = self.batch_tokens
+        elif not self.device.startswith("cuda"):
+            # CPU: a decode step is bound by reading the slots' caches, plus a fixed per-step cost that more slots
+            # share (tiny default, 2K prompts, 400 new tokens: 2 slots 2.0x, 12 slots 2.7x plain generate); at
+            # most a quarter of the RAM
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            budget = min(32768, int(ram / 4 / slot_bytes_per_token(self.model.config, self.dtype)))
+        else:
+            cfg = self.model.config
+            b = torch.finfo(self.dtype).bits // 8
+            # one prefill's activations (hidden-size and MLP-width tensors of the longest prompt, x1.5 for the
+            # allocator's slack; measured peak at 17K on a 7B shape: ~3.5 GiB) and 1 GiB for the decode graph
+            prefill = 1.5 * longest * (8 * cfg.hidden_size + 4 * cfg.intermediate_size) * b + 2 ** 30
+            torch.cuda.empty_cache()  # cached blocks from earlier work count as free
+            free, _ = torch.cuda.mem_get_info(torch.device(self.device))
+            budget = int((0.9 * free - prefill) / slot_bytes_per_token(cfg, self.dtype))
+        return max(1, min(self.max_batch, budget // per_slot))
+
+    def _generate_slots(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int,
+                        on_done: OnDone) -> None:
+        import torch
+
+        from .engine import SlotDecoder
+
+        todo = {id(it): it for it in items}
+
+        def done(it, ids):
+            todo.pop(id(it), None)
+            on_done(it, ids)
+
+        slots = self._slots(max_new_tokens, max(len(it.input_ids) for it in items))
+        while todo:
+            oom = False
+            dec = SlotDecoder(self.model, slots=slots, eos=self.eos, device=self.device,
+                              cuda_graph=self.cuda_graph, log=self.log)
+            try:
+                dec.run(list(todo.values()), max_new_tokens, min_new_tokens, done)
+                self.graph_used = dec.graph_used
+                self.compactions = dec.compactions
+            except torch.OutOfMemoryError:
+                if slots == 1:
+                    raise
+                oom = True
+            del dec  # outside the except block: its traceback no longer pins the slot buffers
+            if oom:
+                torch.cuda.empty_cache()
+                slots = max(1, slots // 2)
+                self.log(f"[generate] out of memory; retrying the {len(todo)} unfinished samples with {slots} "
+                         "slots")
+
     def generate(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int, on_done: OnDone) -> None:
         import torch
 
         if not items:
             return
+        if self.cache == "slots":
+            return self._generate_slots(items, max_new_tokens, min_new_tokens, on_done)
         lengths = [len(it.input_ids) for it in items]
         budget = self.batch_tokens or self._auto_budget(max_new_tokens, max(lengths))
         cap = self.max_batch

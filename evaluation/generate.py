@@ -21,10 +21,10 @@ truncation; the instructions around it are kept whole) so the prompt is at most 
 ``over_context`` samples (prompt + max new tokens beyond the extended context, i.e. extrapolated).
 
 Output (a run directory, see :mod:`ropescale.runs`): ``DIR/predictions.jsonl`` — one record per sample
-(id, subset, prompt, input_tokens, truncated, new_tokens, prediction, reference), appended and fsynced one batch
-at a time — and ``DIR/run.json`` (model, rope spec, train_length, prompt, prompt_style, subset, backend,
+(id, subset, prompt, input_tokens, truncated, new_tokens, prediction, reference), appended and fsynced as each
+sample finishes — and ``DIR/run.json`` (model, rope spec, train_length, prompt, prompt_style, subset, backend,
 versions, counts). Re-running the same command resumes: finished ids are skipped, a killed run loses at most
-the batch in flight and never duplicates a record; re-running with different settings into the same DIR is an
+the samples in flight (one per slot / batch row) and never duplicates a record; re-running with different settings into the same DIR is an
 error.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ from ropescale import prompts, subsets
 from ropescale.io import InputError, read_jsonl
 from ropescale.runs import RunDir, versions
 
-from .backends import BACKENDS, Item, make_backend, rope_overrides
+from .backends import BACKENDS, CACHES, Item, make_backend, rope_overrides
 
 TRUNCATE = ("none", "middle")
 # settings that must match for a run directory to be resumed (anything else may differ, e.g. batch size)
@@ -168,7 +168,7 @@ class Tokenize:
 def generate(model="tiny", data=None, prompt="ie", out=None, *, prompt_style="release", subset=None, rope=None,
              max_new_tokens=None, min_new_tokens=subsets.MIN_NEW_TOKENS, backend="hf", chat_template=False,
              truncate="none", max_input_tokens=None, device="auto", dtype="auto", batch_tokens=None, max_batch=64,
-             cache="static", compile=False, limit=None, progress=True, log=_log, hf_model=None) -> dict:
+             cache="slots", compile=False, cuda_graph=True, limit=None, progress=True, log=_log, hf_model=None) -> dict:
     """Generate predictions for ``data`` into the run directory ``out`` (see module doc); returns a summary dict.
 
     ``rope`` is a :class:`rope_scaling.RopeSpec` (or None = the model as saved). ``hf_model`` lets a caller pass an
@@ -249,6 +249,7 @@ def generate(model="tiny", data=None, prompt="ie", out=None, *, prompt_style="re
         max_model_len = max(2 * sub.target if sub else 0, longest + max_new_tokens)
         be = make_backend(backend, model_dir, config, tokenizer, device=device, dtype=dtype,
                           batch_tokens=batch_tokens, max_batch=max_batch, cache=cache, compile=compile,
+                          cuda_graph=cuda_graph,
                           model=hf_model, rope_overrides=overrides, max_model_len=max_model_len, log=log)
         meta.update(backend_info=be.describe())
     if run.exists():  # resuming: keep what the earlier run recorded (created...)
@@ -320,14 +321,18 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="hf backend: auto, cpu, cuda[:N]")
     p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
     p.add_argument("--batch-tokens", type=int,
-                   help="hf backend: token budget of a batch (default: 8K on CPU, from free memory on GPU)")
+                   help="hf backend: token budget of a batch, i.e. slots x (longest prompt + 2 x max new tokens) "
+                        "with --cache slots (default: 32K on CPU with slots, else 8K; from free memory on GPU)")
     p.add_argument("--max-batch", type=int, default=64, help="hf backend: most samples per batch")
-    p.add_argument("--cache", default="static", choices=("static", "dynamic"),
-                   help="hf backend KV cache: static (default; written in place) or dynamic (transformers' default, "
-                        "concatenated every step)")
+    p.add_argument("--cache", default="slots", choices=CACHES,
+                   help="hf backend decoder: slots (default: ropescale's slot decoder: per-sample prefill, "
+                        "continuous batching, a CUDA-graph decode step on GPU; needs transformers 5.x + SDPA, else "
+                        "falls back to static), or transformers generate on length-sorted padded batches with a "
+                        "static (written in place) or dynamic (concatenated every step) KV cache")
     p.add_argument("--compile", action="store_true",
-                   help="hf backend: let transformers compile the static-cache decode step (CUDA; pays off on long "
-                        "runs)")
+                   help="hf backend, --cache static: let transformers compile the decode step (CUDA)")
+    p.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
+                   help="hf backend, --cache slots: run decode steps eagerly on CUDA (for debugging)")
     p.add_argument("--limit", type=int, help="only the first N samples")
     add_rope_args(p)
 
@@ -341,7 +346,7 @@ def generate_kwargs(args) -> dict:
                 min_new_tokens=args.min_new_tokens, backend=args.backend, chat_template=args.chat_template,
                 truncate=args.truncate, max_input_tokens=args.max_input_tokens, device=args.device,
                 dtype=args.dtype, batch_tokens=args.batch_tokens, max_batch=args.max_batch, cache=args.cache,
-                compile=args.compile, limit=args.limit)
+                compile=args.compile, cuda_graph=args.cuda_graph, limit=args.limit)
 
 
 def _main(args) -> int:

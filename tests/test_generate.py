@@ -73,8 +73,10 @@ def test_plan_batches_by_token_budget():
     assert plan_batches([1000], 10, 5, 8) == [[0]]  # one sample always fits
 
 
-@pytest.mark.parametrize("arch,cache", [("qwen2", "static"), ("qwen2", "dynamic"), ("llama", "static")])
-def test_batched_greedy_equals_plain_batch1_generate(make_tiny_model, tiny_tokenizer, chapters, arch, cache):
+@pytest.mark.parametrize("arch,cache,slots", [("qwen2", "static", 4), ("qwen2", "dynamic", 4), ("llama", "static", 4),
+                                              ("qwen2", "slots", 4), ("llama", "slots", 4), ("qwen2", "slots", 2),
+                                              ("llama", "slots", 1)])
+def test_batched_greedy_equals_plain_batch1_generate(make_tiny_model, tiny_tokenizer, chapters, arch, cache, slots):
     import torch
 
     from evaluation.backends import HFBackend, Item
@@ -105,13 +107,16 @@ def test_batched_greedy_equals_plain_batch1_generate(make_tiny_model, tiny_token
     ref = plain(eos)
     assert any(len(o) < max_new for o in ref)  # EOS stopped some rows early ...
     assert any(len(o) == max_new for o in ref)  # ... and not others
-    be = HFBackend(d, model.config, tiny_tokenizer, model=model, batch_tokens=4 * (len(seqs[-1]) + max_new),
-                   cache=cache)
+    per = len(seqs[-1]) + (2 if cache == "slots" else 1) * max_new  # a slot holds prompt + 2 x max_new
+    be = HFBackend(d, model.config, tiny_tokenizer, model=model, batch_tokens=slots * per, cache=cache)
+    assert be.cache == cache
     be.eos = [eos]
     got = {}
     be.generate([Item(i, s) for i, s in enumerate(seqs)], max_new, min_new, lambda it, o: got.__setitem__(it.id, o))
     assert [got[i] for i in range(len(seqs))] == ref
     assert all(len(o) >= min_new for o in ref)
+    if cache == "slots" and slots == 2:  # 5 samples through 2 slots: refills mid-run force left shifts
+        assert be.compactions > 0
 
 
 # ------------------------------------------------------------------ prompts, subsets, run.json
@@ -339,3 +344,33 @@ def test_resume_after_kill9_no_duplicates_same_predictions(make_tiny_model, chap
     whole = {r["id"]: r for r in read_preds(tmp_path / "whole")}
     assert {r["id"]: r["prediction"] for r in recs} == {k: r["prediction"] for k, r in whole.items()}
     assert generate(str(d), data, "ib", out, max_new_tokens=24, progress=False)["generated"] == 0
+
+
+def test_slot_decoder_frees_its_buffers_without_gc(make_tiny_model, tiny_tokenizer, chapters, monkeypatch):
+    """The slot buffers are the size of the GPU: once generate returns, nothing may pin them (a reference cycle
+    did once, and the next allocation ran out of memory)."""
+    import gc
+    import weakref
+
+    from evaluation import engine
+    from evaluation.backends import HFBackend, Item
+
+    model, d = make_tiny_model("qwen2", orig_ctx=64, seed=1)
+    refs = []
+    init = engine.SlotCache.__init__
+
+    def spy(self, *a, **kw):
+        init(self, *a, **kw)
+        refs.append(weakref.ref(self))
+
+    monkeypatch.setattr(engine.SlotCache, "__init__", spy)
+    be = HFBackend(d, model.config, tiny_tokenizer, model=model, cache="slots")
+    seqs = [tiny_tokenizer(chapters[i]["text"][:60])["input_ids"] for i in range(3)]
+    got = {}
+    gc.disable()
+    try:
+        be.generate([Item(i, s) for i, s in enumerate(seqs)], 12, 10, lambda it, o: got.__setitem__(it.id, o))
+        assert len(got) == 3 and refs
+        assert all(r() is None for r in refs)
+    finally:
+        gc.enable()

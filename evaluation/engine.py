@@ -1,0 +1,372 @@
+"""The hf backend's own greedy decoder (``--cache slots``, the default): a fixed slot cache, per-sample prefill,
+continuous batching, and on CUDA one CUDA graph for the decode step.
+
+Why not ``model.generate``: at a 16K prompt on a 7B model a decode step is dominated by per-step overhead
+(Python, ~1,000 kernel launches, generate's bookkeeping: 75-110 ms on an H100 whatever the batch), batched
+``generate`` pads every prompt to the longest and prefills them together (activation memory for the whole batch,
+masked attention), and a batch runs until its longest member is done. Here:
+
+- **Slot cache.** One KV buffer per layer, ``[slots, kv_heads, M, head_dim]``, allocated once for the whole run
+  with ``M = longest prompt + 2 x max_new_tokens``. All slots write the same column ``w`` at a decode step; a
+  slot's prompt sits just left of the column where it joined, its other columns are masked (an additive mask
+  ``[slots, 1, 1, M]``). Positions are per slot, so RoPE sees each sample exactly as batch-1 decoding does.
+- **Per-sample prefill.** A new sample is prefilled alone (no padding, SDPA's causal flash path, logits for the
+  last position only) and its keys/values are written straight into its slot, so prefill needs activation memory
+  for one sample, which leaves room for more slots.
+- **Continuous batching.** Every few steps finished slots (EOS after ``min_new_tokens``, or ``max_new_tokens``)
+  are handed to ``on_done`` and refilled from the queue (longest first). When the shared column would run past
+  ``M``, the buffers are shifted left by the columns no live slot uses (a memory move, rare).
+- **CUDA graph.** The decode step (forward, EOS suppression below ``min_new_tokens``, argmax, cache/mask/position
+  updates) is captured once and replayed, so a step costs GPU time, not launch time. The shape never changes
+  during a run, so one capture serves the whole benchmark. A model whose forward cannot be captured (dynamic NTK
+  syncs on the position to pick its frequencies) falls back to eager steps, with a note on stderr.
+
+Dynamic NTK (``--rope dynamic_ntk``): transformers recomputes the frequencies from the largest position in a
+forward pass, so during decoding every live slot uses the frequencies of the longest live sequence (as batched
+``generate`` does); prefill is per sample and uses the sample's own length. ``--max-batch 1`` gives strict
+batch-1 behaviour.
+
+Greedy outputs equal plain batch-1 ``model.generate`` (fp32, tested token for token on CPU). Needs transformers
+5.x (its decoder models take a prepared 4D mask as is) and SDPA attention; on anything
+else the backend uses ``generate`` (``--cache static``) instead — see :func:`supported`.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Callable, Sequence
+
+SYNC_EVERY = 16  # decode steps between host syncs (finished slots are noticed at these points)
+
+
+def supported(model) -> str | None:
+    """None if the slot decoder can run ``model``, else why not (one line)."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        return f"transformers {transformers.__version__} (the slot decoder needs 5.x)"
+    cfg = model.config
+    attn = getattr(cfg, "_attn_implementation", None) or "sdpa"
+    if attn != "sdpa":
+        return f"attention implementation {attn!r} (the slot decoder needs sdpa)"
+    types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+    if types != {"full_attention"}:
+        return f"layer types {sorted(types)} (sliding-window layers are not supported by the slot decoder)"
+    return None
+
+
+def slot_bytes_per_token(config, dtype) -> int:
+    """KV-cache bytes one token takes (all layers, keys and values)."""
+    import torch
+
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * config.num_hidden_layers * kv * head_dim * (torch.finfo(dtype).bits // 8)
+
+
+class SlotCache:
+    """Duck-typed transformers cache (``update`` / ``get_seq_length``) over fixed per-layer buffers, for decode
+    steps: ``update`` writes the new key/value at column ``col`` of every slot and returns the whole buffer (the
+    step passes a prepared 4D mask, so transformers' mask builder never asks this cache anything). Prompts are
+    written by :func:`_prefill_writer`."""
+
+    def __init__(self, n_layers: int, slots: int, length: int, device, dtype):
+        self.n_layers, self.slots, self.length = n_layers, slots, length
+        self.device, self.dtype = device, dtype
+        self.keys: list = [None] * n_layers
+        self.values: list = [None] * n_layers
+        import torch
+
+        self.col = torch.zeros(1, dtype=torch.long, device=device)
+
+    def _alloc(self, layer: int, k) -> None:
+        import torch
+
+        shape = (self.slots, k.shape[1], self.length, k.shape[3])
+        # zeros, not empty: a masked column is multiplied by 0, and 0 * NaN garbage would be NaN
+        self.keys[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
+        self.values[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
+
+    def update(self, key, value, layer_idx: int, cache_kwargs=None):
+        if self.keys[layer_idx] is None:
+            self._alloc(layer_idx, key)
+        self.keys[layer_idx].index_copy_(2, self.col, key)
+        self.values[layer_idx].index_copy_(2, self.col, value)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0  # positions are always passed explicitly
+
+    def shift_left(self, s: int) -> None:
+        """Move every buffer ``s`` columns to the left (the first ``s`` columns are dropped)."""
+        for bufs in (self.keys, self.values):
+            for t in bufs:
+                if t is not None:
+                    t[:, :, :self.length - s].copy_(t[:, :, s:].clone())
+
+
+ATTN_NAME = "ropescale_slot_decode"
+_ATTN_REGISTERED = False
+
+
+def _slot_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                           **kwargs):
+    """Decode-step attention for grouped-query models without copying the cache.
+
+    transformers' SDPA path repeats each key/value head for its query heads whenever a mask is passed (SDPA's own
+    GQA support needs mask-free flash), which copies the whole cache, times the group size, at every step. With
+    one query token the group's query heads can instead ride in SDPA's query-length dimension: query
+    ``[B, H, 1, D]`` -> ``[B, kv, H/kv, D]`` against keys ``[B, kv, M, D]`` (head h uses key/value head
+    h // (H/kv), as ``repeat_kv`` does), mask ``[B, 1, 1, M]`` broadcast over both. Anything else (prefill,
+    multi-head models) goes to transformers' SDPA function unchanged."""
+    import torch.nn.functional as F
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    b, h, q, d = query.shape
+    kvh = key.shape[1]
+    if q != 1 or attention_mask is None or h == kvh or h % kvh:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    out = F.scaled_dot_product_attention(query.reshape(b, kvh, h // kvh, d), key, value,
+                                         attn_mask=attention_mask[:, :, :, :key.shape[-2]], dropout_p=0.0,
+                                         scale=scaling)
+    return out.reshape(b, h, 1, d).transpose(1, 2).contiguous(), None
+
+
+def _register_attention() -> None:
+    global _ATTN_REGISTERED
+    if not _ATTN_REGISTERED:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(ATTN_NAME, _slot_decode_attention)
+        _ATTN_REGISTERED = True
+
+
+_WRITER = None
+
+
+def _prefill_writer(config, cache: "SlotCache", row: int, start: int):
+    """A transformers ``DynamicCache`` that stores nothing: ``update`` copies the prompt's keys/values into slot
+    ``row`` of ``cache`` from column ``start`` and returns them unchanged. To the model (and its mask builder) it
+    is an empty cache, so the prompt gets the plain causal path (SDPA flash, no mask) and attends only to
+    itself, and no second copy of a long prompt's keys/values is ever held. (One class for the process: a class
+    made per call would sit in a reference cycle and pin the slot buffers until the next garbage collection.)"""
+    global _WRITER
+    if _WRITER is None:
+        from transformers import DynamicCache
+
+        class _Writer(DynamicCache):
+            def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+                c, r, s0 = self._slot_target
+                if c.keys[layer_idx] is None:
+                    c._alloc(layer_idx, key_states)
+                n = key_states.shape[-2]
+                c.keys[layer_idx][r, :, s0:s0 + n].copy_(key_states[0])
+                c.values[layer_idx][r, :, s0:s0 + n].copy_(value_states[0])
+                return key_states, value_states
+
+        _WRITER = _Writer
+    w = _WRITER(config=config)
+    w._slot_target = (cache, row, start)
+    return w
+
+
+class _Slot:
+    __slots__ = ("item", "start", "tokens")
+
+    def __init__(self, item, start: int, first: int):
+        self.item, self.start, self.tokens = item, start, [first]
+
+
+class SlotDecoder:
+    """Greedy decoding of many prompts through ``slots`` slots (see the module doc)."""
+
+    def __init__(self, model, *, slots: int, eos: Sequence[int], device: str, cuda_graph: bool = True, log=None):
+        self.model = model
+        self.slots = max(1, int(slots))
+        self.eos = [int(e) for e in eos]
+        self.device = device
+        self.cuda_graph = bool(cuda_graph) and str(device).startswith("cuda")
+        self.log = log or (lambda m: print(m, file=sys.stderr))
+        self.graph_used = False
+        self.compactions = 0  # left shifts of the slot buffers (tests check the path is taken)
+
+    # ----------------------------------------------------------------------------------------------------------
+    def run(self, items: Sequence, max_new_tokens: int, min_new_tokens: int,
+            on_done: Callable[[object, list[int]], None]) -> None:
+        """Decode every item (``.input_ids``); ``on_done(item, ids)`` gets the new tokens cut at the first EOS."""
+        import torch
+
+        if not items:
+            return
+        queue = sorted(items, key=lambda it: -len(it.input_ids))
+        p0 = len(queue[0].input_ids)
+        self.length = length = p0 + 2 * max_new_tokens
+        self.max_new, self.min_new = int(max_new_tokens), min(int(min_new_tokens), int(max_new_tokens))
+        n = min(self.slots, len(queue))
+        cfg = self.model.config
+        dev = torch.device(self.device)
+        dtype = next(self.model.parameters()).dtype
+        self.cache = SlotCache(cfg.num_hidden_layers, n, length, dev, dtype)
+        self.neg = torch.finfo(dtype).min
+        self.mask = torch.full((n, 1, 1, length), self.neg, dtype=dtype, device=dev)
+        self.tok = torch.zeros((n, 1), dtype=torch.long, device=dev)
+        self.pos = torch.zeros((n, 1), dtype=torch.long, device=dev)
+        self.gen = torch.zeros((n,), dtype=torch.long, device=dev)
+        self.hist = torch.zeros((n, SYNC_EVERY), dtype=torch.long, device=dev)
+        self.hcol = torch.zeros(1, dtype=torch.long, device=dev)
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        self.eos_mask = torch.zeros((vocab,), dtype=torch.bool, device=dev)
+        self.eos_mask[[e for e in self.eos if 0 <= e < vocab]] = True
+        self.graph = None
+        self.eager_steps = 0
+        _register_attention()
+        try:
+            self._run(queue, on_done)
+        finally:  # drop every device buffer now, whatever happened (an OOM retry needs the memory back)
+            self.graph = self.cache = self.mask = self.tok = self.pos = self.gen = self.hist = None
+
+    def _run(self, queue: list, on_done) -> None:
+        import torch
+
+        eos = set(self.eos)
+        n, length = self.mask.shape[0], self.length
+        slots: list[_Slot | None] = [None] * n
+        w = len(queue[0].input_ids)  # the column the next decode step writes
+        with torch.inference_mode():
+            while queue or any(slots):
+                # refill free slots (longest remaining first)
+                free = [r for r, s in enumerate(slots) if s is None]
+                if free and queue:
+                    if not any(slots):
+                        w = len(queue[0].input_ids)  # nothing live: restart at the left edge
+                    for r in free:
+                        if not queue:
+                            break
+                        it = queue[0]
+                        if w + self.max_new > length:
+                            w = self._compact(slots, w, len(it.input_ids))
+                        queue.pop(0)
+                        slots[r] = self._prefill(r, it, w)
+                    self._set_col(w)
+                # finished at prefill already (max_new == 1, or EOS allowed at once)
+                for r, s in enumerate(slots):
+                    if s is not None and self._finished(s, eos):
+                        on_done(s.item, self._cut(s.tokens, eos))
+                        slots[r] = None
+                if not any(slots):
+                    continue
+                # decode until the next sync point; never past a slot's max_new_tokens (its columns end there)
+                k = min(SYNC_EVERY, min(self.max_new - len(s.tokens) for s in slots if s is not None))
+                self.hcol.zero_()
+                for _ in range(k):
+                    self._step()
+                w += k
+                got = self.hist[:, :k].tolist()
+                for r, s in enumerate(slots):
+                    if s is None:
+                        continue
+                    s.tokens.extend(got[r])
+                    if self._finished(s, eos):
+                        on_done(s.item, self._cut(s.tokens, eos))
+                        slots[r] = None
+
+    # ----------------------------------------------------------------------------------------------------------
+    def _finished(self, s: _Slot, eos: set) -> bool:
+        return len(s.tokens) >= self.max_new or any(t in eos for t in s.tokens)
+
+    def _cut(self, tokens: list[int], eos: set) -> list[int]:
+        out = []
+        for t in tokens[:self.max_new]:
+            if t in eos:
+                break
+            out.append(int(t))
+        return out
+
+    def _set_col(self, w: int) -> None:
+        self.cache.col.fill_(w)
+        self.mask[:, :, :, w] = 0  # the column a step writes is attended by the step itself
+
+    def _prefill(self, row: int, item, w: int) -> _Slot:
+        """Prefill ``item`` alone into slot ``row``, its prompt ending just left of column ``w``."""
+        import torch
+
+        ids = item.input_ids
+        n = len(ids)
+        start = w - n
+        dev = self.tok.device
+        out = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
+                         position_ids=torch.arange(n, device=dev).unsqueeze(0),
+                         past_key_values=_prefill_writer(self.model.config, self.cache, row, start), use_cache=True,
+                         logits_to_keep=1)
+        logits = out.logits[0, -1].float()
+        if self.min_new > 0:
+            logits = logits.masked_fill(self.eos_mask, float("-inf"))
+        first = int(logits.argmax())
+        self.mask[row].fill_(self.neg)
+        self.mask[row, :, :, start:w + 1] = 0
+        self.tok[row, 0] = first
+        self.pos[row, 0] = n
+        self.gen[row] = 1
+        return _Slot(item, start, first)
+
+    def _compact(self, slots, w: int, next_len: int) -> int:
+        """Shift buffers left so that column ``w`` + max_new fits; returns the new write column."""
+        live = [s.start for s in slots if s is not None]
+        s = min(min(live) if live else w, w - next_len)
+        if s <= 0:
+            raise RuntimeError(f"slot decoder: no room to compact (w={w}, next prompt {next_len}, M={self.length})")
+        self.cache.shift_left(s)
+        self.compactions += 1
+        m = self.mask[:, :, :, s:].clone()
+        self.mask.fill_(self.neg)
+        self.mask[:, :, :, :self.length - s] = m
+        for sl in slots:
+            if sl is not None:
+                sl.start -= s
+        return w - s
+
+    def _body(self) -> None:
+        """One decode step for every slot, on device tensors only (this is what the CUDA graph captures)."""
+        cfg = self.model.config
+        impl = cfg._attn_implementation
+        cfg._attn_implementation = ATTN_NAME  # read by every attention layer as it runs (and as it is captured)
+        try:
+            out = self.model(input_ids=self.tok, position_ids=self.pos, attention_mask=self.mask,
+                             past_key_values=self.cache, use_cache=True)
+        finally:
+            cfg._attn_implementation = impl
+        logits = out.logits[:, -1, :].float()
+        if self.min_new > 0:
+            logits = logits.masked_fill((self.gen < self.min_new).unsqueeze(1) & self.eos_mask, float("-inf"))
+        nxt = logits.argmax(-1)
+        self.tok.copy_(nxt.unsqueeze(1))
+        self.hist.index_copy_(1, self.hcol, nxt.unsqueeze(1))
+        self.hcol.add_(1)
+        self.pos.add_(1)
+        self.gen.add_(1)
+        self.cache.col.add_(1)
+        # open the next column: new_col = col (already advanced)
+        self.mask.index_fill_(3, self.cache.col, 0)
+
+    def _step(self) -> None:
+        import torch
+
+        if self.graph is not None:
+            self.graph.replay()
+            return
+        if self.cuda_graph and self.eager_steps >= 2:  # warmed up (lazy inits, cuBLAS handles): capture
+            try:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    self._body()
+                self.graph, self.graph_used = g, True
+                g.replay()  # capture records but does not run: this replay is the step
+                return
+            except Exception as e:  # noqa: BLE001 — any capture failure means eager steps, not a failed run
+                self.cuda_graph = False
+                self.log(f"[generate] decode step not capturable as a CUDA graph ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:160]}); decoding eagerly")
+                torch.cuda.synchronize()
+        self._body()
+        self.eager_steps += 1
