@@ -10,10 +10,11 @@ and checks that both produced the same tokens on the samples both ran.
 
 Prompts: token ids drawn from the shared novels (tiny model) or random ids (random-weight shapes), lengths spread
 over a CNNSum-like range (L: 12K-18K tokens for 7b; 1.5K-2.3K, i.e. L scaled to the tiny model's 512-token
-context x4, for tiny). Both sides decode exactly ``--new-tokens`` tokens (min = max new tokens, so an early EOS
-cannot make one side's work smaller). The baseline runs ``--base-samples`` of the prompts (it is the slow side),
+context x4, for tiny). Both sides decode exactly ``--new-tokens`` tokens (default 400, what eval_summ generates for
+L and for the tiny model's scaled subsets; min = max new tokens, so an early EOS cannot make one side's work
+smaller). The baseline runs ``--base-samples`` of the prompts (it is the slow side),
 ours runs all ``--samples``; samples/hour is each side's count / its own time. The two sides run interleaved
-(one baseline prompt, one of our batches, ...), so load changes on a shared machine hit both alike.
+(one baseline prompt, one of our batches / slot groups, ...), so load changes on a shared machine hit both alike.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # as eval_summ.py sets it
 
 # Qwen1.5-7B's shape (config.json of Qwen/Qwen1.5-7B): MHA, no GQA, so its KV cache is 0.5 MB per token in bf16.
 SHAPES = {
@@ -134,40 +136,67 @@ def run(args) -> dict:
         return run_
 
     streams = {"baseline": [base_task(i) for i in range(args.base_samples)]}
+    backends: dict = {}
     outs: dict = {}
-    for cache in (["dynamic", "static"] if args.cache == "both" else [args.cache]):
-        key = cache + ("+compile" if args.compile and cache == "static" else "")
+    for cache in (["slots", "static", "dynamic"] if args.cache == "all" else [args.cache]):
+        key = cache + ("+compile" if args.compile and cache == "static" else "") + \
+            ("-nograph" if args.no_cuda_graph and cache == "slots" else "")
         be = HFBackend(None, model.config, tok or _NoTok(), model=model, device=device, dtype=args.dtype,
                        batch_tokens=args.batch_tokens, max_batch=args.max_batch, cache=cache,
-                       compile=args.compile, log=log)
-        budget = be.batch_tokens or be._auto_budget(new, max(map(len, seqs)))
+                       compile=args.compile, cuda_graph=not args.no_cuda_graph, log=log)
         got = outs.setdefault(key, {})
 
         def ours_task(batch, be=be, got=got):
             # min_new_tokens = max = new on both sides: EOS is suppressed throughout, exactly `new` tokens each
             return lambda: be.generate([Item(i, seqs[i]) for i in batch], new, new,
                                        lambda it, o: got.__setitem__(it.id, o))
-        streams[key] = [ours_task(b) for b in plan_batches([len(x) for x in seqs], new, budget, args.max_batch)]
-        log(f"[bench] ours ({key}): {len(streams[key])} batches (token budget {budget})")
+        if be.cache == "slots":
+            # every sample decodes exactly `new` tokens, so slots free up together: a task of `slots` samples
+            # (longest first) is what continuous batching would run anyway; each task sets up its own buffers and
+            # CUDA graph, so that cost is counted
+            n = be._slots(new, max(map(len, seqs)))
+            order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+            batches = [order[j:j + n] for j in range(0, len(order), n)]
+            log(f"[bench] ours ({key}): {len(batches)} tasks of {n} slots")
+        else:
+            budget = be.batch_tokens or be._auto_budget(new, max(map(len, seqs)))
+            batches = plan_batches([len(x) for x in seqs], new, budget, args.max_batch)
+            log(f"[bench] ours ({key}): {len(batches)} batches (token budget {budget})")
+        streams[key] = [ours_task(b) for b in batches]
+        backends[key] = be
     done = {k: 0 for k in streams}
     secs = {k: 0.0 for k in streams}
+    peaks = {k: 0 for k in streams}
     while any(done[k] < len(v) for k, v in streams.items()):
         k = min((k for k in streams if done[k] < len(streams[k])), key=lambda k: done[k] / len(streams[k]))
         sync()
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
         t0 = time.time()
         streams[k][done[k]]()
         sync()
         secs[k] += time.time() - t0
+        if device.startswith("cuda"):
+            peaks[k] = max(peaks[k], torch.cuda.max_memory_allocated())
         done[k] += 1
     t_base = secs["baseline"]
+    graph_used = {k: getattr(be, "graph_used", None) for k, be in backends.items()}
     log(f"[bench] plain generate (batch 1): {len(base_out)} samples in {t_base:.1f}s")
     results = {}
     for key, got in outs.items():
         same = all(got[i] == base_out[i] for i in base_out)
         log(f"[bench] ours ({key}): {len(got)} samples in {secs[key]:.1f}s; same tokens as plain generate "
             f"on the {len(base_out)} shared samples: {same}")
+        # where each shared sample first departs from plain generate (bf16 with random weights: logits are
+        # nearly flat, so kernel-level rounding differences flip an argmax sooner or later; fp32 must agree fully)
+        agree = [next((j for j, (a, b) in enumerate(zip(got[i], base_out[i])) if a != b), len(base_out[i]))
+                 for i in base_out]
         results[key] = {"seconds": round(secs[key], 2), "samples_per_hour": round(len(got) * 3600 / secs[key], 1),
-                        "identical_to_baseline": same}
+                        "identical_to_baseline": same, "tokens_agreeing_before_first_difference": agree}
+        if graph_used.get(key) is not None:
+            results[key]["cuda_graph"] = graph_used[key]
+        if peaks.get(key):
+            results[key]["peak_gib"] = round(peaks[key] / 2 ** 30, 1)
     base_sph = len(base_out) * 3600 / t_base
     best = max(results.values(), key=lambda r: r["samples_per_hour"])
     out = {
@@ -175,7 +204,8 @@ def run(args) -> dict:
         "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None,
         "prompt_tokens": [min(map(len, seqs)), max(map(len, seqs))], "new_tokens": new,
         "baseline": {"samples": len(base_out), "seconds": round(t_base, 2), "samples_per_hour": round(base_sph, 1),
-                     "tokens_per_second": round(len(base_out) * new / t_base, 2)},
+                     "tokens_per_second": round(len(base_out) * new / t_base, 2),
+                     **({"peak_gib": round(peaks["baseline"] / 2 ** 30, 1)} if peaks["baseline"] else {})},
         "ours": results, "ratio": round(best["samples_per_hour"] / base_sph, 2),
         "goal": 5.0 if shape == "7b" else 2.0,
     }
@@ -199,13 +229,16 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="auto", help="auto: fp32 on CPU, bf16 on CUDA")
     ap.add_argument("--samples", type=int, help="prompts ours runs (default: 16 on tiny, 16 on 7b, 8 toy)")
     ap.add_argument("--base-samples", type=int, help="prompts the baseline runs (default: 4 on tiny/toy, 3 on 7b)")
-    ap.add_argument("--new-tokens", type=int, help="new tokens per sample (default: 64 tiny, 400 7b, 32 toy)")
+    ap.add_argument("--new-tokens", type=int, help="new tokens per sample (default: 400 = what eval_summ generates "
+                                                   "for L and for its scaled T<n> subsets; 32 toy)")
     ap.add_argument("--min-len", type=int)
     ap.add_argument("--max-len", type=int)
     ap.add_argument("--batch-tokens", type=int, help="ours: batch token budget (default: the backend's auto)")
     ap.add_argument("--max-batch", type=int, default=64)
-    ap.add_argument("--cache", default="static", choices=("static", "dynamic", "both"),
-                    help="ours: KV cache (default static, as eval_summ generate; both = measure each)")
+    ap.add_argument("--cache", default="slots", choices=("slots", "static", "dynamic", "all"),
+                    help="ours: slots (default, as eval_summ generate: the slot decoder), or transformers generate "
+                         "with a static / dynamic cache; all = measure each")
+    ap.add_argument("--no-cuda-graph", action="store_true", help="ours (slots): decode eagerly on CUDA")
     ap.add_argument("--compile", action="store_true", help="ours: compile the static-cache decode step (CUDA)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
@@ -215,7 +248,7 @@ def main(argv=None) -> int:
     shape = "toy" if args.toy else args.shape
     args.samples = args.samples or {"tiny": 16, "7b": 16, "toy": 8}[shape]
     args.base_samples = min(args.samples, args.base_samples or {"tiny": 4, "7b": 3, "toy": 4}[shape])
-    args.new_tokens = args.new_tokens or {"tiny": 64, "7b": 400, "toy": 32}[shape]
+    args.new_tokens = args.new_tokens or {"tiny": 400, "7b": 400, "toy": 32}[shape]
     res = run(args)
     if args.json:
         print(json.dumps(res))
