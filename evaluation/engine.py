@@ -16,6 +16,9 @@ masked attention), and a batch runs until its longest member is done. Here:
 - **Continuous batching.** Every few steps finished slots (EOS after ``min_new_tokens``, or ``max_new_tokens``)
   are handed to ``on_done`` and refilled from the queue (longest first). When the shared column would run past
   ``M``, the buffers are shifted left by the columns no live slot uses (a memory move, rare).
+- **No cache copies.** A masked step would make transformers' SDPA path repeat every key/value head for its
+  query heads (a full copy of the cache, x group size, each step); the decode step's attention instead folds a
+  group's query heads into SDPA's query dimension (:func:`_slot_decode_attention`).
 - **CUDA graph.** The decode step (forward, EOS suppression below ``min_new_tokens``, argmax, cache/mask/position
   updates) is captured once and replayed, so a step costs GPU time, not launch time. The shape never changes
   during a run, so one capture serves the whole benchmark. A model whose forward cannot be captured (dynamic NTK
@@ -26,9 +29,12 @@ forward pass, so during decoding every live slot uses the frequencies of the lon
 ``generate`` does); prefill is per sample and uses the sample's own length. ``--max-batch 1`` gives strict
 batch-1 behaviour.
 
-Greedy outputs equal plain batch-1 ``model.generate`` (fp32, tested token for token on CPU). Needs transformers
-5.x (its decoder models take a prepared 4D mask as is) and SDPA attention; on anything
-else the backend uses ``generate`` (``--cache static``) instead — see :func:`supported`.
+Greedy outputs equal plain batch-1 ``model.generate`` in fp32 (token for token: tests on CPU with Qwen2 / Llama
+GQA models, refills and shifts; ``bench/bench_generate.py --device cuda --toy --dtype float32`` on CUDA with the
+graph). Measured on an H100 at 12-18K prompts, 400 new tokens: 10.4-12.4x plain ``generate`` (Qwen1.5-7B shape),
+23.8x (Qwen2.5-7B shape, GQA); see README. Needs transformers 5.x (its decoder models take a prepared 4D mask as
+is) and SDPA attention; on anything else the backend uses ``generate`` (``--cache static``) instead — see
+:func:`supported`.
 """
 from __future__ import annotations
 
