@@ -4,26 +4,17 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
-from ropescale.io import InputError, read_jsonl, write_json_atomic
+from ropescale.chapters import Chapter, by_book, read_chapters  # noqa: F401  (the one reader, re-exported)
+from ropescale.io import write_json_atomic
 from ropescale.text import sentence_ends
 
 # How several chapter headings are merged into one summary (a window of chapters -> its headings, in order).
 MERGE_SEP = "；"
-
-
-@dataclass
-class Chapter:
-    book: str
-    chapter: int
-    title: str
-    text: str
-    where: str = ""
 
 
 @dataclass
@@ -41,40 +32,6 @@ class Tokenized:
         """Number of tokens that end at or before character ``pos`` (the token count of ``text[:pos]``, up to
         merges across the cut, which callers re-check)."""
         return bisect.bisect_right(self.ends, pos)
-
-
-def read_chapters(path: str | os.PathLike, *, on_bad: str = "error",
-                  on_skip: Callable[[InputError], None] | None = None) -> list[Chapter]:
-    """Chapters ``{book, chapter, title, text}`` (the shared novels' format); bad lines: error or counted skip."""
-    path = Path(path)
-    skip = on_bad == "skip"
-    out = []
-    for obj in read_jsonl(path, required=("book", "chapter", "title", "text"), skip_bad=skip, on_skip=on_skip):
-        line = obj["_line"]
-        try:
-            for k in ("book", "title", "text"):
-                if not isinstance(obj[k], str) or not obj[k].strip():
-                    raise InputError(f"empty or non-string {k!r}", path, line)
-            try:
-                num = int(obj["chapter"])
-            except (TypeError, ValueError):
-                raise InputError(f"'chapter' is not an integer: {obj['chapter']!r}", path, line) from None
-        except InputError as e:
-            if not skip:
-                raise
-            if on_skip is not None:
-                on_skip(e)
-            continue
-        out.append(Chapter(obj["book"], num, obj["title"].strip(), obj["text"], f"{path}:{line}"))
-    return out
-
-
-def by_book(chapters: Sequence[Chapter]) -> dict[str, list[Chapter]]:
-    """Chapters grouped by book, books and chapters in input order."""
-    out: dict[str, list[Chapter]] = {}
-    for c in chapters:
-        out.setdefault(c.book, []).append(c)
-    return out
 
 
 def tokenize_with_offsets(tok, texts: Sequence[str], batch_size: int = 32) -> list[Tokenized]:

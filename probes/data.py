@@ -13,53 +13,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ropescale.chapters import (Chapter, by_book, chapter_heading, chapter_index,  # noqa: F401  (re-exported)
+                                chinese_numeral, read_chapters)
 from ropescale.io import InputError, read_jsonl
 from ropescale.text import split_sentences  # noqa: F401  (the one sentence splitter, re-exported for the probes)
-
-_DIGITS = "零一二三四五六七八九"
-
-
-def chinese_numeral(n: int) -> str:
-    """1 -> 一, 10 -> 十, 21 -> 二十一, 101 -> 一百零一, 120 -> 一百二十 (as chapter numbers are printed)."""
-    if n < 0 or n >= 10000:
-        raise ValueError(f"chapter number out of range: {n}")
-    if n < 10:
-        return _DIGITS[n]
-    out, zero = "", False
-    for value, unit in ((1000, "千"), (100, "百"), (10, "十"), (1, "")):
-        d = n // value % 10
-        if d == 0:
-            zero = bool(out)
-            continue
-        if zero:
-            out += "零"
-            zero = False
-        out += ("" if (d == 1 and unit == "十" and not out) else _DIGITS[d]) + unit
-    return out
-
-
-def chapter_index(chapter: int) -> str:
-    """The printed chapter index: 第N回 (chapter 0 is 水浒传's prologue 楔子)."""
-    return "楔子" if chapter == 0 else f"第{chinese_numeral(chapter)}回"
-
-
-def chapter_heading(chapter: int, title: str) -> str:
-    """The printed heading line of a chapter: ``第N回 <title>``."""
-    return f"{chapter_index(chapter)} {title}".rstrip()
-
-
-@dataclass
-class Chapter:
-    book: str
-    chapter: int
-    title: str
-    text: str
-    line: int = 0
-
-    @property
-    def heading(self) -> str:
-        return chapter_heading(self.chapter, self.title)
-
 
 @dataclass
 class Doc:
@@ -80,18 +37,8 @@ def is_chapters_file(path: str | os.PathLike) -> bool:
 
 
 def load_books(path: str | os.PathLike) -> dict[str, list[Chapter]]:
-    """Chapters JSONL -> {book: [Chapter, ...]} in file order (chapter must be an integer)."""
-    books: dict[str, list[Chapter]] = {}
-    for row in read_jsonl(path, required=("book", "chapter", "title", "text")):
-        ln = row["_line"]
-        if not isinstance(row["chapter"], int) or isinstance(row["chapter"], bool):
-            raise InputError(f"'chapter' must be an integer, got {row['chapter']!r}", path, ln)
-        for k in ("book", "title", "text"):
-            if not isinstance(row[k], str):
-                raise InputError(f"{k!r} must be a string", path, ln)
-        if not row["text"].strip():
-            raise InputError("empty chapter text", path, ln)
-        books.setdefault(row["book"], []).append(Chapter(row["book"], row["chapter"], row["title"], row["text"], ln))
+    """Chapters JSONL -> {book: [Chapter, ...]} in file order (see :func:`ropescale.chapters.read_chapters`)."""
+    books = by_book(read_chapters(path))
     if not books:
         raise InputError("no chapters", path)
     return books
@@ -110,7 +57,7 @@ def load_docs(path: str | os.PathLike, tail_chapters: int = 0) -> list[Doc]:
         for book, chs in load_books(path).items():
             if tail_chapters > 0:
                 chs = chs[-tail_chapters:]
-            docs.append(Doc(book, book, "".join(render_chapter(c) for c in chs), f"{path}:{chs[0].line}", chs))
+            docs.append(Doc(book, book, "".join(render_chapter(c) for c in chs), chs[0].where, chs))
         return docs
     docs = []
     seen = set()

@@ -19,8 +19,7 @@ import argparse
 
 from ropescale.io import InputError
 
-from .common import ProbeRun, add_common_args, int_list, load_model, print_summary, progress, rng_for, \
-    set_threads
+from .common import ProbeRun, add_common_args, int_list, prepare, print_summary, progress, rng_for
 from .data import Doc, is_chapters_file, load_books, load_docs, split_sentences
 from .scorer import score_document
 
@@ -43,7 +42,7 @@ def block_shuffle(items: list, k: int, rng) -> list:
 def shuffle_docs(data: str) -> list[Doc]:
     """The test's documents: chapter bodies of a chapters JSONL, or the documents of a documents JSONL."""
     if is_chapters_file(data):
-        return [Doc(f"{c.book}:{c.chapter}", c.book, c.text, f"{data}:{c.line}")
+        return [Doc(f"{c.book}:{c.chapter}", c.book, c.text, c.where)
                 for chs in load_books(data).values() for c in chs]
     return load_docs(data)
 
@@ -126,16 +125,11 @@ def register(sub) -> None:
                     help="truncate documents at this many sentences (default 20 without --lengths, else no cap)")
     ap.add_argument("--window", type=int, default=0,
                     help="scoring window in tokens (default: the model's (scaled) context); 50%% overlap")
-    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     ap.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    from rope_scaling import spec_from_args
-
-    set_threads(args.threads)
-    docs = shuffle_docs(args.data)
-    loaded = load_model(args.model, spec_from_args(args))
+    docs, loaded = prepare(args, lambda: shuffle_docs(args.data))
     max_sent = args.max_sentences if args.max_sentences is not None else (0 if args.lengths else 20)
     summary = shuffle_probe(loaded, docs, blocks=args.blocks, lengths=args.lengths, max_sentences=max_sent,
                             n=args.n, window=args.window or loaded.context, seed=args.seed, out=args.out,

@@ -20,12 +20,12 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from . import CACHE_DIR, CHAPTERS_JSONL
-from .io import InputError, read_jsonl, write_json_atomic
+from .io import InputError, write_json_atomic
 
 EOS = "<|endoftext|>"
 TINY_NAMES = ("tiny", "")
@@ -62,8 +62,10 @@ DEFAULT_SPEC = TinySpec()
 
 # ---------------------------------------------------------------- data
 def load_chapters(path: str | os.PathLike = CHAPTERS_JSONL) -> list[dict]:
-    """The shared novels, one chapter a row: {book, chapter, title, text}."""
-    return list(read_jsonl(path, required=("book", "chapter", "title", "text")))
+    """The shared novels, one chapter a row: {book, chapter, title, text} (read by ropescale.chapters)."""
+    from .chapters import read_chapters
+
+    return [{"book": c.book, "chapter": c.chapter, "title": c.title, "text": c.text} for c in read_chapters(path)]
 
 
 def split_chapters(chapters: Sequence[dict], heldout_per_book: int) -> tuple[list[dict], list[dict]]:

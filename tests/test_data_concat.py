@@ -19,14 +19,12 @@ K = 1024
 
 # ---------------------------------------------------------------- fixtures (tokenize a few chapters once)
 @pytest.fixture(scope="module")
-def chapter_objs(chapters):
+def chapter_objs():
     """The first 14 chapters of 红楼梦 and 12 of 三国演义 (a few hundred K tokens)."""
-    out = []
-    for book, n in (("hongloumeng", 14), ("sanguo_yanyi", 12)):
-        rows = [c for c in chapters if c["book"] == book][:n]
-        out += [Chapter(r["book"], int(r["chapter"]), r["title"], r["text"], f"chapters.jsonl:{r['_line']}")
-                for r in rows]
-    return out
+    from ropescale.chapters import by_book, read_chapters
+
+    books = by_book(read_chapters())
+    return books["hongloumeng"][:14] + books["sanguo_yanyi"][:12]
 
 
 @pytest.fixture(scope="module")
