@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import sys
 
-from ropescale.io import cli_main
+from ropescale.io import cli_main, module_subcommands, run_subcommand
 
 SUBCOMMANDS = ("probes.suffix_id", "probes.ppl", "probes.perturb", "probes.copy", "probes.shuffle", "probes.report")
 
@@ -13,19 +11,9 @@ SUBCOMMANDS = ("probes.suffix_id", "probes.ppl", "probes.perturb", "probes.copy"
 def build_parser() -> argparse.ArgumentParser:
     import probes
 
-    ap = argparse.ArgumentParser(prog="python -m probes", description=probes.__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", metavar="PROBE")
-    for name in SUBCOMMANDS:
-        importlib.import_module(name).register(sub)
-    return ap
+    return module_subcommands("python -m probes", probes.__doc__, SUBCOMMANDS, metavar="PROBE")
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = build_parser()
-    args = ap.parse_args(argv)
-    if not getattr(args, "func", None):
-        ap.print_help(sys.stderr)
-        return 2
-    return args.func(args)
+    return run_subcommand(build_parser(), argv)

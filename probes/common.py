@@ -88,7 +88,18 @@ def add_common_args(ap: argparse.ArgumentParser, data_help: str, lengths_help: s
     ap.add_argument("--seed", type=int, default=0, help="random seed: the run is deterministic given it")
     ap.add_argument("--batch-size", type=int, default=4, help="sequences per forward pass (default 4)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_rope_args(ap)
+
+
+def prepare(args: argparse.Namespace, load_data):
+    """What every probe's ``main`` starts with: set the thread count, read its data (``load_data()``, first, so a
+    bad file fails before a model loads) and load the model with the RoPE flags. Returns (data, Loaded)."""
+    from rope_scaling import spec_from_args
+
+    set_threads(args.threads)
+    data = load_data()
+    return data, load_model(args.model, spec_from_args(args))
 
 
 def _int_list(s: str) -> list[int]:

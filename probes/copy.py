@@ -14,7 +14,7 @@ import argparse
 
 from ropescale.io import InputError
 
-from .common import ProbeRun, add_common_args, int_list, load_model, print_summary, progress, set_threads
+from .common import ProbeRun, add_common_args, int_list, prepare, print_summary, progress
 from .data import load_docs
 from .perturb import default_distances
 from .ppl import _data_name, sample_targets, tokenize_docs
@@ -70,16 +70,11 @@ def register(sub) -> None:
                     help="distances d between the copy's end and the target (default: 0 and powers of two from 64)")
     ap.add_argument("--target-len", type=int, default=128, help="target span tokens k (default 128)")
     ap.add_argument("--tail-chapters", type=int, default=0, help="chapters data: keep each book's last N chapters")
-    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     ap.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    from rope_scaling import spec_from_args
-
-    set_threads(args.threads)
-    docs = load_docs(args.data, args.tail_chapters)
-    loaded = load_model(args.model, spec_from_args(args))
+    docs, loaded = prepare(args, lambda: load_docs(args.data, args.tail_chapters))
     length = args.length or loaded.context
     n_prefix = length - args.target_len
     distances = args.distances if args.distances is not None else \

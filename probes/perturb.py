@@ -20,7 +20,7 @@ import argparse
 
 from ropescale.io import InputError
 
-from .common import ProbeRun, add_common_args, int_list, load_model, print_summary, progress, rng_for, set_threads
+from .common import ProbeRun, add_common_args, int_list, prepare, print_summary, progress, rng_for
 from .data import load_docs
 from .ppl import _data_name, sample_targets, tokenize_docs
 from .scorer import score_continuations
@@ -131,20 +131,15 @@ def register(sub) -> None:
     ap.add_argument("--seeds", type=int, default=5, help="runs averaged per perturbation (default 5, as the paper)")
     ap.add_argument("--target-len", type=int, default=128, help="target span tokens k (default 128)")
     ap.add_argument("--tail-chapters", type=int, default=0, help="chapters data: keep each book's last N chapters")
-    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     ap.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    from rope_scaling import spec_from_args
-
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:
         raise InputError(f"unknown --kinds {bad} (choose from {', '.join(KINDS)})")
-    set_threads(args.threads)
-    docs = load_docs(args.data, args.tail_chapters)
-    loaded = load_model(args.model, spec_from_args(args))
+    docs, loaded = prepare(args, lambda: load_docs(args.data, args.tail_chapters))
     length = args.length or loaded.context
     distances = args.distances if args.distances is not None else default_distances(length - args.target_len)
     summary = perturb_probe(loaded, docs, length=length, distances=distances, kinds=kinds, n=args.n,

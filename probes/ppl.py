@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 from ropescale.io import InputError
 
-from .common import ProbeRun, add_common_args, default_lengths, encode, load_model, print_summary, progress, \
-    rng_for, set_threads
+from .common import ProbeRun, add_common_args, default_lengths, encode, prepare, print_summary, progress, rng_for
 from .data import load_docs
 from .scorer import score_continuations
 
@@ -93,16 +92,11 @@ def register(sub) -> None:
     ap.add_argument("--target-len", type=int, default=128, help="target span tokens k (default 128)")
     ap.add_argument("--tail-chapters", type=int, default=0,
                     help="chapters data: keep only each book's last N chapters (e.g. text held out from training)")
-    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     ap.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    from rope_scaling import spec_from_args
-
-    set_threads(args.threads)
-    docs = load_docs(args.data, args.tail_chapters)
-    loaded = load_model(args.model, spec_from_args(args))
+    docs, loaded = prepare(args, lambda: load_docs(args.data, args.tail_chapters))
     lengths = args.lengths or default_lengths(loaded.orig_ctx)
     summary = ppl_probe(loaded, docs, lengths=lengths, n=args.n, target_len=args.target_len, seed=args.seed,
                         out=args.out, batch_size=args.batch_size, args=args)

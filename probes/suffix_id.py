@@ -26,7 +26,7 @@ import argparse
 
 from ropescale.io import InputError
 
-from .common import ProbeRun, add_common_args, encode, load_model, print_summary, progress, rng_for, set_threads
+from .common import ProbeRun, add_common_args, encode, prepare, print_summary, progress, rng_for
 from .data import Chapter, chapter_index, is_chapters_file, load_books, load_docs, render_chapter, split_sentences
 from .scorer import score_candidates
 
@@ -220,21 +220,18 @@ def register(sub) -> None:
     ap.add_argument("--heading", choices=HEADINGS, default="index",
                     help="how the gold's chapter heading is given to every candidate (see above; default index)")
     ap.add_argument("--suffix-len", type=int, default=128, help="candidate suffix tokens (default 128)")
-    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     ap.set_defaults(func=main, batch_size=6)
 
 
 def main(args: argparse.Namespace) -> int:
-    from rope_scaling import spec_from_args
+    def load_data():
+        if args.variant == "chapter":
+            if not is_chapters_file(args.data):
+                raise InputError("the chapter variant needs a chapters JSONL {book, chapter, title, text}", args.data)
+            return load_books(args.data)
+        return load_docs(args.data)
 
-    set_threads(args.threads)
-    if args.variant == "chapter":
-        if not is_chapters_file(args.data):
-            raise InputError("the chapter variant needs a chapters JSONL {book, chapter, title, text}", args.data)
-        data = load_books(args.data)
-    else:
-        data = load_docs(args.data)
-    loaded = load_model(args.model, spec_from_args(args))
+    data, loaded = prepare(args, load_data)
     lengths = args.lengths or default_suffix_lengths(loaded.orig_ctx)
     if args.variant == "chapter":
         summary = chapter_probe(loaded, data, lengths=lengths, n=args.n, heading=args.heading,

@@ -132,3 +132,27 @@ def cli_main(fn: Callable[[list[str] | None], int | None]) -> Callable[[list[str
     wrapped.__doc__ = fn.__doc__
     wrapped.__name__ = getattr(fn, "__name__", "main")
     return wrapped
+
+
+def module_subcommands(prog: str, description: str, modules: Iterable[str], metavar: str = "COMMAND"):
+    """An argparse parser with one subcommand per module (in --help order); each module's ``register(subparsers)``
+    adds its subparser and sets ``func`` (parsed args -> exit code). Run it with :func:`run_subcommand`."""
+    import argparse
+    import importlib
+
+    ap = argparse.ArgumentParser(prog=prog, description=description,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", metavar=metavar)
+    for name in modules:
+        importlib.import_module(name).register(sub)
+    return ap
+
+
+def run_subcommand(ap, argv: list[str] | None) -> int:
+    """Parse ``argv`` with a :func:`module_subcommands` parser and call the chosen subcommand (no subcommand:
+    help on stderr, exit 2)."""
+    args = ap.parse_args(argv)
+    if not getattr(args, "func", None):
+        ap.print_help(sys.stderr)
+        return 2
+    return args.func(args)
