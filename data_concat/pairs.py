@@ -188,13 +188,7 @@ def cmd_pairs(args) -> int:
     from .tokenizer import load_tokenizer
 
     bad = []
-    chs = read_chapters(args.chapters, on_bad=args.on_bad, on_skip=bad.append)
-    if args.books:
-        wanted = [b.strip() for b in args.books.split(",") if b.strip()]
-        missing = sorted(set(wanted) - {c.book for c in chs})
-        if missing:
-            raise InputError(f"no chapters of book(s) {', '.join(missing)}", args.chapters)
-        chs = [c for c in chs if c.book in wanted]
+    chs = read_chapters(args.chapters, on_bad=args.on_bad, on_skip=bad.append, books=args.books)
     tok = load_tokenizer(args.tokenizer)
     pairs, rep = build_pairs(chs, tok, args.min_tokens, args.max_tokens, split=args.split,
                              max_pairs=args.max_pairs, progress=sys.stderr.isatty())

@@ -191,13 +191,7 @@ def cmd_sample(args) -> int:
         if v is not None and v <= 0:
             raise InputError(f"--{k.replace('_', '-')} must be positive, got {v}")
     bad = []
-    chs = read_chapters(args.chapters, on_bad=args.on_bad, on_skip=bad.append)
-    if args.books:
-        wanted = [b.strip() for b in args.books.split(",") if b.strip()]
-        missing = sorted(set(wanted) - {c.book for c in chs})
-        if missing:
-            raise InputError(f"no chapters of book(s) {', '.join(missing)}", args.chapters)
-        chs = [c for c in chs if c.book in wanted]
+    chs = read_chapters(args.chapters, on_bad=args.on_bad, on_skip=bad.append, books=args.books)
     tok = load_tokenizer(args.tokenizer)
     records, rep = sample(chs, tok, sub, unit=args.unit, max_samples=args.max_samples, per_book=args.per_book)
     rep["skipped_bad_lines"] = len(bad)

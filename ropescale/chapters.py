@@ -61,9 +61,12 @@ class Chapter:
 
 
 def read_chapters(path: str | os.PathLike = CHAPTERS_JSONL, *, on_bad: str = "error",
-                  on_skip: Callable[[InputError], None] | None = None) -> list[Chapter]:
+                  on_skip: Callable[[InputError], None] | None = None,
+                  books: str | Sequence[str] | None = None) -> list[Chapter]:
     """Chapters in file order. A bad line (missing field, empty or non-string book/title/text, non-integer chapter)
-    is an error naming file and line, or with ``on_bad="skip"`` is passed to ``on_skip`` and left out."""
+    is an error naming file and line, or with ``on_bad="skip"`` is passed to ``on_skip`` and left out. ``books``
+    (names, or one comma-separated string as ``--books`` takes it) keeps only those books; a name with no
+    chapters in the file is an error."""
     path = Path(path)
     skip = on_bad == "skip"
     out = []
@@ -87,6 +90,13 @@ def read_chapters(path: str | os.PathLike = CHAPTERS_JSONL, *, on_bad: str = "er
                 on_skip(e)
             continue
         out.append(Chapter(obj["book"], num, obj["title"].strip(), obj["text"], f"{path}:{line}"))
+    if books:
+        wanted = [b.strip() for b in books.split(",")] if isinstance(books, str) else list(books)
+        wanted = [b for b in wanted if b]
+        missing = sorted(set(wanted) - {c.book for c in out})
+        if missing:
+            raise InputError(f"no chapters of book(s) {', '.join(missing)}", path)
+        out = [c for c in out if c.book in wanted]
     return out
 
 

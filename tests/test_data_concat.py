@@ -305,3 +305,16 @@ def test_cli_pairs_end_to_end(chapters, tmp_path, capsys):
     assert rep["skipped_bad_lines"] == 1 and rep["pairs"] == len(got) == 3
     assert [g["summary"] for g in got] == [r["title"] for r in rows]
     assert cli_main(args + ["--books", "nosuchbook"]) == 2
+
+
+def test_books_filter_and_unknown_book(tmp_path):
+    """--books (pairs and sample) goes through ropescale.chapters.read_chapters: order kept, unknown names named."""
+    from ropescale.chapters import read_chapters
+
+    p = tmp_path / "ch.jsonl"
+    rows = [{"book": b, "chapter": i, "title": f"{b}{i}", "text": "正文。"} for b in ("a", "b", "c") for i in (1, 2)]
+    p.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert [(c.book, c.chapter) for c in read_chapters(p, books=" c, a ")] == [("a", 1), ("a", 2), ("c", 1), ("c", 2)]
+    assert [c.book for c in read_chapters(p, books=["b"])] == ["b", "b"]
+    with pytest.raises(InputError, match=r"ch\.jsonl: no chapters of book\(s\) x, z"):
+        read_chapters(p, books="a,z,x")
