@@ -200,14 +200,13 @@ class HFBackend:
         holds, counting per token the KV cache plus prefill activations and one row of the padding mask."""
         import torch
 
+        from .engine import slot_bytes_per_token
+
         if not self.device.startswith("cuda"):
             return 8192
         cfg = self.model.config
-        heads = cfg.num_attention_heads
-        kv = getattr(cfg, "num_key_value_heads", None) or heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         b = torch.finfo(self.dtype).bits // 8
-        kv_bytes = 2 * cfg.num_hidden_layers * kv * head_dim * b
+        kv_bytes = slot_bytes_per_token(cfg, self.dtype)
         act_bytes = (6 * cfg.hidden_size + 3 * cfg.intermediate_size) * b + (longest + max_new_tokens)
         free, _ = torch.cuda.mem_get_info(torch.device(self.device))
         return max(longest + max_new_tokens, int(0.7 * free / (kv_bytes + act_bytes)))

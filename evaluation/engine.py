@@ -61,7 +61,7 @@ def supported(model) -> str | None:
 
 
 def slot_bytes_per_token(config, dtype) -> int:
-    """KV-cache bytes one token takes (all layers, keys and values)."""
+    """KV-cache bytes one token takes (all layers, keys and values); both hf-backend memory budgets use it."""
     import torch
 
     heads = config.num_attention_heads
@@ -282,12 +282,9 @@ class SlotDecoder:
         return len(s.tokens) >= self.max_new or any(t in eos for t in s.tokens)
 
     def _cut(self, tokens: list[int], eos: set) -> list[int]:
-        out = []
-        for t in tokens[:self.max_new]:
-            if t in eos:
-                break
-            out.append(int(t))
-        return out
+        from .backends import cut_at_eos
+
+        return cut_at_eos(tokens[:self.max_new], eos)
 
     def _set_col(self, w: int) -> None:
         self.cache.col.fill_(w)
