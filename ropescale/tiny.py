@@ -17,6 +17,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -277,14 +278,45 @@ def ensure_tiny(spec: TinySpec = DEFAULT_SPEC, cache_dir: str | os.PathLike | No
     return build_tiny(spec, d, log=log)
 
 
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def check_model_dir(path: str | os.PathLike) -> Path:
+    """``path`` if it is an HF model directory with a config and weights; otherwise an InputError that says what
+    the directory is instead (a finetune run to merge first, a folder without weights, not a folder)."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError("no such model directory", p)
+    if not p.is_dir():
+        raise InputError("not a model directory (a file; pass the folder holding config.json)", p)
+    run_json = p / "run.json"
+    if run_json.is_file() or (p / "export.json").is_file() or (p / "final" / "export.json").is_file():
+        kind = ""
+        with contextlib.suppress(Exception):
+            kind = json.loads(run_json.read_text(encoding="utf-8")).get("kind", "")
+        if kind in ("", "finetune"):
+            raise InputError("a finetune run directory, not a model: merge it first "
+                             f"(python finetune.py merge --run {p} --out MODEL_DIR) and pass MODEL_DIR", p)
+        raise InputError(f"a {kind} run directory, not a model directory", p)
+    if not (p / "config.json").is_file():
+        raise InputError("not a model directory (no config.json)", p)
+    if not any((p / w).is_file() for w in WEIGHT_FILES) and not any(p.glob("*.safetensors")):
+        raise InputError(f"model directory without weights (none of {', '.join(WEIGHT_FILES)})", p)
+    return p
+
+
 def resolve_model(name_or_path: str | os.PathLike | None) -> Path:
-    """``tiny``/None -> the cached tiny default (built if missing); otherwise an existing HF model directory."""
+    """``tiny``/None -> the cached tiny default (built if missing); an existing path -> that HF model directory
+    (checked: config + weights); a name shaped like a hub id (``Qwen/Qwen1.5-7B``) that is not a local path ->
+    passed to transformers as it is (HF's own cache and offline variables apply)."""
     if name_or_path is None or str(name_or_path) in TINY_NAMES:
         return ensure_tiny()
     p = Path(name_or_path)
-    if not (p / "config.json").is_file():
-        raise InputError("not a model directory (no config.json); model hubs are not reachable here", p)
-    return p
+    if not p.exists() and _HUB_ID.match(str(name_or_path)):
+        return p
+    return check_model_dir(p)
 
 
 def main(argv: list[str] | None = None) -> int:
