@@ -3,7 +3,8 @@
 - Bad input raises :class:`InputError` naming ``file:line``; :func:`cli_main` turns it into one line on stderr
   and exit code 2.
 - Every output file is written to a temporary file in the same directory and renamed into place, so a reader
-  never sees a half-written file.
+  never sees a half-written file. It gets the mode a plain ``open(path, "w")`` would give it (an existing file's
+  mode, else ``0o666 & ~umask``; directories ``0o777 & ~umask``), not the 0600 / 0700 of ``tempfile``.
 """
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
+import stat
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -40,8 +44,7 @@ def read_jsonl(path: str | os.PathLike, required: Iterable[str] = (), *, aliases
     in which case ``on_skip(err)`` is called and the line is skipped.
     """
     path = Path(path)
-    if not path.is_file():
-        raise InputError("no such file", path)
+    check_input_file(path)
     aliases = aliases or {}
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
@@ -73,13 +76,83 @@ def read_jsonl(path: str | os.PathLike, required: Iterable[str] = (), *, aliases
                     on_skip(err)
 
 
+def check_input_file(path: str | os.PathLike) -> Path:
+    """``path`` must be an existing regular file (a directory or a missing path is an :class:`InputError`)."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError("is a directory, expected a file", path)
+    if not path.is_file():
+        raise InputError("no such file", path)
+    return path
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS allows (Linux: /proc/self/status)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def default_file_mode(path: str | os.PathLike | None = None) -> int:
+    """The mode ``open(path, "w")`` leaves a file with: an existing file keeps its mode, a new one gets
+    ``0o666 & ~umask``."""
+    if path is not None:
+        try:
+            st = os.stat(path)
+            if stat.S_ISREG(st.st_mode):
+                return stat.S_IMODE(st.st_mode)
+        except OSError:
+            pass
+    return 0o666 & ~current_umask()
+
+
+def default_dir_mode() -> int:
+    """The mode ``os.mkdir(path)`` gives a new directory: ``0o777 & ~umask``."""
+    return 0o777 & ~current_umask()
+
+
+def check_output_file(path: str | os.PathLike) -> Path:
+    """``path`` may be written as a file: it is not an existing directory and no parent of it is a file."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError("output is an existing directory, expected a file path", path)
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(f"cannot create the output: {parent} is not a directory", path)
+            break
+    return path
+
+
+def check_output_dir(path: str | os.PathLike) -> Path:
+    """``path`` may be written as a directory: it is not an existing file and no parent of it is a file."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError("output exists and is not a directory", path)
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(f"cannot create the output directory: {parent} is not a directory", path)
+            break
+    return path
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8"):
-    """Open a temp file beside ``path``; on success fsync + rename it to ``path``, on error remove it."""
-    path = Path(path)
+    """Open a temp file beside ``path``; on success fsync + rename it to ``path``, on error remove it. The file
+    gets the mode ``open(path, "w")`` would give it (:func:`default_file_mode`)."""
+    path = check_output_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, default_file_mode(path))
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
             f.flush()
@@ -88,6 +161,35 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike):
+    """Build a directory in a temp dir beside ``path`` (yielded); on success give it (and the files in it) the
+    modes a plain mkdir / open would, and swap it into place (an existing ``path`` is replaced only once the new
+    one is complete); on error remove the temp dir and leave ``path`` as it was."""
+    path = check_output_dir(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        fmode, dmode = default_file_mode(), default_dir_mode()
+        for root, dirs, files in os.walk(tmp):
+            for d in dirs:
+                os.chmod(os.path.join(root, d), dmode)
+            for f in files:
+                os.chmod(os.path.join(root, f), fmode)
+        os.chmod(tmp, dmode)
+        old = None
+        if path.exists():
+            old = path.parent / f".{path.name}.old-{os.getpid()}-{time.monotonic_ns()}"
+            os.rename(path, old)
+        os.rename(tmp, path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

@@ -49,6 +49,8 @@ class RecordLog:
 
     def __init__(self, path: str | os.PathLike, key: str = "id"):
         self.path = Path(path)
+        if self.path.is_dir():
+            raise InputError("is a directory, expected a JSONL record file", self.path)
         self.key = key
         self._repair()
         self._ids = {r[key] for r in self.records() if key in r}
@@ -94,7 +96,7 @@ class RecordLog:
             raise ValueError(f"duplicate record id {rid!r} in {self.path}")
         line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # umask applies, as for open()
         try:
             os.write(fd, line)
             os.fsync(fd)
@@ -160,5 +162,7 @@ def find_run_dirs(paths: Iterable[str | os.PathLike]) -> Iterator[RunDir]:
         elif p.is_dir():
             for meta in sorted(p.rglob(RUN_JSON)):
                 yield RunDir(meta.parent)
+        elif p.exists():
+            raise InputError("is a file, expected a run directory (or a folder holding run directories)", p)
         else:
             raise InputError("no such run directory", p)
