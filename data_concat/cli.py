@@ -43,10 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", choices=("16k", "32k"), help="length preset: 16k = 14K-18K, 32k = 30K-34K (K=1024)")
     p.add_argument("--min", type=int, dest="min_len", help="minimum sample length in tokens (overrides --target)")
     p.add_argument("--max", type=int, dest="max_len", help="maximum sample length in tokens (overrides --target)")
-    p.add_argument("--prompt", choices=("ib", "ie", "mix"), default="ib",
-                   help="F.2 fine-tuning prompt: ib, ie, or mix (a seeded random choice per pair); default ib")
+    p.add_argument("--prompt", choices=("ft-ie", "ft-ib", "mix", "ie", "ib"), default="mix",
+                   help="Appendix F.2 fine-tuning prompt (the names eval_summ uses): ft-ie, ft-ib, or mix (a seeded "
+                        "random choice per pair, default: the paper evaluates fine-tuned models with both); ie / ib "
+                        "are deprecated aliases of ft-ie / ft-ib")
     p.add_argument("--seed", type=int, default=0, help="seed of the random concatenation (default 0)")
-    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    p.add_argument("--out", required=True, help="output directory (replaced atomically); "
+                                                "datasets.load_dataset(OUT, split='train') reads it")
     _add_on_bad(p)
     p.add_argument("--json", action="store_true", help="print the stats as JSON")
     p.set_defaults(func=cmd_pack)

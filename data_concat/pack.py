@@ -26,15 +26,17 @@ Output directory (written to a temp dir beside OUT, then renamed into place)::
                        (offset of each pair in the sample), pair_ids list<string>, length int32
     OUT/meta.json      tokenizer, target, min/max, prompt, seed, counts
     OUT/stats.json     length histogram, pairs per sample, supervised-token share, dropped and leftover ids
+
+Hugging Face ``datasets`` reads OUT as it is: ``load_dataset(str(OUT), split="train")`` (the file name
+``train.parquet`` names the split; meta.json / stats.json are not data) or
+``load_dataset("parquet", data_files=str(OUT / "train.parquet"), split="train")``.
 """
 from __future__ import annotations
 
 import json
 import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,12 +45,16 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from ropescale import prompts
-from ropescale.io import InputError, read_jsonl, sha256_file, write_json_atomic
+from ropescale.io import InputError, atomic_dir, check_output_dir, read_jsonl, sha256_file, write_json_atomic
 
 K = 1024
 # Sec 5: "setting ranges to 14k~18k and 30k~34k" (k = 1024, as in Sec 3.2).
 TARGETS: dict[str, tuple[int, int]] = {"16k": (14 * K, 18 * K), "32k": (30 * K, 34 * K)}
-PROMPTS = {"ib": "ft-ib", "ie": "ft-ie"}  # --prompt value -> ropescale.prompts type; "mix" picks one per pair
+# --prompt: one of Appendix F.2's fine-tuning prompts (the names eval_summ uses for them), or "mix": a seeded coin
+# flip per pair between the two (the default: the paper evaluates fine-tuned models with both F.2 prompts).
+PROMPT_MODES = ("ft-ie", "ft-ib", "mix")
+DEFAULT_PROMPT = "mix"
+DEPRECATED_PROMPTS = {"ie": "ft-ie", "ib": "ft-ib"}  # old names of the F.2 prompts (ie/ib are F.1's baselines)
 IGNORE_INDEX = -100
 FORMAT_VERSION = 1
 ON_BAD = ("error", "skip")
@@ -132,18 +138,31 @@ def _check_on_bad(on_bad: str) -> None:
         raise InputError(f"unknown --on-bad {on_bad!r} (choose from {', '.join(ON_BAD)})")
 
 
+def canonical_prompt(mode: str, *, warn: bool = False) -> str:
+    """The canonical --prompt name: ft-ie, ft-ib or mix. The deprecated aliases ie / ib map to ft-ie / ft-ib
+    (with a note on stderr when ``warn``); anything else is an InputError."""
+    key = str(mode).strip().lower()
+    if key in DEPRECATED_PROMPTS:
+        canon = DEPRECATED_PROMPTS[key]
+        if warn:
+            print(f"note: --prompt {key} is deprecated, use {canon} (the Appendix F.2 prompt it always meant; "
+                  f"{key} names the F.1 baseline prompt in eval_summ)", file=sys.stderr)
+        return canon
+    if key not in PROMPT_MODES:
+        raise InputError(f"unknown --prompt {mode!r} (choose from {', '.join(PROMPT_MODES)})")
+    return key
+
+
 def choose_prompt(mode: str, n: int, seed: int) -> list[str]:
     """Prompt type of each of ``n`` pairs: all ft-ib, all ft-ie, or (mix) a seeded coin flip per pair."""
-    mode = mode.lower()
-    if mode in PROMPTS:
-        return [PROMPTS[mode]] * n
+    mode = canonical_prompt(mode)
     if mode == "mix":
         rng = random.Random(seed * 1_000_003 + 17)  # independent of the packing order's stream
-        return [PROMPTS["ib"] if rng.random() < 0.5 else PROMPTS["ie"] for _ in range(n)]
-    raise InputError(f"unknown --prompt {mode!r} (choose from ib, ie, mix)")
+        return ["ft-ib" if rng.random() < 0.5 else "ft-ie" for _ in range(n)]
+    return [mode] * n
 
 
-def read_pairs(path: str | os.PathLike, *, prompt: str = "ib", seed: int = 0, on_bad: str = "error",
+def read_pairs(path: str | os.PathLike, *, prompt: str = DEFAULT_PROMPT, seed: int = 0, on_bad: str = "error",
                bad: BadRecords | None = None) -> list[Pair]:
     """Pairs ``{context, summary[, id, book]}`` from a JSONL file, validated (bad lines: error or counted skip)."""
     _check_on_bad(on_bad)
@@ -169,6 +188,9 @@ def read_pairs(path: str | os.PathLike, *, prompt: str = "ib", seed: int = 0, on
             continue
         seen.add(pid)
         rows.append(dict(obj, _id=pid))
+    if not rows:
+        raise InputError("no pairs" + (f" ({len(bad.items)} bad line(s) skipped)" if bad.items else " (empty file)"),
+                         path)
     kinds = choose_prompt(prompt, len(rows), seed)
     return [Pair(id=r["_id"], context=r["context"], summary=r["summary"], prompt=k, where=f"{path}:{r['_line']}",
                  line=r["_line"], book=r.get("book")) for r, k in zip(rows, kinds)]
@@ -358,31 +380,11 @@ def write_packed(out: str | os.PathLike, cols: dict, meta: dict, stats: dict) ->
     (an existing OUT is replaced only after the new one is complete)."""
     import pyarrow.parquet as pq
 
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if out.exists() and not out.is_dir():
-        raise InputError("output exists and is not a directory", out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         pq.write_table(_table(cols), tmp / "train.parquet")
         write_json_atomic(tmp / "meta.json", meta)
         write_json_atomic(tmp / "stats.json", stats)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)
-        for f in tmp.iterdir():
-            os.chmod(f, 0o666 & ~umask)
-        old = None
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}-{int(time.time() * 1e6)}"
-            os.rename(out, old)
-        os.rename(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return Path(out)
 
 
 def pack_encoded(encoded: Sequence[EncodedPair], lo: int, hi: int, seed: int, *, on_bad: str = "error",
@@ -405,14 +407,15 @@ def pack_encoded(encoded: Sequence[EncodedPair], lo: int, hi: int, seed: int, *,
 
 
 def pack(pairs: str | os.PathLike, tokenizer: str | os.PathLike, out: str | os.PathLike, *, target: str | None = None,
-         min_len: int | None = None, max_len: int | None = None, prompt: str = "ib", seed: int = 0,
+         min_len: int | None = None, max_len: int | None = None, prompt: str = DEFAULT_PROMPT, seed: int = 0,
          on_bad: str = "error", progress: bool = False, log: Callable[[str], None] | None = None) -> dict:
     """Read, tokenize and pack ``pairs`` into OUT (see module doc). Returns stats (also in OUT/stats.json)."""
     from .tokenizer import load_tokenizer, resolve_tokenizer_dir
 
     name, lo, hi = resolve_range(target, min_len, max_len)
     _check_on_bad(on_bad)
-    choose_prompt(prompt, 0, seed)
+    prompt = canonical_prompt(prompt, warn=True)
+    check_output_dir(out)
     t0 = time.time()
     bad = BadRecords()
     pairs_path = Path(pairs)
@@ -441,10 +444,12 @@ def pack(pairs: str | os.PathLike, tokenizer: str | os.PathLike, out: str | os.P
     for s in plan.samples:
         for i in s:
             prompt_counts[encoded[i].prompt] = prompt_counts.get(encoded[i].prompt, 0) + 1
+    stats["prompt"] = prompt
+    stats["prompt_types"] = prompt_counts
     meta = {
         "format": "ropescale-packed", "format_version": FORMAT_VERSION,
         "tokenizer": str(tok_dir), "tokenizer_arg": str(tokenizer), "eos_token_id": int(tok.eos_token_id),
-        "target": name, "min": lo, "max": hi, "prompt": prompt.lower(), "prompt_types": prompt_counts,
+        "target": name, "min": lo, "max": hi, "prompt": prompt, "prompt_types": prompt_counts,
         "seed": seed, "on_bad": on_bad, "pairs": str(pairs_path), "pairs_sha256": sha256_file(pairs_path),
         "counts": {"pairs_read": len(plist), "pairs_used": used, "samples": len(plan.samples),
                    "dropped": len(bad.items), "leftover": len(plan.leftover)},
@@ -505,6 +510,10 @@ def stats_of(out: str | os.PathLike) -> dict:
         if k in recorded:
             stats[k] = recorded[k]
     stats["pairs_used"] = sum(pps)
+    if "prompt" in meta:
+        stats["prompt"] = meta["prompt"]
+    if "prompt_types" in meta:
+        stats["prompt_types"] = meta["prompt_types"]
     return stats
 
 

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
-from ropescale.io import InputError, write_jsonl_atomic
+from ropescale.io import InputError, check_output_file, write_jsonl_atomic
 
 from .chapters import (MERGE_SEP, Chapter, by_book, count_tokens, merged_title, paragraph_cuts, read_chapters,
                        sentence_cuts, tokenize_with_offsets)
@@ -187,6 +187,9 @@ def register(sub) -> None:
 def cmd_pairs(args) -> int:
     from .tokenizer import load_tokenizer
 
+    check_output_file(args.out)
+    if args.max_pairs is not None and args.max_pairs <= 0:
+        raise InputError(f"--max-pairs must be positive, got {args.max_pairs}")
     bad = []
     chs = read_chapters(args.chapters, on_bad=args.on_bad, on_skip=bad.append, books=args.books)
     tok = load_tokenizer(args.tokenizer)

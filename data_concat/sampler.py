@@ -19,6 +19,9 @@ Scaled-down targets (``--target N``, e.g. 2048 for a tiny model) keep the relati
 (``ropescale.subsets.scaled``). When T is below the size of a chapter, ``--unit paragraph`` slides the same
 window over paragraphs instead of chapters; the summary is then the merged headings of the chapters the window
 touches.
+
+Each output record is ``{id, context, summary, book, chapters, tokens, subset}``; ``subset`` names the subset
+(``L``, ``XL``, ``2XL``, ``3XL``, or ``T<target>`` for ``--target``, e.g. ``T2048``), the name eval_summ uses for it.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ropescale import subsets
-from ropescale.io import InputError, write_jsonl_atomic
+from ropescale.io import InputError, check_output_file, write_jsonl_atomic
 
 from .chapters import Chapter, by_book, count_tokens, merged_title, paragraph_token_counts, read_chapters
 
@@ -114,12 +117,14 @@ def _record(name: str, book: str, us: Sequence[Unit], tokens: int, unit: str) ->
     else:
         span = f"{us[0].chapter.chapter}.{us[0].para}-{us[-1].chapter.chapter}.{us[-1].para}"
     return {"id": f"{name}-{book}-{span}", "context": "\n".join(u.text for u in us), "summary": merged_title(chs),
-            "book": book, "chapters": [c.chapter for c in chs], "tokens": tokens}
+            "book": book, "chapters": [c.chapter for c in chs], "tokens": tokens, "subset": name}
 
 
 def sample(chapters: Sequence[Chapter], tok, subset: subsets.Subset, *, unit: str = "chapter",
            max_samples: int | None = None, per_book: int | None = None) -> tuple[list[dict], dict]:
-    """CNNSum-format samples {id, context, summary, book, chapters, tokens} for one subset range (see module doc)."""
+    """CNNSum-format samples {id, context, summary, book, chapters, tokens, subset} for one subset range (see module
+    doc); ``subset`` is the subset's name (L, XL, 2XL, 3XL, or T<target> for a scaled-down one, as eval_summ
+    names it), so the subset travels with the data."""
     lo, hi = subset.range
     units = {b: units_of(chs, tok, unit) for b, chs in by_book(chapters).items()}
     cands = {b: candidates(us, lo, hi) for b, us in units.items()}
@@ -148,10 +153,12 @@ def sample(chapters: Sequence[Chapter], tok, subset: subsets.Subset, *, unit: st
 
 
 def length_stats(lengths: Sequence[int]) -> dict:
-    """Min / Q1 / mean / max, the columns of CNNSum's Table 1."""
+    """Min / Q1 / mean / max, the columns of CNNSum's Table 1. Q1 is the first quartile by linear interpolation
+    between order statistics (Hyndman & Fan type 7, numpy's default ``linear``; ``statistics`` method
+    ``inclusive``), so it always lies between min and max."""
     if not lengths:
         return {"min": 0, "q1": 0, "mean": 0, "max": 0}
-    q1 = statistics.quantiles(lengths, n=4)[0] if len(lengths) > 1 else lengths[0]
+    q1 = statistics.quantiles(lengths, n=4, method="inclusive")[0] if len(lengths) > 1 else lengths[0]
     return {"min": min(lengths), "q1": round(q1, 1), "mean": round(sum(lengths) / len(lengths), 1),
             "max": max(lengths)}
 
@@ -172,7 +179,8 @@ def register(sub) -> None:
     p.add_argument("--per-book", type=int, help="at most this many samples per book")
     p.add_argument("--on-bad", choices=("error", "skip"), default="error",
                    help="malformed or empty chapter lines: stop with FILE:LINE (default) or skip and count")
-    p.add_argument("--out", required=True, help="output CNNSum-format JSONL (written atomically)")
+    p.add_argument("--out", required=True,
+                   help="output CNNSum-format JSONL, each record naming its 'subset' (written atomically)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_sample)
 
@@ -180,6 +188,7 @@ def register(sub) -> None:
 def cmd_sample(args) -> int:
     from .tokenizer import load_tokenizer
 
+    check_output_file(args.out)
     if args.subset:
         sub = subsets.get(args.subset)
     else:

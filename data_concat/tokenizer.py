@@ -14,6 +14,8 @@ def resolve_tokenizer_dir(name_or_dir: str | os.PathLike) -> Path:
 
         return Path(resolve_model("tiny"))
     p = Path(name_or_dir)
+    if p.exists() and not p.is_dir():
+        raise InputError("is a file, expected a tokenizer directory", p)
     if not p.is_dir():
         raise InputError("tokenizer directory not found", p)
     if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):

@@ -66,11 +66,18 @@ def read_chapters(path: str | os.PathLike = CHAPTERS_JSONL, *, on_bad: str = "er
     """Chapters in file order. A bad line (missing field, empty or non-string book/title/text, non-integer chapter)
     is an error naming file and line, or with ``on_bad="skip"`` is passed to ``on_skip`` and left out. ``books``
     (names, or one comma-separated string as ``--books`` takes it) keeps only those books; a name with no
-    chapters in the file is an error."""
+    chapters in the file is an error. A file with no (valid) chapter at all is an error."""
     path = Path(path)
     skip = on_bad == "skip"
     out = []
-    for obj in read_jsonl(path, required=("book", "chapter", "title", "text"), skip_bad=skip, on_skip=on_skip):
+    skipped = [0]
+
+    def _skip(err: InputError) -> None:
+        skipped[0] += 1
+        if on_skip is not None:
+            on_skip(err)
+
+    for obj in read_jsonl(path, required=("book", "chapter", "title", "text"), skip_bad=skip, on_skip=_skip):
         line = obj["_line"]
         try:
             for k in ("book", "title", "text"):
@@ -86,10 +93,12 @@ def read_chapters(path: str | os.PathLike = CHAPTERS_JSONL, *, on_bad: str = "er
         except InputError as e:
             if not skip:
                 raise
-            if on_skip is not None:
-                on_skip(e)
+            _skip(e)
             continue
         out.append(Chapter(obj["book"], num, obj["title"].strip(), obj["text"], f"{path}:{line}"))
+    if not out:
+        why = f"{skipped[0]} bad line(s) skipped" if skipped[0] else "empty file"
+        raise InputError(f"no chapters ({why})", path)
     if books:
         wanted = [b.strip() for b in books.split(",")] if isinstance(books, str) else list(books)
         wanted = [b for b in wanted if b]

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import stat
 from pathlib import Path
 
 import pytest
@@ -267,13 +269,13 @@ def test_output_replaced_atomically(tmp_path, tiny_tokenizer_dir):
     f = _write(tmp_path / "p.jsonl", [json.dumps({"id": f"g{i}", "context": "话说天下大势。" * 5, "summary": "天下"},
                                                  ensure_ascii=False) for i in range(8)])
     out = tmp_path / "out"
-    pack(f, tiny_tokenizer_dir, out, min_len=30, max_len=120, seed=0, prompt="ie")
+    pack(f, tiny_tokenizer_dir, out, min_len=30, max_len=120, seed=0, prompt="ft-ie")
     first = load_packed(out)
-    pack(f, tiny_tokenizer_dir, out, min_len=30, max_len=120, seed=5, prompt="ie")
+    pack(f, tiny_tokenizer_dir, out, min_len=30, max_len=120, seed=5, prompt="ft-ie")
     assert load_packed(out) != first or len(first) <= 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "p.jsonl"]
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "stats.json", "train.parquet"]
-    assert load_meta(out)["prompt"] == "ie" and load_meta(out)["seed"] == 5
+    assert load_meta(out)["prompt"] == "ft-ie" and load_meta(out)["seed"] == 5
 
 
 def test_cli_pack_prints_summary(tmp_path, tiny_tokenizer_dir, capsys):
@@ -318,3 +320,151 @@ def test_books_filter_and_unknown_book(tmp_path):
     assert [c.book for c in read_chapters(p, books=["b"])] == ["b", "b"]
     with pytest.raises(InputError, match=r"ch\.jsonl: no chapters of book\(s\) x, z"):
         read_chapters(p, books="a,z,x")
+
+
+# ---------------------------------------------------------------- issue 15
+@pytest.fixture
+def umask022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def _mode(p) -> int:
+    return stat.S_IMODE(os.stat(p).st_mode)
+
+
+def _small_pairs(path, n=12):
+    rng = random.Random(0)
+    return _write(path, [json.dumps({"id": f"g{i}", "context": "话说天下大势。" * rng.randint(3, 9), "summary": "天下"},
+                                    ensure_ascii=False) for i in range(n)])
+
+
+def _cli_error(capsys, argv) -> str:
+    rc = cli_main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, (rc, err)
+    return err
+
+
+def test_outputs_get_normal_file_modes(tmp_path, tiny_tokenizer_dir, chapters, umask022, capsys):
+    """pairs JSONL 0644 (it was tempfile's 0600), packed dir 0755 with 0644 files, under umask 022."""
+    rows = [c for c in chapters if c["book"] == "hongloumeng"][:2]
+    ch = _write(tmp_path / "ch.jsonl", [json.dumps({k: r[k] for k in ("book", "chapter", "title", "text")},
+                                                   ensure_ascii=False) for r in rows])
+    assert cli_main(["pairs", "--chapters", str(ch), "--tokenizer", str(tiny_tokenizer_dir), "--min-tokens", "100",
+                     "--max-tokens", "100000", "--out", str(tmp_path / "pairs.jsonl")]) == 0
+    assert _mode(tmp_path / "pairs.jsonl") == 0o644
+    out = tmp_path / "packed"
+    pack(_small_pairs(tmp_path / "p.jsonl"), tiny_tokenizer_dir, out, min_len=100, max_len=300)
+    assert _mode(out) == 0o755
+    assert {p.name: _mode(p) for p in out.iterdir()} == {"train.parquet": 0o644, "meta.json": 0o644,
+                                                          "stats.json": 0o644}
+
+
+def test_empty_inputs_are_errors(tmp_path, tiny_tokenizer_dir, capsys):
+    """An empty chapters / pairs file: one line, exit 2, no (empty) output (was: exit 0 and an empty output)."""
+    empty = _write(tmp_path / "empty.jsonl", [""])
+    tok = ["--tokenizer", str(tiny_tokenizer_dir)]
+    err = _cli_error(capsys, ["pairs", "--chapters", str(empty), *tok, "--min-tokens", "10", "--max-tokens", "20",
+                              "--out", str(tmp_path / "pairs.jsonl")])
+    assert f"{empty}: no chapters (empty file)" in err
+    err = _cli_error(capsys, ["pack", "--pairs", str(empty), *tok, "--min", "10", "--max", "20",
+                              "--out", str(tmp_path / "packed")])
+    assert f"{empty}: no pairs (empty file)" in err
+    bad = _write(tmp_path / "bad.jsonl", ["{not json", json.dumps({"context": "", "summary": "s"})])
+    err = _cli_error(capsys, ["pack", "--pairs", str(bad), *tok, "--min", "10", "--max", "20", "--on-bad", "skip",
+                              "--out", str(tmp_path / "packed")])
+    assert f"{bad}: no pairs (2 bad line(s) skipped)" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "empty.jsonl"]
+
+
+def test_directory_and_file_mixups_are_one_line(tmp_path, tiny_tokenizer_dir, capsys):
+    d = tmp_path / "d"
+    d.mkdir()
+    pairs = _small_pairs(tmp_path / "p.jsonl")
+    tok = ["--tokenizer", str(tiny_tokenizer_dir)]
+    # a directory as an input file
+    err = _cli_error(capsys, ["pack", "--pairs", str(d), *tok, "--min", "10", "--max", "20", "--out",
+                              str(tmp_path / "o")])
+    assert f"{d}: is a directory, expected a file" in err
+    err = _cli_error(capsys, ["pairs", "--chapters", str(d), *tok, "--min-tokens", "10", "--max-tokens", "20",
+                              "--out", str(tmp_path / "o.jsonl")])
+    assert f"{d}: is a directory, expected a file" in err
+    # an existing directory as the pairs output (was a traceback), a file as pack's output directory
+    ch = _write(tmp_path / "ch.jsonl", [json.dumps({"book": "b", "chapter": 1, "title": "t", "text": "话说。" * 50},
+                                                   ensure_ascii=False)])
+    err = _cli_error(capsys, ["pairs", "--chapters", str(ch), *tok, "--min-tokens", "10", "--max-tokens", "2000",
+                              "--out", str(d)])
+    assert f"{d}: output is an existing directory" in err
+    err = _cli_error(capsys, ["pack", "--pairs", str(pairs), *tok, "--min", "100", "--max", "300", "--out",
+                              str(pairs)])
+    assert f"{pairs}: output exists and is not a directory" in err
+    # a file where the tokenizer directory should be; a non-positive --max-pairs
+    err = _cli_error(capsys, ["pack", "--pairs", str(pairs), "--tokenizer", str(pairs), "--min", "100", "--max",
+                              "300", "--out", str(tmp_path / "o")])
+    assert "is a file, expected a tokenizer directory" in err
+    err = _cli_error(capsys, ["pairs", "--chapters", str(ch), *tok, "--min-tokens", "10", "--max-tokens", "2000",
+                              "--max-pairs", "0", "--out", str(tmp_path / "o.jsonl")])
+    assert "--max-pairs must be positive" in err
+    assert list(d.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["ch.jsonl", "d", "p.jsonl"]
+
+
+def test_pack_prompt_names_match_eval(tmp_path, tiny_tokenizer_dir, capsys):
+    """--prompt ft-ie | ft-ib | mix (eval_summ's names for the F.2 prompts); ie / ib are deprecated aliases with a
+    note; the default is mix; meta.json and stats.json record the canonical name."""
+    from data_concat.cli import build_parser
+    from data_concat.pack import canonical_prompt
+
+    pairs = _small_pairs(tmp_path / "p.jsonl")
+    assert build_parser().parse_args(["pack", "--pairs", "x", "--out", "y"]).prompt == "mix"
+    assert canonical_prompt("ft-ie") == "ft-ie" and canonical_prompt("IB") == "ft-ib"
+    with pytest.raises(InputError, match="choose from ft-ie, ft-ib, mix"):
+        canonical_prompt("ft-xx")
+
+    def run(*extra):
+        out = tmp_path / f"o{len(list(tmp_path.iterdir()))}"
+        rc = cli_main(["pack", "--pairs", str(pairs), "--tokenizer", str(tiny_tokenizer_dir), "--min", "100",
+                       "--max", "300", "--json", "--out", str(out), *extra])
+        cap = capsys.readouterr()
+        assert rc == 0, cap.err
+        return out, json.loads(cap.out), cap.err
+
+    out, stats, err = run()
+    meta = load_meta(out)
+    assert meta["prompt"] == stats["prompt"] == "mix" and "deprecated" not in err
+    assert set(meta["prompt_types"]) == {"ft-ie", "ft-ib"} and stats_of(out)["prompt"] == "mix"
+    for canon, alias in (("ft-ie", "ie"), ("ft-ib", "ib")):
+        out1, stats1, err1 = run("--prompt", canon)
+        out2, stats2, err2 = run("--prompt", alias)
+        assert "deprecated" not in err1
+        assert f"--prompt {alias} is deprecated, use {canon}" in err2 and len(err2.strip().splitlines()) == 1
+        assert load_meta(out1)["prompt"] == load_meta(out2)["prompt"] == stats1["prompt"] == stats2["prompt"] == canon
+        assert set(load_meta(out2)["prompt_types"]) == {canon}
+        assert load_packed(out1) == load_packed(out2)
+    # the rendered prompt is the F.2 one eval_summ renders for ft-ib
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+    ctx = {r["id"]: r["context"] for r in map(json.loads, pairs.read_text(encoding="utf-8").splitlines())}
+    row = load_packed(out2)[0]
+    want = tok(prompts.render(ctx[row["pair_ids"][0]], "ft-ib"), add_special_tokens=False)["input_ids"]
+    assert row["input_ids"][:len(want)] == want and set(row["labels"][:len(want)]) == {-100}
+
+
+def test_packed_set_loads_with_hf_datasets(packed16k, tmp_path):
+    """OUT loads with datasets.load_dataset (the directory, or its parquet file) and round-trips every row."""
+    import datasets
+
+    out, _ = packed16k
+    rows = load_packed(out)
+    cache = str(tmp_path / "hf_cache")
+    ds = datasets.load_dataset(str(out), split="train", cache_dir=cache)
+    assert ds.num_rows == len(rows) and set(ds.column_names) == {"input_ids", "labels", "pair_starts", "pair_ids",
+                                                                 "length"}
+    assert ds.to_list() == rows
+    ds2 = datasets.load_dataset("parquet", data_files=str(out / "train.parquet"), split="train", cache_dir=cache)
+    assert ds2.to_list() == rows
+    torch_rows = ds.with_format("torch", columns=["input_ids", "labels"])
+    first = torch_rows[0]
+    assert first["input_ids"].tolist() == rows[0]["input_ids"] and first["labels"].tolist() == rows[0]["labels"]

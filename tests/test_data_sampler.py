@@ -98,7 +98,8 @@ def test_sample_real_chapters_scaled_target(few_chapters, qwen2_tokenizer):
         assert r["summary"] == MERGE_SEP.join(c.title for c in chs)
         n = len(qwen2_tokenizer(r["context"], add_special_tokens=False)["input_ids"])
         assert r["tokens"] == n and lo <= n <= hi
-        assert set(r) == {"id", "context", "summary", "book", "chapters", "tokens"}
+        assert set(r) == {"id", "context", "summary", "book", "chapters", "tokens", "subset"}
+        assert r["subset"] == "T12288"  # the scaled subset's name, as eval_summ generate --subset takes it
     assert len({r["id"] for r in recs}) == len(recs)
 
 
@@ -144,3 +145,82 @@ def test_paragraph_counts_partition_and_cache(few_chapters, qwen2_tokenizer, tmp
     for t, ns in zip(texts, first):
         assert len(ns) == len(t.split("\n"))
         assert sum(ns) == len(qwen2_tokenizer(t, add_special_tokens=False)["input_ids"])
+
+
+# ---------------------------------------------------------------- issue 15: stats, the subset field, bad input
+def test_q1_lies_between_min_and_max():
+    """Q1 by linear interpolation (type 7): with two samples it was below the minimum (statistics' 'exclusive')."""
+    from data_concat.sampler import length_stats
+
+    st = length_stats([100, 200])
+    assert st == {"min": 100, "q1": 125.0, "mean": 150.0, "max": 200}
+    assert length_stats([7])["q1"] == 7
+    assert length_stats([1, 2, 3, 4, 5])["q1"] == 2.0  # numpy.percentile(.., 25) == 2.0
+    assert length_stats([10, 10, 40])["q1"] == 10.0
+    for lens in ([3, 9], [5, 6, 100], [1, 1000, 1001, 1002]):
+        st = length_stats(lens)
+        assert st["min"] <= st["q1"] <= st["max"]
+
+
+def _chapters_file(path, n_books=2, n_ch=6, reps=18):  # ~1,900 tiny-tokenizer tokens a chapter
+    rows = [{"book": f"book{b}", "chapter": c, "title": f"第{c}回标题{b}",
+             "text": "\n".join(f"第{b}部第{c}回第{p}段。话说天下大势，分久必合，合久必分。" * 3 for p in range(reps))}
+            for b in range(n_books) for c in range(1, n_ch + 1)]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_every_record_names_its_subset(tmp_path, capsys, tiny_tokenizer_dir):
+    ch = _chapters_file(tmp_path / "ch.jsonl")
+    out = tmp_path / "t.jsonl"
+    assert cli_main(["sample", "--chapters", str(ch), "--tokenizer", str(tiny_tokenizer_dir), "--target", "2048",
+                     "--out", str(out), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    recs = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert recs and rep["samples"] == len(recs) and rep["subset"] == "T2048"
+    assert {r["subset"] for r in recs} == {"T2048"}
+    assert subsets.scaled(2048).name == "T2048"  # the name eval_summ resolves --subset T2048 with
+
+
+@pytest.mark.parametrize("name,want", [("L", "L"), ("xl", "XL"), ("XXL", "2XL"), ("3XL", "3XL")])
+def test_preset_subsets_name_the_records(few_chapters, qwen2_tokenizer, name, want, monkeypatch):
+    """With --subset the records carry the canonical preset name (no window needs to fit: checked on _record)."""
+    from data_concat import sampler
+
+    sub = subsets.get(name)
+    assert sub.name == want
+    units = sampler.units_of(few_chapters[:2], qwen2_tokenizer, "chapter")
+    assert sampler._record(sub.name, "hongloumeng", units, 1, "chapter")["subset"] == want
+    if want == "L":
+        recs, _ = sample(few_chapters, qwen2_tokenizer, sub)
+        assert recs and {r["subset"] for r in recs} == {"L"}
+
+
+def test_sample_bad_input_one_line_exit_2(tmp_path, capsys, tiny_tokenizer_dir):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("", encoding="utf-8")
+    base = ["sample", "--tokenizer", str(tiny_tokenizer_dir), "--target", "512"]
+    out = tmp_path / "o.jsonl"
+
+    def run(*extra):
+        rc = cli_main(base + list(extra))
+        err = capsys.readouterr().err
+        assert rc == 2 and len(err.strip().splitlines()) == 1, err
+        return err
+
+    # an empty chapters file: an error, no (empty) output written
+    assert f"{empty}: no chapters (empty file)" in run("--chapters", str(empty), "--out", str(out))
+    assert not out.exists()
+    # every line bad and skipped: no chapters either
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"book": "b"}\n{not json\n', encoding="utf-8")
+    assert "no chapters (2 bad line(s) skipped)" in run("--chapters", str(bad), "--on-bad", "skip", "--out", str(out))
+    # a directory given as the input file
+    assert f"{tmp_path}: is a directory" in run("--chapters", str(tmp_path), "--out", str(out))
+    # an existing directory given as the output file
+    ch = _chapters_file(tmp_path / "ch.jsonl", n_books=1, n_ch=2, reps=2)
+    d = tmp_path / "outdir"
+    d.mkdir()
+    assert f"{d}: output is an existing directory" in run("--chapters", str(ch), "--out", str(d))
+    assert list(d.iterdir()) == []
+    assert not out.exists()
