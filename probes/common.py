@@ -4,7 +4,9 @@ A probe run directory has the same shape as generation's (ropescale.runs): ``run
 model, rope spec dict, scale, lengths, seed, args, versions), ``items.jsonl`` (one record per scored item, each with
 ``id``, ``group``, ``col`` and ``value``: the report's row group, column bucket and cell metric) and
 ``summary.json`` (the cells: mean value and count per group x column). Re-running into the same directory with the
-same settings resumes: items already in ``items.jsonl`` are skipped.
+same settings resumes: items already in ``items.jsonl`` are skipped. The directory and its run.json are written
+with the first result: a run that fails before producing one (bad lengths, too-short data, ...) leaves nothing
+behind, so the corrected command can use the same ``--out``.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ropescale import CHAPTERS_JSONL
-from ropescale.io import InputError
+from ropescale.io import InputError, check_output_dir
 from ropescale.runs import RunDir, now
 
 ITEMS = "items.jsonl"
@@ -92,11 +94,38 @@ def add_common_args(ap: argparse.ArgumentParser, data_help: str, lengths_help: s
     add_rope_args(ap)
 
 
+# flags that must be positive when given (a probe has the ones it registers); 0 means "the default" for others
+POSITIVE_FLAGS = ("n", "batch_size", "target_len", "suffix_len", "seeds")
+NON_NEGATIVE_FLAGS = ("threads", "length", "tail_chapters", "max_sentences", "window")
+
+
+def check_positive(**sizes: int | None) -> None:
+    """Each given size (None = not given) must be a positive integer: ``--name must be positive, got V``."""
+    for name, v in sizes.items():
+        if v is not None and v <= 0:
+            raise InputError(f"--{name.replace('_', '-')} must be positive, got {v}")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Validate the sizes and the output of a probe's parsed flags (before any data or model is loaded)."""
+    check_positive(**{k: getattr(args, k) for k in POSITIVE_FLAGS if hasattr(args, k)})
+    for k in NON_NEGATIVE_FLAGS:
+        v = getattr(args, k, None)
+        if v is not None and v < 0:
+            raise InputError(f"--{k.replace('_', '-')} must not be negative, got {v}")
+    lengths = getattr(args, "lengths", None)
+    if lengths is not None and any(v <= 0 for v in lengths):
+        raise InputError(f"--lengths must be positive, got {lengths}")
+    check_output_dir(args.out)
+
+
 def prepare(args: argparse.Namespace, load_data):
-    """What every probe's ``main`` starts with: set the thread count, read its data (``load_data()``, first, so a
-    bad file fails before a model loads) and load the model with the RoPE flags. Returns (data, Loaded)."""
+    """What every probe's ``main`` starts with: check the flags and ``--out``, set the thread count, read its data
+    (``load_data()``, first, so a bad file fails before a model loads) and load the model with the RoPE flags.
+    Returns (data, Loaded)."""
     from rope_scaling import spec_from_args
 
+    check_args(args)
     set_threads(args.threads)
     data = load_data()
     return data, load_model(args.model, spec_from_args(args))
@@ -130,11 +159,13 @@ SETTINGS = ("probe", "model", "rope", "scale", "lengths", "seed", "settings")
 
 
 class ProbeRun:
-    """A probe's run directory: meta, resumable item log, summary."""
+    """A probe's run directory: meta, resumable item log, summary. Creating one only checks ``out`` (a directory
+    or nothing; an existing run must have the same settings); the directory and run.json are written with the
+    first result (:meth:`add`) or at :meth:`finish`, so a run that fails before its first result leaves nothing."""
 
     def __init__(self, out: str | os.PathLike, probe: str, loaded: Loaded, lengths: list[int], seed: int,
                  settings: dict, args: argparse.Namespace | None = None, metric: str = "", column: str = ""):
-        self.dir = RunDir(out)
+        self.dir = RunDir(check_output_dir(out))
         meta = {"kind": "probe", "probe": probe, "model": loaded.name, "model_path": str(loaded.path),
                 "rope": loaded.rope, "scale": loaded.scale, "orig_ctx": loaded.orig_ctx,
                 "context": loaded.context, "train_length": None, "lengths": lengths, "seed": seed,
@@ -147,18 +178,26 @@ class ProbeRun:
                 raise InputError(f"run directory holds a run with different {', '.join(diff)}; "
                                  f"use a new --out", self.dir.meta_path)
             meta["created"] = old.get("created", now())
-        self.dir.path.mkdir(parents=True, exist_ok=True)
-        self.dir.write_meta(meta)
         self.meta = meta
         self.log = self.dir.log(ITEMS)
+        self._started = False
+
+    def start(self) -> None:
+        """Create the directory and write run.json (once): called with the first result."""
+        if not self._started:
+            self.dir.path.mkdir(parents=True, exist_ok=True)
+            self.dir.write_meta(self.meta)
+            self._started = True
 
     def done(self, rid: str) -> bool:
         return rid in self.log
 
     def add(self, record: dict) -> None:
+        self.start()
         self.log.append(record)
 
     def finish(self, extra: dict | None = None) -> dict:
+        self.start()
         summary = summarize(self.log.records())
         summary.update({"probe": self.meta["probe"], "metric": self.meta["metric"],
                         "column": self.meta["column"], "model": self.meta["model"], "rope": self.meta["rope"],

@@ -14,7 +14,7 @@ import argparse
 
 from ropescale.io import InputError
 
-from .common import ProbeRun, add_common_args, int_list, prepare, print_summary, progress
+from .common import ProbeRun, add_common_args, check_positive, int_list, prepare, print_summary, progress
 from .data import load_docs
 from .perturb import default_distances
 from .ppl import _data_name, sample_targets, tokenize_docs
@@ -32,6 +32,7 @@ def paste(prefix: list[int], target: list[int], d: int) -> list[int]:
 def copy_probe(loaded, docs, *, length: int, distances: list[int], n: int, target_len: int, seed: int, out: str,
                batch_size: int = 4, args: argparse.Namespace | None = None) -> dict:
     """Run the copy probe into run dir ``out``; cells: mean target loss per distance (copy / no-copy)."""
+    check_positive(n=n, target_len=target_len, batch_size=batch_size)
     n_prefix = length - target_len
     bad = [d for d in distances if not 0 <= d <= n_prefix - target_len]
     if n_prefix < target_len or bad:

@@ -7,8 +7,10 @@ distance of the perturbed part from the target is d = n - m. Perturbations (Sun 
 
 - ``shuffle``: the tokens of w_0..w_{m-1} are shuffled across the whole window (sentence boundaries ignored);
 - ``replace``: w_0..w_{m-1} is replaced by a random m-token span of another book (document with another ``book``);
-- ``drop``: the tokens of w_0..w_{m-1} that also occur in the target are dropped and replaced by the padding token
-  (so positions do not move);
+- ``drop``: the tokens of w_0..w_{m-1} whose next appearance is in the target (Sun et al. Sec 4: "we drop tokens in
+  the distant context whose next appearance is in the target sequence") are replaced by the padding token (so
+  positions do not move): for each target token type, its last occurrence in the prefix, when that lies in
+  w_0..w_{m-1}; an earlier occurrence whose next appearance is still in the prefix is kept;
 - ``drop-random``: the control: the same number of random tokens of w_0..w_{m-1} replaced by the padding token.
 
 Each perturbation is averaged over ``--seeds`` runs (5, as in the paper; ``drop`` is deterministic and run once).
@@ -20,9 +22,9 @@ import argparse
 
 from ropescale.io import InputError
 
-from .common import ProbeRun, add_common_args, int_list, prepare, print_summary, progress, rng_for
+from .common import ProbeRun, add_common_args, check_positive, int_list, prepare, print_summary, progress, rng_for
 from .data import load_docs
-from .ppl import _data_name, sample_targets, tokenize_docs
+from .ppl import DEFAULT_TARGET_LEN, _data_name, sample_targets, tokenize_docs
 from .scorer import score_continuations
 
 KINDS = ("shuffle", "replace", "drop", "drop-random")
@@ -32,7 +34,8 @@ def perturb_prefix(prefix: list[int], m: int, kind: str, rng, *, target: list[in
                    other: list[int] | None = None, pad_id: int = 0) -> list[int]:
     """Apply perturbation ``kind`` to ``prefix[:m]`` and keep ``prefix[m:]`` unchanged (Sun et al. 2021 Sec 4).
     ``other``: a different book's tokens (for ``replace``, a random m-token span is taken from it); ``target``:
-    the target span (for ``drop`` / ``drop-random``)."""
+    the target span (for ``drop``: the tokens of ``prefix[:m]`` whose next appearance is in the target;
+    ``drop-random``: as many random tokens of ``prefix[:m]``)."""
     if not 0 <= m <= len(prefix):
         raise ValueError(f"m={m} outside the prefix (0..{len(prefix)})")
     head, tail = list(prefix[:m]), list(prefix[m:])
@@ -47,7 +50,8 @@ def perturb_prefix(prefix: list[int], m: int, kind: str, rng, *, target: list[in
         if target is None:
             raise ValueError(f"{kind} needs the target span")
         tset = set(target)
-        hits = [i for i, t in enumerate(head) if t in tset]
+        last = {t: i for i, t in enumerate(prefix)}  # each token's last occurrence in the whole prefix
+        hits = [i for i, t in enumerate(head) if t in tset and last[t] == i]  # next appearance: in the target
         if kind == "drop-random":
             hits = rng.sample(range(m), len(hits))
         for i in hits:
@@ -70,6 +74,7 @@ def perturb_probe(loaded, docs, *, length: int, distances: list[int], kinds: lis
                   seeds: int, seed: int, out: str, batch_size: int = 4,
                   args: argparse.Namespace | None = None) -> dict:
     """Run the perturbation probe into run dir ``out``; cells: mean loss change per kind x distance."""
+    check_positive(n=n, target_len=target_len, seeds=seeds, batch_size=batch_size)
     n_prefix = length - target_len
     if n_prefix <= 0:
         raise InputError(f"--length {length} must exceed --target-len {target_len}")
@@ -129,7 +134,9 @@ def register(sub) -> None:
                     help="distances d = n - m (default: 0 and powers of two from 64 below n)")
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"perturbations, comma-separated ({', '.join(KINDS)})")
     ap.add_argument("--seeds", type=int, default=5, help="runs averaged per perturbation (default 5, as the paper)")
-    ap.add_argument("--target-len", type=int, default=128, help="target span tokens k (default 128)")
+    ap.add_argument("--target-len", type=int, default=DEFAULT_TARGET_LEN,
+                    help=f"target span tokens k (default {DEFAULT_TARGET_LEN}: Sun et al. 2021 Sec 2.2's k = 10 for "
+                         f"the token-level experiments of Sec 3 and 4)")
     ap.add_argument("--tail-chapters", type=int, default=0, help="chapters data: keep each book's last N chapters")
     ap.set_defaults(func=main)
 

@@ -2,7 +2,8 @@
 Use Long-Range Context?", Sec 2.2 and 3).
 
 Sun et al. evaluate only the k target tokens at the end of an N-token input, so every target token has about the
-same context, and grow N. Here: for each item a target span of ``--target-len`` tokens is fixed in a document;
+same context, and grow N ("we set the number of target tokens per context k = 10", Sec 2.2). Here: for each item a
+target span of ``--target-len`` tokens (default k = 10) is fixed in a document;
 for each length N in ``--lengths`` (total input tokens, default 1x..8x the original context) the input is the
 N - k tokens before the target followed by the target, and the cell is the mean NLL (nats/token) of the target
 tokens. The same targets are used at every length, so the columns differ only in how much prefix the model sees.
@@ -14,9 +15,13 @@ from dataclasses import dataclass
 
 from ropescale.io import InputError
 
-from .common import ProbeRun, add_common_args, default_lengths, encode, prepare, print_summary, progress, rng_for
+from .common import (ProbeRun, add_common_args, check_positive, default_lengths, encode, prepare, print_summary,
+                     progress, rng_for)
 from .data import load_docs
 from .scorer import score_continuations
+
+# Sun et al. 2021 Sec 2.2: "we set the number of target tokens per context k = 10" (token-level experiments, Sec 3-4)
+DEFAULT_TARGET_LEN = 10
 
 
 @dataclass
@@ -54,6 +59,9 @@ def sample_targets(doc_ids: list[list[int]], docs, n: int, need_before: int, k: 
 def ppl_probe(loaded, docs, *, lengths: list[int], n: int, target_len: int, seed: int, out: str,
               batch_size: int = 4, args: argparse.Namespace | None = None) -> dict:
     """Run the ppl probe into run dir ``out``; returns the summary (cells: mean target loss per length)."""
+    check_positive(n=n, target_len=target_len, batch_size=batch_size)
+    if not lengths or any(L <= 0 for L in lengths):
+        raise InputError(f"--lengths must be positive, got {lengths}")
     if any(L <= target_len for L in lengths):
         raise InputError(f"every length must exceed --target-len {target_len}: {lengths}")
     run = ProbeRun(out, "ppl", loaded, lengths, seed, {"n": n, "target_len": target_len,
@@ -89,7 +97,8 @@ def register(sub) -> None:
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(ap, "documents JSONL ({text} or {context}) or chapters JSONL (one document per book)",
                     "total input lengths N (prefix + target), default 1x..8x the original context")
-    ap.add_argument("--target-len", type=int, default=128, help="target span tokens k (default 128)")
+    ap.add_argument("--target-len", type=int, default=DEFAULT_TARGET_LEN,
+                    help=f"target span tokens k (default {DEFAULT_TARGET_LEN}, Sun et al. 2021 Sec 2.2)")
     ap.add_argument("--tail-chapters", type=int, default=0,
                     help="chapters data: keep only each book's last N chapters (e.g. text held out from training)")
     ap.set_defaults(func=main)

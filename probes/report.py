@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from ropescale.io import InputError, write_text_atomic
+from ropescale.io import InputError, atomic_open, check_output_file, write_text_atomic
 from ropescale.runs import find_run_dirs
 
 from .common import ITEMS, SUMMARY, summarize
@@ -183,11 +183,11 @@ def plot(summaries: list[dict], path: str | os.PathLike) -> Path:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic_open(path, "wb") as f:  # a temp file beside PATH, renamed into place (mode as open() gives)
+            fig.savefig(f, format="png", dpi=110)
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -202,6 +202,9 @@ def register(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    for out in (args.out, args.plot):
+        if out:
+            check_output_file(out)
     summaries = load_runs(args.runs)
     text = render(summaries, args.format)
     print(text, end="")

@@ -19,7 +19,7 @@ import argparse
 
 from ropescale.io import InputError
 
-from .common import ProbeRun, add_common_args, int_list, prepare, print_summary, progress, rng_for
+from .common import ProbeRun, add_common_args, check_positive, int_list, prepare, print_summary, progress, rng_for
 from .data import Doc, is_chapters_file, load_books, load_docs, split_sentences
 from .scorer import score_document
 
@@ -64,6 +64,9 @@ def shuffle_probe(loaded, docs: list[Doc], *, blocks: list[int], lengths: list[i
                   n: int, window: int, seed: int, out: str, batch_size: int = 4, data: str = "",
                   args=None) -> dict:
     """Run the k-block shuffle test into run dir ``out``; cells: accuracy per block size (group) x length."""
+    check_positive(n=n, batch_size=batch_size, window=window)
+    if lengths is not None and any(L <= 0 for L in lengths):
+        raise InputError(f"--lengths must be positive, got {lengths}")
     if any(k < 1 for k in blocks):
         raise InputError(f"block sizes must be >= 1: {blocks}")
     run = ProbeRun(out, "shuffle", loaded, lengths or [], seed,

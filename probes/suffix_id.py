@@ -26,7 +26,7 @@ import argparse
 
 from ropescale.io import InputError
 
-from .common import ProbeRun, add_common_args, encode, prepare, print_summary, progress, rng_for
+from .common import ProbeRun, add_common_args, check_positive, encode, prepare, print_summary, progress, rng_for
 from .data import Chapter, chapter_index, is_chapters_file, load_books, load_docs, render_chapter, split_sentences
 from .scorer import score_candidates
 
@@ -42,6 +42,12 @@ def default_suffix_lengths(orig_ctx: int) -> list[int]:
 def _reuse(loaded) -> bool:
     """Encode the shared prefix once, except under dynamic NTK (its frequencies depend on the total length)."""
     return (loaded.rope or {}).get("method") != "dynamic_ntk"
+
+
+def _check_sizes(n: int, suffix_len: int, batch_size: int, lengths: list[int]) -> None:
+    check_positive(n=n, suffix_len=suffix_len, batch_size=batch_size)
+    if not lengths or any(L <= 0 for L in lengths):
+        raise InputError(f"--lengths must be positive, got {lengths}")
 
 
 # ---------------------------------------------------------------- chapter variant (ChapterBreak)
@@ -95,6 +101,7 @@ def chapter_examples(books: dict[str, list[Chapter]], tokenizer, *, n: int, max_
 def chapter_probe(loaded, books, *, lengths: list[int], n: int, heading: str, suffix_len: int, seed: int,
                   out: str, batch_size: int = 6, data: str = "", args=None) -> dict:
     """ChapterBreak suffix identification into run dir ``out``; cells: accuracy per prefix length."""
+    _check_sizes(n, suffix_len, batch_size, lengths)
     if heading not in HEADINGS:
         raise InputError(f"unknown --heading {heading!r} ({', '.join(HEADINGS)})")
     run = ProbeRun(out, "suffix-id", loaded, lengths, seed,
@@ -189,6 +196,7 @@ def sentence_examples(docs, tokenizer, *, n: int, max_len: int, suffix_len: int,
 
 def sentence_probe(loaded, docs, *, lengths: list[int], n: int, suffix_len: int, seed: int, out: str,
                    batch_size: int = 6, data: str = "", args=None) -> dict:
+    _check_sizes(n, suffix_len, batch_size, lengths)
     run = ProbeRun(out, "suffix-id", loaded, lengths, seed,
                    {"variant": "sentence", "n": n, "suffix_len": suffix_len, "negatives": N_NEGATIVES,
                     "data": data}, args,

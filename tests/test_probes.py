@@ -142,6 +142,30 @@ def test_perturbation_touches_only_the_first_m_tokens():
     assert perturb_prefix(prefix, 0, "shuffle", random.Random(0)) == prefix
 
 
+def test_token_drop_drops_only_tokens_whose_next_appearance_is_the_target():
+    """Sun et al. 2021 Sec 4: "we drop tokens in the distant context whose next appearance is in the target"."""
+    prefix = [1, 2, 3, 1, 5, 2, 7, 8, 9, 3]
+    target = [1, 2, 3, 4]
+    out = perturb_prefix(prefix, 6, "drop", random.Random(0), target=target, pad_id=0)
+    # 1 at 0 -> next at 3 (prefix); 2 at 1 -> next at 5; 3 at 2 -> next at 9 (unperturbed part): all kept.
+    # 1 at 3 and 2 at 5 appear next in the target: dropped. 5 is not in the target.
+    assert out == [1, 2, 3, 0, 5, 0, 7, 8, 9, 3]
+    rnd = perturb_prefix(prefix, 6, "drop-random", random.Random(0), target=target, pad_id=0)
+    assert sum(t == 0 for t in rnd[:6]) == 2 and rnd[6:] == prefix[6:]  # the control drops as many
+
+
+def test_probe_target_lengths_follow_the_papers():
+    """ppl (Sun et al. 2021 Sec 2.2: k = 10) and perturb (the same token-level setup, Sec 4) default to 10 target
+    tokens; suffix identification keeps 128-token suffixes, copy its 128-token pasted sequence."""
+    from probes.cli import build_parser
+
+    ap = build_parser()
+    assert ap.parse_args(["ppl", "--out", "x"]).target_len == 10
+    assert ap.parse_args(["perturb", "--out", "x"]).target_len == 10
+    assert ap.parse_args(["suffix-id", "--out", "x"]).suffix_len == 128
+    assert ap.parse_args(["copy", "--out", "x"]).target_len == 128
+
+
 def test_paste_puts_the_copy_d_tokens_before_the_end():
     prefix, target = list(range(20)), [91, 92, 93]
     assert paste(prefix, target, 0) == list(range(17)) + target
