@@ -2,6 +2,9 @@
 
     from rope_scaling import RopeSpec, add_rope_args, spec_from_args, apply_rope, read_rope, extended_context
 
+``apply_rope`` is the one rule for a config that already carries scaling (same spec again: no-op; another one:
+refused unless ``--replace``); ``plan_rope`` says what it will do, for reports.
+
 - ``formulas``: one pure function per method (inv_freq, attention factor), one registry.
 - ``hf``: the one adapter that writes a spec into / reads it from an HF config (transformers 4.x and 5.x).
 - ``args``: the shared ``--rope/--scale/--rope-base/--orig-ctx/--yarn-*`` flags.
@@ -11,8 +14,9 @@ from ropescale.io import InputError
 
 from .args import add_rope_args, spec_from_args
 from .formulas import FORMULAS, Freqs, frequencies
-from .hf import RopeState, apply_rope, extended_context, read_rope, rope_state
+from .hf import RopeChange, RopeState, apply_rope, extended_context, plan_rope, read_rope, rope_state
 from .spec import METHODS, RopeSpec
 
 __all__ = ["RopeSpec", "add_rope_args", "spec_from_args", "apply_rope", "read_rope", "extended_context",
-           "InputError", "METHODS", "FORMULAS", "Freqs", "frequencies", "rope_state", "RopeState"]
+           "InputError", "METHODS", "FORMULAS", "Freqs", "frequencies", "rope_state", "RopeState", "plan_rope",
+           "RopeChange"]

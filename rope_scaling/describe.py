@@ -1,5 +1,9 @@
 """``python -m rope_scaling describe``: what a RoPE setting does to each rotary dimension pair.
 
+A config that already carries RoPE scaling follows the one rule of ``rope_scaling.apply_rope``: the same
+setting again changes nothing, another one needs --replace (then it replaces the carried one); the report says
+which happened ("setting: ...", ``rope_change`` in --json).
+
 For every pair i: its wavelength in tokens (2*pi / inv_freq), the original and scaled inv_freq, their ratio, and a
 kind -- ``extrapolated`` (frequency unchanged), ``interpolated`` (divided by exactly s) or ``mixed`` (anything else),
 all at relative tolerance 1e-6. "Original" is the model's own RoPE (its own base, no scaling); "scaled" is what the
@@ -17,7 +21,7 @@ from pathlib import Path
 from ropescale.io import InputError, cli_main
 
 from .args import add_rope_args, spec_from_args
-from .hf import apply_rope, extended_context, rope_state
+from .hf import apply_rope, extended_context, plan_rope, rope_state
 from .formulas import yarn_correction_range
 from .spec import RopeSpec
 
@@ -30,12 +34,12 @@ def _preset(hidden: int, heads: int, base: float, max_pos: int, model_type: str,
             "rope_parameters": {"rope_type": "default", "rope_theta": base, **(rope or {})}}
 
 
-# Real values from each model's config.json on the Hub.
+# Real values from each model's config.json on the Hub (the base models, not their -Instruct / -Chat variants).
 PRESETS: dict[str, dict] = {
     "llama2-7b": _preset(4096, 32, 10000.0, 4096, "llama"),
     "yi-6b": _preset(4096, 32, 5000000.0, 4096, "llama"),
     "qwen1.5-7b": _preset(4096, 32, 1000000.0, 32768, "qwen2"),
-    "qwen2-7b": _preset(3584, 28, 1000000.0, 32768, "qwen2"),
+    "qwen2-7b": _preset(3584, 28, 1000000.0, 131072, "qwen2"),  # the base model (Qwen2-7B-Instruct: 32768)
     "mistral-7b": _preset(4096, 32, 10000.0, 32768, "mistral"),
     "llama3.1-8b": _preset(4096, 32, 500000.0, 131072, "llama",
                            {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -74,8 +78,8 @@ def describe(cfg, spec: RopeSpec | None = None, seq_len: int | None = None) -> d
     """The per-pair explanation of ``spec`` applied to ``cfg`` (a config object or dict, not modified).
     With ``spec`` None (or method none), what the config itself carries is described."""
     cfg = copy.deepcopy(cfg)
-    if spec is not None:
-        apply_rope(cfg, spec)
+    change = plan_rope(cfg, spec if spec is not None else RopeSpec())  # the one rule (InputError when stacking)
+    apply_rope(cfg, change.requested)
     st = rope_state(cfg)
     sp = st.spec
     ext = extended_context(cfg)
@@ -93,7 +97,8 @@ def describe(cfg, spec: RopeSpec | None = None, seq_len: int | None = None) -> d
                      "inv_freq": a, "inv_freq_scaled": b, "ratio": a / b, "kind": kind})
     out = {"rope": sp.method, "scale": sp.scale, "base": st.base, "rope_base": sp.rope_base,
            "effective_base": new.base, "attention_factor": new.attention_factor, "head_dim": st.rotary_dim,
-           "orig_ctx": st.orig_ctx, "extended_context": ext, "seq_len": seq_len, "counts": counts}
+           "orig_ctx": st.orig_ctx, "extended_context": ext, "seq_len": seq_len, "counts": counts,
+           "rope_change": change.to_dict()}
     if sp.method == "yarn":
         b = sp.rope_base if sp.rope_base is not None else st.base
         low, high = yarn_correction_range(st.rotary_dim, b, st.orig_ctx, sp.yarn_beta, sp.yarn_alpha)
@@ -107,7 +112,8 @@ def format_table(d: dict) -> str:
     lines = [f"rope {d['rope']}  scale {d['scale']:g}  base {d['base']:g}  effective base {d['effective_base']:.6g}  "
              f"attention factor {d['attention_factor']:.6g}",
              f"head_dim {d['head_dim']}  original context {d['orig_ctx']}  extended context {d['extended_context']}"
-             + (f"  (dynamic NTK at seq_len {d['seq_len']})" if d["rope"] == "dynamic_ntk" else "")]
+             + (f"  (dynamic NTK at seq_len {d['seq_len']})" if d["rope"] == "dynamic_ntk" else ""),
+             f"setting: {d['rope_change']['message']}"]
     if "yarn" in d:
         y = d["yarn"]
         lines.append(f"yarn alpha {y['alpha']:g} beta {y['beta']:g}: ramp between pair {y['ramp_low']} and "

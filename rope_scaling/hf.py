@@ -242,32 +242,79 @@ def hf_entries(spec: RopeSpec, base: float, d: int) -> tuple[dict, int]:
     raise InputError(f"unknown RoPE method {m!r}")
 
 
-def apply_rope(cfg, spec: RopeSpec):
-    """Write ``spec`` into ``cfg`` in place (and return it), as plain HF entries; apply before building the model.
+@dataclasses.dataclass(frozen=True)
+class RopeChange:
+    """What :func:`apply_rope` does (or did) with a spec on a config -- the one rule every CLI follows.
 
-    Method none is a no-op (with ``replace``: the config's scaling is removed). A config that already carries
-    scaling (Llama-3.x ``llama3``, or one applied earlier) is an InputError unless ``spec.replace``, in which
-    case the new method is applied to the unscaled model underneath; re-applying the spec a config already
-    carries is a no-op. ``orig_ctx`` None means the config's original context.
+    action  kept: no --rope asked, the config is used as it is; unchanged: the config already carries exactly this
+            spec (re-applying it is a no-op); applied: written onto an unscaled config; replaced: the config's
+            scaling replaced (--replace); removed: --rope none --replace took the config's scaling away
     """
+
+    action: str
+    carried: RopeSpec  # what the config carried before
+    requested: RopeSpec  # what was asked for
+    target: RopeSpec | None = None  # what is written (applied / replaced), orig_ctx resolved
+
+    def message(self) -> str:
+        cur = self.carried.describe()
+        if self.action == "kept":
+            return ("the config carries no RoPE scaling" if self.carried.method == "none" else
+                    f"the config carries {cur} (no --rope asked: used as it is)")
+        if self.action == "unchanged":
+            return f"the config already carries {cur}: unchanged (the same setting again is a no-op)"
+        if self.action == "replaced":
+            return f"replaced {cur} by {self.target.describe()} (--replace)"
+        if self.action == "removed":
+            return f"removed {cur} (--rope none --replace)"
+        return f"applied {self.target.describe()} to the unscaled config"
+
+    def to_dict(self) -> dict:
+        return {"action": self.action, "carried": self.carried.describe(), "requested": self.requested.describe(),
+                "message": self.message()}
+
+
+def plan_rope(cfg, spec: RopeSpec) -> RopeChange:
+    """What applying ``spec`` to ``cfg`` means, without changing it: InputError when the config already carries
+    other scaling and ``spec.replace`` is not set (see :func:`apply_rope`)."""
     if not isinstance(spec, RopeSpec):
         raise TypeError(f"apply_rope needs a RopeSpec, got {type(spec).__name__}")
     st = rope_state(cfg)
     cur = st.spec
     target = dataclasses.replace(spec, orig_ctx=spec.orig_ctx or st.orig_ctx, replace=False)
-    if spec.method == "none" and not spec.replace:
-        return cfg
-    if cur.method != "none" and cur.same_rope(target):
-        return cfg
-    if cur.method != "none" and not spec.replace:
+    if spec.method == "none" and (not spec.replace or cur.method == "none"):
+        return RopeChange("kept", cur, spec)
+    if cur.method == "none":
+        return RopeChange("applied", cur, spec, target)
+    if cur.same_rope(target):
+        return RopeChange("unchanged", cur, spec)
+    if not spec.replace:
         raise InputError(f"config already carries {cur.describe()} RoPE scaling; stacking {spec.describe()} on "
                          f"top is not supported (pass --replace to replace it)")
+    return RopeChange("removed" if spec.method == "none" else "replaced", cur, spec, target)
+
+
+def apply_rope(cfg, spec: RopeSpec):
+    """Write ``spec`` into ``cfg`` in place (and return it), as plain HF entries; apply before building the model.
+    :func:`plan_rope` says beforehand what it will do (the same rule, for reports).
+
+    Method none is a no-op (with ``replace``: the config's scaling is removed). A config that already carries
+    scaling (Llama-3.x ``llama3``, or one applied earlier) is an InputError unless ``spec.replace``, in which
+    case the new method is applied to the unscaled model underneath; re-applying the spec a config already
+    carries is a no-op. ``orig_ctx`` None means the config's original context. Every CLI goes through this one
+    rule (``describe``, ``finetune.py``, ``eval_summ generate``, the probes).
+    """
+    change = plan_rope(cfg, spec)
+    if change.action in ("kept", "unchanged"):
+        return cfg
+    st = rope_state(cfg)
     e = _entries(cfg)
     extra = {k: e[k] for k in ("partial_rotary_factor",) if k in e}
-    if spec.method == "none":
+    if change.action == "removed":
         _write(cfg, {"rope_type": "default", "rope_theta": st.base, **extra}, st.max_position_embeddings)
         _set(cfg, RECORD_KEY, None)
         return cfg
+    target = change.target
     entries, max_pos = hf_entries(target, st.base, st.rotary_dim)
     _write(cfg, {**entries, **extra}, max_pos)
     _set(cfg, RECORD_KEY, {

@@ -212,7 +212,7 @@ def test_describe_ntk_manual(capsys):
 
 
 def test_describe_other_methods(capsys):
-    pi = _describe_json(capsys, "--preset", "qwen2-7b", "--rope", "pi", "--scale", "4")
+    pi = _describe_json(capsys, "--preset", "qwen1.5-7b", "--rope", "pi", "--scale", "4")
     assert pi["counts"] == {"extrapolated": 0, "mixed": 0, "interpolated": 64}
     assert pi["extended_context"] == 4 * 32768
     none = _describe_json(capsys, "--preset", "qwen1.5-7b")
@@ -237,6 +237,18 @@ def test_describe_other_methods(capsys):
     assert_rel([r["inv_freq_scaled"] for r in y["dims"]], ref_yarn(128, 5e5, 16, 8192), 1e-9)
 
 
+def test_describe_presets_are_the_published_configs(capsys):
+    """Values of each model's config.json on the Hub (Qwen2-7B, the base model: 131072; 32768 is the Instruct
+    model's)."""
+    want = {"qwen2-7b": (1e6, 131072, 128), "qwen1.5-7b": (1e6, 32768, 128), "yi-6b": (5e6, 4096, 128),
+            "llama2-7b": (1e4, 4096, 128), "mistral-7b": (1e4, 32768, 128)}
+    for name, (base, ctx, d) in want.items():
+        r = _describe_json(capsys, "--preset", name)
+        assert (r["base"], r["orig_ctx"], r["extended_context"], r["head_dim"]) == (base, ctx, ctx, d), name
+    r = _describe_json(capsys, "--preset", "qwen2-7b", "--rope", "yarn", "--scale", "4")
+    assert r["orig_ctx"] == 131072 and r["extended_context"] == 4 * 131072
+
+
 def test_describe_table_and_config_dir(capsys, make_tiny_model, tmp_path):
     from transformers import AutoConfig
 
@@ -246,8 +258,40 @@ def test_describe_table_and_config_dir(capsys, make_tiny_model, tmp_path):
     cfg.save_pretrained(tmp_path)
     assert describe_main(["--config", str(tmp_path)]) == 0  # the scaled model dir describes what it carries
     out = capsys.readouterr().out
-    assert "rope ntk" in out and "kind" in out and len(out.splitlines()) == 5 + D // 2
+    assert "rope ntk" in out and "kind" in out and len(out.splitlines()) == 6 + D // 2
     assert f"effective base {10000 * 4 ** (16 / 14):.6g}" in out
+    assert "the config carries ntk s=4" in out
+
+
+def test_describe_config_that_already_carries_scaling(capsys, make_tiny_model, tmp_path):
+    """The one rule of rope_scaling.apply_rope: the same spec again is a no-op, another one needs --replace; the
+    report says which happened."""
+    from transformers import AutoConfig
+
+    _, src = make_tiny_model("qwen2", orig_ctx=ORIG)
+    cfg = AutoConfig.from_pretrained(src)
+    apply_rope(cfg, RopeSpec("ntk", scale=4))
+    cfg.save_pretrained(tmp_path)
+    carried = _describe_json(capsys, "--config", str(tmp_path))
+    assert carried["rope_change"]["action"] == "kept" and carried["rope"] == "ntk"
+    same = _describe_json(capsys, "--config", str(tmp_path), "--rope", "ntk", "--scale", "4")
+    assert same["rope_change"] == {"action": "unchanged", "carried": "ntk s=4", "requested": "ntk s=4",
+                                   "message": same["rope_change"]["message"]}
+    assert "already carries ntk s=4" in same["rope_change"]["message"]
+    assert {k: v for k, v in same.items() if k != "rope_change"} == \
+        {k: v for k, v in carried.items() if k != "rope_change"}
+    assert describe_main(["--config", str(tmp_path), "--rope", "ntk", "--scale", "4"]) == 0
+    assert "unchanged" in capsys.readouterr().out
+    assert describe_main(["--config", str(tmp_path), "--rope", "pi", "--scale", "2"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and len(cap.err.strip().splitlines()) == 1
+    assert "already carries ntk s=4" in cap.err and "--replace" in cap.err
+    rep = _describe_json(capsys, "--config", str(tmp_path), "--rope", "pi", "--scale", "2", "--replace")
+    assert rep["rope_change"]["action"] == "replaced" and rep["rope"] == "pi" and rep["scale"] == 2
+    assert rep["base"] == 10000.0 and rep["orig_ctx"] == ORIG and rep["extended_context"] == 2 * ORIG
+    assert "replaced ntk s=4 by pi s=2" in rep["rope_change"]["message"]
+    fresh = _describe_json(capsys, "--preset", "llama2-7b", "--rope", "pi", "--scale", "2")
+    assert fresh["rope_change"]["action"] == "applied"
 
 
 # ---------------------------------------------------------------- the adapter
