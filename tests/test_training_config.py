@@ -136,7 +136,7 @@ def _err(capsys, argv):
 
 def test_unknown_model_path_is_one_clear_error(capsys, tmp_path):
     rc, line = _err(capsys, ["--model", str(tmp_path / "nope"), "--rope", "pi", "--scale", "2"])
-    assert rc == 2 and line.startswith("error: ") and "nope" in line and "config.json" in line
+    assert rc == 2 and line.startswith("error: ") and "nope" in line and "no such model directory" in line
 
 
 def test_data_longer_than_the_extended_context(capsys, tmp_path, make_tiny_model, chapters, tiny_tokenizer_dir):
@@ -188,3 +188,39 @@ def test_existing_run_dir_is_not_reused_silently(capsys, tmp_path, make_tiny_mod
                              "--output-dir", str(run)])
     assert rc == 2 and "--resume auto" in line and "--overwrite" in line
     assert (run / "final").is_dir()  # untouched
+
+
+@pytest.mark.parametrize("text,line,words", [
+    ("rope: pi\nscale: eight\n", 2, ["'scale'", "number", "eight"]),
+    ("rope: longrope\nscale: 4\n", 1, ["'rope'", "longrope", "ntk"]),
+    ("rope: ntk\nscale: 4\norig_ctx: 4k\n", 3, ["'orig_ctx'", "integer"]),
+    ("rope: ntk\nscale: 4\norig_ctx: 4096.5\n", 3, ["'orig_ctx'", "integer"]),
+    ("rope: yarn\nscale: 4\nyarn_beta: [32]\n", 3, ["'yarn_beta'", "number"]),
+    ("rope: ntk\nscale: true\n", 2, ["'scale'", "number"]),
+    ("rope: ntk\nscale: 4\nreplace: maybe\n", 3, ["'replace'", "true"]),
+    ("rope: ntk\nscale:\n", 2, ["'scale'", "value"]),
+    ("rope: pi\nscale: 4\nlora_r: 8.5\n", 3, ["'lora_r'", "integer"]),
+    ("rope: pi\nscale: 4\nmax_steps: yes\n", 3, ["'max_steps'", "integer"]),
+])
+def test_recipe_values_of_the_wrong_type_name_file_and_line(tmp_path, capsys, text, line, words):
+    f = tmp_path / "r.yaml"
+    f.write_text(text)
+    with pytest.raises(InputError) as e:
+        load_recipe(f)
+    msg = str(e.value)
+    assert msg.startswith(f"{f}:{line}: "), msg
+    for w in words:
+        assert w in msg, (w, msg)
+    assert main(["--recipe", str(f), "--model", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0] == f"error: {msg}"
+
+
+def test_recipe_rope_values_are_converted():
+    import yaml  # noqa: F401 - YAML 1.1 reads 5e6 (no dot) as a string: it is still a number here
+
+    from training.config import _recipe_value
+
+    assert _recipe_value("rope_base", "5e6") == 5e6 and _recipe_value("scale", 8) == 8.0
+    assert _recipe_value("orig_ctx", 4096.0) == 4096 and _recipe_value("replace", "yes") is True
+    assert _recipe_value("rope", "dynamic_ntk") == "dynamic_ntk"

@@ -2,11 +2,13 @@
 
 Precedence: built-in defaults < recipe (``--recipe FILE``; for the tiny default model without a recipe,
 ``recipes/tiny_demo.yaml``) < flags given on the command line. A recipe key that is not in :data:`FIELDS` or the
-shared RoPE flags is an error naming the file and line.
+shared RoPE flags, or a value of the wrong type or out of range, is an error naming the file and line; the
+resolved settings are checked again (:func:`validate_settings`, naming the flag) before any work.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +110,45 @@ FIELDS: tuple[Field, ...] = (
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 KNOWN_KEYS = tuple(FIELD_BY_NAME) + ROPE_KEYS
 
+# Numeric settings that some values make meaningless: (test, what it must be). ``None`` (not given) always passes.
+LIMITS: dict[str, tuple[Any, str]] = {
+    "lora_r": (lambda v: v >= 1, ">= 1"),
+    "lora_alpha": (lambda v: v > 0, "> 0"),
+    "lora_dropout": (lambda v: 0 <= v < 1, ">= 0 and < 1"),
+    "lr": (lambda v: v > 0, "> 0"),
+    "warmup_steps": (lambda v: v >= 0, ">= 0"),
+    "weight_decay": (lambda v: v >= 0, ">= 0"),
+    "max_grad_norm": (lambda v: v >= 0, ">= 0 (0: no clipping)"),
+    "global_batch": (lambda v: v >= 1, ">= 1"),
+    "micro_batch": (lambda v: v >= 1, ">= 1"),
+    "max_steps": (lambda v: v >= 1, ">= 1"),
+    "save_steps": (lambda v: v >= 1, ">= 1"),
+    "save_total_limit": (lambda v: v >= 1, ">= 1"),
+    "logging_steps": (lambda v: v >= 1, ">= 1"),
+    "init_step": (lambda v: v >= 0, ">= 0"),
+    "head_chunk": (lambda v: v >= 1, ">= 1"),
+    "default_data_factor": (lambda v: v > 0, "> 0"),
+    "num_workers": (lambda v: v >= 0, ">= 0"),
+}
+
+
+def setting_problem(key: str, value) -> str | None:
+    """What is wrong with ``value`` for setting ``key`` ("must be >= 1, got 0"), or None."""
+    if key not in LIMITS or value is None:
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value}"
+    ok, want = LIMITS[key]
+    return None if ok(value) else f"must be {want}, got {value:g}"
+
+
+def validate_settings(args: argparse.Namespace) -> None:
+    """The resolved numeric settings are usable (InputError naming the flag); call before any work."""
+    for key in LIMITS:
+        problem = setting_problem(key, getattr(args, key, None))
+        if problem:
+            raise InputError(f"{flag(key)} {problem}")
+
 
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
@@ -165,16 +206,86 @@ def load_recipe(path: str | Path) -> dict:
     out = {}
     for k, v in data.items():
         key = str(k).replace("-", "_")
+        line = _line_of(text, str(k))
         if key not in KNOWN_KEYS:
-            line = _line_of(text, str(k))
             raise InputError(f"unknown recipe key {k!r} (known: {', '.join(sorted(KNOWN_KEYS))})", p, line)
-        if key in FIELD_BY_NAME and v is not None:
-            try:
-                v = FIELD_BY_NAME[key].type(v)
-            except (TypeError, ValueError) as e:
-                raise InputError(f"bad value for {k!r}: {e}", p, _line_of(text, str(k))) from None
+        try:
+            v = _recipe_value(key, v)
+        except (TypeError, ValueError) as e:
+            raise InputError(f"bad value for {k!r}: {e}", p, line) from None
+        problem = setting_problem(key, v)
+        if problem:
+            raise InputError(f"bad value for {k!r}: {problem}", p, line)
         out[key] = v
     return out
+
+
+def _number(v) -> float:
+    """A finite number (YAML 1.1 reads ``5e6`` without a dot as a string: numeric strings count)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError(f"expected a number, got {v!r}")
+    try:
+        x = float(v)
+    except ValueError:
+        raise ValueError(f"expected a number, got {v!r}") from None
+    if not math.isfinite(x):
+        raise ValueError(f"expected a finite number, got {v!r}")
+    return x
+
+
+def _integer(v) -> int:
+    """An integer: an int, an integral float (4096.0) or a string of digits; never a bool or 8.5."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError(f"expected an integer, got {v!r}")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        if v.is_integer():
+            return int(v)
+        raise ValueError(f"expected an integer, got {v!r}")
+    try:
+        return int(v.strip())
+    except ValueError:
+        raise ValueError(f"expected an integer, got {v!r}") from None
+
+
+def _method(v) -> str:
+    from rope_scaling import METHODS
+
+    if not isinstance(v, str) or v not in METHODS:
+        raise ValueError(f"unknown RoPE method {v!r} (choose from {', '.join(METHODS)})")
+    return v
+
+
+def _true_false(v) -> bool:
+    try:
+        return _bool(v)
+    except ValueError:
+        raise ValueError(f"expected true or false, got {v!r}") from None
+
+
+# the type of each RoPE key in a recipe (the flags' types: rope_scaling.add_rope_args); None = may be empty
+ROPE_TYPES: dict[str, tuple[Any, bool]] = {
+    "rope": (_method, False), "scale": (_number, False), "rope_base": (_number, True), "orig_ctx": (_integer, True),
+    "yarn_alpha": (_number, False), "yarn_beta": (_number, False), "yarn_mscale": (_number, True),
+    "replace": (_true_false, False),
+}
+
+
+def _recipe_value(key: str, v):
+    """A recipe value converted to the setting's type (ValueError naming what was expected)."""
+    if key in ROPE_TYPES:
+        conv, optional = ROPE_TYPES[key]
+    else:
+        f = FIELD_BY_NAME[key]
+        optional = f.default is None
+        conv = {int: _integer, float: _number, bool: _true_false, _bool: _true_false,
+                _opt_int: lambda x: None if x in ("", "none", "None", "auto") else _integer(x)}.get(f.type, f.type)
+    if v is None:
+        if optional:
+            return None
+        raise ValueError("needs a value")
+    return conv(v)
 
 
 def _line_of(text: str, key: str) -> int | None:
