@@ -109,7 +109,8 @@ def test_merged_model_logits_equal_independent_reconstruction(ds_run, tmp_path):
 
 def test_init_from_continues_from_a_checkpoint_export(ds_run, tmp_path):
     """The 32K recipes start from the 16K run's step-300 export: --init-from RUN --init-step N (ZeRO-3 here, where
-    the embedding and norms are partitioned while loading). With lr 0 the new run's tensors equal the source."""
+    the embedding and norms are partitioned while loading). With lr 1e-30 (lr must be > 0) every update is below
+    fp32 resolution, so the new run's tensors equal the source bit for bit."""
     from safetensors.torch import load_file
 
     from ft_helpers import finetune_cmd
@@ -117,7 +118,7 @@ def test_init_from_continues_from_a_checkpoint_export(ds_run, tmp_path):
     out = tmp_path / "cont"
     p = run(finetune_cmd("--model", ds_run["model_dir"], "--data", ds_run["data"], "--rope", "ntk", "--scale", "8",
                          "--deepspeed", "zero3_offload", "--init-from", ds_run["run"], "--init-step", "2",
-                         "--max-steps", "1", "--global-batch", "1", "--lr", "0", "--warmup-steps", "0",
+                         "--max-steps", "1", "--global-batch", "1", "--lr", "1e-30", "--warmup-steps", "0",
                          "--lora-dropout", "0", "--output-dir", out), timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     src = ds_run["run"] / "checkpoint-2" / "export"

@@ -41,17 +41,20 @@ def resolve_attn(name: str, cuda: bool) -> str:
 
 
 def load_config(model_dir: str | Path, spec):
-    """The model's config with ``spec`` applied (rope_scaling.apply_rope), before any weights are loaded."""
+    """(the model's config with ``spec`` applied, what was done: a ``rope_scaling.RopeChange``), before any
+    weights are loaded. The one rule of ``rope_scaling.apply_rope``: a config that already carries scaling takes
+    the same spec again as a no-op and another one only with --replace."""
     from transformers import AutoConfig
 
-    from rope_scaling import apply_rope
+    from rope_scaling import apply_rope, plan_rope
 
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise InputError("not a model directory (no config.json)", model_dir)
     cfg = AutoConfig.from_pretrained(str(model_dir))
+    change = plan_rope(cfg, spec)
     apply_rope(cfg, spec)
-    return cfg
+    return cfg, change
 
 
 def load_model(model_dir: str | Path, config, dtype: torch.dtype, attn: str):

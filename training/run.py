@@ -1,12 +1,18 @@
 """One fine-tuning run, top to bottom: settings -> model + RoPE -> data checks -> LoRA -> Trainer -> exports.
 
-Every input problem (model path, data length vs the RoPE-extended context, recipe key, resume from another
-RoPE setting, batch arithmetic) raises InputError before the first training step.
+Every input problem (model path, numeric settings, data length vs the RoPE-extended context, recipe key, resume
+with other settings, --init-from a run of another RoPE setting, batch arithmetic, an --output-dir that cannot be
+a directory) raises InputError before the first training step, and before run.json is touched.
+
+Resume (``--resume auto|CHECKPOINT``) continues exactly the run in --output-dir: every resolved setting (after the
+recipe), the model, the RoPE setting and the data (path and content: its length stats) must be those recorded in
+run.json; only ``--max-steps`` may grow (:func:`resume_diff`).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import time
@@ -17,7 +23,7 @@ from ropescale import REPO_ROOT
 from ropescale.io import InputError
 
 from . import env
-from .config import default_global_batch, resolve_ds_config
+from .config import FIELDS, default_global_batch, resolve_ds_config
 
 RUNS_DIR = REPO_ROOT / "runs" / "train"
 
@@ -50,9 +56,128 @@ def same_rope(a: dict, b: dict) -> bool:
     from rope_scaling import RopeSpec
 
     try:
-        return RopeSpec.from_dict(a) == RopeSpec.from_dict(b)
+        return RopeSpec.from_dict(a).same_rope(RopeSpec.from_dict(b))
     except Exception:  # noqa: BLE001 - an unreadable record differs
         return a == b
+
+
+def rope_desc(d) -> str:
+    """``ntk s=8`` for a recorded rope dict (its raw form when unreadable)."""
+    from rope_scaling import RopeSpec
+
+    try:
+        return RopeSpec.from_dict(d).describe()
+    except Exception:  # noqa: BLE001
+        return str(d)
+
+
+# resume: what is not a setting of the run (how this invocation is spelled)
+NOT_SETTINGS = ("output_dir",)  # plus resume, overwrite, local_rank, recipe (not in FIELDS)
+
+
+def _same_path(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return Path(str(a)).expanduser().resolve() == Path(str(b)).expanduser().resolve()
+
+
+def _same_value(a, b) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
+            and not isinstance(b, bool):
+        return a == b or math.isclose(a, b, rel_tol=1e-12)
+    return a == b
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (list, tuple)):
+        return ",".join(map(str, v))
+    return str(v)
+
+
+def resume_diff(meta: dict, args: argparse.Namespace, *, model_dir, rope: dict, ds_path) -> list[str]:
+    """What differs between the run recorded in ``meta`` (run.json) and the resolved settings ``args`` of a resume,
+    as ``key old -> new`` items; empty when the run may be resumed. Only ``max_steps`` may grow; paths compare
+    resolved; the global batch compares resolved (an unset one is the default for the recorded train length); a
+    resume without ``--data`` uses the run's data."""
+    diffs = []
+    if not same_rope(meta.get("rope") or {}, rope):
+        diffs.append(f"rope {rope_desc(meta.get('rope'))} -> {rope_desc(rope)}")
+    if meta.get("model") and not _same_path(meta["model"], model_dir):
+        diffs.append(f"model {meta['model']} -> {model_dir}")
+    old = meta.get("args")
+    if not isinstance(old, dict):
+        return diffs + ["settings not recorded"]
+    for f in FIELDS:
+        k = f.name
+        new = getattr(args, k, None)
+        if k in NOT_SETTINGS or k == "model":
+            continue
+        if k == "data":
+            if new is not None and meta.get("data") and not _same_path(meta["data"], new):
+                diffs.append(f"data {meta['data']} -> {new}")
+            continue
+        if k == "max_steps":
+            if isinstance(old.get(k), int) and new < old[k]:
+                diffs.append(f"max_steps {old[k]} -> {new}")
+            continue
+        if k == "global_batch" and meta.get("global_batch") and meta.get("train_length"):
+            now = new or default_global_batch(int(meta["train_length"]))
+            if now != meta["global_batch"]:
+                diffs.append(f"global_batch {meta['global_batch']} -> {now}")
+            continue
+        if k == "deepspeed" and "deepspeed" in meta:
+            if not _same_path(meta["deepspeed"], ds_path):
+                diffs.append(f"deepspeed {_fmt(meta['deepspeed'])} -> {_fmt(ds_path)}")
+            continue
+        if k not in old:  # a setting newer than the run: nothing recorded to compare with
+            continue
+        was = old[k]
+        if k == "init_from":
+            same = _same_path(was, new)
+        else:
+            same = _same_value(was, json.loads(json.dumps(new)))
+        if not same:
+            diffs.append(f"{k} {_fmt(was)} -> {_fmt(new)}")
+    return diffs
+
+
+def refuse_resume(diffs: list[str], meta_path: Path) -> InputError:
+    return InputError(f"--resume: this run was made with other settings: {', '.join(diffs)} (only --max-steps may "
+                      f"grow); use a new --output-dir or --overwrite", meta_path)
+
+
+def check_output_dir(run_dir: Path) -> None:
+    """The run directory can be one: not an existing file, no parent a file."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise InputError("--output-dir: exists and is not a directory", run_dir)
+    for parent in run_dir.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(f"--output-dir: cannot be created: {parent} is not a directory", run_dir)
+            break
+
+
+def check_init_rope(init_export: Path, rope: dict) -> None:
+    """--init-from continues training of another run (the 16K -> 32K recipes): it must have the same RoPE."""
+    from .saving import EXPORT_JSON
+
+    f = init_export / EXPORT_JSON
+    try:
+        info = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"--init-from: unreadable export record: {e}", f) from None
+    if not isinstance(info, dict):
+        raise InputError("--init-from: unreadable export record (not a JSON object)", f)
+    old = info.get("rope") or {}
+    if not same_rope(old, rope):
+        raise InputError(f"--init-from: that run was trained with RoPE {rope_desc(old)}, this run asks for "
+                         f"{rope_desc(rope)}; pass the same RoPE flags as that run", f)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -89,6 +214,9 @@ def ds_config_dict(path: Path, *, cuda: bool, cpu_adam: str) -> dict:
 
 def train(args: argparse.Namespace) -> Path:
     """Run (or resume) a fine-tuning run; returns the run directory."""
+    from .config import validate_settings
+
+    validate_settings(args)  # before any work
     env.setup_env()
     env.disable_shm_comm()
     import torch
@@ -108,26 +236,29 @@ def train(args: argparse.Namespace) -> Path:
     main = env.is_main()
     spec = spec_from_args(args)
     model_dir = resolve_model(args.model)
-    config = load_config(model_dir, spec)
+    config, change = load_config(model_dir, spec)
     extended = extended_context(config)
     from rope_scaling import read_rope
 
-    rope = rope_record(read_rope(config))
-    rope_desc = "no RoPE scaling" if spec.method == "none" else f"--rope {spec.method} --scale {spec.scale:g}"
-    log(f"[finetune] model {model_dir} ({config.model_type}), {rope_desc}: context {extended} tokens")
+    effective = read_rope(config)  # what the model trains with (flags, or what its config already carries)
+    rope = rope_record(effective)
+    rope_desc_ = "no RoPE scaling" if effective.method == "none" else f"RoPE {effective.describe()}"
+    log(f"[finetune] model {model_dir} ({config.model_type}), {change.message()}: context {extended} tokens")
 
     # ---- run directory, resume
-    run_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args.model, spec)
+    run_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args.model, effective)
+    check_output_dir(run_dir)
     rd = RunDir(run_dir)
     resume_from = None
+    old_meta = None  # the run.json of the run being resumed
+    ds_path = resolve_ds_config(args.deepspeed)
     if args.resume:
         if not rd.exists():
             raise InputError("--resume: not a finetune run directory (no run.json)", run_dir)
-        meta = rd.read_meta()
-        if not same_rope(meta.get("rope", {}), rope):
-            raise InputError(f"--resume: the run was trained with rope {meta.get('rope')}, not {rope}", run_dir)
-        if meta.get("model") and Path(meta["model"]).resolve() != Path(model_dir).resolve():
-            raise InputError(f"--resume: the run was trained from {meta['model']}, not {model_dir}", run_dir)
+        old_meta = rd.read_meta()
+        diffs = resume_diff(old_meta, args, model_dir=model_dir, rope=rope, ds_path=ds_path)
+        if diffs:
+            raise refuse_resume(diffs, rd.meta_path)
         resume_from = latest_checkpoint(run_dir) if args.resume == "auto" else Path(args.resume)
         if resume_from is not None and not (resume_from / "trainer_state.json").is_file():
             raise InputError("--resume: not a checkpoint directory", resume_from)
@@ -141,7 +272,7 @@ def train(args: argparse.Namespace) -> Path:
                          "--overwrite to start over, or another --output-dir", run_dir)
     if args.init_from:
         init_export = find_export(args.init_from, args.init_step)
-    ds_path = resolve_ds_config(args.deepspeed)
+        check_init_rope(init_export, rope)
     dtype = resolve_dtype(args.dtype, cuda)
     attn = resolve_attn(args.attn, cuda)
 
@@ -151,16 +282,25 @@ def train(args: argparse.Namespace) -> Path:
     # ---- data
     if args.data:
         data_dir = Path(args.data)
+    elif old_meta is not None and old_meta.get("data") and (Path(old_meta["data"]) / "train.parquet").is_file():
+        data_dir = Path(old_meta["data"])  # a resume continues on the run's own data
     else:
         orig = read_rope(config).orig_ctx or extended
+        sized = {**vars(args), **((old_meta or {}).get("args") or {})}  # a resume rebuilds what the run began with
         data_dir = build_default_data(model_dir, orig, extended, factor=args.default_data_factor,
-                                      n_samples=max(8, args.max_steps * (args.global_batch or 1)),
+                                      n_samples=max(8, sized["max_steps"] * (sized["global_batch"] or 1)),
                                       seed=args.seed) if main else None
         if world > 1:  # other ranks wait for rank 0 to build it
             data_dir = _broadcast_path(data_dir)
     rows = load_rows(data_dir)
     stats = check_rows(rows, vocab_size=config.vocab_size, extended=extended,
-                       allow_extrapolation=args.allow_extrapolation, where=data_dir, rope_desc=rope_desc)
+                       allow_extrapolation=args.allow_extrapolation, where=data_dir, rope_desc=rope_desc_)
+    if old_meta is not None:  # the same path must still hold the same data
+        was = old_meta.get("data_stats") or {}
+        diffs = [f"data {k} {_fmt(was[k])} -> {_fmt(stats[k])}" for k in ("samples", "tokens", "supervised", "min",
+                                                                          "max") if k in was and was[k] != stats[k]]
+        if diffs:
+            raise refuse_resume(diffs, rd.meta_path)
     log(f"[finetune] data {data_dir}: {stats['samples']} samples, {stats['min']}-{stats['max']} tokens "
         f"(mean {stats['mean']:.0f}), {stats['supervised']} labelled tokens")
 
