@@ -11,6 +11,7 @@ tensors are gathered with ``deepspeed.zero.GatheredParameters`` (all ranks take 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -79,27 +80,70 @@ def export(model, out_dir: str | os.PathLike, *, extra_names: list[str], base_mo
         return None
     lora, extra = split_trainable(state, extra_names)
     out = Path(out_dir)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(str(tmp), state_dict=lora, safe_serialization=True)
-    save_file({k: v.clone() for k, v in extra.items()}, str(tmp / TRAINED_FILE), metadata={"format": "pt"})
-    config.save_pretrained(str(tmp))
-    if tokenizer_dir is not None:
-        for name in TOKENIZER_FILES:
-            f = Path(tokenizer_dir) / name
-            if f.is_file():
-                shutil.copy(f, tmp / name)
-    write_json_atomic(tmp / EXPORT_JSON, {"base_model": str(base_model), "rope": rope, "step": step,
-                                          "trained_tensors": sorted(extra), "lora_tensors": len(lora)})
-    if out.exists():
-        old = out.with_name(out.name + f".old{os.getpid()}")
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
+    with _building(out) as tmp:
+        model.save_pretrained(str(tmp), state_dict=lora, safe_serialization=True)
+        save_file({k: v.clone() for k, v in extra.items()}, str(tmp / TRAINED_FILE), metadata={"format": "pt"})
+        config.save_pretrained(str(tmp))
+        if tokenizer_dir is not None:
+            for name in TOKENIZER_FILES:
+                f = Path(tokenizer_dir) / name
+                if f.is_file():
+                    shutil.copy(f, tmp / name)
+        write_json_atomic(tmp / EXPORT_JSON, {"base_model": str(base_model), "rope": rope, "step": step,
+                                              "trained_tensors": sorted(extra), "lora_tensors": len(lora)})
     return out
+
+
+@contextlib.contextmanager
+def _building(out: Path):
+    """Build directory ``out`` in a temp dir beside it (yielded), then swap it into place: an existing ``out`` is
+    replaced only once the new one is complete. On any failure the temp dir is removed and ``out`` is left as it
+    was (also when the final rename fails)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if out.exists():
+            old = out.with_name(f"{out.name}.old{os.getpid()}")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+            try:
+                os.replace(tmp, out)
+            except BaseException:
+                os.replace(old, out)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone after a successful rename; removed after a failure
+
+
+def check_merge_out(out: Path, *, protect: dict[str, Path]) -> None:
+    """``merge --out``: a new path, an empty directory, or a model directory (replaced); never a file, another
+    directory, or one of the inputs (``protect``: what -> path). Checked before any work."""
+    from ropescale.tiny import check_model_dir
+
+    for what, p in protect.items():
+        if p is not None and out.resolve() == Path(p).resolve():
+            raise InputError(f"--out is {what}; merging would replace it: pick another --out", out)
+    if out.exists() or out.is_symlink():
+        if not out.is_dir():
+            raise InputError("--out exists and is not a directory (a file): pick another --out", out)
+        if any(out.iterdir()):
+            try:
+                check_model_dir(out)
+            except InputError:
+                raise InputError("--out is an existing directory that is not a model directory (it would be "
+                                 "replaced): pick a new or empty directory, or a merged model to replace", out) \
+                    from None
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(f"--out cannot be created: {parent} is not a directory", out)
+            break
 
 
 def find_export(run_dir: str | os.PathLike, step: int | None = None) -> Path:
@@ -149,14 +193,22 @@ def load_export_into(peft_model, export_dir: str | os.PathLike) -> None:
 def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_model: str | None = None,
           dtype: str = "auto") -> Path:
     """Base model + trained tensors + LoRA merged into a plain HF model (safetensors) whose config carries the
-    RoPE setting; written atomically."""
+    RoPE setting; written atomically. ``out_dir`` is checked first (:func:`check_merge_out`): a file, a directory
+    that is not a model, the run, its export or the base model are refused before any work."""
     from peft import PeftModel
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
     d = Path(export_dir)
-    info = json.loads((d / EXPORT_JSON).read_text(encoding="utf-8"))
+    out = Path(out_dir)
+    protect = {"the export being merged": d, "the run directory": d.parent if d.name == "final" else None}
+    check_merge_out(out, protect=protect)
+    try:
+        info = json.loads((d / EXPORT_JSON).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"unreadable export record: {e}", d / EXPORT_JSON) from None
     base = Path(base_model or info["base_model"])
+    check_merge_out(out, protect={**protect, "the base model": base})
     if not (base / "config.json").is_file():
         raise InputError("base model of the run not found (pass --base-model)", base)
     config = AutoConfig.from_pretrained(str(d))  # the trained config: rope applied
@@ -178,23 +230,11 @@ def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_mod
             params[n].copy_(t.to(params[n].dtype))
     model = PeftModel.from_pretrained(model, str(d), autocast_adapter_dtype=False)
     model = model.merge_and_unload()
-    out = Path(out_dir)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp), safe_serialization=True)
-    for name in TOKENIZER_FILES:
-        f = d / name
-        if f.is_file():
-            shutil.copy(f, tmp / name)
-    write_json_atomic(tmp / "merged_from.json", {"export": str(d), "base_model": str(base), **info})
-    if out.exists():
-        if not out.is_dir():
-            raise InputError("output exists and is not a directory", out)
-        old = out.with_name(out.name + f".old{os.getpid()}")
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, out)
+    with _building(out) as tmp:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        for name in TOKENIZER_FILES:
+            f = d / name
+            if f.is_file():
+                shutil.copy(f, tmp / name)
+        write_json_atomic(tmp / "merged_from.json", {"export": str(d), "base_model": str(base), **info})
     return out
