@@ -9,7 +9,8 @@ Inputs (any mix):
 
 Views:
 - Table 2 (CNNSum Table 2): per model and subset the average of the Prompt-IE and Prompt-IB scores, and
-  ``MSE(P-IE vs P-IB)`` = the mean over the subsets that have both of (IE - IB)^2.
+  ``MSE(P-IE vs P-IB)`` = the mean over the model's subsets of (IE - IB)^2. A subset scored with only one of the
+  prompts shows no average (``-``) and leaves the model without an MSE: one prompt's score is not the average.
 - Table 7 (CNNSum Appendix C): IE and IB side by side.
 - Extrapolation (CNNSum Table 8): rows = (model, rope method, scale, train length), columns = subsets or
   ``--buckets`` of input length (from each sample's ``input_tokens``), cells = ROUGE-L (the mean over the
@@ -101,13 +102,17 @@ class Report:
         return rows
 
     def table2(self) -> dict:
-        """{label: {"avg": {subset: mean of IE/IB present}, "mse": MSE(P-IE vs P-IB) or None, "IE", "IB"}}."""
+        """{label: {"avg": {subset: mean of IE and IB}, "mse": MSE(P-IE vs P-IB), "IE", "IB": {subset: score}}}
+        over the subsets scored with at least one prompt; a prompt missing on such a subset is None in its own
+        dict, in avg, and makes the MSE None (a subset scored with neither prompt is simply absent)."""
         out = {}
         for s in self.series:
             ie = {c: v for c in self.columns if (v := self.value(s, "IE", c)) is not None}
             ib = {c: v for c in self.columns if (v := self.value(s, "IB", c)) is not None}
-            avg = {c: prompt_average(ie.get(c), ib.get(c)) for c in self.columns if c in ie or c in ib}
-            out[s.label] = {"avg": avg, "mse": mse_ie_ib(ie, ib), "IE": ie, "IB": ib}
+            cols = [c for c in self.columns if c in ie or c in ib]
+            out[s.label] = {"avg": {c: prompt_average(ie.get(c), ib.get(c)) for c in cols},
+                            "mse": mse_ie_ib(ie, ib), "IE": {c: ie.get(c) for c in cols},
+                            "IB": {c: ib.get(c) for c in cols}}
         return out
 
     def extrapolation(self) -> tuple[list[str], list[dict]]:
@@ -159,16 +164,22 @@ class Report:
 
 
 # ----------------------------------------------------------------------------------------------- formulas
-def prompt_average(ie: Optional[float], ib: Optional[float]) -> float:
-    """CNNSum Table 2 cell: the mean of the Prompt-IE and Prompt-IB scores (of the one present if only one is)."""
-    present = [v for v in (ie, ib) if v is not None]
-    return sum(present) / len(present)
+def prompt_average(ie: Optional[float], ib: Optional[float]) -> Optional[float]:
+    """CNNSum Table 2 cell: the mean of the Prompt-IE and Prompt-IB scores; None (a missing cell) unless both are
+    present — one prompt's score is not the average of two (the Table 7 view shows it)."""
+    if ie is None or ib is None:
+        return None
+    return (ie + ib) / 2
 
 
 def mse_ie_ib(ie: dict, ib: dict) -> Optional[float]:
-    """CNNSum Table 2 'MSE (P-IE vs P-IB)' (Sec 4.3): mean over subsets scored with both prompts of (IE - IB)^2."""
-    both = [c for c in ie if c in ib]
-    return sum((ie[c] - ib[c]) ** 2 for c in both) / len(both) if both else None
+    """CNNSum Table 2 'MSE (P-IE vs P-IB)' (Sec 4.3): the mean over the model's subsets of (IE - IB)^2; None when a
+    subset has only one of the two prompts (a subset with neither, like GPT-4o's 3XL, is not one of its subsets)."""
+    ie = {c: v for c, v in ie.items() if v is not None}
+    ib = {c: v for c, v in ib.items() if v is not None}
+    if not ie or set(ie) != set(ib):
+        return None
+    return sum((ie[c] - ib[c]) ** 2 for c in ie) / len(ie)
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -313,10 +324,11 @@ def load_runs(paths: Iterable[str | os.PathLike], metric: str = DEFAULT_METRIC) 
     """Every generation run under ``paths`` (run dirs or folders), with scores (stored or recomputed)."""
     found = []
     for rd in find_run_dirs(paths):
-        if not (rd.path / PREDICTIONS).is_file():
+        pj = rd.path / PREDICTIONS
+        if not pj.is_file() or not pj.read_bytes().strip():
             meta = rd.read_meta()
             if meta.get("kind") in (None, "generate"):
-                print(f"note: {rd.path}: no {PREDICTIONS} yet, skipped", file=sys.stderr)
+                print(f"note: {rd.path}: no predictions yet, skipped", file=sys.stderr)
             continue
         summary, samples, fresh = load_run_scores(rd.path, metric)
         model = summary.get("model")
@@ -543,7 +555,11 @@ def render(rep: Report, fmt: str = "markdown", view: str = "all") -> str:
     for v in views:
         header, rows = _TABULAR[v](rep, "markdown")
         title = _TITLES[v].format(cols="input-length bucket (tokens)" if rep.buckets else "subset")
-        parts.append(f"### {title}\n\n{_md_table(header, rows)}\n")
+        note = ""
+        if v == "table2" and any(x is None for d in rep.table2().values() for x in d["avg"].values()):
+            note = ("\n'-': a subset scored with only one of the two prompts has no average (and the model no MSE);"
+                    " the Table 7 view shows the single prompt's score.\n")
+        parts.append(f"### {title}\n\n{_md_table(header, rows)}\n{note}")
     return "\n".join(parts)
 
 
@@ -602,6 +618,15 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def check_report_out(out_dir=None, plot=None) -> None:
+    """Where the report goes must be usable before anything is written: ``out_dir`` a directory or nothing yet,
+    ``plot`` a file path, not a directory."""
+    if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise InputError("exists and is not a directory (the report's tables go there)", out_dir)
+    if plot is not None and Path(plot).is_dir():
+        raise InputError("is a directory (--plot takes a .png file path)", plot)
+
+
 def make_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.PathLike] = (),
                 metric: str = DEFAULT_METRIC, buckets: Optional[Sequence[int]] = None, fmt: str = "markdown",
                 view: Optional[str] = None, out_dir: Optional[str | os.PathLike] = None,
@@ -611,6 +636,7 @@ def make_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.Pa
     return the text to print. Bad input raises InputError before anything is written."""
     if window < 1:
         raise InputError("--window must be >= 1")
+    check_report_out(out_dir, plot)
     rep = build_report(sources, scores_csv=scores_csv, metric=metric, buckets=buckets)
     if buckets and not rep.runs:
         raise InputError("--buckets needs run directories (per-sample input lengths)")

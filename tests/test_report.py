@@ -67,19 +67,44 @@ def test_table7_fixture_agrees_with_table3():
             assert tuple(vals[(model, kind, s)] for s in ("L", "XL", "2XL", "3XL")) == v, (model, kind)
 
 
-def test_mse_is_over_subsets_with_both_prompts():
+def test_mse_is_over_the_models_subsets():
     rows = [
         {"model": "m", "prompt": "IE", "subset": "L", "rouge_l": 10.0},
         {"model": "m", "prompt": "IB", "subset": "L", "rouge_l": 13.0},
         {"model": "m", "prompt": "IE", "subset": "XL", "rouge_l": 8.0},
         {"model": "m", "prompt": "IB", "subset": "XL", "rouge_l": 7.0},
-        {"model": "m", "prompt": "IE", "subset": "2XL", "rouge_l": 5.0},  # no IB: in avg, not in MSE
+        # 3XL scored with neither prompt (GPT-4o in the paper): not one of m's subsets
     ]
     t2 = RP.build_report(rows).table2()["m"]
     assert t2["mse"] == pytest.approx((9 + 1) / 2)
-    assert t2["avg"] == {"L": 11.5, "XL": 7.5, "2XL": 5.0}
-    only_ie = RP.build_report(rows[-1:]).table2()["m"]
-    assert only_ie["mse"] is None
+    assert t2["avg"] == {"L": 11.5, "XL": 7.5}
+
+
+def test_table2_one_prompt_missing_is_missing_not_the_other_prompt():
+    """Issue 15: a subset scored with IE only must not show IE's score as the IE/IB average, nor an MSE."""
+    rows = [
+        {"model": "m", "prompt": "IE", "subset": "L", "rouge_l": 10.0},
+        {"model": "m", "prompt": "IB", "subset": "L", "rouge_l": 13.0},
+        {"model": "m", "prompt": "IE", "subset": "XL", "rouge_l": 8.0},  # no IB for XL
+        {"model": "ie-only", "prompt": "IE", "subset": "L", "rouge_l": 6.0},  # a model run with --prompts ie
+    ]
+    rep = RP.build_report(rows)
+    t2 = rep.table2()
+    assert t2["m"]["avg"] == {"L": 11.5, "XL": None}
+    assert t2["m"]["IB"] == {"L": 13.0, "XL": None} and t2["m"]["mse"] is None
+    assert t2["ie-only"] == {"avg": {"L": None}, "mse": None, "IE": {"L": 6.0}, "IB": {"L": None}}
+    js = json.loads(RP.render(rep, "json", "table2"))
+    assert js["m"]["avg"] == {"L": 11.5, "XL": None} and js["m"]["mse"] is None
+    assert js["ie-only"]["IB"] == {"L": None}
+    csv_rows = list(csv.reader(io.StringIO(RP.render(rep, "csv", "table2"))))
+    assert csv_rows[0] == ["model", "L", "XL", "mse"]
+    assert csv_rows[1:] == [["m", "11.5", "", ""], ["ie-only", "", "", ""]]
+    md = RP.render(rep, "markdown", "table2")
+    assert "| m | 11.50 | - | - |" in md and "| ie-only | - | - | - |" in md
+    assert "only one of the two prompts" in md
+    # the Table 7 view still shows the single prompt's scores
+    t7 = RP.render(rep, "markdown", "table7")
+    assert "| m | 10.00 / 13.00 | 8.00 / - |" in t7 and "| ie-only | 6.00 / - | - / - |" in t7
 
 
 def test_markdown_and_csv_views(capsys):
@@ -232,7 +257,8 @@ def test_out_dir_and_plot(runs, tmp_path, capsys):
     for name in ("table2", "table7", "extrapolation", "failure_modes"):
         for ext in ("md", "csv", "json"):
             assert (out_dir / f"{name}.{ext}").stat().st_size > 0
-    assert json.loads((out_dir / "table2.json").read_text())["toy"]["avg"]["T4096"] == pytest.approx(HALF)
+    toy = json.loads((out_dir / "table2.json").read_text())["toy"]
+    assert toy["avg"]["T4096"] is None and toy["IE"]["T4096"] == pytest.approx(HALF)  # toy has no IB run
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     import matplotlib.image
