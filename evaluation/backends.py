@@ -29,12 +29,21 @@ token for token on tiny random Qwen2 / Llama models on CPU, for every cache; on 
 --dtype float32``). In bf16 the attention kernels round differently (masked vs causal SDPA), and with flat
 random-weight logits an argmax flips after a few tokens.
 
-vllm backend: imported lazily (``pip install vllm`` on a CUDA machine); the RoPE setting is passed as
-``hf_overrides`` (the config fields that :func:`rope_scaling.apply_rope` changed) and ``max_model_len`` is the
-paper's rule, twice the subset's target length, raised if needed so the longest prompt + generation fits.
+With dynamic NTK, transformers' rotary module keeps the largest base it has computed; every prefill (slots) or
+batch (static / dynamic) starts from the original base again (:func:`evaluation.engine.reset_dynamic_rope`), and the
+slot decoder gives each slot its own frequencies, so each sample is decoded as batch-1 ``generate`` on a fresh
+model decodes it. (A padded batch of ``generate`` still shares one base: the longest row's.)
+
+vllm backend: imported lazily (``pip install vllm`` on a CUDA machine); ``max_model_len`` is the paper's rule,
+twice the subset's target length, raised if needed so the longest prompt + generation fits; the RoPE setting is
+passed as ``hf_overrides`` (the config fields that :func:`rope_scaling.apply_rope` changed), plus what
+:func:`vllm_settings` adds so that vLLM's precomputed rotary cache covers ``max_model_len`` and YaRN's attention
+factor reaches it; settings vLLM would compute differently from transformers are refused there (dynamic NTK, and
+YaRN past its rotary cache), pointing to ``--backend hf``.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -226,6 +235,9 @@ class HFBackend:
                               pad_token_id=self.pad, use_cache=True,
                               cache_implementation="static" if self.cache == "static" else None,
                               disable_compile=not self.compile)
+        from .engine import reset_dynamic_rope
+
+        reset_dynamic_rope(self.model)  # dynamic NTK: start each batch from the original base, not the last one's
         with torch.inference_mode():
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                                       generation_config=gc)
@@ -324,11 +336,12 @@ class HFBackend:
 
 
 class VLLMBackend:
-    """vLLM offline inference (GPU only; imported lazily)."""
+    """vLLM offline inference (GPU only; imported lazily). ``hf_overrides`` and ``max_model_len`` come from
+    :func:`vllm_settings` (see there for what vLLM's rotary cache needs)."""
 
     name = "vllm"
 
-    def __init__(self, model_dir, config, tokenizer, *, rope_overrides: dict, max_model_len: int,
+    def __init__(self, model_dir, config, tokenizer, *, hf_overrides: dict, max_model_len: int,
                  dtype: str = "auto", gpu_memory_utilization: float = 0.9, chunk: int = 64, log=None, **_ignored):
         try:
             import vllm  # noqa: F401
@@ -345,9 +358,10 @@ class VLLMBackend:
         self.tokenizer = tokenizer
         self.eos = eos_ids_of(model_dir, config, tokenizer)
         self.max_model_len = int(max_model_len)
-        self.overrides = dict(rope_overrides)
-        # vLLM refuses a max_model_len beyond what the config derives unless told otherwise; evaluating
-        # extrapolation beyond the trained length is the point here (the paper patched vLLM for the same reason).
+        self.overrides = dict(hf_overrides)
+        # vllm_settings made the rotary cache cover max_model_len; vLLM's own length check reads more config keys
+        # than the rotary cache (seq_length, model_max_length, ...), so it is skipped. (The variable alone would not
+        # do: it skips the check, and positions past the cache then read garbage.)
         os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
         self.chunk = chunk
         self.dtype = "bfloat16" if dtype == "auto" else dtype
@@ -381,11 +395,112 @@ def rope_overrides(before: dict, after: dict) -> dict:
     return {k: after[k] for k in keys if k in after and after.get(k) != before.get(k)}
 
 
-def make_backend(name: str, model_dir, config, tokenizer, **kw):
+# ---------------------------------------------------------------- what vLLM is told
+def _rope_entries(cfg: dict) -> tuple[str, dict]:
+    """(the config key holding the rope dict, that dict as a flat 5.x-style dict with rope_type) of a config dict:
+    ``rope_parameters`` (transformers 5.x) or ``rope_scaling`` (4.x, rope_theta beside it)."""
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, dict) and rp:
+        key, e = "rope_parameters", dict(rp)
+    else:
+        key, e = "rope_scaling", dict(cfg.get("rope_scaling") or {})
+    e["rope_type"] = e.get("rope_type") or e.get("type") or "default"
+    return key, e
+
+
+def _yarn_mscale(s: float) -> float:
+    """0.1 ln(s) + 1 (1 for s <= 1): YaRN's default attention factor, in transformers and vLLM alike."""
+    return 1.0 if s <= 1 else 0.1 * math.log(s) + 1.0
+
+
+def vllm_settings(config, overrides: dict, *, need: int, want: int) -> tuple[dict, int]:
+    """(hf_overrides, max_model_len) for vLLM, or an InputError where vLLM would compute something else than HF.
+
+    ``config`` is the effective HF config (RoPE applied), ``overrides`` the fields the RoPE flags changed, ``need``
+    the longest prompt + max new tokens, ``want`` the max_model_len asked for (the paper's 2x the subset's target).
+
+    vLLM precomputes a cos/sin cache at load time and indexes it by position; ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``
+    only skips its length check, so a position past the cache reads garbage. Its length (vLLM source,
+    ``model_executor/layers/rotary_embedding``) is ``max_position_embeddings`` for default (plain, ntk, abf) and
+    llama3 rope, ``max_position_embeddings x factor`` for linear (pi) and dynamic,
+    ``original_max_position_embeddings x factor`` for yarn. Hence:
+
+    - default / llama3 / linear: ``max_position_embeddings`` is raised through ``hf_overrides`` until the cache
+      covers ``max_model_len`` (the frequencies do not depend on it for these types);
+    - yarn: the cache cannot be moved without changing the frequencies in some vLLM versions, so prompt + new
+      tokens beyond it are refused (``--backend hf`` computes any position), and ``max_model_len`` is capped to it;
+      the attention factor is passed both as HF's ``attention_factor`` (read by recent vLLM) and as vLLM's
+      ``attn_factor`` multiplier (older vLLM reads only that, and drops ``attention_factor``), so that vLLM
+      scales cos/sin exactly as transformers does;
+    - dynamic (``--rope dynamic_ntk``): refused; vLLM's "dynamic" is a static NTK base for the full factor, not
+      transformers' base recomputed from the current length.
+    """
+    cfg = config if isinstance(config, dict) else config.to_dict()
+    key, e = _rope_entries(cfg)
+    t = e["rope_type"]
+    out = dict(overrides)
+    max_pos = int(cfg.get("max_position_embeddings") or 0)
+    mml = max(int(want), int(need))
+    if t == "dynamic":
+        raise InputError("--backend vllm cannot run dynamic NTK: vLLM's 'dynamic' rope is a static NTK base for the "
+                         "full factor, not transformers' base recomputed from the current length; use --backend hf")
+    if t in ("default", "llama3", "linear"):
+        factor = float(e.get("factor") or 1.0) if t == "linear" else 1.0
+        if max_pos * factor < mml:
+            out["max_position_embeddings"] = int(math.ceil(mml / factor))
+        return out, mml
+    if t == "yarn":
+        factor = float(e["factor"])
+        orig = int(e.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+                   or max_pos)
+        cache = int(math.ceil(orig * factor))
+        if need > cache:
+            raise InputError(f"--backend vllm: prompt + new tokens reach {need} tokens, past vLLM's YaRN rotary cache "
+                             f"of {cache} positions (original_max_position_embeddings {orig} x factor {factor:g}), "
+                             f"where it would read garbage; use --backend hf, or a larger --scale")
+        if e.get("mscale") or e.get("mscale_all_dim"):
+            raise InputError("--backend vllm: yarn with mscale / mscale_all_dim is not supported; use --backend hf")
+        af = e.get("attention_factor")
+        af = float(af) if af is not None else _yarn_mscale(factor)  # transformers' default
+        rope = {**e, "attention_factor": af, "attn_factor": af / _yarn_mscale(factor)}
+        if key == "rope_scaling":
+            rope.setdefault("type", t)
+        if rope != cfg.get(key):
+            out[key] = rope
+        return out, min(mml, cache)
+    raise InputError(f"--backend vllm: rope type {t!r} is not supported here; use --backend hf")
+
+
+def make_backend(name: str, model_dir, config, tokenizer, *, reuse: dict | None = None, **kw):
+    """The backend ``name`` with the generate settings ``kw`` (``rope_overrides`` / ``max_model_len`` /
+    ``need_len`` matter to vllm only). ``reuse`` (a dict the caller keeps across calls) returns the backend an
+    earlier call built when the settings are the same; a different one is dropped first (GPU memory)."""
     if name == "hf":
-        kw = {k: v for k, v in kw.items() if k not in ("rope_overrides", "max_model_len")}
-        return HFBackend(model_dir, config, tokenizer, **kw)
-    if name == "vllm":
-        kw = {k: v for k, v in kw.items() if k in ("rope_overrides", "max_model_len", "dtype", "log")}
-        return VLLMBackend(model_dir, config, tokenizer, **kw)
-    raise InputError(f"unknown backend {name!r} (choose from {', '.join(BACKENDS)})")
+        kw = {k: v for k, v in kw.items() if k not in ("rope_overrides", "max_model_len", "need_len")}
+        factory = HFBackend
+    elif name == "vllm":
+        ov, mml = vllm_settings(config, kw.get("rope_overrides") or {}, need=int(kw["need_len"]),
+                                want=int(kw.get("max_model_len") or kw["need_len"]))
+        kw = {"hf_overrides": ov, "max_model_len": mml, "dtype": kw.get("dtype", "auto"), "log": kw.get("log")}
+        factory = VLLMBackend
+    else:
+        raise InputError(f"unknown backend {name!r} (choose from {', '.join(BACKENDS)})")
+    if reuse is None:
+        return factory(model_dir, config, tokenizer, **kw)
+    key = (name, str(model_dir), repr(sorted((k, id(v) if k == "model" else v) for k, v in kw.items() if k != "log")))
+    if key in reuse:
+        return reuse[key]
+    if reuse:
+        import gc
+
+        reuse.clear()
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
+    reuse[key] = be = factory(model_dir, config, tokenizer, **kw)
+    return be

@@ -24,10 +24,13 @@ masked attention), and a batch runs until its longest member is done. Here:
   during a run, so one capture serves the whole benchmark. A model whose forward cannot be captured (dynamic NTK
   syncs on the position to pick its frequencies) falls back to eager steps, with a note on stderr.
 
-Dynamic NTK (``--rope dynamic_ntk``): transformers recomputes the frequencies from the largest position in a
-forward pass, so during decoding every live slot uses the frequencies of the longest live sequence (as batched
-``generate`` does); prefill is per sample and uses the sample's own length. ``--max-batch 1`` gives strict
-batch-1 behaviour.
+Dynamic NTK (``--rope dynamic_ntk``): transformers' rotary module recomputes its base from the largest position
+of a forward pass and keeps the largest it has seen (it only shrinks back below the original context), so a
+module that served a long sample would serve every later, shorter one with the long sample's base. Each sample is
+therefore computed as batch-1 ``generate`` on a fresh model computes it: the module is reset before every prefill
+(:func:`reset_dynamic_rope`), and a decode step gives every slot the frequencies of its own length (the module's
+own code, run once per slot with that slot's frequencies: :class:`_PerSlotDynamicRope`), not those of the longest
+live slot. Dynamic NTK decode steps run eagerly (the frequency update needs the positions on the host).
 
 Greedy outputs equal plain batch-1 ``model.generate`` in fp32 (token for token: tests on CPU with Qwen2 / Llama
 GQA models, refills and shifts; ``bench/bench_generate.py --device cuda --toy --dtype float32`` on CUDA with the
@@ -68,6 +71,68 @@ def slot_bytes_per_token(config, dtype) -> int:
     kv = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return 2 * config.num_hidden_layers * kv * head_dim * (torch.finfo(dtype).bits // 8)
+
+
+def dynamic_rope_modules(model) -> list:
+    """The model's rotary modules that use transformers' dynamic NTK (their base follows the sequence length)."""
+    out = []
+    for m in model.modules():
+        rt = getattr(m, "rope_type", None)
+        if isinstance(rt, str) and "dynamic" in rt and hasattr(m, "original_inv_freq") \
+                and hasattr(m, "original_max_seq_len"):
+            out.append(m)
+    return out
+
+
+def reset_dynamic_rope(model, modules=None) -> None:
+    """Put dynamic-NTK rotary modules back in their freshly loaded state (original frequencies, nothing cached), as
+    transformers' own reset does when a sequence shorter than the original context comes."""
+    for m in dynamic_rope_modules(model) if modules is None else modules:
+        m.inv_freq = m.original_inv_freq.clone()
+        m.max_seq_len_cached = m.original_max_seq_len
+
+
+class _PerSlotDynamicRope:
+    """During a decode step, a dynamic-NTK rotary module computes each slot's cos/sin with that slot's own
+    frequencies, updated as transformers' dynamic update would for that sample alone (grow when the position passes
+    what the slot has seen), then the module's undecorated forward per slot. Prefill leaves the module in the
+    sample's state; :meth:`take` stores it for the slot."""
+
+    def __init__(self, module):
+        import inspect
+
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        self.m = module
+        self.raw = inspect.unwrap(type(module).forward)
+        self.init_fn = ROPE_INIT_FUNCTIONS[module.rope_type]
+        self.state: dict = {}  # slot -> [inv_freq, seen (max seq len), attention_scaling]
+
+    def take(self, row: int) -> None:
+        m = self.m
+        self.state[row] = [m.inv_freq, int(m.max_seq_len_cached), m.attention_scaling]
+
+    def forward(self, x, position_ids):
+        import torch
+
+        m = self.m
+        saved = (m.inv_freq, m.attention_scaling)
+        cos, sin = [], []
+        try:
+            for r, p in enumerate(position_ids[:, -1].tolist()):
+                st = self.state[r]
+                seq_len = int(p) + 1
+                if seq_len > st[1]:  # transformers: grow to the current length
+                    t = torch.tensor(seq_len, dtype=torch.long, device=position_ids.device)
+                    st[0], st[2] = self.init_fn(m.config, x.device, seq_len=t)
+                    st[1] = seq_len
+                m.inv_freq, m.attention_scaling = st[0], st[2]
+                c, s_ = self.raw(m, x[r:r + 1], position_ids[r:r + 1])
+                cos.append(c)
+                sin.append(s_)
+        finally:
+            m.inv_freq, m.attention_scaling = saved
+        return torch.cat(cos), torch.cat(sin)
 
 
 class SlotCache:
@@ -196,6 +261,9 @@ class SlotDecoder:
         self.log = log or (lambda m: print(m, file=sys.stderr))
         self.graph_used = False
         self.compactions = 0  # left shifts of the slot buffers (tests check the path is taken)
+        self.dynamic = [_PerSlotDynamicRope(m) for m in dynamic_rope_modules(model)]
+        if self.dynamic:
+            self.cuda_graph = False  # the per-slot frequency update needs the positions on the host
 
     # ----------------------------------------------------------------------------------------------------------
     def run(self, items: Sequence, max_new_tokens: int, min_new_tokens: int,
@@ -298,6 +366,8 @@ class SlotDecoder:
         n = len(ids)
         start = w - n
         dev = self.tok.device
+        if self.dynamic:  # the sample alone, from a fresh state: as batch-1 generate computes it
+            reset_dynamic_rope(self.model, [d.m for d in self.dynamic])
         out = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
                          position_ids=torch.arange(n, device=dev).unsqueeze(0),
                          past_key_values=_prefill_writer(self.model.config, self.cache, row, start), use_cache=True,
@@ -306,6 +376,8 @@ class SlotDecoder:
         if self.min_new > 0:
             logits = logits.masked_fill(self.eos_mask, float("-inf"))
         first = int(logits.argmax())
+        for d in self.dynamic:
+            d.take(row)
         self.mask[row].fill_(self.neg)
         self.mask[row, :, :, start:w + 1] = 0
         self.tok[row, 0] = first
@@ -334,11 +406,15 @@ class SlotDecoder:
         cfg = self.model.config
         impl = cfg._attn_implementation
         cfg._attn_implementation = ATTN_NAME  # read by every attention layer as it runs (and as it is captured)
+        for d in self.dynamic:  # per-slot dynamic NTK frequencies (an instance attribute shadows the class forward)
+            d.m.forward = d.forward
         try:
             out = self.model(input_ids=self.tok, position_ids=self.pos, attention_mask=self.mask,
                              past_key_values=self.cache, use_cache=True)
         finally:
             cfg._attn_implementation = impl
+            for d in self.dynamic:
+                del d.m.forward
         logits = out.logits[:, -1, :].float()
         if self.min_new > 0:
             logits = logits.masked_fill((self.gen < self.min_new).unsqueeze(1) & self.eos_mask, float("-inf"))

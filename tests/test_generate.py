@@ -374,3 +374,59 @@ def test_slot_decoder_frees_its_buffers_without_gc(make_tiny_model, tiny_tokeniz
         assert all(r() is None for r in refs)
     finally:
         gc.enable()
+
+
+# ------------------------------------------------------------------ dynamic NTK (issue 15.6)
+@pytest.mark.parametrize("cache,slots", [("slots", 3), ("slots", 1), ("static", 1)])
+def test_dynamic_ntk_each_sample_as_batch1_generate_on_a_fresh_model(make_tiny_model, tiny_tokenizer, chapters,
+                                                                     cache, slots):
+    """transformers' dynamic NTK keeps the largest base it has computed; the queue is longest-first, so without a
+    reset every later sample reused the longest one's base. Each sample must come out as batch-1 generate on a
+    freshly loaded model gives it (fp32), with several slots of different lengths decoding together too."""
+    import copy
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from evaluation.backends import HFBackend, Item
+    from rope_scaling import RopeSpec, apply_rope
+
+    _, d = varied(make_tiny_model, "qwen2", orig_ctx=64, seed=5)
+    cfg = AutoConfig.from_pretrained(d)
+    apply_rope(cfg, RopeSpec("dynamic_ntk", 4.0))
+    model = AutoModelForCausalLM.from_pretrained(d, config=cfg, dtype=torch.float32, attn_implementation="sdpa")
+    model.eval()
+    rot = model.model.rotary_emb
+    assert rot.rope_type == "dynamic"
+    fresh = copy.deepcopy(model)  # the untouched state, copied for every reference sample
+    texts = [chapters[i]["text"][: 70 + 53 * i] for i in range(5)]
+    seqs = [tiny_tokenizer(t)["input_ids"] for t in texts]
+    assert min(map(len, seqs)) > 64 and len({len(s) for s in seqs}) == 5  # all beyond the original context
+    max_new, eos = 12, len(tiny_tokenizer) - 1
+
+    ref = []
+    for s in seqs:
+        m = copy.deepcopy(fresh)
+        o = m.generate(input_ids=torch.tensor([s]), attention_mask=torch.ones(1, len(s), dtype=torch.long),
+                       do_sample=False, max_new_tokens=max_new, min_new_tokens=max_new, eos_token_id=eos,
+                       pad_token_id=tiny_tokenizer.pad_token_id)
+        ref.append(o[0, len(s):].tolist())
+    # the test has teeth: the longest sample's base gives other tokens to a shorter one
+    stale = copy.deepcopy(fresh)
+    longest = max(seqs, key=len)
+    stale.generate(input_ids=torch.tensor([longest]), max_new_tokens=2, do_sample=False, eos_token_id=eos,
+                   pad_token_id=tiny_tokenizer.pad_token_id)
+    s0 = seqs[0]
+    o = stale.generate(input_ids=torch.tensor([s0]), attention_mask=torch.ones(1, len(s0), dtype=torch.long),
+                       do_sample=False, max_new_tokens=max_new, min_new_tokens=max_new, eos_token_id=eos,
+                       pad_token_id=tiny_tokenizer.pad_token_id)
+    assert o[0, len(s0):].tolist() != ref[0]
+
+    per = len(longest) + 2 * max_new
+    be = HFBackend(d, model.config, tiny_tokenizer, model=model, batch_tokens=slots * per, max_batch=slots,
+                   cache=cache)
+    assert be.cache == cache
+    be.eos = [eos]
+    got = {}
+    be.generate([Item(i, s) for i, s in enumerate(seqs)], max_new, max_new, lambda it, o: got.__setitem__(it.id, o))
+    assert [got[i] for i in range(len(seqs))] == ref
