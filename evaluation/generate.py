@@ -1,21 +1,28 @@
-"""``eval_summ generate``: greedy summaries for a CNNSum-format JSONL, the paper's way (Sec 4.2, Appendix B.1).
+"""``eval_summ generate``: greedy summaries for CNNSum-format data, the paper's way (Sec 4.2, Appendix B.1).
 
-    python eval_summ.py generate --model PATH|tiny --data FILE.jsonl --prompt ie|ib|ft-ie|ft-ib --out DIR
+    python eval_summ.py generate --model PATH|tiny --data FILE.jsonl|DIR|NAME --prompt ie|ib|ft-ie|ft-ib --out DIR
                                  [--prompt-style release|paper] [--rope ntk --scale 8 ...] [--backend hf|vllm]
 
-Input: one JSON object a line with ``context`` and ``summary`` (the reference); ``id`` is optional (default: the
-line number). Prompts come from :mod:`ropescale.prompts` (baseline IE/IB in the release or paper wording, or the
-fine-tuning F.2 prompts for fine-tuned models); no chat template unless ``--chat-template``.
+Input: records with ``context`` and ``summary`` (the reference); ``id`` is optional (default: the line number),
+``subset`` too. ``--data`` is a JSONL file, or (read with HF ``datasets``, imported only then) a Parquet file, a
+``save_to_disk`` directory, a folder of JSONL/Parquet files, or a dataset name such as the CNNSum release
+``CxsGHost/CNNSum`` (``--data-files cnnsum_L_16k.jsonl`` picks one of its four files); see
+:mod:`evaluation.data`. Prompts come from :mod:`ropescale.prompts` (baseline IE/IB in the release or paper
+wording, or the fine-tuning F.2 prompts for fine-tuned models); no chat template unless ``--chat-template``.
 Decoding: greedy, at least 10 new tokens, at most 400 (L, XL) / 500 (2XL, 3XL) or ``--max-new-tokens``; the
-subset comes from ``--subset`` or the release file name (``cnnsum_XXL_64k.jsonl`` -> 2XL).
+subset comes from ``--subset``, else the records' ``subset`` field (``data_concat sample`` writes it; all
+records must agree), else the release file name (``cnnsum_XXL_64k.jsonl`` -> 2XL).
 
-RoPE: a model whose config carries RoPE scaling is used as saved; ``--rope/--scale/...`` apply a method to an
-unscaled model (to a scaled one only with ``--replace``).
+RoPE: ``--rope/--scale/...`` follow :func:`rope_scaling.apply_rope`'s rule, as every ropescale command does: on an
+unscaled model they apply the method; on a model whose config already carries scaling, the same setting is a
+no-op (noted on stderr), a different one is refused unless ``--replace``. Without flags the model runs as saved.
 
 Long inputs (``--truncate``): by default nothing is cut (``none``), as in the paper, whose point is to measure how
 models behave on inputs longer than their context window: HF computes rotary positions for any length, and the
 vllm backend gets ``max_model_len`` = 2x the subset's target (the paper's rule), raised to fit the longest prompt
-plus generation. ``--truncate middle`` instead keeps the head and tail of the *context* (LongBench-style middle
+plus generation, with its precomputed rotary cache made to cover it (``max_position_embeddings`` raised for
+plain / ntk / abf / pi rope); vLLM's dynamic NTK, and YaRN past vLLM's rotary cache, are refused (use the hf
+backend there): see :func:`evaluation.backends.vllm_settings`. ``--truncate middle`` instead keeps the head and tail of the *context* (LongBench-style middle
 truncation; the instructions around it are kept whole) so the prompt is at most ``--max-input-tokens`` tokens
 (default: the model's extended context minus the max new tokens). run.json counts ``truncated`` samples and
 ``over_context`` samples (prompt + max new tokens beyond the extended context, i.e. extrapolated).
@@ -24,28 +31,29 @@ Output (a run directory, see :mod:`ropescale.runs`): ``DIR/predictions.jsonl`` â
 (id, subset, prompt, input_tokens, truncated, new_tokens, prediction, reference), appended and fsynced as each
 sample finishes â€” and ``DIR/run.json`` (model, rope spec, train_length, prompt, prompt_style, subset, backend,
 versions, counts). Re-running the same command resumes: finished ids are skipped, a killed run loses at most
-the samples in flight (one per slot / batch row) and never duplicates a record; re-running with different settings into the same DIR is an
-error.
+the samples in flight (one per slot / batch row) and never duplicates a record; re-running with different
+settings into the same DIR is an error.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
 
 from ropescale import prompts, subsets
-from ropescale.io import InputError, read_jsonl
+from ropescale.io import InputError
 from ropescale.runs import RunDir, versions
 
 from .backends import BACKENDS, CACHES, Item, make_backend, rope_overrides
+from .data import (CNNSUM_HUB_ID, load_samples, open_source, parse_subset, records_subset,  # noqa: F401
+                   subset_from_filename)
 
 TRUNCATE = ("none", "middle")
 # settings that must match for a run directory to be resumed (anything else may differ, e.g. batch size)
-RESUME_KEYS = ("model", "data", "rope", "prompt", "prompt_style", "subset", "max_new_tokens", "min_new_tokens",
-               "chat_template", "truncate", "max_input_tokens")
+RESUME_KEYS = ("model", "data", "data_files", "data_split", "rope", "prompt", "prompt_style", "subset",
+               "max_new_tokens", "min_new_tokens", "chat_template", "truncate", "max_input_tokens")
 
 
 def _log(msg: str) -> None:
@@ -53,43 +61,34 @@ def _log(msg: str) -> None:
 
 
 # ---------------------------------------------------------------- inputs
-def load_samples(path, limit: int | None = None) -> list[dict]:
-    """CNNSum JSONL rows as {id, context, reference, line}; bad rows raise InputError naming file:line."""
-    rows, seen = [], {}
-    for r in read_jsonl(path, required=("context", "summary")):
-        line = r["_line"]
-        if not isinstance(r["context"], str) or not r["context"].strip():
-            raise InputError("'context' must be a non-empty string", path, line)
-        if not isinstance(r["summary"], str):
-            raise InputError("'summary' must be a string", path, line)
-        rid = r.get("id", line)
-        if not isinstance(rid, (str, int)) or isinstance(rid, bool):
-            raise InputError(f"'id' must be a string or an integer, got {rid!r}", path, line)
-        if rid in seen:
-            raise InputError(f"duplicate id {rid!r} (first on line {seen[rid]})", path, line)
-        seen[rid] = line
-        rows.append({"id": rid, "context": r["context"], "reference": r["summary"], "line": line})
-        if limit is not None and len(rows) >= limit:
-            break
-    if not rows:
-        raise InputError("no samples", path)
-    return rows
-
-
-def resolve_subset(name: str | None, data_path) -> subsets.Subset | None:
-    """--subset (L, XL, 2XL, 3XL, or T<tokens> for a scaled-down subset), else the release file name, else None."""
+def resolve_subset(name: str | None, data_path, samples: list[dict] | None = None,
+                   label: str | None = None) -> subsets.Subset | None:
+    """--subset (L, XL, 2XL, 3XL, or T<tokens> for a scaled-down subset), else the records' ``subset`` field (all
+    records must agree; ``label`` names the data in that error), else the release file name, else None."""
     if name:
-        m = re.fullmatch(r"[Tt](\d+)", name)
-        return subsets.scaled(int(m.group(1))) if m else subsets.get(name)
-    return subsets.from_filename(data_path)
+        return parse_subset(name)
+    if samples:
+        sub = records_subset(samples, label or str(data_path))
+        if sub is not None:
+            return sub
+    return subset_from_filename(data_path)
 
 
 def default_max_new_tokens(sub: subsets.Subset | None, data_path=None) -> int:
     """The subset's max new tokens (400 for L/XL, 500 for 2XL/3XL: paper Sec 4.2)."""
     if sub is None:
-        raise InputError("cannot tell the subset from the file name (cnnsum_L_16k, cnnsum_XL_32k, "
-                         "cnnsum_XXL_64k, cnnsum_XXXL_128k): pass --subset or --max-new-tokens", data_path)
+        raise InputError("cannot tell the subset: no --subset, the records carry no 'subset' field, and the file "
+                         "name is not a release name (cnnsum_L_16k, cnnsum_XL_32k, cnnsum_XXL_64k, "
+                         "cnnsum_XXXL_128k): pass --subset or --max-new-tokens", data_path)
     return sub.max_new_tokens
+
+
+def check_out_dir(out) -> Path:
+    """``--out`` must be a directory or not exist yet (it is created when the first file is written)."""
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise InputError("exists and is not a directory (--out takes a run directory)", p)
+    return p
 
 
 def find_train_length(model_dir: Path) -> int | None:
@@ -107,21 +106,26 @@ def find_train_length(model_dir: Path) -> int | None:
     return None
 
 
-def prepare_config(model_dir: Path, spec):
-    """(config, effective RopeSpec, hf_overrides): the saved config with ``spec`` applied if one is asked for."""
+def prepare_config(model_dir: Path, spec, log=None):
+    """(config, effective RopeSpec, hf_overrides): the saved config with ``spec`` applied by
+    :func:`rope_scaling.apply_rope`, whose rule every entry point follows: method none (without ``--replace``) or
+    the spec the config already carries is a no-op (noted on ``log``), a different spec on a scaled config is
+    refused unless ``spec.replace``."""
     from transformers import AutoConfig
 
-    from rope_scaling import apply_rope, read_rope
+    from rope_scaling import apply_rope, plan_rope, read_rope
 
     config = AutoConfig.from_pretrained(str(model_dir))
-    saved = read_rope(config)
-    if spec is None or spec.method == "none":
-        return config, saved, {}
-    if saved.method != "none" and not spec.replace:
-        raise InputError(f"the model's config already carries RoPE scaling ({saved.describe()}); it is used as "
-                         f"saved: drop the --rope flags, or add --replace to override it", model_dir / "config.json")
+    if spec is None:
+        return config, read_rope(config), {}
     before = config.to_dict()
-    apply_rope(config, spec)
+    try:
+        change = plan_rope(config, spec)
+        apply_rope(config, spec)
+    except InputError as e:
+        raise InputError(e.message, e.path or model_dir / "config.json", e.line) from None
+    if change.action in ("unchanged", "replaced", "removed") and log is not None:
+        log(f"[generate] note: {change.message()}")
     return config, read_rope(config), rope_overrides(before, config.to_dict())
 
 
@@ -168,11 +172,14 @@ class Tokenize:
 def generate(model="tiny", data=None, prompt="ie", out=None, *, prompt_style="release", subset=None, rope=None,
              max_new_tokens=None, min_new_tokens=subsets.MIN_NEW_TOKENS, backend="hf", chat_template=False,
              truncate="none", max_input_tokens=None, device="auto", dtype="auto", batch_tokens=None, max_batch=64,
-             cache="slots", compile=False, cuda_graph=True, limit=None, progress=True, log=_log, hf_model=None) -> dict:
+             cache="slots", compile=False, cuda_graph=True, limit=None, progress=True, log=_log, hf_model=None,
+             data_files=None, data_split=None, backends=None) -> dict:
     """Generate predictions for ``data`` into the run directory ``out`` (see module doc); returns a summary dict.
 
-    ``rope`` is a :class:`rope_scaling.RopeSpec` (or None = the model as saved). ``hf_model`` lets a caller pass an
-    already-loaded model for the hf backend (tests, benchmarks).
+    ``data`` is anything :func:`evaluation.data.open_source` accepts (with ``data_files`` / ``data_split`` for
+    datasets sources). ``rope`` is a :class:`rope_scaling.RopeSpec` (or None = the model as saved). ``hf_model``
+    lets a caller pass an already-loaded model for the hf backend (tests, benchmarks); ``backends`` (a dict the
+    caller keeps) lets consecutive calls reuse a loaded backend when its settings are the same (``run --data-dir``).
     """
     from transformers import AutoTokenizer
     from tqdm import tqdm
@@ -182,22 +189,23 @@ def generate(model="tiny", data=None, prompt="ie", out=None, *, prompt_style="re
 
     if data is None or out is None:
         raise InputError("generate needs --data FILE.jsonl and --out DIR")
+    check_out_dir(out)
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
     if truncate not in TRUNCATE:
         raise InputError(f"unknown --truncate {truncate!r} (choose from {', '.join(TRUNCATE)})")
     prompt = prompt.lower()
     prompts.template(prompt, prompt_style)
-    data = Path(data)
-    sub = resolve_subset(subset, data)
-    if max_new_tokens is None:
-        max_new_tokens = default_max_new_tokens(sub, data)
-    if max_new_tokens < 1 or min_new_tokens < 0:
+    if max_new_tokens is not None and max_new_tokens < 1 or min_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 1 and --min-new-tokens >= 0 "
                          f"(got {max_new_tokens}, {min_new_tokens})")
-    samples = load_samples(data, limit)
+    src = open_source(data, data_files, data_split)
+    samples = load_samples(None, limit, source=src)
+    sub = resolve_subset(subset, src.file_name, samples, src.label)
+    if max_new_tokens is None:
+        max_new_tokens = default_max_new_tokens(sub, src.label)
     model_dir = resolve_model(model)
-    config, eff_rope, overrides = prepare_config(model_dir, rope)
+    config, eff_rope, overrides = prepare_config(model_dir, rope, log=log)
     ext_ctx = int(extended_context(config))
     if truncate == "middle":
         max_input_tokens = max_input_tokens or ext_ctx - max_new_tokens
@@ -210,7 +218,8 @@ def generate(model="tiny", data=None, prompt="ie", out=None, *, prompt_style="re
     run = RunDir(out)
     settings = {
         "model": str(model) if str(model) in ("tiny", "") else str(Path(model).resolve()),
-        "data": str(data.resolve()), "rope": eff_rope.to_dict(), "prompt": prompt,
+        "data": src.label, "data_files": src.data_files, "data_split": src.split, "rope": eff_rope.to_dict(),
+        "prompt": prompt,
         "prompt_style": prompt_style if prompt in ("ie", "ib") else None,
         "subset": sub.name if sub else None, "max_new_tokens": int(max_new_tokens),
         "min_new_tokens": int(min_new_tokens), "chat_template": bool(chat_template), "truncate": truncate,
@@ -225,10 +234,11 @@ def generate(model="tiny", data=None, prompt="ie", out=None, *, prompt_style="re
                              f"now); use another --out or remove it", run.meta_path)
     predictions = run.log("predictions.jsonl")
     todo = [s for s in samples if s["id"] not in predictions]
-    log(f"[generate] {data.name}: {len(samples)} samples, {len(samples) - len(todo)} already done, "
-        f"{len(todo)} to go; prompt {prompt}{'' if settings['prompt_style'] is None else '/' + prompt_style}, "
-        f"subset {settings['subset']}, max new tokens {max_new_tokens}, rope {eff_rope.describe()}, "
-        f"extended context {ext_ctx}")
+    name = Path(src.label).name if src.path else src.label
+    style = "" if settings["prompt_style"] is None else "/" + prompt_style
+    log(f"[generate] {name}: {len(samples)} samples, {len(samples) - len(todo)} already done, {len(todo)} to go; "
+        f"prompt {prompt}{style}, subset {settings['subset']}, max new tokens {max_new_tokens}, "
+        f"rope {eff_rope.describe()}, extended context {ext_ctx}")
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     tk = Tokenize(tokenizer, prompt, prompt_style, chat_template)
@@ -245,12 +255,12 @@ def generate(model="tiny", data=None, prompt="ie", out=None, *, prompt_style="re
             "versions": versions()}
     be = None
     if items:  # the backend first: a backend that cannot start (no vllm, no GPU) leaves no run directory behind
-        longest = max(len(it.input_ids) for it in items)
-        max_model_len = max(2 * sub.target if sub else 0, longest + max_new_tokens)
+        need = max(len(it.input_ids) for it in items) + int(max_new_tokens)
+        want = max(2 * sub.target if sub else 0, need)  # vllm: the paper's max_model_len, 2x the subset's target
         be = make_backend(backend, model_dir, config, tokenizer, device=device, dtype=dtype,
                           batch_tokens=batch_tokens, max_batch=max_batch, cache=cache, compile=compile,
-                          cuda_graph=cuda_graph,
-                          model=hf_model, rope_overrides=overrides, max_model_len=max_model_len, log=log)
+                          cuda_graph=cuda_graph, model=hf_model, rope_overrides=overrides, max_model_len=want,
+                          need_len=need, log=log, reuse=backends)
         meta.update(backend_info=be.describe())
     if run.exists():  # resuming: keep what the earlier run recorded (created...)
         meta = {**run.read_meta(), **meta}
@@ -295,20 +305,29 @@ def generate(model="tiny", data=None, prompt="ie", out=None, *, prompt_style="re
 
 
 # ---------------------------------------------------------------- CLI
-def add_generate_args(p: argparse.ArgumentParser) -> None:
-    """The generation flags (shared with ``eval_summ run``)."""
+DATA_HELP = ("CNNSum-format data (context, summary[, id][, subset]): a JSONL file, a Parquet file, a directory "
+             "(datasets save_to_disk, or a folder of JSONL/Parquet files), or a datasets name, e.g. the CNNSum "
+             f"release {CNNSUM_HUB_ID} with --data-files cnnsum_L_16k.jsonl")
+
+
+def add_generate_args(p: argparse.ArgumentParser, matrix: bool = False) -> None:
+    """The generation flags (shared with ``eval_summ run``; ``matrix``: --data and --prompt are optional there,
+    since ``run --data-dir`` replaces them)."""
     from rope_scaling import add_rope_args
 
     p.add_argument("--model", default="tiny", help="HF model directory, or 'tiny' (the embedded default)")
-    p.add_argument("--data", required=True, help="CNNSum-format JSONL: context, summary[, id]")
-    p.add_argument("--prompt", required=True, choices=prompts.PROMPT_TYPES,
+    p.add_argument("--data", required=not matrix, help=DATA_HELP)
+    p.add_argument("--data-files", metavar="PATTERN",
+                   help="with a directory or datasets name: which file(s) to load (datasets' data_files)")
+    p.add_argument("--data-split", metavar="SPLIT", help="the split to read when the data has several")
+    p.add_argument("--prompt", required=not matrix, choices=prompts.PROMPT_TYPES,
                    help="ie / ib: baseline prompts (Appendix F.1); ft-ie / ft-ib: fine-tuning prompts (F.2), "
                         "for models fine-tuned with them")
     p.add_argument("--prompt-style", default="release", choices=prompts.STYLES,
                    help="wording of ie/ib: the official release's strings (default) or the paper's Appendix F.1")
     p.add_argument("--out", required=True, help="run directory (resumed if it exists with the same settings)")
-    p.add_argument("--subset", help="L, XL, 2XL, 3XL (or T<tokens> for a scaled-down subset); default: from the "
-                                    "release file name")
+    p.add_argument("--subset", help="L, XL, 2XL, 3XL (or T<tokens> for a scaled-down subset); default: the records' "
+                                    "'subset' field, else the release file name")
     p.add_argument("--max-new-tokens", type=int, help="default: 400 for L/XL, 500 for 2XL/3XL (paper Sec 4.2)")
     p.add_argument("--min-new-tokens", type=int, default=subsets.MIN_NEW_TOKENS, help="default: %(default)s")
     p.add_argument("--backend", default="hf", choices=BACKENDS, help="hf (CPU/GPU) or vllm (GPU; lazy import)")
@@ -341,7 +360,8 @@ def generate_kwargs(args) -> dict:
     from rope_scaling import spec_from_args
 
     spec = spec_from_args(args)
-    return dict(model=args.model, data=args.data, prompt=args.prompt, out=args.out, prompt_style=args.prompt_style,
+    return dict(model=args.model, data=args.data, data_files=args.data_files, data_split=args.data_split,
+                prompt=args.prompt, out=args.out, prompt_style=args.prompt_style,
                 subset=args.subset, rope=spec, max_new_tokens=args.max_new_tokens,
                 min_new_tokens=args.min_new_tokens, backend=args.backend, chat_template=args.chat_template,
                 truncate=args.truncate, max_input_tokens=args.max_input_tokens, device=args.device,

@@ -1,9 +1,20 @@
-"""``eval_summ run``: generate + score + report in one command.
+"""``eval_summ run``: generate + score + report in one command — one data file, or the paper's whole matrix.
 
+    python eval_summ.py run --model PATH|tiny --data-dir DIR [--prompts ie,ib] --out OUT [generate flags]
     python eval_summ.py run --model PATH|tiny --data FILE.jsonl --prompt ie --out DIR [generate flags]
                             [--metric cnnsum|standard] [--with RUN_DIR ...] [--plot FIG.png] [--report-out DIR]
 
-1. ``generate`` into DIR (resumable: re-running continues where a killed run stopped);
+``--data-dir DIR`` (the paper's evaluation of one model): DIR holds the CNNSum release files
+(``cnnsum_L_16k.jsonl``, ``cnnsum_XL_32k.jsonl``, ``cnnsum_XXL_64k.jsonl``, ``cnnsum_XXXL_128k.jsonl``; 2XL / 3XL
+spellings and names without the ``_16k``-style suffix are accepted, Parquet too). A subset with no file is
+reported and skipped; no file at all is an error. Every subset x prompt (``--prompts``, default ``ie,ib``) is
+generated into ``OUT/<subset>_<prompt>/`` (resumable: re-running continues where a killed run stopped; the model is
+loaded once for the hf backend) and scored; then the report — Table 2, the Table 7 view, the extrapolation table
+and the failure modes — is written to ``OUT/report/`` (``.md``, ``.csv``, ``.json``), Fig. 3 to ``OUT/fig3.png``,
+and the tables are printed. Each file's subset is its records' ``subset`` field, else its name.
+
+``--data FILE`` (one run):
+1. ``generate`` into DIR (resumable);
 2. ``score`` DIR (writes DIR/scores.json and DIR/sample_scores.jsonl);
 3. ``report`` DIR together with any ``--with`` run directories (or folders of them): prints the tables
    (Table 2 / Table 7 / extrapolation / failure modes), optionally writes them (``--report-out``) and the
@@ -15,17 +26,28 @@ import argparse
 import json
 import sys
 
-from .generate import add_generate_args, generate, generate_kwargs
+from ropescale import prompts as _prompts
+from ropescale.io import InputError
+
+from .data import find_release_files, load_samples
+from .generate import add_generate_args, check_out_dir, generate, generate_kwargs, resolve_subset
+
+DEFAULT_PROMPTS = ("ie", "ib")
+
+
+def _log_default(m: str) -> None:
+    print(m, file=sys.stderr, flush=True)
 
 
 def run(*, metric: str = "cnnsum", with_runs=(), plot=None, report_out=None, buckets=None, log=None,
         **gen_kwargs) -> dict:
     """Generate (``gen_kwargs`` as :func:`evaluation.generate.generate`), score, and build the report.
     Returns {"generate": ..., "score": scores.json summary, "report": the tables as markdown}."""
-    from .report import make_report
+    from .report import check_report_out, make_report
     from .score import score_run
 
-    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    log = log or _log_default
+    check_report_out(report_out, plot)
     gen = generate(**gen_kwargs, log=log)
     log(f"[run] scoring {gen['out']} ({metric} ROUGE-L)")
     summary = score_run(gen["out"], metric)
@@ -34,11 +56,108 @@ def run(*, metric: str = "cnnsum", with_runs=(), plot=None, report_out=None, buc
     return {"generate": gen, "score": summary, "report": text}
 
 
+def parse_prompts(spec) -> list[str]:
+    """'ie,ib' (or a list) -> ['ie', 'ib']: known prompt types, no duplicates."""
+    items = spec if isinstance(spec, (list, tuple)) else str(spec).replace(" ", "").split(",")
+    out = []
+    for p in items:
+        p = str(p).strip().lower()
+        if not p:
+            continue
+        if p not in _prompts.PROMPT_TYPES:
+            raise InputError(f"--prompts: unknown prompt {p!r} (choose from {', '.join(_prompts.PROMPT_TYPES)})")
+        if p in out:
+            raise InputError(f"--prompts: {p!r} given twice")
+        out.append(p)
+    if not out:
+        raise InputError("--prompts: no prompt given (e.g. ie,ib)")
+    return out
+
+
+def run_matrix(*, data_dir, out, prompts=DEFAULT_PROMPTS, metric: str = "cnnsum", with_runs=(), buckets=None,
+               log=None, **gen_kwargs) -> dict:
+    """The paper's evaluation of one model: every release file of ``data_dir`` x every prompt into
+    ``out/<subset>_<prompt>/``, scored, then the report in ``out/report/`` and Fig. 3 in ``out/fig3.png`` (see
+    the module doc). ``gen_kwargs`` as :func:`evaluation.generate.generate` (without data/prompt/out/subset).
+    Returns {"runs": {name: {"generate", "score"}}, "skipped": [subsets], "report": markdown, "report_dir",
+    "plot"}."""
+    from .report import check_report_out, make_report
+    from .score import score_run
+
+    log = log or _log_default
+    prompts = parse_prompts(prompts)
+    for k in ("data", "prompt", "subset"):
+        if gen_kwargs.get(k) is not None:
+            flag = {"data": "--data", "prompt": "--prompt", "subset": "--subset"}[k]
+            raise InputError(f"{flag} does not go with --data-dir (each file's subset is its records' 'subset' "
+                             f"field or its name; prompts come from --prompts)")
+        gen_kwargs.pop(k, None)
+    if gen_kwargs.get("data_files") or gen_kwargs.get("data_split"):
+        raise InputError("--data-files / --data-split do not go with --data-dir")
+    gen_kwargs.pop("data_files", None)
+    gen_kwargs.pop("data_split", None)
+    out = check_out_dir(out)
+    report_dir, plot = out / "report", out / "fig3.png"
+    check_report_out(report_dir, plot)
+    files, missing = find_release_files(data_dir)
+    for path in files.values():  # every file read (and its records' subset checked) before the first run
+        samples = load_samples(path, gen_kwargs.get("limit"))
+        resolve_subset(None, path.name, samples, str(path))
+    for name in missing:
+        log(f"[run] {data_dir}: no file for subset {name}, skipped")
+    log(f"[run] {len(files)} subset(s) x {len(prompts)} prompt(s): "
+        + ", ".join(f"{n} ({p.name})" for n, p in files.items()))
+    backends: dict = {}  # one loaded model for every cell (hf backend), one vLLM engine per max_model_len
+    results, dirs = {}, []
+    try:
+        for name, path in files.items():
+            for prompt in prompts:
+                cell = f"{name}_{prompt}"
+                d = out / cell
+                log(f"[run] {cell}: {path.name} -> {d}")
+                gen = generate(data=str(path), prompt=prompt, out=d, log=log, backends=backends, **gen_kwargs)
+                summary = score_run(d, metric)
+                log(f"[run] {cell}: ROUGE-L {summary['rouge_l']:.2f} over {summary['n']} samples")
+                results[cell] = {"generate": gen, "score": summary}
+                dirs.append(str(d))
+    finally:
+        backends.clear()
+    text = make_report([*dirs, *with_runs], metric=metric, buckets=buckets, out_dir=report_dir, plot=plot)
+    return {"runs": results, "skipped": missing, "report": text, "report_dir": str(report_dir), "plot": str(plot)}
+
+
 def _main(args) -> int:
     from .report import parse_buckets
 
+    buckets = parse_buckets(args.buckets) if args.buckets else None
+    gk = generate_kwargs(args)
+    if args.data_dir is not None:
+        if args.data is not None:
+            raise InputError("give --data FILE or --data-dir DIR, not both")
+        if args.plot or args.report_out:
+            raise InputError("with --data-dir the report goes to OUT/report/ and Fig. 3 to OUT/fig3.png "
+                             "(--plot / --report-out are for --data)")
+        if args.prompt is not None and args.prompts is not None:
+            raise InputError("give --prompts (or one --prompt), not both")
+        prompts = args.prompts if args.prompts is not None else (args.prompt or ",".join(DEFAULT_PROMPTS))
+        gk.update(prompt=None)
+        out = gk.pop("out")
+        res = run_matrix(data_dir=args.data_dir, out=out, prompts=prompts, metric=args.metric,
+                         with_runs=args.with_runs, buckets=buckets, **gk)
+        if args.json:
+            print(json.dumps({"runs": res["runs"], "skipped": res["skipped"], "report_dir": res["report_dir"],
+                              "plot": res["plot"]}, ensure_ascii=False, default=str))
+        else:
+            sys.stdout.write(res["report"])
+        return 0
+    if args.data is None:
+        raise InputError("run needs --data FILE (one run) or --data-dir DIR (the whole matrix)")
+    if args.prompt is None:
+        raise InputError("run --data needs --prompt (--prompts goes with --data-dir)")
+    if args.prompts is not None:
+        raise InputError("--prompts goes with --data-dir; with --data give one --prompt")
     res = run(metric=args.metric, with_runs=args.with_runs, plot=args.plot, report_out=args.report_out,
-              buckets=parse_buckets(args.buckets) if args.buckets else None, **generate_kwargs(args))
+              buckets=buckets, **gk)
     if args.json:
         print(json.dumps({k: res[k] for k in ("generate", "score")}, ensure_ascii=False))
     else:
@@ -49,15 +168,19 @@ def _main(args) -> int:
 def register(subparsers) -> None:
     from .rouge import DEFAULT_METRIC, METRICS
 
-    p = subparsers.add_parser("run", help="generate + score + report in one (resumable)", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_generate_args(p)
+    p = subparsers.add_parser("run", help="generate + score + report in one (resumable): one data file, or every "
+                                          "subset x prompt of a release directory (--data-dir)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_generate_args(p, matrix=True)
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="the paper's matrix: the CNNSum release files in DIR x --prompts, into OUT/<subset>_<prompt>/")
+    p.add_argument("--prompts", metavar="LIST", help="with --data-dir: comma-separated prompts (default: ie,ib)")
     p.add_argument("--metric", choices=METRICS, default=DEFAULT_METRIC, help="ROUGE-L flavour (default: cnnsum)")
     p.add_argument("--with", dest="with_runs", nargs="*", default=[], metavar="RUN_DIR",
                    help="other run directories (or folders of them) to report alongside this one")
     p.add_argument("--buckets", metavar="EDGES", help="extrapolation columns by input length, e.g. 512,1024,2048")
-    p.add_argument("--plot", metavar="FIG.png", help="write the Fig. 3 plot of the reported runs")
-    p.add_argument("--report-out", metavar="DIR", help="also write every table as DIR/<view>.{md,csv,json}")
+    p.add_argument("--plot", metavar="FIG.png", help="with --data: write the Fig. 3 plot of the reported runs")
+    p.add_argument("--report-out", metavar="DIR", help="with --data: also write every table as DIR/<view>.{md,csv,"
+                                                       "json}")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of the tables")
     p.set_defaults(func=_main)
-

@@ -77,6 +77,8 @@ def score_file(path: str | os.PathLike, metric: str = DEFAULT_METRIC) -> dict:
     """Score a JSONL file of ``{prediction, reference|summary}`` lines; adds ``file`` and failure-mode rates
     (copying is checked where a line carries its ``context``)."""
     recs = read_records(path)
+    if not recs:
+        raise InputError("no predictions (the file is empty)", path)
     out = score_records(recs, metric)
     out["failure_modes"] = failure_modes.rates(
         failure_modes.detect(r["prediction"] or "", r.get("context")) for r in recs)
@@ -86,27 +88,31 @@ def score_file(path: str | os.PathLike, metric: str = DEFAULT_METRIC) -> dict:
 
 # --------------------------------------------------------------------------------------------- run directories
 def _data_path(meta: dict, run_dir: Path) -> Optional[Path]:
-    """The eval data file a run was generated from, if run.json names one that exists."""
+    """The local eval data a run was generated from (a file or a directory), if run.json names one that exists."""
     args = meta.get("args") if isinstance(meta.get("args"), dict) else {}
     for cand in (meta.get("data"), args.get("data")):
         if isinstance(cand, str) and cand:
             for p in (Path(cand), run_dir / cand):
-                if p.is_file():
+                if p.is_file() or p.is_dir():
                     return p
     return None
 
 
 def load_contexts(meta: dict, run_dir: str | os.PathLike) -> dict:
-    """id -> context from the data file named in run.json (``data`` or ``args.data``), or {} if unknown.
+    """id -> context from the local data named in run.json (``data`` or ``args.data``: a JSONL file, or what
+    :mod:`evaluation.data` reads with ``datasets``), or {} if unknown (a dataset name is not fetched again).
 
-    A data line's id is its ``id`` field, else its 1-based line number (as ``eval_summ.py generate`` numbers it).
-    """
+    A data line's id is its ``id`` field, else its 1-based line (row) number (as ``eval_summ.py generate`` numbers
+    it)."""
+    from .data import iter_rows, open_source
+
     p = _data_path(meta, Path(run_dir))
     if p is None:
         return {}
     out = {}
     try:
-        for rec in read_jsonl(p, ()):
+        src = open_source(p, meta.get("data_files"), meta.get("data_split"))
+        for rec in iter_rows(src):
             ctx = rec.get("context")
             rid = rec.get("id", rec["_line"])
             if isinstance(ctx, str) and isinstance(rid, (str, int)):
@@ -144,6 +150,8 @@ def score_run_data(run_dir: str | os.PathLike, metric: str = DEFAULT_METRIC) -> 
     if not pred_path.is_file():
         raise InputError(f"no {PREDICTIONS}", rd.path)
     recs = read_records(pred_path, ("id",) + PRED_FIELDS)
+    if not recs:
+        raise InputError(f"no predictions yet ({PREDICTIONS} is empty)", rd.path)
     res = score_records(recs, metric)
     contexts = load_contexts(meta, rd.path)
     samples, flags = [], []
