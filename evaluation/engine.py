@@ -21,8 +21,8 @@ masked attention), and a batch runs until its longest member is done. Here:
   group's query heads into SDPA's query dimension (:func:`_slot_decode_attention`).
 - **CUDA graph.** The decode step (forward, EOS suppression below ``min_new_tokens``, argmax, cache/mask/position
   updates) is captured once and replayed, so a step costs GPU time, not launch time. The shape never changes
-  during a run, so one capture serves the whole benchmark. A model whose forward cannot be captured (dynamic NTK
-  syncs on the position to pick its frequencies) falls back to eager steps, with a note on stderr.
+  during a run, so one capture serves the whole benchmark. A model whose forward cannot be captured falls back to eager
+  steps, with a note on stderr; dynamic NTK models decode eagerly from the start (see below).
 
 Dynamic NTK (``--rope dynamic_ntk``): transformers' rotary module recomputes its base from the largest position
 of a forward pass and keeps the largest it has seen (it only shrinks back below the original context), so a
