@@ -101,6 +101,15 @@ FIELDS: tuple[Field, ...] = (
     Field("attn", "auto", str, "attention: auto (flash_attention_2 when importable on CUDA, else sdpa), sdpa, "
                                "eager, flash_attention_2"),
     Field("gradient_checkpointing", True, _bool, "recompute activations in backward"),
+    Field("offload_checkpoints", "auto", str, "copy each decoder layer's gradient-checkpoint (its input) to "
+                                              "pinned CPU memory on a side stream after its forward and prefetch "
+                                              "it back before its recompute: true, false or auto (on CUDA with "
+                                              "gradient checkpointing when micro_batch x sample length >= 65536 "
+                                              "tokens); refused when host memory cannot hold the checkpoints"),
+    Field("tile_mlp", None, _opt_int, "compute each decoder layer's MLP over sequence chunks of N tokens, each "
+                                      "chunk recomputed in backward, so the MLP's intermediate activations never "
+                                      "exist for the whole sequence: N, 0 = off, or auto (default: the model's "
+                                      "hidden size on CUDA when micro_batch x sample length >= 65536 tokens)"),
     Field("head_chunk", 4096, int, "label positions per LM-head chunk (each chunk's logits are recomputed "
                                    "in backward, so at most one chunk of logits is alive)"),
     Field("default_data_factor", 2.0, float, "tiny default data: target sample length = factor x the model's "
@@ -127,6 +136,7 @@ LIMITS: dict[str, tuple[Any, str]] = {
     "logging_steps": (lambda v: v >= 1, ">= 1"),
     "init_step": (lambda v: v >= 0, ">= 0"),
     "head_chunk": (lambda v: v >= 1, ">= 1"),
+    "tile_mlp": (lambda v: v >= 0, ">= 0 (0: off)"),
     "default_data_factor": (lambda v: v > 0, "> 0"),
     "num_workers": (lambda v: v >= 0, ">= 0"),
 }
