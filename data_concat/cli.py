@@ -60,10 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_stats)
 
     from . import pairs as pairs_mod
+    from . import recall as recall_mod
     from . import sampler as sampler_mod
 
     pairs_mod.register(sub)
     sampler_mod.register(sub)
+    recall_mod.register(sub)
     return ap
 
 

@@ -1,0 +1,105 @@
+"""data_concat recall: the demo's marked-sentence task (issue 14): every reference is derivable from its input,
+the marks are spread over the whole input, eval windows never overlap, lengths respect the target."""
+import json
+import re
+
+import pytest
+
+from data_concat.recall import MARK, build, recall_samples, sources, split_part
+from ropescale.io import InputError
+
+
+@pytest.fixture(scope="module")
+def heldout_sources(tiny_tokenizer):
+    from ropescale.chapters import read_chapters
+
+    return sources(split_part(read_chapters(), "heldout", 3), tiny_tokenizer)
+
+
+def _lines(summary):
+    out = []
+    for k, line in enumerate(summary.split("\n"), 1):
+        m = re.match(r"^【(\d+)】(.+)$", line)
+        assert m, line
+        assert int(m.group(1)) == k
+        out.append(m.group(2))
+    return out
+
+
+def test_reference_is_copied_from_the_input_and_spread_over_it(heldout_sources, tiny_tokenizer):
+    rows = recall_samples(heldout_sources, tiny_tokenizer, n=8, target=600, marks=4, seed=1)
+    assert len(rows) == 8
+    for r in rows:
+        ctx = r["context"]
+        sents = _lines(r["summary"])
+        assert len(sents) == 4
+        pos = []
+        for k, s in enumerate(sents, 1):
+            mk = MARK.format(k)
+            assert ctx.count(mk) == 1
+            i = ctx.index(mk)
+            # the line is the text right after its mark (what a copying model extracts)
+            assert ctx[i + len(mk):].startswith(s), (k, s)
+            pos.append(i / len(ctx))
+        assert pos == sorted(pos)
+        # one mark in each quarter of the input (by characters, the stretches are cut by tokens)
+        for k, p in enumerate(pos):
+            assert k / 4 - 0.08 <= p <= (k + 1) / 4 + 0.08, pos
+        assert r["tokens"] <= 600 and r["tokens"] >= 500
+        assert r["tokens"] == len(tiny_tokenizer(ctx, add_special_tokens=False)["input_ids"])
+        assert r["subset"] == "T600"
+
+
+def test_eval_windows_do_not_overlap_and_are_deterministic(heldout_sources, tiny_tokenizer):
+    a = recall_samples(heldout_sources, tiny_tokenizer, n=6, target=400, seed=0)
+    b = recall_samples(heldout_sources, tiny_tokenizer, n=6, target=400, seed=0)
+    assert a == b
+    seen = {}
+    for r in a:
+        seen.setdefault(r["book"], []).append(r["context"])
+    for ctxs in seen.values():
+        for i in range(len(ctxs)):
+            for j in range(i + 1, len(ctxs)):
+                # no sentence of one window reappears in another
+                assert ctxs[i][:30] not in ctxs[j] and ctxs[j][:30] not in ctxs[i]
+    assert len({r["book"] for r in a}) > 1  # books take turns
+
+
+def test_training_pairs_have_lengths_in_range(heldout_sources, tiny_tokenizer):
+    rows = recall_samples(heldout_sources, tiny_tokenizer, n=10, min_tokens=200, max_tokens=400, seed=3)
+    assert all(100 <= r["tokens"] <= 400 for r in rows)
+    assert "subset" not in rows[0]
+    assert len({r["tokens"] for r in rows}) > 3
+
+
+def test_build_gives_none_without_markable_sentences(tiny_tokenizer):
+    import random
+
+    from data_concat.recall import Source
+
+    src = Source("x", ["这是一句非常非常非常非常非常非常非常非常非常非常非常非常非常非常非常非常长的句子而且没有结束。"] * 20,
+                 [40] * 20, [1] * 20)
+    assert build(src, 0, 400, random.Random(0)) is None
+
+
+def test_bad_requests_are_input_errors(heldout_sources, tiny_tokenizer):
+    with pytest.raises(InputError, match="--n"):
+        recall_samples(heldout_sources, tiny_tokenizer, n=0, target=400)
+    with pytest.raises(InputError, match="too short"):
+        recall_samples(heldout_sources, tiny_tokenizer, n=2, target=10)
+    with pytest.raises(InputError, match="only"):
+        recall_samples(heldout_sources, tiny_tokenizer, n=500, target=4000)
+
+
+def test_cli(tmp_path, tiny_tokenizer_dir, capsys):
+    from data_concat.cli import main
+
+    out = tmp_path / "r.jsonl"
+    rc = main(["recall", "--tokenizer", str(tiny_tokenizer_dir), "--target", "300", "--n", "3", "--heldout", "2",
+               "--out", str(out), "--json"])
+    assert rc == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["samples"] == 3 and rep["max"] <= 300
+    rows = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert {"id", "context", "summary", "book", "tokens", "subset"} <= set(rows[0])
+    assert main(["recall", "--tokenizer", str(tiny_tokenizer_dir), "--n", "3", "--out", str(out)]) == 2
