@@ -36,11 +36,11 @@ setup_env()
 
 def build_data(out: Path, seq: int, n_samples: int) -> Path:
     from data_concat import pack
-    from data_concat.chapters import read_chapters
+    from data_concat.cuts import read_chapters
     from data_concat.pairs import build_pairs
     from data_concat.tokenizer import load_tokenizer
-    from ropescale import CHAPTERS_JSONL, QWEN2_TOKENIZER
-    from ropescale.io import write_jsonl_atomic
+    from common.paths import CHAPTERS_JSONL, QWEN2_TOKENIZER
+    from common.io import write_jsonl_atomic
 
     tok = load_tokenizer(QWEN2_TOKENIZER)
     chapters = [c for c in read_chapters(CHAPTERS_JSONL) if c.book == "hongloumeng"][:40]
@@ -55,7 +55,7 @@ def build_data(out: Path, seq: int, n_samples: int) -> Path:
 def build_model(model_dir: Path) -> Path:
     from transformers import AutoTokenizer
 
-    from ropescale import QWEN2_TOKENIZER
+    from common.paths import QWEN2_TOKENIZER
     from ropescale.tiny import random_model, tiny_config
 
     tok = AutoTokenizer.from_pretrained(str(QWEN2_TOKENIZER))

@@ -67,7 +67,7 @@ def tiny_prompts(n: int, lo: int, hi: int, seed: int):
     tokens."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ropescale import prompts
+    from common import prompts
     from ropescale.tiny import ensure_tiny, load_chapters
 
     d = ensure_tiny()

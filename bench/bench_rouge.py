@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evaluation import rouge as R  # noqa: E402
 from evaluation.rouge_reference import run_big_stack  # noqa: E402
-from ropescale import CHAPTERS_JSONL, DATA_DIR  # noqa: E402
+from common.paths import CHAPTERS_JSONL, DATA_DIR  # noqa: E402
 
 
 CPU = {}

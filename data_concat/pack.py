@@ -5,7 +5,7 @@ The paper concatenates ~9,000 novel-summarization pairs of 2K–4K tokens at ran
 
 What a pair becomes (``encode_pairs``)::
 
-    rendered prompt (ropescale.prompts.render(context, "ft-ib"|"ft-ie"))  + summary tokens + EOS
+    rendered prompt (common.prompts.render(context, "ft-ib"|"ft-ie"))  + summary tokens + EOS
     labels:  -100 ... -100                                                   summary tokens + EOS
 
 so the loss falls on the summaries only. How pairs become samples (``plan_packing``): the pairs are shuffled
@@ -44,8 +44,8 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ropescale import prompts
-from ropescale.io import InputError, atomic_dir, check_output_dir, read_jsonl, sha256_file, write_json_atomic
+from common import prompts
+from common.io import InputError, atomic_dir, check_output_dir, read_jsonl, sha256_file, write_json_atomic
 
 K = 1024
 # Sec 5: "setting ranges to 14k~18k and 30k~34k" (k = 1024, as in Sec 3.2).

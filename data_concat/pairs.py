@@ -23,9 +23,9 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
-from ropescale.io import InputError, check_output_file, write_jsonl_atomic
+from common.io import InputError, check_output_file, write_jsonl_atomic
 
-from .chapters import (MERGE_SEP, Chapter, by_book, count_tokens, merged_title, paragraph_cuts, read_chapters,
+from .cuts import (MERGE_SEP, Chapter, by_book, count_tokens, merged_title, paragraph_cuts, read_chapters,
                        sentence_cuts, tokenize_with_offsets)
 
 SPLITS = ("first", "all")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ropescale.io import InputError
+from common.io import InputError
 
 
 def resolve_tokenizer_dir(name_or_dir: str | os.PathLike) -> Path:

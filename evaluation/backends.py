@@ -49,7 +49,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ropescale.io import InputError
+from common.io import InputError
 
 BACKENDS = ("hf", "vllm")
 CACHES = ("slots", "static", "dynamic")  # hf backend: our slot decoder, or transformers generate with that cache

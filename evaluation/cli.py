@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from ropescale.io import cli_main, module_subcommands, run_subcommand
+from common.io import cli_main, module_subcommands, run_subcommand
 
 # subcommand modules, in --help order
 SUBCOMMANDS = ("evaluation.generate", "evaluation.score", "evaluation.report", "evaluation.run_all")

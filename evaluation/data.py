@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from ropescale import subsets
-from ropescale.io import InputError, read_jsonl
+from common import subsets
+from common.io import InputError, read_jsonl
 
 CNNSUM_HUB_ID = "CxsGHost/CNNSum"  # the official release on the Hugging Face hub (four JSONL files)
 PARQUET = (".parquet", ".pq")

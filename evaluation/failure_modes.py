@@ -15,7 +15,7 @@ with its source.
   a sentence of 20+ characters already reach the threshold, while a summary that restates a phrase once stays
   far below it (real GPT-4 / Moonshot summaries: at most 0.17).
 - ``echo`` (E.4 "请注意，摘要应…", E.6 Llama3.1 repeating the prompt's last sentence): the prediction contains a
-  sentence or marker of a prompt: any of ``ropescale.prompts.INSTRUCTION_FRAGMENTS`` (the instruction clauses
+  sentence or marker of a prompt: any of ``common.prompts.INSTRUCTION_FRAGMENTS`` (the instruction clauses
   of Appendix F.1/F.2 and the ``[原文_开始]`` / ``[原文_结束]`` / ``[摘要]`` markers), or the prompt's summary cue
   ('摘要：') twice or more.
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Iterable, Optional
 
-from ropescale.prompts import INSTRUCTION_FRAGMENTS
+from common.prompts import INSTRUCTION_FRAGMENTS
 
 COPY_N = 8
 COPY_THRESHOLD = 0.5

@@ -7,7 +7,7 @@ Input: records with ``context`` and ``summary`` (the reference); ``id`` is optio
 ``subset`` too. ``--data`` is a JSONL file, or (read with HF ``datasets``, imported only then) a Parquet file, a
 ``save_to_disk`` directory, a folder of JSONL/Parquet files, or a dataset name such as the CNNSum release
 ``CxsGHost/CNNSum`` (``--data-files cnnsum_L_16k.jsonl`` picks one of its four files); see
-:mod:`evaluation.data`. Prompts come from :mod:`ropescale.prompts` (baseline IE/IB in the release or paper
+:mod:`evaluation.data`. Prompts come from :mod:`common.prompts` (baseline IE/IB in the release or paper
 wording, or the fine-tuning F.2 prompts for fine-tuned models); no chat template unless ``--chat-template``.
 Decoding: greedy, at least 10 new tokens, at most 400 (L, XL) / 500 (2XL, 3XL) or ``--max-new-tokens``; the
 subset comes from ``--subset``, else the records' ``subset`` field (``data_concat sample`` writes it; all
@@ -27,7 +27,7 @@ truncation; the instructions around it are kept whole) so the prompt is at most 
 (default: the model's extended context minus the max new tokens). run.json counts ``truncated`` samples and
 ``over_context`` samples (prompt + max new tokens beyond the extended context, i.e. extrapolated).
 
-Output (a run directory, see :mod:`ropescale.runs`): ``DIR/predictions.jsonl`` — one record per sample
+Output (a run directory, see :mod:`common.runs`): ``DIR/predictions.jsonl`` — one record per sample
 (id, subset, prompt, input_tokens, truncated, new_tokens, prediction, reference), appended and fsynced as each
 sample finishes — and ``DIR/run.json`` (model, rope spec, train_length, prompt, prompt_style, subset, backend,
 versions, counts). Re-running the same command resumes: finished ids are skipped, a killed run loses at most
@@ -42,9 +42,9 @@ import sys
 import time
 from pathlib import Path
 
-from ropescale import prompts, subsets
-from ropescale.io import InputError
-from ropescale.runs import RunDir, versions
+from common import prompts, subsets
+from common.io import InputError
+from common.runs import RunDir, versions
 
 from .backends import BACKENDS, CACHES, Item, make_backend, rope_overrides
 from .data import (CNNSUM_HUB_ID, load_samples, open_source, parse_subset, records_subset,  # noqa: F401

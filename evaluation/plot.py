@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ropescale.io import InputError, atomic_open
+from common.io import InputError, atomic_open
 
 KIND_TITLES = {"IE": "Prompt-IE", "IB": "Prompt-IB"}
 

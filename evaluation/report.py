@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from ropescale.io import InputError, write_text_atomic
-from ropescale.prompts import prompt_kind
-from ropescale.runs import find_run_dirs
-from ropescale.subsets import ORDER, get as get_subset
+from common.io import InputError, write_text_atomic
+from common.prompts import prompt_kind
+from common.runs import find_run_dirs
+from common.subsets import ORDER, get as get_subset
 
 from .rouge import DEFAULT_METRIC, METRICS, check_metric
 from .score import PREDICTIONS, load_run_scores, rope_fields, write_run_scores

@@ -77,7 +77,7 @@ def tokenize(text: str) -> list[str]:
 
 def check_metric(metric: str) -> str:
     if metric not in METRICS:
-        from ropescale.io import InputError
+        from common.io import InputError
 
         raise InputError(f"unknown metric {metric!r} (choose from {', '.join(METRICS)})")
     return metric

@@ -26,8 +26,8 @@ import argparse
 import json
 import sys
 
-from ropescale import prompts as _prompts
-from ropescale.io import InputError
+from common import prompts as _prompts
+from common.io import InputError
 
 from .data import find_release_files, load_samples
 from .generate import add_generate_args, check_out_dir, generate, generate_kwargs, resolve_subset

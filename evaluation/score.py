@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Iterable, Optional
 
-from ropescale.io import InputError, read_jsonl, sha256_file, write_json_atomic, write_jsonl_atomic
-from ropescale.prompts import prompt_kind
-from ropescale.runs import RunDir, now
+from common.io import InputError, read_jsonl, sha256_file, write_json_atomic, write_jsonl_atomic
+from common.prompts import prompt_kind
+from common.runs import RunDir, now
 
 from . import failure_modes
 from .rouge import DEFAULT_METRIC, METRICS, check_metric, rouge_l

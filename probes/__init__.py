@@ -9,7 +9,7 @@
 - ``report``: the extrapolation table (rows = model x rope x scale, columns = length bucket) and a PNG.
 
 All scoring is batched teacher-forced log-likelihood (probes.scorer), no generation. Each probe writes a run
-directory (run.json, items.jsonl, summary.json) of the same shape as generation's (ropescale.runs).
+directory (run.json, items.jsonl, summary.json) of the same shape as generation's (common.runs).
 """
 
 PROBES = ("suffix-id", "ppl", "perturb", "copy", "shuffle")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ropescale.io import cli_main, module_subcommands, run_subcommand
+from common.io import cli_main, module_subcommands, run_subcommand
 
 SUBCOMMANDS = ("probes.suffix_id", "probes.ppl", "probes.perturb", "probes.copy", "probes.shuffle", "probes.report")
 

@@ -1,6 +1,6 @@
 """What every probe shares: model loading with the rope flags, the common CLI flags, and the run directory.
 
-A probe run directory has the same shape as generation's (ropescale.runs): ``run.json`` (kind "probe", probe name,
+A probe run directory has the same shape as generation's (common.runs): ``run.json`` (kind "probe", probe name,
 model, rope spec dict, scale, lengths, seed, args, versions), ``items.jsonl`` (one record per scored item, each with
 ``id``, ``group``, ``col`` and ``value``: the report's row group, column bucket and cell metric) and
 ``summary.json`` (the cells: mean value and count per group x column). Re-running into the same directory with the
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ropescale import CHAPTERS_JSONL
-from ropescale.io import InputError, check_output_dir
-from ropescale.runs import RunDir, now
+from common.paths import CHAPTERS_JSONL
+from common.io import InputError, check_output_dir
+from common.runs import RunDir, now
 
 ITEMS = "items.jsonl"
 SUMMARY = "summary.json"

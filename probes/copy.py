@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from ropescale.io import InputError
+from common.io import InputError
 
 from .common import ProbeRun, add_common_args, check_positive, int_list, prepare, print_summary, progress
 from .data import load_docs

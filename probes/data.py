@@ -13,10 +13,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ropescale.chapters import (Chapter, by_book, chapter_heading, chapter_index,  # noqa: F401  (re-exported)
+from common.chapters import (Chapter, by_book, chapter_heading, chapter_index,  # noqa: F401  (re-exported)
                                 chinese_numeral, read_chapters)
-from ropescale.io import InputError, read_jsonl
-from ropescale.text import split_sentences  # noqa: F401  (the one sentence splitter, re-exported for the probes)
+from common.io import InputError, read_jsonl
+from common.text import split_sentences  # noqa: F401  (the one sentence splitter, re-exported for the probes)
 
 @dataclass
 class Doc:
@@ -37,7 +37,7 @@ def is_chapters_file(path: str | os.PathLike) -> bool:
 
 
 def load_books(path: str | os.PathLike) -> dict[str, list[Chapter]]:
-    """Chapters JSONL -> {book: [Chapter, ...]} in file order (see :func:`ropescale.chapters.read_chapters`)."""
+    """Chapters JSONL -> {book: [Chapter, ...]} in file order (see :func:`common.chapters.read_chapters`)."""
     books = by_book(read_chapters(path))
     if not books:
         raise InputError("no chapters", path)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from ropescale.io import InputError
+from common.io import InputError
 
 from .common import (ProbeRun, add_common_args, check_positive, default_lengths, encode, prepare, print_summary,
                      progress, rng_for)

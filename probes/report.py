@@ -15,8 +15,8 @@ import json
 import os
 from pathlib import Path
 
-from ropescale.io import InputError, atomic_open, check_output_file, write_text_atomic
-from ropescale.runs import find_run_dirs
+from common.io import InputError, atomic_open, check_output_file, write_text_atomic
+from common.runs import find_run_dirs
 
 from .common import ITEMS, SUMMARY, summarize
 

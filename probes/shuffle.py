@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from ropescale.io import InputError
+from common.io import InputError
 
 from .common import ProbeRun, add_common_args, check_positive, int_list, prepare, print_summary, progress, rng_for
 from .data import Doc, is_chapters_file, load_books, load_docs, split_sentences

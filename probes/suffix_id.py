@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 
-from ropescale.io import InputError
+from common.io import InputError
 
 from .common import ProbeRun, add_common_args, check_positive, encode, prepare, print_summary, progress, rng_for
 from .data import Chapter, chapter_index, is_chapters_file, load_books, load_docs, render_chapter, split_sentences

@@ -10,7 +10,7 @@ refused unless ``--replace``); ``plan_rope`` says what it will do, for reports.
 - ``args``: the shared ``--rope/--scale/--rope-base/--orig-ctx/--yarn-*`` flags.
 - ``describe``: ``python -m rope_scaling describe`` explains a setting per rotary dimension pair.
 """
-from ropescale.io import InputError
+from common.io import InputError
 
 from .args import add_rope_args, spec_from_args
 from .formulas import FORMULAS, Freqs, frequencies

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ropescale.io import cli_main
+from common.io import cli_main
 
 from . import describe as _describe
 

@@ -18,7 +18,7 @@ import math
 import sys
 from pathlib import Path
 
-from ropescale.io import InputError, cli_main
+from common.io import InputError, cli_main
 
 from .args import add_rope_args, spec_from_args
 from .hf import apply_rope, extended_context, plan_rope, rope_state

@@ -30,7 +30,7 @@ import dataclasses
 import math
 from typing import Any
 
-from ropescale.io import InputError
+from common.io import InputError
 
 from .formulas import Freqs, frequencies, ntk_base, yarn_attention_factor
 from .spec import RopeSpec

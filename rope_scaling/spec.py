@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
-from ropescale.io import InputError
+from common.io import InputError
 
 METHODS = ("none", "pi", "ntk", "dynamic_ntk", "yarn", "abf")  # what a user can ask for (--rope)
 NATIVE_METHODS = ("llama3",)  # scaling a model ships with; read_rope reports it, apply_rope can write it back

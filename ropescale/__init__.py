@@ -1,17 +1,19 @@
-"""ropescale: shared internals (prompts, subset presets, run directories, I/O, the embedded tiny default).
-
-The top-level packages build on these: rope_scaling/ (RoPE methods), data_concat/ (packing + CNNSum sampling),
-training/ (finetune internals), evaluation/ (generation, ROUGE-L, reports), probes/ (long-context probes).
+"""ropescale: the project's front door -- the ``ropescale`` command (``python -m ropescale``) and the embedded tiny
+default model (``tiny``). What the stages share lives in ``common/``.
 """
-import os
-from pathlib import Path
+import importlib
+import sys
 
-__version__ = "0.1.0"
+from common import __version__  # noqa: F401
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-# ../shared beside the checkout (CI and developers); override with ROPESCALE_SHARED.
-SHARED_DIR = Path(os.environ.get("ROPESCALE_SHARED", REPO_ROOT.parent / "shared"))
-DATA_DIR = SHARED_DIR / "data"
-CHAPTERS_JSONL = DATA_DIR / "novels" / "chapters.jsonl"
-QWEN2_TOKENIZER = DATA_DIR / "tokenizers" / "qwen2"
-CACHE_DIR = Path(os.environ.get("ROPESCALE_CACHE", REPO_ROOT / ".cache"))
+# Old import paths (``ropescale.io`` ...), kept for a release: the modules moved to common/ and these names are
+# the very same module objects, not copies.
+_MOVED = ("io", "runs", "prompts", "subsets", "chapters", "text")
+for _name in _MOVED:
+    _mod = importlib.import_module(f"common.{_name}")
+    sys.modules[f"{__name__}.{_name}"] = _mod
+    globals()[_name] = _mod
+from common.paths import (CACHE_DIR, CHAPTERS_JSONL, DATA_DIR, QWEN2_TOKENIZER, REPO_ROOT,  # noqa: E402,F401
+                          SHARED_DIR)
+
+del _name, _mod

@@ -1,7 +1,7 @@
 """python -m ropescale make-tiny ..."""
 import sys
 
-from .io import cli_main
+from common.io import cli_main
 
 
 def main(argv=None):

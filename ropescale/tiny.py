@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from . import CACHE_DIR, CHAPTERS_JSONL
-from .io import InputError, write_json_atomic
+from common.io import InputError, write_json_atomic
+from common.paths import CACHE_DIR, CHAPTERS_JSONL
 
 EOS = "<|endoftext|>"
 TINY_NAMES = ("tiny", "")
@@ -64,7 +64,7 @@ DEFAULT_SPEC = TinySpec()
 # ---------------------------------------------------------------- data
 def load_chapters(path: str | os.PathLike = CHAPTERS_JSONL) -> list[dict]:
     """The shared novels, one chapter a row: {book, chapter, title, text} (read by ropescale.chapters)."""
-    from .chapters import read_chapters
+    from common.chapters import read_chapters
 
     return [{"book": c.book, "chapter": c.chapter, "title": c.title, "text": c.text} for c in read_chapters(path)]
 

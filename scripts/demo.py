@@ -92,7 +92,7 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", rope: str = "ntk", 
     from transformers import AutoConfig
 
     from rope_scaling import read_rope
-    from ropescale import CHAPTERS_JSONL
+    from common.paths import CHAPTERS_JSONL
 
     py = sys.executable
     out = Path(out)
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
     ap.add_argument("--finetune-args", default="", help="extra finetune.py flags, e.g. '--max-steps 4'")
     ap.add_argument("--fresh", action="store_true", help="remove earlier demo outputs first")
     args = ap.parse_args(argv)
-    from ropescale.io import InputError
+    from common.io import InputError
 
     try:
         run_demo(args.out, model=args.model, rope=args.rope, scale=args.scale,

@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from ropescale import CHAPTERS_JSONL, QWEN2_TOKENIZER  # noqa: E402
+from common.paths import CHAPTERS_JSONL, QWEN2_TOKENIZER  # noqa: E402
 
 _skipped: list[str] = []
 

@@ -5,10 +5,11 @@ import json
 
 import pytest
 
-from data_concat.chapters import MERGE_SEP, Chapter
+from data_concat.cuts import MERGE_SEP, Chapter
 from data_concat.cli import main as cli_main
 from data_concat.sampler import balance, sample, sliding_windows
-from ropescale import CHAPTERS_JSONL, QWEN2_TOKENIZER, subsets
+from common.paths import CHAPTERS_JSONL, QWEN2_TOKENIZER
+from common import subsets
 
 K = 1024
 
@@ -16,9 +17,9 @@ K = 1024
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
     """Token-count cache in a temp dir, not the repo's .cache."""
-    import ropescale
+    from common import paths
 
-    monkeypatch.setattr(ropescale, "CACHE_DIR", tmp_path_factory.getbasetemp() / "cache")
+    monkeypatch.setattr(paths, "CACHE_DIR", tmp_path_factory.getbasetemp() / "cache")
 
 
 # ---------------------------------------------------------------- rules i-iii on hand-built books
@@ -134,7 +135,7 @@ def test_cli_sample_and_bad_input(tmp_path, capsys):
 
 
 def test_paragraph_counts_partition_and_cache(few_chapters, qwen2_tokenizer, tmp_path_factory):
-    from data_concat.chapters import paragraph_token_counts
+    from data_concat.cuts import paragraph_token_counts
 
     texts = [c.text for c in few_chapters[:3]]
     first = paragraph_token_counts(qwen2_tokenizer, texts)

@@ -18,7 +18,7 @@ def test_demo_miniature(make_tiny_model, tiny_tokenizer, tmp_path, capsys):
 
     from data_concat import load_packed
     from rope_scaling import read_rope
-    from ropescale import subsets
+    from common import subsets
 
     _, model_dir = make_tiny_model("qwen2", orig_ctx=64)
     out, train = tmp_path / "demo", tmp_path / "train"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from evaluation.cli import main
-from ropescale.runs import RunDir
+from common.runs import RunDir
 
 
 def one_line_error(capsys, rc, *what):

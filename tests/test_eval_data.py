@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ropescale.io import InputError
+from common.io import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
 

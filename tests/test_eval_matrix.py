@@ -29,7 +29,7 @@ def model_dir(make_tiny_model):
 
 def test_find_release_files_spellings_and_gaps(tmp_path, chapters):
     from evaluation.data import find_release_files
-    from ropescale.io import InputError
+    from common.io import InputError
 
     d = write_release(tmp_path / "rel", chapters)
     (d / "notes.jsonl").write_text("{}\n")

@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from ropescale.io import InputError
+from common.io import InputError
 
 
 def vllm_rotary_cache_len(cfg: dict) -> int:

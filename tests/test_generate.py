@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from ropescale.io import InputError
+from common.io import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The baseline prompts as the issue quotes them (independent of ropescale/prompts.py).
+# The baseline prompts as the issue quotes them (independent of common/prompts.py).
 RELEASE_IE = "下面是一个小说节选，内容如下：\n\n{}\n\n请你阅读以上内容后写出相应的摘要，不要输出其他任何内容。\n\n摘要："
 PAPER_IB = "下面是一个小说节选，请你阅读后写出相应的摘要，不要输出其他任何内容。\n小说节选如下：\n\n{}\n\n摘要："
 FT_IE = "[原文_开始]\n{}\n[原文_结束]\n\n以上[原文_开始][原文_结束]之中的内容来自一本小说，请对其进行摘要。\n[摘要]\n"

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ropescale.io import InputError
+from common.io import InputError
 from ropescale.tiny import check_model_dir, resolve_model
 
 

@@ -24,7 +24,7 @@ from probes.report import load_runs, plot, render
 from probes.scorer import score_candidates, score_continuations, score_document, window_starts
 from probes.shuffle import block_shuffle, shuffle_probe
 from probes.suffix_id import chapter_candidate, chapter_examples
-from ropescale.io import InputError
+from common.io import InputError
 
 
 # ---------------------------------------------------------------- the oracle LM

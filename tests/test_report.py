@@ -12,7 +12,7 @@ from evaluation import report as RP
 from evaluation import score as SC
 from evaluation.cli import main as cli
 from evaluation.plot import moving_median
-from ropescale.runs import RunDir
+from common.runs import RunDir
 
 DATA = Path(__file__).parent / "data"
 TABLE7 = DATA / "cnnsum_table7.csv"  # CNNSum Appendix C, Table 7 (gray = Prompt-IE, white = Prompt-IB)

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from ropescale.io import InputError
+from common.io import InputError
 
 
 @pytest.fixture(scope="module")

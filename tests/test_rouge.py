@@ -17,7 +17,7 @@ from rouge_score import rouge_scorer
 
 from evaluation import rouge as R
 from evaluation.rouge_reference import run_big_stack
-from ropescale import DATA_DIR
+from common.paths import DATA_DIR
 
 CLONGEVAL = sorted((DATA_DIR / "clongeval").glob("*.jsonl"))
 
@@ -241,7 +241,7 @@ def test_jieba_loaded_once(monkeypatch):
 
 
 def test_unknown_metric_is_an_input_error():
-    from ropescale.io import InputError
+    from common.io import InputError
 
     with pytest.raises(InputError):
         R.rouge_l("a", "b", "rouge-2")

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from ropescale import REPO_ROOT
-from ropescale.io import InputError
+from common.paths import REPO_ROOT
+from common.io import InputError
 from training.cli import build_train_parser, main
 from training.config import explicit_keys, load_recipe, resolve
 from training.run import default_output_dir, ds_config_dict

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ropescale.io import cli_main
+from common.io import cli_main
 
 DESCRIPTION = """\
 LoRA fine-tuning with RoPE scaling on packed long samples (CNNSum Sec 5 / App. B.2): LoRA r=8 on q,k,v,o plus the

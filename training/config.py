@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ropescale import REPO_ROOT
-from ropescale.io import InputError
+from common.paths import REPO_ROOT
+from common.io import InputError
 
 RECIPES_DIR = REPO_ROOT / "recipes"
 DS_CONFIGS_DIR = REPO_ROOT / "ds_configs"

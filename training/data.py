@@ -11,8 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-from ropescale import CACHE_DIR, CHAPTERS_JSONL
-from ropescale.io import InputError
+from common.paths import CACHE_DIR, CHAPTERS_JSONL
+from common.io import InputError
 
 IGNORE_INDEX = -100
 
@@ -38,11 +38,11 @@ def build_default_data(model_dir: str | os.PathLike, orig_ctx: int, extended: in
     functions. Pairs are 1/8-1/4 of the target length (the paper: 2K-4K pairs for 16K samples). Returns the
     packed directory."""
     from data_concat import pack
-    from data_concat.chapters import read_chapters
+    from data_concat.cuts import read_chapters
     from data_concat.pairs import build_pairs
     from data_concat.tokenizer import load_tokenizer
 
-    from ropescale.io import write_jsonl_atomic
+    from common.io import write_jsonl_atomic
 
     target, lo, hi = default_data_range(orig_ctx, extended, factor)
     tok_files = sorted(p for p in Path(model_dir).iterdir() if p.name.startswith("tokenizer") or p.name == "vocab.json")
@@ -57,7 +57,7 @@ def build_default_data(model_dir: str | os.PathLike, orig_ctx: int, extended: in
         return packed
     root.mkdir(parents=True, exist_ok=True)
     tok = load_tokenizer(model_dir)
-    from ropescale import prompts
+    from common import prompts
 
     overhead = max(len(tok(prompts.render("", k), add_special_tokens=False)["input_ids"]) for k in ("ft-ib", "ft-ie"))
     overhead += 24  # the summary (a heading couplet) + EOS

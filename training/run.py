@@ -19,8 +19,8 @@ import time
 import weakref
 from pathlib import Path
 
-from ropescale import REPO_ROOT
-from ropescale.io import InputError
+from common.paths import REPO_ROOT
+from common.io import InputError
 
 from . import env
 from .config import FIELDS, default_global_batch, resolve_ds_config
@@ -222,7 +222,7 @@ def train(args: argparse.Namespace) -> Path:
     import torch
 
     from rope_scaling import extended_context, spec_from_args
-    from ropescale.runs import RunDir
+    from common.runs import RunDir
     from ropescale.tiny import resolve_model
 
     from .data import Collator, PackedDataset, build_default_data, check_rows, load_rows
@@ -421,7 +421,7 @@ def _cut_log(path: Path, step: int) -> None:
     """Drop log records after the checkpoint a resumed run restarts from (they are logged again)."""
     if not path.is_file():
         return
-    from ropescale.io import write_text_atomic
+    from common.io import write_text_atomic
 
     keep = []
     for line in path.read_text(encoding="utf-8").splitlines():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ropescale.io import InputError, write_json_atomic
+from common.io import InputError, write_json_atomic
 
 ADAPTER_FILE = "adapter_model.safetensors"
 TRAINED_FILE = "trained_tensors.safetensors"
