@@ -5,9 +5,11 @@
 ``apply_rope`` is the one rule for a config that already carries scaling (same spec again: no-op; another one:
 refused unless ``--replace``); ``plan_rope`` says what it will do, for reports.
 
-- ``formulas``: one pure function per method (inv_freq, attention factor), one registry.
+- ``formulas``: one registry entry per method (its inv_freq / attention-factor formula, its HF entries, its checks,
+  its help line).
+- ``spec``: ``RopeSpec``, the setting; its fields are the ``--rope/--scale/--rope-base/--orig-ctx/--yarn-*``
+  flags, recipe keys and run.json record of every stage (``args`` adds them to a parser).
 - ``hf``: the one adapter that writes a spec into / reads it from an HF config (transformers 4.x and 5.x).
-- ``args``: the shared ``--rope/--scale/--rope-base/--orig-ctx/--yarn-*`` flags.
 - ``describe``: ``python -m rope_scaling describe`` explains a setting per rotary dimension pair.
 """
 from common.io import InputError

@@ -1,16 +1,23 @@
-"""The RoPE formulas: one pure function per method, one registry (like transformers' ``ROPE_INIT_FUNCTIONS``).
+"""The RoPE methods: one entry per method in one registry (like transformers' ``ROPE_INIT_FUNCTIONS``).
 
-Every function takes the rotary dimension ``d`` (head_dim), the base (after any ABF step), the :class:`RopeSpec`
-and the current sequence length, and returns :class:`Freqs` -- the ``d/2`` inverse frequencies in float64, the
-attention factor that multiplies cos/sin, and the effective base. No torch, no transformers: plain math, so
-``describe``, the HF adapter and the tests' expectations can all be checked against it.
+A method is a :class:`Method`: its formula (rotary dimension ``d`` (head_dim), the base after any ABF step, the
+:class:`RopeSpec` and the current sequence length -> :class:`Freqs`: the ``d/2`` inverse frequencies in float64, the
+attention factor that multiplies cos/sin, and the effective base), how it is written as plain Hugging Face rope
+entries, what its settings must satisfy, and the one line ``--rope``'s help shows. A new method is one function pair
+and one :data:`REGISTRY` entry here (plus a test): ``RopeSpec`` takes its name, ``--rope`` offers it, ``hf.apply_rope``
+writes it and ``describe`` explains it. No torch, no transformers: plain math and dicts, so ``describe``, the HF
+adapter and the tests' expectations can all be checked against it.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from .spec import RopeSpec
+from common.io import InputError
+
+if TYPE_CHECKING:
+    from .spec import RopeSpec
 
 
 class Freqs(NamedTuple):
@@ -105,21 +112,113 @@ def _llama3(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Freqs:
     return Freqs(out, 1.0, base)
 
 
-FORMULAS: dict[str, Callable[[int, float, RopeSpec, int | None], Freqs]] = {
-    "none": _none,
-    "pi": _pi,
-    "ntk": _ntk,
-    "dynamic_ntk": _dynamic_ntk,
-    "yarn": _yarn,
-    "abf": _abf,
-    "llama3": _llama3,
-}
+# ---------------------------------------------------------------- how each method is written into an HF config
+# (entries, max_position_embeddings) for a resolved spec (orig_ctx set) on a model with base ``b`` (after ABF) and
+# rotary dim ``d``; transformers reads every one of these without this repo.
+def _default_hf(spec: RopeSpec, b: float, d: int) -> tuple[dict, int]:
+    return {"rope_type": "default", "rope_theta": b}, _extended(spec)
+
+
+def _ntk_hf(spec: RopeSpec, b: float, d: int) -> tuple[dict, int]:
+    return {"rope_type": "default", "rope_theta": ntk_base(b, d, spec.scale)}, _extended(spec)
+
+
+def _pi_hf(spec: RopeSpec, b: float, d: int) -> tuple[dict, int]:
+    return {"rope_type": "linear", "rope_theta": b, "factor": spec.scale}, _extended(spec)
+
+
+def _dynamic_ntk_hf(spec: RopeSpec, b: float, d: int) -> tuple[dict, int]:
+    # HF's dynamic type reads max_position_embeddings as the original context, so it stays orig
+    return {"rope_type": "dynamic", "rope_theta": b, "factor": spec.scale}, spec.orig_ctx
+
+
+def _yarn_hf(spec: RopeSpec, b: float, d: int) -> tuple[dict, int]:
+    e = {"rope_type": "yarn", "rope_theta": b, "factor": spec.scale, "original_max_position_embeddings": spec.orig_ctx,
+         "beta_fast": spec.yarn_beta, "beta_slow": spec.yarn_alpha}
+    if spec.yarn_mscale is not None:
+        e["attention_factor"] = spec.yarn_mscale  # transformers: the factor itself
+        e["attn_factor"] = spec.yarn_mscale / yarn_attention_factor(spec.scale)  # vLLM: a multiplier on 0.1*ln(s)+1
+    return e, _extended(spec)
+
+
+def _llama3_hf(spec: RopeSpec, b: float, d: int) -> tuple[dict, int]:
+    return {"rope_type": "llama3", "rope_theta": b, "factor": spec.scale, "original_max_position_embeddings":
+            spec.orig_ctx, "low_freq_factor": spec.llama3_low, "high_freq_factor": spec.llama3_high}, _extended(spec)
+
+
+def _extended(spec: RopeSpec) -> int:
+    return int(round(spec.orig_ctx * spec.scale))
+
+
+# ---------------------------------------------------------------- what each method's settings must satisfy
+def _check_none(spec: RopeSpec) -> None:
+    if spec.rope_base is not None:
+        raise InputError("--rope-base with --rope none: use --rope abf --rope-base B to change the base only")
+    if spec.scale != 1:
+        raise InputError(f"--scale {spec.scale:g} with --rope none: pick a method (pi, ntk, dynamic_ntk, yarn)")
+
+
+def _check_abf(spec: RopeSpec) -> None:
+    if spec.rope_base is None:
+        raise InputError("--rope abf needs --rope-base B (the new RoPE base)")
+
+
+def _check_yarn(spec: RopeSpec) -> None:
+    if spec.yarn_alpha <= 0:
+        raise InputError(f"yarn alpha must be > 0, got {spec.yarn_alpha:g}")
+    if spec.yarn_alpha >= spec.yarn_beta:
+        raise InputError(f"yarn alpha (slow, {spec.yarn_alpha:g}) must be < yarn beta (fast, {spec.yarn_beta:g})")
+    if spec.yarn_mscale is not None and not (isinstance(spec.yarn_mscale, (int, float)) and spec.yarn_mscale > 0):
+        raise InputError(f"yarn mscale must be a number > 0, got {spec.yarn_mscale!r}")
+
+
+def _check_llama3(spec: RopeSpec) -> None:
+    if not 0 < spec.llama3_low < spec.llama3_high:
+        raise InputError(f"llama3 needs 0 < low_freq_factor < high_freq_factor, got {spec.llama3_low:g}, "
+                         f"{spec.llama3_high:g}")
+
+
+# ---------------------------------------------------------------- the registry
+@dataclass(frozen=True)
+class Method:
+    """One RoPE method: everything about it in one place."""
+
+    name: str
+    help: str  # one line in --rope's help
+    freqs: Callable[[int, float, "RopeSpec", int | None], Freqs]
+    hf: Callable[["RopeSpec", float, int], tuple[dict, int]]
+    check: Callable[["RopeSpec"], None] | None = None
+    user: bool = True  # --rope may ask for it (False: only read from a model's config, e.g. Llama-3.x llama3)
+    needs_orig_ctx: bool = False  # the formula uses the original context
+
+
+REGISTRY: dict[str, Method] = {m.name: m for m in (
+    Method("none", "unchanged", _none, _default_hf, _check_none),
+    Method("pi", "position interpolation (positions / s)", _pi, _pi_hf),
+    Method("ntk", "static NTK-aware (base * s^(d/(d-2)))", _ntk, _ntk_hf),
+    Method("dynamic_ntk", "NTK base recomputed from the current length (transformers 'dynamic')", _dynamic_ntk,
+           _dynamic_ntk_hf, needs_orig_ctx=True),
+    Method("yarn", "NTK-by-parts + attention temperature", _yarn, _yarn_hf, _check_yarn, needs_orig_ctx=True),
+    Method("abf", "a new base (--rope-base)", _abf, _default_hf, _check_abf),
+    Method("llama3", "Llama 3.1 scaling, as Llama-3.x configs ship it", _llama3, _llama3_hf, _check_llama3,
+           user=False, needs_orig_ctx=True),
+)}
+METHODS = tuple(n for n, m in REGISTRY.items() if m.user)  # what a user can ask for (--rope)
+NATIVE_METHODS = tuple(n for n, m in REGISTRY.items() if not m.user)  # read from configs; apply_rope writes it back
+FORMULAS: dict[str, Callable[[int, float, "RopeSpec", int | None], Freqs]] = {n: m.freqs for n, m in REGISTRY.items()}
 
 
 def frequencies(spec: RopeSpec, head_dim: int, base: float, seq_len: int | None = None) -> Freqs:
     """The rope a spec implies for a model with ``head_dim`` and original ``base``: ABF first (``rope_base``
     replaces the base), then the method. ``seq_len`` matters only for dynamic_ntk (default: the original context)."""
-    if spec.orig_ctx is None and spec.method in ("dynamic_ntk", "yarn", "llama3"):
+    if spec.orig_ctx is None and REGISTRY[spec.method].needs_orig_ctx:
         raise ValueError(f"{spec.method} needs orig_ctx")
     b = spec.rope_base if spec.rope_base is not None else base
     return FORMULAS[spec.method](head_dim, float(b), spec, seq_len)
+
+
+def hf_entries(spec: RopeSpec, base: float, d: int) -> tuple[dict, int]:
+    """(rope entries, max_position_embeddings) expressing a resolved spec (orig_ctx set) on a model with RoPE
+    ``base`` and rotary dim ``d``."""
+    b = spec.rope_base if spec.rope_base is not None else base
+    return REGISTRY[spec.method].hf(spec, float(b), d)

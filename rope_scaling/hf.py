@@ -1,6 +1,6 @@
-"""The one place that writes a RopeSpec into, and reads it back from, a Hugging Face config.
+"""The one adapter that writes a RopeSpec into, and reads it back from, a Hugging Face config.
 
-Every method is expressed as plain HF rope entries, so a saved model reloads with ``AutoModelForCausalLM`` (and
+Every method is expressed as plain HF rope entries (each method's own entries: ``formulas.REGISTRY``), so a saved model reloads with ``AutoModelForCausalLM`` (and
 vLLM) without importing this repo:
 
 ==============  =========================================================  ==========================
@@ -32,7 +32,7 @@ from typing import Any
 
 from common.io import InputError
 
-from .formulas import Freqs, frequencies, ntk_base, yarn_attention_factor
+from .formulas import Freqs, frequencies, hf_entries
 from .spec import RopeSpec
 
 RECORD_KEY = "ropescale_rope"
@@ -214,34 +214,6 @@ def extended_context(cfg) -> int:
 
 
 # ---------------------------------------------------------------- writing
-def hf_entries(spec: RopeSpec, base: float, d: int) -> tuple[dict, int]:
-    """(rope entries, max_position_embeddings) expressing a resolved spec (orig_ctx set) on a model with RoPE
-    ``base`` and rotary dim ``d``."""
-    b = spec.rope_base if spec.rope_base is not None else base
-    s, L = spec.scale, spec.orig_ctx
-    m = spec.method
-    extended = int(round(L * s))
-    if m in ("none", "abf"):
-        return {"rope_type": "default", "rope_theta": b}, extended
-    if m == "ntk":
-        return {"rope_type": "default", "rope_theta": ntk_base(b, d, s)}, extended
-    if m == "pi":
-        return {"rope_type": "linear", "rope_theta": b, "factor": s}, extended
-    if m == "dynamic_ntk":
-        return {"rope_type": "dynamic", "rope_theta": b, "factor": s}, L
-    if m == "yarn":
-        e = {"rope_type": "yarn", "rope_theta": b, "factor": s, "original_max_position_embeddings": L,
-             "beta_fast": spec.yarn_beta, "beta_slow": spec.yarn_alpha}
-        if spec.yarn_mscale is not None:
-            e["attention_factor"] = spec.yarn_mscale  # transformers: the factor itself
-            e["attn_factor"] = spec.yarn_mscale / yarn_attention_factor(s)  # vLLM: a multiplier on 0.1*ln(s)+1
-        return e, extended
-    if m == "llama3":
-        return {"rope_type": "llama3", "rope_theta": b, "factor": s, "original_max_position_embeddings": L,
-                "low_freq_factor": spec.llama3_low, "high_freq_factor": spec.llama3_high}, extended
-    raise InputError(f"unknown RoPE method {m!r}")
-
-
 @dataclasses.dataclass(frozen=True)
 class RopeChange:
     """What :func:`apply_rope` does (or did) with a spec on a config -- the one rule every CLI follows.

@@ -1,13 +1,24 @@
-"""RopeSpec: what RoPE setting to apply (or what a config carries), validated on construction."""
+"""RopeSpec: what RoPE setting to apply (or what a config carries), validated on construction.
+
+Its fields are settings (``common.settings``): every stage nests it in its own settings, so the same ``--rope
+--scale --rope-base --orig-ctx --yarn-alpha --yarn-beta --yarn-mscale --replace`` flags, recipe keys and run.json
+record come from this one list.
+"""
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
 
 from common.io import InputError
+from common.settings import setting
 
-METHODS = ("none", "pi", "ntk", "dynamic_ntk", "yarn", "abf")  # what a user can ask for (--rope)
-NATIVE_METHODS = ("llama3",)  # scaling a model ships with; read_rope reports it, apply_rope can write it back
+from .formulas import METHODS, NATIVE_METHODS, REGISTRY
+
+GROUP = "RoPE scaling (written into the model's config as plain transformers entries)"
+
+
+def _method_help() -> str:
+    return "; ".join(f"{n}: {REGISTRY[n].help}" for n in METHODS)
 
 
 @dataclass(frozen=True)
@@ -25,16 +36,24 @@ class RopeSpec:
     llama3_low, llama3_high  low/high_freq_factor of native llama3 scaling
     """
 
-    method: str = "none"
-    scale: float = 1.0
-    rope_base: float | None = None
-    orig_ctx: int | None = None
-    yarn_alpha: float = 1.0
-    yarn_beta: float = 32.0
-    yarn_mscale: float | None = None
-    replace: bool = False
-    llama3_low: float = 1.0
-    llama3_high: float = 4.0
+    method: str = setting("none", _method_help(), key="rope", choices=METHODS, metavar="METHOD", group=GROUP)
+    scale: float = setting(1.0, "context extension factor s >= 1: the target context is orig-ctx x s", metavar="S",
+                           group=GROUP)
+    rope_base: float | None = setting(None, "a new RoPE base (ABF); required with --rope abf, applied before any "
+                                            "other method", metavar="B", group=GROUP)
+    orig_ctx: int | None = setting(None, "the original (pre-training) context; default: the config's "
+                                         "original_max_position_embeddings, else max_position_embeddings",
+                                   metavar="N", group=GROUP)
+    yarn_alpha: float = setting(1.0, "YaRN alpha (beta_slow): rotary pairs turning fewer than A times over the "
+                                     "original context are fully interpolated", metavar="A", group=GROUP)
+    yarn_beta: float = setting(32.0, "YaRN beta (beta_fast): pairs turning more than B times are left unchanged",
+                               metavar="B", group=GROUP)
+    yarn_mscale: float | None = setting(None, "YaRN attention factor on cos/sin; default: 0.1 ln(s) + 1",
+                                        metavar="M", group=GROUP)
+    replace: bool = setting(False, "replace RoPE scaling the model already carries (e.g. Llama-3.x llama3) "
+                                   "instead of refusing to stack a second method", group=GROUP)
+    llama3_low: float = setting(1.0, "low_freq_factor of native llama3 scaling", cli=False, recipe=False)
+    llama3_high: float = setting(4.0, "high_freq_factor of native llama3 scaling", cli=False, recipe=False)
 
     def __post_init__(self):
         if isinstance(self.orig_ctx, float) and self.orig_ctx.is_integer():
@@ -53,26 +72,11 @@ class RopeSpec:
         if self.orig_ctx is not None and (not isinstance(self.orig_ctx, int) or isinstance(self.orig_ctx, bool)
                                           or self.orig_ctx < 1):
             raise InputError(f"original context must be a positive integer, got {self.orig_ctx!r}")
-        if self.method == "yarn":
-            if self.yarn_alpha <= 0:
-                raise InputError(f"yarn alpha must be > 0, got {self.yarn_alpha:g}")
-            if self.yarn_alpha >= self.yarn_beta:
-                raise InputError(f"yarn alpha (slow, {self.yarn_alpha:g}) must be < yarn beta "
-                                 f"(fast, {self.yarn_beta:g})")
-            if self.yarn_mscale is not None and not (isinstance(self.yarn_mscale, (int, float))
-                                                     and self.yarn_mscale > 0):
-                raise InputError(f"yarn mscale must be a number > 0, got {self.yarn_mscale!r}")
-        elif self.yarn_mscale is not None:
+        if self.yarn_mscale is not None and self.method != "yarn":
             raise InputError(f"--yarn-mscale only applies to --rope yarn, not {self.method}")
-        if self.method == "abf" and self.rope_base is None:
-            raise InputError("--rope abf needs --rope-base B (the new RoPE base)")
-        if self.method == "none" and self.rope_base is not None:
-            raise InputError("--rope-base with --rope none: use --rope abf --rope-base B to change the base only")
-        if self.method == "none" and self.scale != 1:
-            raise InputError(f"--scale {self.scale:g} with --rope none: pick a method (pi, ntk, dynamic_ntk, yarn)")
-        if self.method == "llama3" and not 0 < self.llama3_low < self.llama3_high:
-            raise InputError(f"llama3 needs 0 < low_freq_factor < high_freq_factor, got {self.llama3_low:g}, "
-                             f"{self.llama3_high:g}")
+        check = REGISTRY[self.method].check
+        if check is not None:
+            check(self)
         for k in ("scale", "rope_base", "yarn_alpha", "yarn_beta", "yarn_mscale", "llama3_low", "llama3_high"):
             v = getattr(self, k)
             if v is not None:
@@ -92,6 +96,29 @@ class RopeSpec:
             raise InputError(f"unknown rope spec key(s): {', '.join(unknown)}")
         return cls(**d)
 
+    @classmethod
+    def from_record(cls, rec, where=None) -> "RopeSpec":
+        """The one reader of a recorded rope (run.json ``rope``, export.json, a scores file): a spec dict (missing
+        keys take their defaults), an older ``{"rope": "none"}`` / ``{"type"|"rope_type": ..., "factor": ...}``
+        form, a bare method name, or nothing (= none). Anything else is an InputError naming ``where``."""
+        if rec is None or rec == {}:
+            return cls()
+        if isinstance(rec, str):
+            return cls(rec if rec in METHODS + NATIVE_METHODS else "none")
+        if not isinstance(rec, dict):
+            raise InputError(f"unreadable rope record {rec!r}", where)
+        d = dict(rec)
+        for old, new in (("rope", "method"), ("type", "method"), ("rope_type", "method"), ("factor", "scale")):
+            if old in d and new not in d:
+                d[new] = d.pop(old)
+            d.pop(old, None)
+        if d.get("method") in (None, "default"):
+            d["method"] = "none"
+        if d["method"] == "none":
+            d.pop("scale", None)
+        d = {k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}
+        return cls(**d)
+
     def same_rope(self, other: "RopeSpec") -> bool:
         """True when both describe the same rope (``replace`` ignored; scale/base compared to rel 1e-9)."""
         a, b = self.to_dict(), other.to_dict()
@@ -106,10 +133,21 @@ class RopeSpec:
         return True
 
     def describe(self) -> str:
-        """Short human form, e.g. ``yarn s=16 (base 5e+06)``."""
+        """Short human form, e.g. ``yarn s=16 base=5e+06``."""
         if self.method == "none":
             return "none"
         s = f"{self.method} s={self.scale:g}"
         if self.rope_base is not None:
             s += f" base={self.rope_base:g}"
         return s
+
+    def label(self) -> str:
+        """The form tables show, e.g. ``ntk x8``, ``abf base 80000``, ``none``."""
+        if self.method == "none":
+            return "none"
+        parts = [self.method]
+        if self.scale != 1 or self.method != "abf":
+            parts.append(f"x{self.scale:g}")
+        if self.rope_base is not None:
+            parts.append(f"base {self.rope_base:g}")
+        return " ".join(parts)
