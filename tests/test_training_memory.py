@@ -1,0 +1,321 @@
+"""training.memory on toy Qwen2 / Llama models in fp32: checkpoints offloaded to host memory, the tiled MLP and
+both give the loss and every trained gradient of the plain gradient-checkpointed path (to 1e-5), on plain and
+PEFT LoRA models; the host-memory refusal; the settings' auto rules; the CUDA allocator setting (training.env);
+the trainer's per-step / steady rates (training.trainer)."""
+from __future__ import annotations
+
+import argparse
+import gc
+import weakref
+
+import pytest
+import torch
+
+from ropescale.io import InputError
+from training import memory
+from training.loss import label_only_loss
+from training.model import add_lora
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def _batch(vocab, B=2, T=48, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (B, T), generator=g)
+    labels = ids.clone()
+    labels[0, :7] = -100
+    labels[1, 20:31] = -100
+    return ids, labels
+
+
+def _plain(make_tiny_model, arch, seed=0):
+    model, _ = make_tiny_model(arch=arch, save=False, seed=seed)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model
+
+
+def _step(model, ids, labels):
+    model.zero_grad(set_to_none=True)
+    loss = label_only_loss(model, ids, labels, chunk=16)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return loss.detach(), grads
+
+
+def _assert_same(a, b):
+    (la, ga), (lb, gb) = a, b
+    assert torch.allclose(la, lb, **TOL), (la, lb)
+    assert ga.keys() == gb.keys() and ga
+    for n in ga:
+        assert gb[n] is not None and torch.allclose(ga[n], gb[n], **TOL), (n, (ga[n] - gb[n]).abs().max())
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("variant", ["offload", "tile", "both"])
+def test_offload_and_tiled_mlp_match_plain_checkpointing(make_tiny_model, arch, variant):
+    ids, labels = _batch(1000)
+    ref_model = _plain(make_tiny_model, arch)
+    ref = [_step(ref_model, ids, labels), _step(ref_model, ids[:, :40], labels[:, :40])]
+    model = _plain(make_tiny_model, arch)
+    off = None
+    if variant in ("offload", "both"):
+        # 1,000-byte pages: each 24 KiB checkpoint spans 25 pages, the last one partly
+        off = memory.enable_checkpoint_offload(model, memory.CheckpointOffloader(page_bytes=1000, pin=False))
+    if variant in ("tile", "both"):
+        assert memory.enable_tiled_mlp(model, 20) == model.config.num_hidden_layers  # 96 rows: 5 chunks, last 16
+    got = _step(model, ids, labels)
+    _assert_same(got, ref[0])
+    if off is not None:
+        layers = model.config.num_hidden_layers
+        # every layer's checkpoint went out and came back; all but the top one were prefetched
+        assert off.stats["offloaded"] == layers and off.stats["late"] == 1 and off.stats["prefetched"] == layers - 1
+        assert off.stats["bytes_to_host"] == off.stats["bytes_to_device"] == layers * 2 * 48 * 64 * 4
+        pages = off.pages_allocated
+        assert pages == layers * 25 and len(off._free) == pages  # all back in the pool after backward
+    # a second, shorter step reuses the pool's pages
+    _assert_same(_step(model, ids[:, :40], labels[:, :40]), ref[1])
+    if off is not None:
+        assert off.pages_allocated == pages and len(off._free) == pages
+
+
+def test_offloaded_checkpoints_leave_the_device(make_tiny_model):
+    """After the forward, no decoder layer's input is alive any more (the plain path keeps every one)."""
+    ids, labels = _batch(1000)
+
+    def alive_after_forward(model):
+        refs = []
+        hooks = [layer.register_forward_pre_hook(lambda m, a, kw: refs.append(weakref.ref(
+            a[0] if a else kw["hidden_states"])), with_kwargs=True) for layer in model.model.layers]
+        loss = label_only_loss(model, ids, labels)
+        gc.collect()
+        n = sum(r() is not None for r in refs)
+        loss.backward()
+        for h in hooks:
+            h.remove()
+        return n
+
+    plain = _plain(make_tiny_model, "qwen2")
+    assert alive_after_forward(plain) == plain.config.num_hidden_layers
+    model = _plain(make_tiny_model, "qwen2")
+    memory.enable_checkpoint_offload(model, memory.CheckpointOffloader(page_bytes=4096, pin=False))
+    assert alive_after_forward(model) == 0
+
+
+def _lora(make_tiny_model, arch, dropout=0.0, gc_=True):
+    model, _ = make_tiny_model(arch=arch, save=False)
+    pm, _ = add_lora(model, r=4, alpha=8, dropout=dropout, gradient_checkpointing=gc_,
+                     targets=("q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"))
+    g = torch.Generator().manual_seed(1)
+    for n, p in pm.named_parameters():
+        if "lora_B" in n:  # B starts at zero (A would get no gradient): give both sides the same nonzero B
+            p.data.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    pm.train()
+    return pm
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_peft_lora_with_offload_and_tiled_mlp_matches_plain(make_tiny_model, arch):
+    ids, labels = _batch(1000, seed=2)
+    ref = _step(_lora(make_tiny_model, arch), ids, labels)
+    pm = _lora(make_tiny_model, arch)
+    args = argparse.Namespace(offload_checkpoints="true", tile_mlp=24, gradient_checkpointing=True)
+    plan = memory.setup_memory(pm, args, tokens=96, cuda=False, dtype=torch.float32, page_bytes=512, quiet=True)
+    assert plan.offload_checkpoints and plan.tile_mlp == 24 and pm._ropescale_memory is plan
+    got = _step(pm, ids, labels)
+    assert any("mlp" in n and "lora_A" in n for n in got[1])  # LoRA on the MLP: gradients through the tiles
+    _assert_same(got, ref)
+    assert plan.offloader.stats["offloaded"] == pm.get_base_model().config.num_hidden_layers
+    assert plan.offloader.host_bytes == 2 * 48 * 512 and "offload_host_mb" in plan.record()
+
+
+def test_tiled_mlp_replays_dropout(make_tiny_model):
+    """With LoRA dropout on the MLP, the backward's recomputed chunks see the forward's dropout masks: the same
+    gradients as the chunked MLP kept in autograd (same seed)."""
+    ids, labels = _batch(1000, seed=3)
+
+    def run(tile):
+        pm = _lora(make_tiny_model, "qwen2", dropout=0.3, gc_=False)
+        if tile:
+            memory.enable_tiled_mlp(pm, 20)
+        else:  # the reference: the same chunks, everything kept for backward
+            for layer in pm.get_base_model().model.layers:
+                own = layer.mlp.forward
+                layer.mlp.forward = lambda x, own=own: torch.cat(
+                    [own(c) for c in x.reshape(-1, x.shape[-1]).split(20)]).view(*x.shape[:-1], -1)
+        torch.manual_seed(123)
+        return _step(pm, ids, labels)
+
+    _assert_same(run(True), run(False))
+
+
+def test_tiled_mlp_off_restores_and_no_grad_is_chunked(make_tiny_model):
+    model, _ = make_tiny_model(save=False)
+    mlp = model.model.layers[0].mlp
+    x = torch.randn(2, 33, model.config.hidden_size)
+    with torch.no_grad():
+        ref = mlp(x)
+        memory.enable_tiled_mlp(model, 8)
+        memory.enable_tiled_mlp(model, 5)  # re-tiling starts from the MLP's own forward
+        assert mlp.forward._ropescale_tiled == 5
+        assert torch.allclose(mlp(x), ref, **TOL)
+        memory.enable_tiled_mlp(model, 0)
+        assert "forward" not in mlp.__dict__ and torch.equal(mlp(x), ref)
+
+
+# ---------------------------------------------------------------- settings and host memory
+def test_auto_rules():
+    big, small = memory.AUTO_MIN_TOKENS, memory.AUTO_MIN_TOKENS - 1
+    assert memory.resolve_offload("auto", cuda=True, gradient_checkpointing=True, tokens=big)
+    assert not memory.resolve_offload("auto", cuda=True, gradient_checkpointing=True, tokens=small)
+    assert not memory.resolve_offload("auto", cuda=False, gradient_checkpointing=True, tokens=big)
+    assert not memory.resolve_offload("auto", cuda=True, gradient_checkpointing=False, tokens=big)
+    assert memory.resolve_offload("yes", cuda=False, gradient_checkpointing=True, tokens=1)
+    assert not memory.resolve_offload(False, cuda=True, gradient_checkpointing=True, tokens=big)
+    with pytest.raises(InputError, match="--offload-checkpoints must be auto, true or false"):
+        memory.parse_offload("sometimes")
+    with pytest.raises(InputError, match="needs --gradient-checkpointing"):
+        memory.resolve_offload("true", cuda=True, gradient_checkpointing=False, tokens=big)
+    assert memory.resolve_tile(None, cuda=True, tokens=big, hidden=4096) == 4096
+    assert memory.resolve_tile("auto", cuda=True, tokens=small, hidden=4096) == 0
+    assert memory.resolve_tile(None, cuda=False, tokens=big, hidden=4096) == 0
+    assert memory.resolve_tile(1024, cuda=False, tokens=8, hidden=4096) == 1024
+    assert memory.resolve_tile(0, cuda=True, tokens=big, hidden=4096) == 0
+
+
+def test_host_memory_figures_for_a_7b_layer_stack():
+    # Qwen1.5-7B at 256K tokens, bf16: 2 GiB a layer, 64 GiB for 32 layers (whole 32 MiB pages)
+    assert memory.checkpoint_bytes(1, 262144, 4096, 2) == 2 * 2**30
+    assert memory.pool_bytes(32, 262144, 4096, 2) == 64 * 2**30
+    assert memory.pool_bytes(2, 1000, 10, 2, page_bytes=4096) == 2 * 5 * 4096  # 20,000 bytes -> 5 pages
+    need = memory.pool_bytes(32, 262144, 4096, 2)
+    assert memory.check_host_memory(need, what="x", available=100 * 2**30) == 100 * 2**30
+    with pytest.raises(InputError) as e:
+        memory.check_host_memory(need, what="offloading the checkpoints", available=48 * 2**30)
+    msg = str(e.value)
+    assert "\n" not in msg and "64.0 GiB" in msg and "48.0 GiB" in msg and "--offload-checkpoints false" in msg
+    # DeepSpeed's offloaded optimizer (631M trained params) is counted too, and each local process needs its own
+    extra = memory.ds_offload_extra({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}, 631_000_000)
+    assert extra == 631_000_000 * 16
+    assert memory.ds_offload_extra({"zero_optimization": {"offload_optimizer": {"device": "none"}}}, 10) == 0
+    with pytest.raises(InputError, match="DeepSpeed's offloaded optimizer states"):
+        memory.check_host_memory(need, what="x", extra=extra, extra_what="DeepSpeed's offloaded optimizer states",
+                                 available=75 * 2**30)
+    with pytest.raises(InputError, match="in each of 2 processes"):
+        memory.check_host_memory(need, what="x", available=100 * 2**30, processes=2)
+
+
+def test_setup_refuses_before_touching_the_model_when_host_memory_is_short(make_tiny_model, monkeypatch):
+    pm = _lora(make_tiny_model, "qwen2")
+    layers = pm.get_base_model().model.layers
+    funcs = [layer._gradient_checkpointing_func for layer in layers]
+    # 2 layers x 262,144 tokens x 64 x 4 bytes = 128 MiB of checkpoints; the machine "has" 100 MiB
+    monkeypatch.setattr(memory, "available_host_bytes", lambda: 100 * 2**20)
+    args = argparse.Namespace(offload_checkpoints="auto", tile_mlp=None, gradient_checkpointing=True)
+    with pytest.raises(InputError, match=r"host memory: .* needs 0\.1 GiB .* only 0\.1 GiB is available"):
+        memory.setup_memory(pm, args, tokens=262144, cuda=True, dtype=torch.float32, quiet=True)
+    assert [layer._gradient_checkpointing_func for layer in layers] == funcs
+    assert "forward" not in layers[0].mlp.__dict__ and not hasattr(pm, "_ropescale_memory")
+    monkeypatch.setattr(memory, "available_host_bytes", lambda: 8 * 2**30)
+    plan = memory.setup_memory(pm, args, tokens=262144, cuda=True, dtype=torch.float32, quiet=True)
+    assert plan.offload_checkpoints and plan.tile_mlp == 64 and plan.host_pool_bytes == 128 * 2**20
+    assert plan.offloader.pin is True  # pinned pages on CUDA (allocated at the first forward)
+
+
+def test_available_host_bytes_without_psutil(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "psutil", None)  # import psutil -> ImportError: /proc/meminfo
+    n = memory.available_host_bytes()
+    assert isinstance(n, int) and n > 2**20
+
+
+# ---------------------------------------------------------------- the allocator setting (training.env)
+def test_expandable_segments_on_cuda_unless_the_user_chose():
+    from training.env import setup_env
+
+    env = {}
+    assert setup_env(env, cuda=True)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True" and "DS_ACCELERATOR" not in env
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in setup_env(env, cuda=True)
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
+    env = {"PYTORCH_ALLOC_CONF": "expandable_segments:False"}  # torch's newer name counts as the user's choice
+    setup_env(env, cuda=True)
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in env
+    env = {}
+    set_ = setup_env(env, cuda=False)
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in env and "PYTORCH_CUDA_ALLOC_CONF" not in set_
+    assert env["DS_ACCELERATOR"] == "cpu"
+
+
+# ---------------------------------------------------------------- per-step rates (training.trainer)
+def test_step_clock_reports_last_step_steady_and_running_rates():
+    from training.trainer import StepClock
+
+    now = [0.0]
+    c = StepClock(clock=lambda: now[0])
+    c.begin_train(0)
+    tok = 0
+    recs = []
+    for dt in (10.0, 4.0, 1.0, 1.0, 2.0):  # two slow warm-up steps, then 1000 tokens/step at 1-2 s
+        now[0] += 0.5  # data loading between steps: not a step's time
+        c.begin_step(tok)
+        now[0] += dt
+        tok += 1000
+        c.end_step(tok)
+        recs.append(c.record(tok, world=2))
+    assert [r["tokens_per_s"] for r in recs] == [200.0, 500.0, 2000.0, 2000.0, 1000.0]  # x2 processes
+    assert "tokens_per_s_steady" not in recs[0] and "tokens_per_s_steady" not in recs[1]
+    assert recs[2]["tokens_per_s_steady"] == 2000.0 and recs[4]["tokens_per_s_steady"] == 1500.0
+    assert recs[4]["steady_steps"] == 3 and recs[4]["step_seconds"] == 2.0
+    assert recs[4]["tokens_per_s_running"] == round(5000 * 2 / 20.5, 1) and recs[4]["seconds"] == 20.5
+
+
+def test_trainer_log_with_offload_and_tiling_matches_plain_training(tmp_path, make_tiny_model):
+    """Three steps of LabelOnlyTrainer: the same losses with the memory plan as without; the log has the new
+    rates, host memory and the plan."""
+    import json
+    import weakref as wr
+
+    from transformers import TrainingArguments
+
+    from training.data import Collator, PackedDataset
+    from training.loss import install_label_only_forward
+    from training.trainer import LabelOnlyTrainer, ProgressCallback
+
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(3):
+        ids = torch.randint(0, 1000, (64,), generator=g)
+        lab = ids.clone()
+        lab[:40] = -100
+        rows.append({"input_ids": ids.tolist(), "labels": lab.tolist()})
+
+    def train(with_plan: bool, out):
+        pm = _lora(make_tiny_model, "llama")
+        if with_plan:
+            args = argparse.Namespace(offload_checkpoints="true", tile_mlp=16, gradient_checkpointing=True)
+            memory.setup_memory(pm, args, tokens=64, cuda=False, dtype=torch.float32, quiet=True)
+        install_label_only_forward(pm, 8)
+        targs = TrainingArguments(output_dir=str(out), max_steps=3, per_device_train_batch_size=1,
+                                  learning_rate=1e-3, warmup_steps=0, lr_scheduler_type="constant", use_cpu=True,
+                                  report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0,
+                                  data_seed=0, remove_unused_columns=False, optim="adamw_torch")
+        tr = LabelOnlyTrainer(model=pm, args=targs, train_dataset=PackedDataset(rows), data_collator=Collator(0))
+        tr.add_callback(ProgressCallback(wr.ref(tr), out / "log.jsonl", True, 1))
+        out.mkdir(parents=True, exist_ok=True)
+        tr.train()
+        return [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+
+    plain = train(False, tmp_path / "plain")
+    planned = train(True, tmp_path / "planned")
+    assert [r["step"] for r in planned] == [1, 2, 3]
+    for a, b in zip(plain, planned):
+        assert abs(a["loss"] - b["loss"]) < 1e-5
+    for r in planned:
+        assert r["tokens_per_s"] > 0 and r["tokens_per_s_running"] > 0 and r["step_seconds"] > 0
+        assert r["host_rss_mb"] > 0 and r["host_peak_rss_mb"] > 0 and r["peak_mem_mb"] > 0
+        assert r["offload_checkpoints"] is True and r["tile_mlp"] == 16 and r["offload_host_mb"] > 0
+    assert "tokens_per_s_steady" not in planned[1] and planned[2]["tokens_per_s_steady"] > 0
+    assert "offload_checkpoints" not in plain[0]
