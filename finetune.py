@@ -5,6 +5,10 @@ from training.env import setup_env
 
 setup_env()  # before torch / DeepSpeed are imported: CPU accelerator, rendezvous defaults
 
+from common.cli import quiet_libraries  # noqa: E402
+
+quiet_libraries()
+
 from training.cli import main  # noqa: E402
 
 if __name__ == "__main__":

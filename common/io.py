@@ -118,29 +118,33 @@ def default_dir_mode() -> int:
     return 0o777 & ~current_umask()
 
 
-def check_output_file(path: str | os.PathLike) -> Path:
-    """``path`` may be written as a file: it is not an existing directory and no parent of it is a file."""
-    path = Path(path)
-    if path.is_dir():
-        raise InputError("output is an existing directory, expected a file path", path)
+def _check_parents(path: Path, what: str) -> None:
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
-                raise InputError(f"cannot create the output: {parent} is not a directory", path)
+                raise InputError(f"{what}cannot be created: {parent} is not a directory", path)
             break
+
+
+def check_output_file(path: str | os.PathLike, what: str | None = None) -> Path:
+    """``path`` may be written as a file: it is not an existing directory and no parent of it is a file. ``what``
+    (e.g. ``--out``) names the flag in the error."""
+    path = Path(path)
+    pre = f"{what}: " if what else ""
+    if path.is_dir():
+        raise InputError(f"{pre}output is an existing directory, expected a file path", path)
+    _check_parents(path, pre or "the output ")
     return path
 
 
-def check_output_dir(path: str | os.PathLike) -> Path:
-    """``path`` may be written as a directory: it is not an existing file and no parent of it is a file."""
+def check_output_dir(path: str | os.PathLike, what: str | None = None) -> Path:
+    """``path`` may be written as a directory: it is not an existing file and no parent of it is a file. ``what``
+    (e.g. ``--out``) names the flag in the error."""
     path = Path(path)
+    pre = f"{what}: " if what else ""
     if path.exists() and not path.is_dir():
-        raise InputError("output exists and is not a directory", path)
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise InputError(f"cannot create the output directory: {parent} is not a directory", path)
-            break
+        raise InputError(f"{pre}output exists and is not a directory", path)
+    _check_parents(path, pre or "the output directory ")
     return path
 
 

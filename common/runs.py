@@ -2,8 +2,10 @@
 
 A run directory holds:
 - ``run.json``: metadata written atomically: ``kind`` ("generate", "probe", "finetune"), ``model``,
-  ``rope`` (a rope spec dict from rope_scaling, or ``{"rope": "none"}``), ``train_length`` (or null), ``args``,
-  ``versions``, timestamps, and whatever the producer adds (``prompt``, ``subset``, ``backend``, ``probe``...).
+  ``rope`` (the rope the model ran with: a rope spec dict, read back with ``rope_scaling.RopeSpec.from_record``),
+  ``train_length`` (or null), ``settings`` (the stage's settings record, flat keys like a recipe:
+  ``common.settings.to_record``), ``versions``, timestamps, and whatever the producer adds (``prompt``,
+  ``subset``, ``backend``, ``probe``...). :class:`RunMeta` is the one reader (older layouts included).
 - one or more append-only JSONL record files (``predictions.jsonl`` for generation, ``items.jsonl`` for probes):
   one JSON object a line, each with a unique ``id``. A record is appended with one ``write`` + ``fsync``, so a
   kill -9 loses at most the record in flight; a torn last line is cut off when the log is reopened. Resuming
@@ -16,6 +18,7 @@ import datetime as _dt
 import json
 import os
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -34,7 +37,7 @@ def versions() -> dict[str, str]:
             out[name] = md.version(name)
         except md.PackageNotFoundError:
             pass
-    from . import __version__
+    from . import __version__  # the project's version
 
     out["ropescale"] = __version__
     return out
@@ -152,6 +155,63 @@ class RunDir:
         if not p.is_file():
             raise InputError(f"missing {name}", self.path)
         return json.loads(p.read_text(encoding="utf-8"))
+
+
+@dataclass
+class RunMeta:
+    """A run directory's run.json, read one way by every stage (finetune resume, generate resume and the training
+    length of a merged model, score, report, probes), whatever age of the format wrote it."""
+
+    path: Path  # the run directory
+    raw: dict  # run.json as written
+
+    @classmethod
+    def read(cls, run_dir: str | os.PathLike) -> "RunMeta":
+        """InputError when ``run_dir`` has no readable run.json."""
+        return cls(Path(run_dir), RunDir(run_dir).read_meta())
+
+    @classmethod
+    def find(cls, run_dir: str | os.PathLike) -> "RunMeta | None":
+        """The run in ``run_dir``, or None when there is none (or it cannot be read)."""
+        try:
+            return cls.read(run_dir) if (Path(run_dir) / RUN_JSON).is_file() else None
+        except InputError:
+            return None
+
+    @property
+    def meta_path(self) -> Path:
+        return self.path / RUN_JSON
+
+    @property
+    def kind(self) -> str | None:
+        return self.raw.get("kind")
+
+    @property
+    def model(self) -> str | None:
+        return self.raw.get("model")
+
+    @property
+    def rope(self) -> Any:
+        """The recorded rope (``rope_scaling.RopeSpec.from_record`` reads every form of it)."""
+        return self.raw.get("rope")
+
+    @property
+    def train_length(self) -> int | None:
+        tl = self.raw.get("train_length")
+        return int(tl) if isinstance(tl, (int, float)) and not isinstance(tl, bool) else None
+
+    @property
+    def settings(self) -> dict | None:
+        """The stage's settings record (flat keys): ``settings``; older runs: finetune's ``args``, a probe's
+        ``args`` + ``settings``, generation's top-level keys. None when a finetune run recorded none."""
+        raw = self.raw
+        parts = [raw.get(k) for k in ("args", "settings") if isinstance(raw.get(k), dict)]
+        if parts:
+            return {k: v for p in parts for k, v in p.items()}
+        return dict(raw) if self.kind == "generate" else None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.raw.get(key, default)
 
 
 def find_run_dirs(paths: Iterable[str | os.PathLike]) -> Iterator[RunDir]:

@@ -10,11 +10,11 @@ text, flag, checks and resume rule (:func:`setting`); the RoPE spec (``rope_scal
 - a recipe: :func:`read_recipe` (YAML; an unknown key, a value of the wrong type or out of range is an
   :class:`~common.io.InputError` naming ``file:line``);
 - the settings themselves: :func:`resolve` (defaults < recipe < flags given) and :func:`build`;
-- ``run.json``: :func:`to_record` / :func:`from_record`;
+- ``run.json``: :func:`to_record` / :func:`from_record` (flat, like a recipe);
 - resume checks: :func:`diff` (what differs between the settings of a run and those of a resume).
 
 Keys are flat: a nested field's keys sit beside the outer ones (``rope: ntk``, ``scale: 8`` in a recipe, ``--rope
-ntk --scale 8`` on the command line), while records keep the nesting (``"rope": {"method": "ntk", ...}``).
+ntk --scale 8`` on the command line, ``"rope": "ntk", "scale": 8`` in a record).
 """
 from __future__ import annotations
 
@@ -442,40 +442,33 @@ def resolve(cls, flags: dict[str, Any], recipe: str | Path | None = None, *, sea
 def _jsonable(v):
     if isinstance(v, Path):
         return str(v)
-    if dataclasses.is_dataclass(v):
-        return to_record(v)
     if isinstance(v, (list, tuple)):
         return [_jsonable(x) for x in v]
     return v
 
 
 def to_record(settings) -> dict[str, Any]:
-    """The settings as a JSON-able dict for run.json (nested dataclasses as nested dicts, by field name)."""
-    out = {}
-    for f in dataclasses.fields(settings):
-        out[f.name] = _jsonable(getattr(settings, f.name))
-    return out
+    """The settings as run.json records them: flat ``key: value`` with the keys of the flags and recipes (a run's
+    record reads like a recipe)."""
+    return {s.key: _jsonable(value_of(settings, s)) for s in specs(type(settings)) if s.meta.recipe}
 
 
 def from_record(cls, record: dict | None, *, where=None):
-    """Settings recorded by :func:`to_record` (or an older flat record: nested keys at the top level). Unknown
-    keys are left out (a record may be newer or older than the code); a value that does not convert is an
-    InputError naming ``where``."""
+    """Settings from a run.json record (:func:`to_record`; a nested dict such as ``"rope": {"method": ...}`` is
+    read too). Unknown keys are left out (a record may be newer or older than the code); a value that does not
+    convert is an InputError naming ``where``."""
     record = dict(record or {})
     flat: dict[str, Any] = {}
-    nested_names = _nested_fields(cls)
-    for name in nested_names:
-        sub = record.get(name)
-        if isinstance(sub, dict):
+    for name, sub in _nested_fields(cls).items():
+        rec = record.get(name)
+        if isinstance(rec, dict):
             record.pop(name)
-            for s in specs(nested_names[name]):
-                fname = s.path[-1]
-                if fname in sub:
-                    flat[s.key] = sub[fname]
-                elif s.key in sub:
-                    flat[s.key] = sub[s.key]
+            for s in specs(sub):
+                for k in (s.path[-1], s.key):
+                    if k in rec and s.key not in flat:
+                        flat[s.key] = rec[k]
     for s in specs(cls):
-        for k in s.accepted_keys + ((s.path[-1],) if len(s.path) == 1 else ()):
+        for k in s.accepted_keys:
             if k in record and s.key not in flat:
                 flat[s.key] = record[k]
     conv = {}
@@ -486,6 +479,17 @@ def from_record(cls, record: dict | None, *, where=None):
         except ValueError as e:
             raise InputError(f"recorded setting {k!r}: {e}", where) from None
     return build(cls, conv)
+
+
+def recorded_keys(cls, record: dict | None) -> set[str]:
+    """The keys of ``cls`` a record holds (under any accepted spelling, or as a nested dict's field)."""
+    record = record or {}
+    out = set()
+    for s in specs(cls):
+        if any(k in record for k in s.accepted_keys) or (len(s.path) > 1 and isinstance(record.get(s.path[0]), dict)
+                                                        and s.path[-1] in record[s.path[0]]):
+            out.add(s.key)
+    return out
 
 
 def _same_path(a, b) -> bool:

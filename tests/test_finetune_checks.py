@@ -107,8 +107,8 @@ def test_resume_may_extend_max_steps(base, tmp_path):
     assert "resuming from" in p.stderr and "checkpoint-2" in p.stderr
     assert [r["step"] for r in train_log(cut)] == [1, 2, 3]
     meta = json.loads((cut / "run.json").read_text())
-    assert meta["status"] == "done" and meta["steps"] == 3 and meta["args"]["max_steps"] == 3
-    assert meta["args"]["lr"] == old["args"]["lr"] and meta["global_batch"] == old["global_batch"] == 2
+    assert meta["status"] == "done" and meta["steps"] == 3 and meta["settings"]["max_steps"] == 3
+    assert meta["settings"]["lr"] == old["settings"]["lr"] and meta["global_batch"] == old["global_batch"] == 2
 
 
 # ---------------------------------------------------------------- 2. --init-from: the same RoPE setting
@@ -128,16 +128,17 @@ def test_init_from_a_run_of_another_rope_is_refused(base, capsys, tmp_path):
     assert not out.exists()
 
 
-# ---------------------------------------------------------------- 4. --output-dir that is a file
-def test_output_dir_that_is_a_file(base, capsys, tmp_path):
+# ---------------------------------------------------------------- 4. --out (old spelling --output-dir) that is a file
+@pytest.mark.parametrize("flag", ["--out", "--output-dir"])
+def test_output_dir_that_is_a_file(base, capsys, tmp_path, flag):
     f = tmp_path / "out.txt"
     f.write_text("keep me\n")
-    rc, line, err = _err(capsys, [*base["args"], "--output-dir", f])
+    rc, line, err = _err(capsys, [*base["args"], flag, f])
     assert rc == 2, err[-2000:]
     _one_line_error(err)
-    assert "--output-dir" in line and str(f) in line and "not a directory" in line
+    assert "--out" in line and str(f) in line and "not a directory" in line
     assert f.read_text() == "keep me\n"
-    rc, line, err = _err(capsys, [*base["args"], "--output-dir", f / "run"])  # below a file
+    rc, line, err = _err(capsys, [*base["args"], flag, f / "run"])  # below a file
     assert rc == 2 and "not a directory" in line, err[-2000:]
 
 

@@ -15,7 +15,6 @@ def exported(make_tiny_model, tmp_path_factory):
     """A run directory with a final export (LoRA on a tiny model, ntk x8), written by training.saving.export."""
     from rope_scaling import RopeSpec, read_rope
     from training.model import add_lora, load_config, load_model
-    from training.run import rope_record
     from training.saving import export
 
     _, model_dir = make_tiny_model(orig_ctx=64)
@@ -26,7 +25,7 @@ def exported(make_tiny_model, tmp_path_factory):
     run.mkdir()
     (run / "run.json").write_text(json.dumps({"kind": "finetune", "model": str(model_dir)}))
     export(peft_model, run / "final", extra_names=extra, base_model=str(model_dir), config=config,
-           rope=rope_record(read_rope(config)), step=0, tokenizer_dir=model_dir)
+           rope=read_rope(config).to_dict(), step=0, tokenizer_dir=model_dir)
     return {"run": run, "model": model_dir, "peft": peft_model, "extra": extra, "config": config}
 
 

@@ -78,10 +78,11 @@ def test_checks_name_the_flag_and_rope_checks_run_on_build():
 def test_record_roundtrip_and_older_flat_records():
     s = build(Toy, {"rope": "yarn", "scale": 16.0, "yarn_beta": 8.0, "steps": 3, "data": "d"})
     rec = json.loads(json.dumps(to_record(s)))
-    assert rec["rope"]["method"] == "yarn" and rec["steps"] == 3
+    assert rec["rope"] == "yarn" and rec["scale"] == 16 and rec["steps"] == 3 and rec["targets"] == ["q", "k"]
     assert from_record(Toy, rec) == s
-    # an older record: rope keys flat beside the others, unknown keys ignored
-    assert from_record(Toy, {"rope": "yarn", "scale": 16, "yarn_beta": 8, "steps": 3, "data": "d", "seed": 1}) == s
+    # the rope as a nested spec dict, unknown keys ignored
+    assert from_record(Toy, {"rope": {"method": "yarn", "scale": 16, "yarn_beta": 8}, "steps": 3, "data": "d",
+                             "seed": 1}) == s
 
 
 def test_diff_follows_each_settings_resume_rule(tmp_path):

@@ -9,8 +9,9 @@ import pytest
 
 from common.paths import REPO_ROOT
 from common.io import InputError
-from training.cli import build_train_parser, main
-from training.config import explicit_keys, load_recipe, resolve
+from common.settings import build, spec_by_key
+from training.cli import TOOL, main
+from training.config import TrainSettings, load_recipe, settings_from_args
 from training.run import default_output_dir, ds_config_dict
 
 RECIPES = REPO_ROOT / "recipes"
@@ -18,9 +19,12 @@ K = 1024
 
 
 def parse(argv):
-    p = build_train_parser()
-    args = p.parse_args(argv)
-    return resolve(args, explicit_keys(p, argv), args.recipe)[0]
+    return settings_from_args(TOOL.parser().parse_args(["train", *argv]))
+
+
+def from_recipe(path) -> TrainSettings:
+    """What a recipe trains with: the defaults under its values."""
+    return build(TrainSettings, load_recipe(path))
 
 
 def test_table8_grid_is_complete_with_the_paper_settings():
@@ -32,29 +36,28 @@ def test_table8_grid_is_complete_with_the_paper_settings():
         for method, s in grid:
             for length, max_len in (("16k", 18 * K), ("32k", 34 * K)):
                 tag = "none" if method == "none" else f"{method}-x{s}"
-                r = load_recipe(RECIPES / f"{model}_{tag}_{length}.yaml")
+                r = from_recipe(RECIPES / f"{model}_{tag}_{length}.yaml")
                 seen += 1
-                assert r["rope"] == method and r.get("scale", 1) == s
-                assert r["lr"] == 2e-5 and r["warmup_steps"] == 30 and r["lora_r"] == 8
-                assert r["train_embeddings"] and r["train_norms"]
-                assert r["global_batch"] == (16 if length == "16k" else 8)
+                assert r.rope.method == method and r.rope.scale == s
+                assert r.lr == 2e-5 and r.warmup_steps == 30 and r.lora_r == 8
+                assert r.train_embeddings and r.train_norms
+                assert r.global_batch == (16 if length == "16k" else 8)
                 if length == "32k":  # continued from the 300-step 16K checkpoint
-                    assert r["init_from"] == f"runs/train/{model}-{tag}-16k" and r["init_step"] == 300
-                    assert r["init_from"] == load_recipe(RECIPES / f"{model}_{tag}_16k.yaml")["output_dir"]
+                    assert r.init_from == f"runs/train/{model}-{tag}-16k" and r.init_step == 300
+                    assert r.init_from == from_recipe(RECIPES / f"{model}_{tag}_16k.yaml").out
                 else:
-                    assert r["max_steps"] >= 500 and r["save_steps"] <= 100 and 300 % r["save_steps"] == 0
+                    assert r.max_steps >= 500 and r.save_steps <= 100 and 300 % r.save_steps == 0
                 # samples longer than orig * s only where the paper trained beyond the extended context
-                assert bool(r.get("allow_extrapolation", False)) == (orig * s < max_len), (model, tag, length)
+                assert r.allow_extrapolation == (orig * s < max_len), (model, tag, length)
     assert seen == 32
 
 
 @pytest.mark.parametrize("alpha,beta", [(1, 32), (1, 4), (0.1, 32)])
 def test_table5_yarn_recipes(alpha, beta):
-    r = load_recipe(RECIPES / f"yi-6b_yarn-x16-a{alpha:g}-b{beta:g}_16k.yaml")
-    assert (r["rope"], r["scale"], r["yarn_alpha"], r["yarn_beta"]) == ("yarn", 16, alpha, beta)
+    r = from_recipe(RECIPES / f"yi-6b_yarn-x16-a{alpha:g}-b{beta:g}_16k.yaml")
     from rope_scaling import RopeSpec
 
-    RopeSpec(method="yarn", scale=16, yarn_alpha=alpha, yarn_beta=beta)  # a valid setting
+    assert r.rope == RopeSpec(method="yarn", scale=16, yarn_alpha=alpha, yarn_beta=beta)  # a valid setting
 
 
 def test_every_recipe_loads():
@@ -77,22 +80,23 @@ def test_unknown_recipe_key_names_file_and_line(tmp_path):
 def test_flags_override_recipe_values(tmp_path):
     f = tmp_path / "r.yaml"
     f.write_text("model: /some/model\nrope: pi\nscale: 4\nlr: 1.0e-4\nmax_steps: 7\nlora_targets: [q_proj, v_proj]\n")
-    a = parse(["--recipe", str(f)])
-    assert (a.rope, a.scale, a.lr, a.max_steps, a.lora_targets) == ("pi", 4, 1e-4, 7, ["q_proj", "v_proj"])
-    a = parse(["--recipe", str(f), "--scale", "8", "--lr", "3e-5", "--lora-targets", "q_proj,k_proj"])
-    assert (a.rope, a.scale, a.lr, a.max_steps, a.lora_targets) == ("pi", 8.0, 3e-5, 7, ["q_proj", "k_proj"])
-    a = parse(["--recipe", str(f), "--scale=8"])
-    assert a.scale == 8.0
+    a, _ = parse(["--recipe", str(f)])
+    assert (a.rope.method, a.rope.scale, a.lr, a.max_steps, a.lora_targets) == ("pi", 4, 1e-4, 7, ["q_proj", "v_proj"])
+    a, _ = parse(["--recipe", str(f), "--scale", "8", "--lr", "3e-5", "--lora-targets", "q_proj,k_proj"])
+    assert (a.rope.method, a.rope.scale, a.lr, a.max_steps, a.lora_targets) == ("pi", 8.0, 3e-5, 7,
+                                                                                ["q_proj", "k_proj"])
+    a, _ = parse(["--recipe", str(f), "--scale=8"])
+    assert a.rope.scale == 8.0
 
 
 def test_defaults_and_tiny_demo():
-    a = parse(["--model", "/some/model"])  # a real model: the paper's defaults (App. B.2, Sec 5)
+    a, recipe = parse(["--model", "/some/model"])  # a real model: the paper's defaults (App. B.2, Sec 5)
     assert (a.lr, a.warmup_steps, a.lora_r, a.lora_alpha, a.lora_dropout) == (2e-5, 30, 8, 16, 0.05)
-    assert a.lora_targets == ["q_proj", "k_proj", "v_proj", "o_proj"] and a.recipe is None
-    a = parse(["--rope", "ntk", "--scale", "8"])  # the tiny default gets the demo recipe: a few steps
+    assert a.lora_targets == ["q_proj", "k_proj", "v_proj", "o_proj"] and recipe is None
+    a, recipe = parse(["--rope", "ntk", "--scale", "8"])  # the tiny default gets the demo recipe: a few steps
     demo = load_recipe(RECIPES / "tiny_demo.yaml")
-    assert a.recipe.endswith("tiny_demo.yaml") and a.max_steps == demo["max_steps"] <= 20
-    assert (a.rope, a.scale) == ("ntk", 8.0)
+    assert recipe.endswith("tiny_demo.yaml") and a.max_steps == demo["max_steps"] <= 20
+    assert (a.rope.method, a.rope.scale) == ("ntk", 8.0)
 
 
 def test_default_output_dir_names():
@@ -147,7 +151,7 @@ def test_data_longer_than_the_extended_context(capsys, tmp_path, make_tiny_model
     longest = max(r["length"] for r in __import__("data_concat").load_packed(data))
     # ntk x4 extends the 64-token original context to 256 < the samples
     rc, line = _err(capsys, ["--model", str(model_dir), "--data", str(data), "--rope", "ntk", "--scale", "4",
-                             "--output-dir", str(tmp_path / "run")])
+                             "--out", str(tmp_path / "run")])
     assert rc == 2 and f"{longest} tokens" in line and "256-token context" in line and str(data) in line
     assert not (tmp_path / "run").exists()  # nothing written
     # no scaling at all: the 64-token context
@@ -219,8 +223,9 @@ def test_recipe_values_of_the_wrong_type_name_file_and_line(tmp_path, capsys, te
 def test_recipe_rope_values_are_converted():
     import yaml  # noqa: F401 - YAML 1.1 reads 5e6 (no dot) as a string: it is still a number here
 
-    from training.config import _recipe_value
+    def value(key, v):
+        return spec_by_key(TrainSettings)[key].convert(v)
 
-    assert _recipe_value("rope_base", "5e6") == 5e6 and _recipe_value("scale", 8) == 8.0
-    assert _recipe_value("orig_ctx", 4096.0) == 4096 and _recipe_value("replace", "yes") is True
-    assert _recipe_value("rope", "dynamic_ntk") == "dynamic_ntk"
+    assert value("rope_base", "5e6") == 5e6 and value("scale", 8) == 8.0
+    assert value("orig_ctx", 4096.0) == 4096 and value("replace", "yes") is True
+    assert value("rope", "dynamic_ntk") == "dynamic_ntk"

@@ -4,26 +4,28 @@ Every input problem (model path, numeric settings, data length vs the RoPE-exten
 with other settings, --init-from a run of another RoPE setting, batch arithmetic, an --output-dir that cannot be
 a directory) raises InputError before the first training step, and before run.json is touched.
 
-Resume (``--resume auto|CHECKPOINT``) continues exactly the run in --output-dir: every resolved setting (after the
+Resume (``--resume auto|CHECKPOINT``) continues exactly the run in --out: every resolved setting (after the
 recipe), the model, the RoPE setting and the data (path and content: its length stats) must be those recorded in
-run.json; only ``--max-steps`` may grow (:func:`resume_diff`).
+run.json; only ``--max-steps`` may grow (:func:`resume_diff`, which compares two :class:`TrainSettings`).
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
-import math
 import re
 import sys
 import time
 import weakref
 from pathlib import Path
 
+from common.io import InputError, check_output_dir
 from common.paths import REPO_ROOT
-from common.io import InputError
+from common.runs import RunDir, RunMeta
+from common.settings import check, diff, fmt, from_record, recorded_keys, to_record
+from rope_scaling import RopeSpec
 
 from . import env
-from .config import FIELDS, default_global_batch, resolve_ds_config
+from .config import TrainSettings, default_global_batch, resolve_ds_config
 
 RUNS_DIR = REPO_ROOT / "runs" / "train"
 
@@ -47,123 +49,37 @@ def default_output_dir(model_arg: str, spec) -> Path:
     return RUNS_DIR / f"{name}-{spec.method}-x{spec.scale:g}"
 
 
-def rope_record(spec) -> dict:
-    d = spec.to_dict() if hasattr(spec, "to_dict") else dict(spec.__dict__)
-    return d
-
-
-def same_rope(a: dict, b: dict) -> bool:
-    from rope_scaling import RopeSpec
-
-    try:
-        return RopeSpec.from_dict(a).same_rope(RopeSpec.from_dict(b))
-    except Exception:  # noqa: BLE001 - an unreadable record differs
-        return a == b
-
-
-def rope_desc(d) -> str:
-    """``ntk s=8`` for a recorded rope dict (its raw form when unreadable)."""
-    from rope_scaling import RopeSpec
-
-    try:
-        return RopeSpec.from_dict(d).describe()
-    except Exception:  # noqa: BLE001
-        return str(d)
-
-
-# resume: what is not a setting of the run (how this invocation is spelled)
-NOT_SETTINGS = ("output_dir",)  # plus resume, overwrite, local_rank, recipe (not in FIELDS)
-
-
-def _same_path(a, b) -> bool:
-    if a is None or b is None:
-        return a is None and b is None
-    return Path(str(a)).expanduser().resolve() == Path(str(b)).expanduser().resolve()
-
-
-def _same_value(a, b) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
-            and not isinstance(b, bool):
-        return a == b or math.isclose(a, b, rel_tol=1e-12)
-    return a == b
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "none"
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, (list, tuple)):
-        return ",".join(map(str, v))
-    return str(v)
-
-
-def resume_diff(meta: dict, args: argparse.Namespace, *, model_dir, rope: dict, ds_path) -> list[str]:
-    """What differs between the run recorded in ``meta`` (run.json) and the resolved settings ``args`` of a resume,
-    as ``key old -> new`` items; empty when the run may be resumed. Only ``max_steps`` may grow; paths compare
-    resolved; the global batch compares resolved (an unset one is the default for the recorded train length); a
-    resume without ``--data`` uses the run's data."""
+def resume_diff(old: RunMeta, new: TrainSettings, *, model_dir, rope: RopeSpec, ds_path) -> list[str]:
+    """What differs between the run recorded in ``old`` (its run.json) and the settings ``new`` of a resume, as
+    ``key old -> new`` items; empty when the run may be resumed. The rope compared is the one the model trains with;
+    the settings are compared by their resume rules (only ``max_steps`` may grow; paths compare resolved) after
+    both sides are resolved the same way: the model directory, the data (a resume without ``--data`` uses the
+    run's), the DeepSpeed config file, the global batch (unset: the default for the recorded train length)."""
     diffs = []
-    if not same_rope(meta.get("rope") or {}, rope):
-        diffs.append(f"rope {rope_desc(meta.get('rope'))} -> {rope_desc(rope)}")
-    if meta.get("model") and not _same_path(meta["model"], model_dir):
-        diffs.append(f"model {meta['model']} -> {model_dir}")
-    old = meta.get("args")
-    if not isinstance(old, dict):
+    was_rope = RopeSpec.from_record(old.rope, old.meta_path)
+    if not was_rope.same_rope(rope):
+        diffs.append(f"rope {was_rope.describe()} -> {rope.describe()}")
+    if old.settings is None:
         return diffs + ["settings not recorded"]
-    for f in FIELDS:
-        k = f.name
-        new = getattr(args, k, None)
-        if k in NOT_SETTINGS or k == "model":
-            continue
-        if k == "data":
-            if new is not None and meta.get("data") and not _same_path(meta["data"], new):
-                diffs.append(f"data {meta['data']} -> {new}")
-            continue
-        if k == "max_steps":
-            if isinstance(old.get(k), int) and new < old[k]:
-                diffs.append(f"max_steps {old[k]} -> {new}")
-            continue
-        if k == "global_batch" and meta.get("global_batch") and meta.get("train_length"):
-            now = new or default_global_batch(int(meta["train_length"]))
-            if now != meta["global_batch"]:
-                diffs.append(f"global_batch {meta['global_batch']} -> {now}")
-            continue
-        if k == "deepspeed" and "deepspeed" in meta:
-            if not _same_path(meta["deepspeed"], ds_path):
-                diffs.append(f"deepspeed {_fmt(meta['deepspeed'])} -> {_fmt(ds_path)}")
-            continue
-        if k not in old:  # a setting newer than the run: nothing recorded to compare with
-            continue
-        was = old[k]
-        if k == "init_from":
-            same = _same_path(was, new)
-        else:
-            same = _same_value(was, json.loads(json.dumps(new)))
-        if not same:
-            diffs.append(f"{k} {_fmt(was)} -> {_fmt(new)}")
-    return diffs
+    was = from_record(TrainSettings, old.settings, where=old.meta_path)
+    raw = old.raw
+    was = dataclasses.replace(was, model=old.model or was.model, data=raw.get("data") or was.data,
+                              deepspeed=raw["deepspeed"] if "deepspeed" in raw else was.deepspeed,
+                              global_batch=raw.get("global_batch") or was.global_batch)
+    batch = new.global_batch
+    if batch is None and old.train_length:
+        batch = default_global_batch(int(old.train_length))
+    now = dataclasses.replace(new, model=str(model_dir), data=new.data or was.data,
+                              deepspeed=str(ds_path) if ds_path else None, global_batch=batch)
+    return diffs + diff(was, now, only=recorded_keys(TrainSettings, old.settings) | {"model", "data"})
 
 
 def refuse_resume(diffs: list[str], meta_path: Path) -> InputError:
     return InputError(f"--resume: this run was made with other settings: {', '.join(diffs)} (only --max-steps may "
-                      f"grow); use a new --output-dir or --overwrite", meta_path)
+                      f"grow); use a new --out or --overwrite", meta_path)
 
 
-def check_output_dir(run_dir: Path) -> None:
-    """The run directory can be one: not an existing file, no parent a file."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise InputError("--output-dir: exists and is not a directory", run_dir)
-    for parent in run_dir.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise InputError(f"--output-dir: cannot be created: {parent} is not a directory", run_dir)
-            break
-
-
-def check_init_rope(init_export: Path, rope: dict) -> None:
+def check_init_rope(init_export: Path, rope: RopeSpec) -> None:
     """--init-from continues training of another run (the 16K -> 32K recipes): it must have the same RoPE."""
     from .saving import EXPORT_JSON
 
@@ -174,10 +90,10 @@ def check_init_rope(init_export: Path, rope: dict) -> None:
         raise InputError(f"--init-from: unreadable export record: {e}", f) from None
     if not isinstance(info, dict):
         raise InputError("--init-from: unreadable export record (not a JSON object)", f)
-    old = info.get("rope") or {}
-    if not same_rope(old, rope):
-        raise InputError(f"--init-from: that run was trained with RoPE {rope_desc(old)}, this run asks for "
-                         f"{rope_desc(rope)}; pass the same RoPE flags as that run", f)
+    old = RopeSpec.from_record(info.get("rope"), f)
+    if not old.same_rope(rope):
+        raise InputError(f"--init-from: that run was trained with RoPE {old.describe()}, this run asks for "
+                         f"{rope.describe()}; pass the same RoPE flags as that run", f)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -212,17 +128,16 @@ def ds_config_dict(path: Path, *, cuda: bool, cpu_adam: str) -> dict:
     return cfg
 
 
-def train(args: argparse.Namespace) -> Path:
-    """Run (or resume) a fine-tuning run; returns the run directory."""
-    from .config import validate_settings
-
-    validate_settings(args)  # before any work
+def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None = None,
+          overwrite: bool = False) -> dict | None:
+    """Run (or resume: ``resume`` "auto" or a checkpoint directory) a fine-tuning run with the settings ``args``;
+    returns a summary ({run, steps, seconds, final}) on the main process, None on the others."""
+    check(args)  # before any work
     env.setup_env()
     env.disable_shm_comm()
     import torch
 
-    from rope_scaling import extended_context, spec_from_args
-    from common.runs import RunDir
+    from rope_scaling import extended_context, read_rope
     from ropescale.tiny import resolve_model
 
     from .data import Collator, PackedDataset, build_default_data, check_rows, load_rows
@@ -234,45 +149,41 @@ def train(args: argparse.Namespace) -> Path:
     cuda = torch.cuda.is_available()
     world = env.world_size()
     main = env.is_main()
-    spec = spec_from_args(args)
     model_dir = resolve_model(args.model)
-    config, change = load_config(model_dir, spec)
+    config, change = load_config(model_dir, args.rope)
     extended = extended_context(config)
-    from rope_scaling import read_rope
-
     effective = read_rope(config)  # what the model trains with (flags, or what its config already carries)
-    rope = rope_record(effective)
-    rope_desc_ = "no RoPE scaling" if effective.method == "none" else f"RoPE {effective.describe()}"
+    rope_desc = "no RoPE scaling" if effective.method == "none" else f"RoPE {effective.describe()}"
     log(f"[finetune] model {model_dir} ({config.model_type}), {change.message()}: context {extended} tokens")
 
     # ---- run directory, resume
-    run_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args.model, effective)
-    check_output_dir(run_dir)
+    run_dir = Path(args.out) if args.out else default_output_dir(args.model, effective)
+    check_output_dir(run_dir, what="--out")
     rd = RunDir(run_dir)
     resume_from = None
-    old_meta = None  # the run.json of the run being resumed
+    old = None  # the run being resumed
     ds_path = resolve_ds_config(args.deepspeed)
-    if args.resume:
+    if resume:
         if not rd.exists():
             raise InputError("--resume: not a finetune run directory (no run.json)", run_dir)
-        old_meta = rd.read_meta()
-        diffs = resume_diff(old_meta, args, model_dir=model_dir, rope=rope, ds_path=ds_path)
+        old = RunMeta.read(run_dir)
+        diffs = resume_diff(old, args, model_dir=model_dir, rope=effective, ds_path=ds_path)
         if diffs:
             raise refuse_resume(diffs, rd.meta_path)
-        resume_from = latest_checkpoint(run_dir) if args.resume == "auto" else Path(args.resume)
+        resume_from = latest_checkpoint(run_dir) if resume == "auto" else Path(resume)
         if resume_from is not None and not (resume_from / "trainer_state.json").is_file():
             raise InputError("--resume: not a checkpoint directory", resume_from)
     elif latest_checkpoint(run_dir) is not None or (run_dir / "final").exists():
-        if not args.output_dir and model_name(args.model) == "tiny" and not args.overwrite:
-            args.overwrite = True  # the tiny demo's default run dir: a rerun replaces it (30 s to recreate)
+        if not args.out and model_name(args.model) == "tiny" and not overwrite:
+            overwrite = True  # the tiny demo's default run dir: a rerun replaces it (30 s to recreate)
             log(f"[finetune] replacing the previous tiny demo run in {run_dir}")
-    if not args.resume and not args.overwrite and (latest_checkpoint(run_dir) is not None
+    if not resume and not overwrite and (latest_checkpoint(run_dir) is not None
                                                    or (run_dir / "final").exists()):
         raise InputError("the run directory already holds a run: pass --resume auto to continue it, "
-                         "--overwrite to start over, or another --output-dir", run_dir)
+                         "--overwrite to start over, or another --out", run_dir)
     if args.init_from:
         init_export = find_export(args.init_from, args.init_step)
-        check_init_rope(init_export, rope)
+        check_init_rope(init_export, effective)
     dtype = resolve_dtype(args.dtype, cuda)
     attn = resolve_attn(args.attn, cuda)
 
@@ -282,22 +193,22 @@ def train(args: argparse.Namespace) -> Path:
     # ---- data
     if args.data:
         data_dir = Path(args.data)
-    elif old_meta is not None and old_meta.get("data") and (Path(old_meta["data"]) / "train.parquet").is_file():
-        data_dir = Path(old_meta["data"])  # a resume continues on the run's own data
+    elif old is not None and old.get("data") and (Path(old.get("data")) / "train.parquet").is_file():
+        data_dir = Path(old.get("data"))  # a resume continues on the run's own data
     else:
         orig = read_rope(config).orig_ctx or extended
-        sized = {**vars(args), **((old_meta or {}).get("args") or {})}  # a resume rebuilds what the run began with
-        data_dir = build_default_data(model_dir, orig, extended, factor=args.default_data_factor,
-                                      n_samples=max(8, sized["max_steps"] * (sized["global_batch"] or 1)),
+        sized = from_record(TrainSettings, old.settings) if old is not None and old.settings else args
+        data_dir = build_default_data(model_dir, orig, extended, factor=args.default_data_factor,  # as the run began
+                                      n_samples=max(8, sized.max_steps * (sized.global_batch or 1)),
                                       seed=args.seed) if main else None
         if world > 1:  # other ranks wait for rank 0 to build it
             data_dir = _broadcast_path(data_dir)
     rows = load_rows(data_dir)
     stats = check_rows(rows, vocab_size=config.vocab_size, extended=extended,
-                       allow_extrapolation=args.allow_extrapolation, where=data_dir, rope_desc=rope_desc_)
-    if old_meta is not None:  # the same path must still hold the same data
-        was = old_meta.get("data_stats") or {}
-        diffs = [f"data {k} {_fmt(was[k])} -> {_fmt(stats[k])}" for k in ("samples", "tokens", "supervised", "min",
+                       allow_extrapolation=args.allow_extrapolation, where=data_dir, rope_desc=rope_desc)
+    if old is not None:  # the same path must still hold the same data
+        was = old.get("data_stats") or {}
+        diffs = [f"data {k} {fmt(was[k])} -> {fmt(stats[k])}" for k in ("samples", "tokens", "supervised", "min",
                                                                           "max") if k in was and was[k] != stats[k]]
         if diffs:
             raise refuse_resume(diffs, rd.meta_path)
@@ -355,15 +266,16 @@ def train(args: argparse.Namespace) -> Path:
 
     # ---- run.json (every check has passed: now the run directory may change)
     if main:
-        if args.resume:
+        if resume:
             log(f"[finetune] resuming from {resume_from or 'the start (no checkpoint yet)'}")
             _cut_log(run_dir / "train_log.jsonl", _checkpoint_step(resume_from))
-        elif args.overwrite:
+        elif overwrite:
             _clear_run(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        meta = rd.read_meta() if (args.resume and rd.exists()) else {}
-        meta.update({"kind": "finetune", "model": str(model_dir), "rope": rope, "train_length": stats["max"],
-                     "data": str(data_dir), "data_stats": stats, "args": _jsonable(vars(args)),
+        meta = rd.read_meta() if (resume and rd.exists()) else {}
+        meta.pop("args", None)  # the settings record of runs made before it was called "settings"
+        meta.update({"kind": "finetune", "model": str(model_dir), "rope": effective.to_dict(), "train_length": stats["max"],
+                     "data": str(data_dir), "data_stats": stats, "settings": to_record(args), "recipe": recipe,
                      "global_batch": global_batch, "grad_accum": grad_accum, "world_size": world,
                      "trainable_params": trainable, "total_params": total, "extra_trained": extra_names,
                      "dtype": str(dtype).replace("torch.", ""), "attn": attn,
@@ -375,7 +287,7 @@ def train(args: argparse.Namespace) -> Path:
     from .trainer import ExportCallback, LabelOnlyTrainer, ProgressCallback
 
     tok_dir = model_dir
-    export_kw = dict(extra_names=extra_names, base_model=str(model_dir), config=config, rope=rope,
+    export_kw = dict(extra_names=extra_names, base_model=str(model_dir), config=config, rope=effective.to_dict(),
                      tokenizer_dir=tok_dir)
     collator = Collator(pad_id=config.pad_token_id if config.pad_token_id is not None else
                         (config.eos_token_id if isinstance(config.eos_token_id, int) else 0))
@@ -394,11 +306,11 @@ def train(args: argparse.Namespace) -> Path:
         load_export_into(peft_model, resume_from / "export")
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     out = export(trainer.model, run_dir / "final", step=trainer.state.global_step, is_main=main, **export_kw)
-    if main:
-        rd.update_meta(status="done", steps=trainer.state.global_step, seconds=round(time.time() - t_start, 1),
-                       final=str(out))
-        print(str(run_dir))
-    return run_dir
+    if not main:
+        return None
+    seconds = round(time.time() - t_start, 1)
+    rd.update_meta(status="done", steps=trainer.state.global_step, seconds=seconds, final=str(out))
+    return {"run": str(run_dir), "steps": trainer.state.global_step, "seconds": seconds, "final": str(out)}
 
 
 def _clear_run(run_dir: Path) -> None:
@@ -452,12 +364,3 @@ def _broadcast_path(p):
     obj = [str(p) if p is not None else None]
     dist.broadcast_object_list(obj, src=0)
     return Path(obj[0])
-
-
-def _jsonable(d: dict) -> dict:
-    out = {}
-    for k, v in d.items():
-        if k == "func":
-            continue
-        out[k] = v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v)
-    return out

@@ -1,0 +1,189 @@
+"""The one command-line style of every ropescale tool.
+
+- A tool is a set of subcommands, one module each: the module's ``register(subparsers)`` adds its parser with
+  :func:`add_command` and sets ``func`` (parsed args -> exit code). :func:`tool` builds the parser; a tool may name a
+  default subcommand (``finetune.py [train] FLAGS``).
+- The same names for the same ideas (:func:`add_out`, :func:`add_json`, :func:`add_format`): ``--out`` for what a
+  command writes, ``--json`` wherever it prints a result, ``--format markdown|csv|json`` for tables.
+- Help in plain words: module docstrings lose their reST markup, each default is shown once.
+- Results go to stdout, progress and logs to stderr (:func:`entry_point` also sends DeepSpeed's and transformers'
+  loggers there and filters library warnings nobody here can act on); bad input is one ``error: FILE:LINE: ...``
+  line and exit code 2 (:func:`cli_main`).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import warnings
+from typing import Callable, Iterable
+
+from .io import InputError
+from .settings import plain
+
+FORMATS = ("markdown", "csv", "json")
+FORMAT_ALIASES = {"md": "markdown"}
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions keep their line breaks (examples), option help is wrapped."""
+
+    def __init__(self, prog, **kw):
+        kw.setdefault("max_help_position", 30)
+        super().__init__(prog, **kw)
+
+
+def cli_main(fn: Callable[[list[str] | None], int | None]) -> Callable[[list[str] | None], int]:
+    """Wrap a CLI ``main(argv)``: InputError -> one line on stderr and exit code 2."""
+
+    def wrapped(argv: list[str] | None = None, *args, **kw) -> int:
+        try:
+            rc = fn(argv, *args, **kw)
+            return 0 if rc is None else int(rc)
+        except InputError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+
+    wrapped.__doc__ = fn.__doc__
+    wrapped.__name__ = getattr(fn, "__name__", "main")
+    return wrapped
+
+
+def add_command(subparsers, name: str, *, help: str, description: str | None = None, epilog: str | None = None,
+                aliases: Iterable[str] = ()) -> argparse.ArgumentParser:
+    """A subcommand parser in the common style (plain-text description, the common formatter)."""
+    return subparsers.add_parser(name, help=help, description=plain(description or help),
+                                 epilog=plain(epilog) if epilog else None, formatter_class=HelpFormatter,
+                                 aliases=list(aliases))
+
+
+class Tool:
+    """A command with subcommands (see module doc); ``Tool(...).main(argv)`` parses and runs one."""
+
+    def __init__(self, prog: str, description: str, commands: Iterable[str | Callable], *,
+                 default: str | None = None):
+        self.prog, self.description, self.commands, self.default = prog, description, tuple(commands), default
+
+    def parser(self, prog: str | None = None) -> argparse.ArgumentParser:
+        desc = plain(self.description)
+        if self.default:
+            desc += f"\n\nWithout a command, {self.default!r} runs: {self.prog_name(prog)} [{self.default}] FLAGS."
+        ap = argparse.ArgumentParser(prog=prog or self.prog, description=desc, formatter_class=HelpFormatter)
+        sub = ap.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+        for c in self.commands:  # a module name (its register) or a register function
+            (importlib.import_module(c).register if isinstance(c, str) else c)(sub)
+        return ap
+
+    def prog_name(self, prog: str | None) -> str:
+        return prog or self.prog
+
+    def names(self, ap: argparse.ArgumentParser) -> set[str]:
+        for a in ap._actions:  # noqa: SLF001 - argparse has no public accessor for its subparsers
+            if isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
+                return set(a.choices)
+        return set()
+
+    def main(self, argv: list[str] | None = None, prog: str | None = None) -> int:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        ap = self.parser(prog)
+        if self.default:
+            argv = _with_default(argv, self.default, self.names(ap))
+        args = ap.parse_args(argv)
+        if not getattr(args, "func", None):
+            ap.print_help(sys.stderr)
+            return 2
+        return args.func(args)
+
+
+def _with_default(argv: list[str], default: str, names: set[str]) -> list[str]:
+    """``argv`` with the default subcommand put in front when none is named (a launcher's ``--local_rank=N``
+    stays first)."""
+    lead = []
+    rest = list(argv)
+    while rest and rest[0].startswith(("--local_rank", "--local-rank")):
+        lead.append(rest.pop(0))
+        if "=" not in lead[-1] and rest:
+            lead.append(rest.pop(0))
+    if rest and (rest[0] in names or rest[0] in ("-h", "--help")):
+        return lead + rest
+    return [default] + lead + rest
+
+
+# ---------------------------------------------------------------- the shared flags (one vocabulary)
+def add_out(p: argparse.ArgumentParser, help: str, *, required: bool = True, metavar: str = "OUT",
+            aliases: Iterable[str] = (), **kw) -> None:
+    """``--out``: where the command writes (old spellings in ``aliases`` keep working, hidden from help)."""
+    p.add_argument("--out", required=required, metavar=metavar, help=help, **kw)
+    for a in aliases:
+        p.add_argument(a, dest="out", help=argparse.SUPPRESS, **kw)
+    _note_aliases(p, "--out", aliases)
+
+
+def add_json(p: argparse.ArgumentParser, what: str = "the result") -> None:
+    p.add_argument("--json", action="store_true", help=f"print {what} as one JSON object")
+
+
+def _format(v: str) -> str:
+    v = FORMAT_ALIASES.get(str(v).lower(), str(v).lower())
+    if v not in FORMATS:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(FORMATS)}")
+    return v
+
+
+def add_format(p: argparse.ArgumentParser, default: str = "markdown") -> None:
+    """``--format markdown|csv|json`` (``md`` accepted) and ``--json`` as its shorthand."""
+    p.add_argument("--format", type=_format, default=default, metavar="|".join(FORMATS),
+                   help=f"table format (default: {default})")
+    p.add_argument("--json", dest="format", action="store_const", const="json", help="the same as --format json")
+
+
+def _note_aliases(p: argparse.ArgumentParser, flag: str, aliases: Iterable[str]) -> None:
+    aliases = list(aliases)
+    if aliases:
+        note = "old spellings still accepted: " + ", ".join(f"{a} (now {flag})" for a in aliases)
+        p.epilog = f"{p.epilog}\n\n{note}" if p.epilog else note
+
+
+def add_alias(p: argparse.ArgumentParser, flag: str, *aliases: str, **kw) -> None:
+    """Old spellings of ``flag`` (same destination, hidden from help, listed once at the end of it)."""
+    dest = flag.lstrip("-").replace("-", "_")
+    for a in aliases:
+        p.add_argument(a, dest=kw.pop("dest", dest), help=argparse.SUPPRESS, **kw)
+    _note_aliases(p, flag, aliases)
+
+
+# ---------------------------------------------------------------- entry points
+QUIET_WARNINGS = (
+    # (category, message regex, module regex): warnings from libraries about their own internals
+    (FutureWarning, "", r"(torch|transformers|deepspeed|peft|accelerate)(\.|$)"),
+    (DeprecationWarning, "", r"(torch|transformers|deepspeed|peft|accelerate|jieba|pkg_resources)(\.|$)"),
+    (UserWarning, r".*(TypedStorage|torch\.utils\._pytree|None of the inputs have requires_grad|"
+                  r"use_reentrant|Casting complex values|The given NumPy array is not writable)", ""),
+)
+
+
+def quiet_libraries() -> None:
+    """Filter library warnings we cannot act on; send library loggers that default to stdout to stderr."""
+    for category, message, module in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    logs_to_stderr()
+
+
+def logs_to_stderr() -> None:
+    """DeepSpeed's logger writes to stdout; under the launcher that mixes logs into results. Point every stream
+    handler of the loggers we know at stderr (call again after importing deepspeed)."""
+    for name in ("DeepSpeed", "deepspeed", "accelerate", "torch.distributed"):
+        log = logging.getLogger(name)
+        for h in log.handlers:
+            if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) is sys.stdout:
+                h.setStream(sys.stderr)
+
+
+def entry_point(main: Callable[[list[str] | None], int]) -> int:
+    """What every entry script runs: quiet libraries, run ``main``, exit with its code."""
+    quiet_libraries()
+    return main(None)
