@@ -128,7 +128,8 @@ def available_host_bytes() -> int:
 
 
 def gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
+    """``64.0 GiB``; below 0.1 GiB in MiB (``12.0 MiB``)."""
+    return f"{n / 2**30:.1f} GiB" if n >= 0.1 * 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def check_host_memory(need: int, *, what: str, extra: int = 0, extra_what: str = "", available: int | None = None,
