@@ -5,8 +5,9 @@ bias) with random weights created directly in bf16 on the GPU (no fp32 copy, not
 training set-up is finetune.py's own code (``training.model.add_lora``, ``training.loss``,
 ``training.trainer.LabelOnlyTrainer``): LoRA r=8 on q,k,v,o + embeddings + every norm trainable (fp32 master
 copies of the trained tensors, bf16 autocast), SDPA (FlashAttention-2 when installed), gradient checkpointing,
-the label-only LM head. Each sample is one packed sequence whose labels cover ``--label-share`` of it (the
-summaries), batch 1 per step.
+the label-only LM head, and finetune.py's memory settings for long samples (``training.memory``:
+``--offload-checkpoints`` / ``--tile-mlp``, by default on from 64K tokens on CUDA). Each sample is one packed
+sequence whose labels cover ``--label-share`` of it (the summaries), batch 1 per step.
 
 Each (variant, length) runs in a fresh process: a few warm-up steps, then timed steps; it prints tokens/s and
 ``torch.cuda.max_memory_allocated``. ``--baseline`` also runs the plain HF Trainer + PEFT loop (default
@@ -86,14 +87,14 @@ def make_rows(seq: int, n: int, vocab: int, label_share: float, pairs: int = 6) 
 
 
 def one(variant: str, seq: int, warmup: int, steps: int, toy: bool, label_share: float, attn_arg: str,
-        bf16: bool = False) -> dict:
+        bf16: bool = False, offload: str = "auto", tile: str = "auto") -> dict:
     """Run ``warmup + steps`` optimizer steps of ``variant`` (ours | baseline) in this process."""
     import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
     from training.data import Collator, PackedDataset
     from training.loss import install_label_only_forward
-    from training.model import add_lora, fp32_master, param_counts, resolve_attn
+    from training.model import add_lora, fp32_master, param_counts, resolve_attn, setup_memory
     from training.trainer import LabelOnlyTrainer
 
     cuda = torch.cuda.is_available() and not toy
@@ -108,6 +109,11 @@ def one(variant: str, seq: int, warmup: int, steps: int, toy: bool, label_share:
     pm, extra = add_lora(model, r=8, alpha=16, dropout=0.05, gradient_checkpointing=True)
     if mixed:
         fp32_master(pm, dtype)  # as finetune.py without DeepSpeed: fp32 trained tensors, bf16 autocast forward
+    plan = None
+    if variant == "ours":  # finetune.py's memory settings (training.memory): auto = from 64K tokens on CUDA
+        ns = argparse.Namespace(offload_checkpoints=offload, tile_mlp=None if tile == "auto" else int(tile),
+                                gradient_checkpointing=True, micro_batch=1)
+        plan = setup_memory(pm, ns, max_len=seq, cuda=cuda, dtype=dtype)
     trainable, total = param_counts(pm)
     build_s = time.time() - t0
     rows = make_rows(seq, warmup + steps, cfg.vocab_size, label_share)
@@ -143,6 +149,8 @@ def one(variant: str, seq: int, warmup: int, steps: int, toy: bool, label_share:
             tr.train()
         except torch.OutOfMemoryError as e:
             res.update({"oom": True, "error": str(e).splitlines()[0][:200], "steps_done": len(times)})
+            if plan is not None:
+                res["memory_plan"] = plan.record()
             if cuda:
                 res["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
             return res
@@ -153,13 +161,15 @@ def one(variant: str, seq: int, warmup: int, steps: int, toy: bool, label_share:
                 "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
                 "final_loss": round(float(tr.state.log_history[-1].get("train_loss", float("nan"))), 4)
                 if tr.state.log_history else None})
+    if plan is not None:
+        res["memory_plan"] = plan.record()
     return res
 
 
 def run_sub(variant: str, seq: int, a) -> dict:
     cmd = [sys.executable, __file__, "--_one", variant, "--seq", str(seq), "--warmup", str(a.warmup), "--steps",
-           str(a.steps), "--label-share", str(a.label_share), "--attn", a.attn] + (["--toy"] if a.toy else []) + \
-        (["--bf16"] if a.bf16 else [])
+           str(a.steps), "--label-share", str(a.label_share), "--attn", a.attn, "--offload-checkpoints",
+           a.offload_checkpoints, "--tile-mlp", a.tile_mlp] + (["--toy"] if a.toy else []) + (["--bf16"] if a.bf16 else [])
     p = subprocess.run(cmd, capture_output=True, text=True)
     lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
     if p.returncode != 0 or not lines:
@@ -182,12 +192,18 @@ def main(argv=None) -> int:
     ap.add_argument("--attn", default="auto", help="auto (flash_attention_2 if installed, else sdpa), sdpa, eager")
     ap.add_argument("--toy", action="store_true", help="toy shape on CPU (hidden 64, 2 layers) to test the script")
     ap.add_argument("--bf16", action="store_true", help="with --toy: the GPU's mixed-precision path on CPU")
+    ap.add_argument("--offload-checkpoints", default="auto",
+                    help="ours: checkpoints in pinned host memory (training.memory): auto (on CUDA from 65536 "
+                         "tokens), true, false")
+    ap.add_argument("--tile-mlp", default="auto", help="ours: MLP over chunks of N tokens: auto (the hidden size on "
+                                                       "CUDA from 65536 tokens), N, 0 = off")
     ap.add_argument("--json", action="store_true", help="print one JSON object with every result")
     ap.add_argument("--_one", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a._one:
         seq = a.seq[0] if a.seq else 512
-        print(json.dumps(one(a._one, seq, a.warmup, a.steps, a.toy, a.label_share, a.attn, a.bf16)), flush=True)
+        print(json.dumps(one(a._one, seq, a.warmup, a.steps, a.toy, a.label_share, a.attn, a.bf16,
+                             a.offload_checkpoints, a.tile_mlp)), flush=True)
         return 0
     seqs = a.seq or ([512] if a.toy else [16384, 32768])
     variants = ["ours"] + (["baseline"] if a.baseline else [])
@@ -204,6 +220,10 @@ def main(argv=None) -> int:
                 msg = (f"{r['tokens_per_s']:>9,.0f} tok/s  {r['seconds_per_step']:.2f} s/step  peak "
                        f"{r['peak_mem_gib'] if r['peak_mem_gib'] is not None else '-'} GiB  ({r['device']}, "
                        f"{r['attn']}, {r['dtype']}, trainable {r['trainable_params']:,} of {r['total_params']:,})")
+                plan = r.get("memory_plan")
+                if plan and (plan.get("offload_checkpoints") or plan.get("tile_mlp")):
+                    msg += (f"  [offload {'on' if plan.get('offload_checkpoints') else 'off'}, tile "
+                            f"{plan.get('tile_mlp', 0)}]")
             name = "ours (label-only head)" if v == "ours" else "plain HF Trainer + PEFT"
             print(f"seq {seq:>6}  {name:<24} {msg}", flush=True)
     for seq in seqs:

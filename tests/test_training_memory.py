@@ -398,3 +398,33 @@ def test_zero3_gradients_with_offload_and_tiled_lora_mlp_match_plain(tmp_path, m
     for n, g in ref["grads"].items():
         assert g is not None and g.abs().sum() > 0, n
         assert torch.allclose(got["grads"][n], g, **TOL), (n, (got["grads"][n] - g).abs().max())
+
+
+# ---------------------------------------------------------------- bench/bench_train_path.py (toy, CPU)
+def test_bench_train_path_toy_runs_deepspeed_finetune_and_reports(tmp_path):
+    """The bench's CPU smoke mode: a random toy model on disk, packed data of exactly 200 tokens, `deepspeed
+    finetune.py --recipe` (ZeRO-3 + offload) for 3 steps; the steady rate and memory come from its train log;
+    --report prints the recorded results again."""
+    import json
+    import subprocess
+    import sys
+
+    from ft_helpers import ROOT, run_env
+
+    work = tmp_path / "bench"
+    cmd = [sys.executable, str(ROOT / "bench" / "bench_train_path.py"), "--shape", "toy", "--lengths", "200",
+           "--steps", "3", "--workdir", str(work), "--json"]
+    p = subprocess.run(cmd, cwd=ROOT, env=run_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (r,) = json.loads(p.stdout.strip().splitlines()[-1])["results"]
+    assert r["path"] == "finetune" and r["rc"] == 0 and r["seq"] == 200 and r["steps_done"] == 3
+    assert r["steady_steps"] == 1 and r["tokens_per_s_steady"] > 0 and r["tokens_per_s_running"] > 0
+    assert r["host_peak_rss_gib"] > 0 and "peak_gpu_gib" not in r  # no GPU here
+    from training.data import load_rows
+
+    rows = load_rows(work / "data" / "packed-200")
+    assert len(rows) == 3 and set(rows.lengths().tolist()) == {200}
+    assert (rows.labels != -100).sum() == 3 * 6 * 3  # 6 pairs a sample, 10% of each 33-token pair labelled
+    rep = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_train_path.py"), "--workdir", str(work),
+                          "--report"], cwd=ROOT, env=run_env(), capture_output=True, text=True, timeout=60)
+    assert rep.returncode == 0 and "seq     200  finetune.py (DeepSpeed)" in rep.stdout and "tok/s" in rep.stdout
