@@ -1,11 +1,12 @@
 """The run directory format shared by finetune, generation, probes and reports.
 
 A run directory holds:
-- ``run.json``: metadata written atomically: ``kind`` ("generate", "probe", "finetune"), ``model``,
-  ``rope`` (the rope the model ran with: a rope spec dict, read back with ``rope_scaling.RopeSpec.from_record``),
-  ``train_length`` (or null), ``settings`` (the stage's settings record, flat keys like a recipe:
-  ``common.settings.to_record``), ``versions``, timestamps, and whatever the producer adds (``prompt``,
-  ``subset``, ``backend``, ``probe``...). :class:`RunMeta` is the one reader (older layouts included).
+- ``run.json``: metadata written atomically: the stage's settings as the run resolved them (flat keys, as in a
+  recipe: ``common.settings.to_record``; ``model`` is the model directory used, ``data`` the data read...),
+  ``kind`` ("generate", "probe", "finetune"), ``rope`` (the rope the model ran with: a rope spec dict, read back
+  with ``rope_scaling.RopeSpec.from_record``), ``train_length`` (or null), ``versions``, timestamps, and whatever
+  the producer adds (``status``, ``counts``, ``probe``...). :class:`RunMeta` is the one reader (older layouts
+  included).
 - one or more append-only JSONL record files (``predictions.jsonl`` for generation, ``items.jsonl`` for probes):
   one JSON object a line, each with a unique ``id``. A record is appended with one ``write`` + ``fsync``, so a
   kill -9 loses at most the record in flight; a torn last line is cut off when the log is reopened. Resuming
@@ -201,14 +202,15 @@ class RunMeta:
         return int(tl) if isinstance(tl, (int, float)) and not isinstance(tl, bool) else None
 
     @property
-    def settings(self) -> dict | None:
-        """The stage's settings record (flat keys): ``settings``; older runs: finetune's ``args``, a probe's
-        ``args`` + ``settings``, generation's top-level keys. None when a finetune run recorded none."""
+    def settings(self) -> dict:
+        """The stage's settings as recorded (flat keys; ``common.settings.from_record`` reads them): the top level
+        of run.json, over what older runs kept under ``args`` (finetune, probes) and ``settings`` (probes). The
+        ``rope`` entry is not among them: it is the rope the run used (:attr:`rope`)."""
         raw = self.raw
-        parts = [raw.get(k) for k in ("args", "settings") if isinstance(raw.get(k), dict)]
-        if parts:
-            return {k: v for p in parts for k, v in p.items()}
-        return dict(raw) if self.kind == "generate" else None
+        old = {k: v for key in ("args", "settings") if isinstance(raw.get(key), dict) for k, v in raw[key].items()}
+        merged = {**old, **{k: v for k, v in raw.items() if k not in ("args", "settings")}}
+        merged.pop("rope", None)
+        return merged
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.raw.get(key, default)

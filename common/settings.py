@@ -188,6 +188,8 @@ class Spec:
         """What is wrong with a converted value ("must be >= 1, got 0"), or None."""
         if isinstance(v, float) and not math.isfinite(v):
             return f"must be a finite number, got {v}"
+        if v is not None and self.meta.choices is not None and v not in self.meta.choices:
+            return f"must be one of {', '.join(map(str, self.meta.choices))}, got {fmt(v)}"
         if v is None or self.meta.check is None:
             return None
         test, want = self.meta.check
@@ -410,6 +412,22 @@ def build(cls, values: dict[str, Any] | None = None):
     return cls(**kw)
 
 
+def make(cls, base=None, **kw):
+    """Settings for Python callers: ``make(GenerateSettings, model=..., rope=RopeSpec("ntk", 8), cache="static")``
+    -- flat keys, or a nested field given whole (None: its defaults), over ``base`` (an instance) or the
+    defaults. An unknown key is a TypeError."""
+    vals = values(base) if base is not None else {}
+    for name, sub in _nested_fields(cls).items():
+        if name in kw and (kw[name] is None or isinstance(kw[name], sub)):
+            inst = kw.pop(name) or sub()
+            vals.update({s.key: value_of(inst, s) for s in specs(sub)})
+    unknown = sorted(set(kw) - set(spec_by_key(cls)))
+    if unknown:
+        raise TypeError(f"{cls.__name__}: unknown setting(s) {', '.join(unknown)}")
+    vals.update(kw)
+    return build(cls, vals)
+
+
 def check(settings, *, where: str | None = None) -> None:
     """Every setting's value passes its check (InputError naming the flag); call before any work."""
     for s in specs(type(settings)):
@@ -447,18 +465,26 @@ def _jsonable(v):
     return v
 
 
-def to_record(settings) -> dict[str, Any]:
+def to_record(settings, *, without: Iterable[str] = ()) -> dict[str, Any]:
     """The settings as run.json records them: flat ``key: value`` with the keys of the flags and recipes (a run's
-    record reads like a recipe)."""
-    return {s.key: _jsonable(value_of(settings, s)) for s in specs(type(settings)) if s.meta.recipe}
+    record reads like a recipe). ``without``: nested fields left out (a run records the rope it ran with
+    instead of the one asked for)."""
+    without = set(without)
+    return {s.key: _jsonable(value_of(settings, s)) for s in specs(type(settings))
+            if s.meta.recipe and not (len(s.path) > 1 and s.path[0] in without)}
 
 
-def from_record(cls, record: dict | None, *, where=None):
+def from_record(cls, record: dict | None, *, where=None, without: Iterable[str] = ()):
     """Settings from a run.json record (:func:`to_record`; a nested dict such as ``"rope": {"method": ...}`` is
     read too). Unknown keys are left out (a record may be newer or older than the code); a value that does not
-    convert is an InputError naming ``where``."""
+    convert is an InputError naming ``where``. ``without``: nested fields left at their defaults (a run records
+    the rope it ran with, not the one asked for)."""
     record = dict(record or {})
     flat: dict[str, Any] = {}
+    skipped = {s.key for name in without for s in specs(_nested_fields(cls)[name])}
+    for name in without:
+        record.pop(name, None)
+    record = {k: v for k, v in record.items() if k not in skipped}
     for name, sub in _nested_fields(cls).items():
         rec = record.get(name)
         if isinstance(rec, dict):

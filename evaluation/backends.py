@@ -43,6 +43,7 @@ YaRN past its rotary cache), pointing to ``--backend hf``.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -50,9 +51,36 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from common.io import InputError
+from common.settings import setting
+
+from .engine import cut_at_eos
 
 BACKENDS = ("hf", "vllm")
 CACHES = ("slots", "static", "dynamic")  # hf backend: our slot decoder, or transformers generate with that cache
+GROUP = "backend (how predictions are computed; never part of what a resumed run must match)"
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """How generation runs (nested in ``evaluation.generate.GenerateSettings``; the same flags on generate/run)."""
+
+    backend: str = setting("hf", "hf (CPU or GPU) or vllm (GPU; imported only then)", choices=BACKENDS, group=GROUP)
+    device: str = setting("auto", "hf backend: auto, cpu or cuda[:N]", group=GROUP)
+    dtype: str = setting("auto", "auto (fp32 on CPU, bf16 on GPU), float32, bfloat16 or float16", group=GROUP)
+    batch_tokens: int | None = setting(None, "hf backend: token budget of a batch, i.e. slots x (longest prompt + 2 x "
+                                             "max new tokens) with --cache slots; default: 32K on CPU with slots, "
+                                             "else 8K; from free memory on GPU", check=(lambda v: v >= 1, ">= 1"),
+                                       group=GROUP)
+    max_batch: int = setting(64, "hf backend: most samples per batch", check=(lambda v: v >= 1, ">= 1"), group=GROUP)
+    cache: str = setting("slots", "hf backend decoder: slots (ropescale's slot decoder: per-sample prefill, "
+                                  "continuous batching, a CUDA-graph decode step on GPU; needs transformers 5.x + "
+                                  "SDPA, else falls back to static), or transformers generate on length-sorted "
+                                  "padded batches with a static (written in place) or dynamic (concatenated every "
+                                  "step) KV cache", choices=CACHES, group=GROUP)
+    compile: bool = setting(False, "hf backend, --cache static: let transformers compile the decode step (CUDA)",
+                            group=GROUP)
+    cuda_graph: bool = setting(True, "hf backend, --cache slots: capture the decode step as a CUDA graph (false: "
+                                     "eager steps, for debugging)", negative="--no-cuda-graph", group=GROUP)
 
 
 @dataclass
@@ -65,16 +93,6 @@ class Item:
 
 
 OnDone = Callable[[Item, list[int]], None]
-
-
-def cut_at_eos(ids: Sequence[int], eos_ids: set[int]) -> list[int]:
-    """Token ids up to (not including) the first EOS."""
-    out = []
-    for t in ids:
-        if t in eos_ids:
-            break
-        out.append(int(t))
-    return out
 
 
 def eos_ids_of(model_dir, config, tokenizer) -> list[int]:
@@ -153,20 +171,23 @@ class HFBackend:
 
     name = "hf"
 
-    def __init__(self, model_dir, config, tokenizer, *, device: str = "auto", dtype: str = "auto",
-                 batch_tokens: int | None = None, max_batch: int = 64, cache: str = "slots", compile: bool = False,
-                 cuda_graph: bool = True, model=None, log=None):
+    def __init__(self, model_dir, config, tokenizer, settings: BackendSettings | None = None, *, model=None, log=None,
+                 **fields):
+        """``settings`` (or its fields as keywords, e.g. ``cache="static"``) as :class:`BackendSettings`; ``model``:
+        an already-loaded model (tests, benchmarks)."""
         from transformers import AutoModelForCausalLM
 
+        st = dataclasses.replace(settings or BackendSettings(), **fields)
         self.log = log or (lambda m: print(m, file=sys.stderr))
-        self.device = pick_device(device)
-        self.dtype = pick_dtype(dtype, self.device)
+        self.device = pick_device(st.device)
+        self.dtype = pick_dtype(st.dtype, self.device)
         self.tokenizer = tokenizer
-        if cache not in CACHES:
-            raise InputError(f"unknown --cache {cache!r} ({', '.join(CACHES)})")
-        self.cache = cache
-        self.compile = bool(compile)
-        self.cuda_graph = bool(cuda_graph)
+        if st.cache not in CACHES:
+            raise InputError(f"unknown --cache {st.cache!r} ({', '.join(CACHES)})")
+        self.cache = st.cache
+        self.compile = bool(st.compile)
+        self.cuda_graph = bool(st.cuda_graph)
+        batch_tokens, max_batch = st.batch_tokens, st.max_batch
         if model is None:
             self.attn = attn_implementation(self.device, self.dtype)
             model = AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, dtype=self.dtype,
@@ -471,23 +492,27 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int) -> tuple[dic
     raise InputError(f"--backend vllm: rope type {t!r} is not supported here; use --backend hf")
 
 
-def make_backend(name: str, model_dir, config, tokenizer, *, reuse: dict | None = None, **kw):
-    """The backend ``name`` with the generate settings ``kw`` (``rope_overrides`` / ``max_model_len`` /
-    ``need_len`` matter to vllm only). ``reuse`` (a dict the caller keeps across calls) returns the backend an
+def make_backend(settings: BackendSettings, model_dir, config, tokenizer, *, model=None, rope_overrides=None,
+                 max_model_len: int | None = None, need_len: int | None = None, log=None, reuse: dict | None = None):
+    """The backend ``settings`` ask for (``rope_overrides`` / ``max_model_len`` / ``need_len`` matter to vllm only;
+    ``model``: a loaded model for hf). ``reuse`` (a dict the caller keeps across calls) returns the backend an
     earlier call built when the settings are the same; a different one is dropped first (GPU memory)."""
-    if name == "hf":
-        kw = {k: v for k, v in kw.items() if k not in ("rope_overrides", "max_model_len", "need_len")}
-        factory = HFBackend
-    elif name == "vllm":
-        ov, mml = vllm_settings(config, kw.get("rope_overrides") or {}, need=int(kw["need_len"]),
-                                want=int(kw.get("max_model_len") or kw["need_len"]))
-        kw = {"hf_overrides": ov, "max_model_len": mml, "dtype": kw.get("dtype", "auto"), "log": kw.get("log")}
-        factory = VLLMBackend
+    if settings.backend == "hf":
+        key = ("hf", str(model_dir), settings, id(model))
+
+        def factory():
+            return HFBackend(model_dir, config, tokenizer, settings, model=model, log=log)
+    elif settings.backend == "vllm":
+        ov, mml = vllm_settings(config, rope_overrides or {}, need=int(need_len), want=int(max_model_len or need_len))
+        key = ("vllm", str(model_dir), settings, repr(sorted(ov.items())), mml)
+
+        def factory():
+            return VLLMBackend(model_dir, config, tokenizer, hf_overrides=ov, max_model_len=mml, dtype=settings.dtype,
+                               log=log)
     else:
-        raise InputError(f"unknown backend {name!r} (choose from {', '.join(BACKENDS)})")
+        raise InputError(f"unknown backend {settings.backend!r} (choose from {', '.join(BACKENDS)})")
     if reuse is None:
-        return factory(model_dir, config, tokenizer, **kw)
-    key = (name, str(model_dir), repr(sorted((k, id(v) if k == "model" else v) for k, v in kw.items() if k != "log")))
+        return factory()
     if key in reuse:
         return reuse[key]
     if reuse:
@@ -502,5 +527,5 @@ def make_backend(name: str, model_dir, config, tokenizer, *, reuse: dict | None 
                 torch.cuda.empty_cache()
         except ImportError:
             pass
-    reuse[key] = be = factory(model_dir, config, tokenizer, **kw)
+    reuse[key] = be = factory()
     return be

@@ -47,6 +47,16 @@ from typing import Callable, Sequence
 SYNC_EVERY = 16  # decode steps between host syncs (finished slots are noticed at these points)
 
 
+def cut_at_eos(ids: Sequence[int], eos_ids: set[int]) -> list[int]:
+    """Token ids up to (not including) the first EOS (every decoder's output, both backends)."""
+    out = []
+    for t in ids:
+        if t in eos_ids:
+            break
+        out.append(int(t))
+    return out
+
+
 def supported(model) -> str | None:
     """None if the slot decoder can run ``model``, else why not (one line)."""
     import transformers
@@ -350,8 +360,6 @@ class SlotDecoder:
         return len(s.tokens) >= self.max_new or any(t in eos for t in s.tokens)
 
     def _cut(self, tokens: list[int], eos: set) -> list[int]:
-        from .backends import cut_at_eos
-
         return cut_at_eos(tokens[:self.max_new], eos)
 
     def _set_col(self, w: int) -> None:

@@ -36,24 +36,63 @@ settings into the same DIR is an error.
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from common import prompts, subsets
+from common.cli import add_command, add_json
 from common.io import InputError
-from common.runs import RunDir, versions
+from common.runs import RunDir, RunMeta, versions
+from common.settings import (add_arguments, diff, from_record, given, nested, recorded_keys, resolve, setting,
+                             to_record)
+from rope_scaling import RopeSpec
 
-from .backends import BACKENDS, CACHES, Item, make_backend, rope_overrides
+from .backends import BackendSettings, Item, make_backend, rope_overrides
 from .data import (CNNSUM_HUB_ID, load_samples, open_source, parse_subset, records_subset,  # noqa: F401
                    subset_from_filename)
 
 TRUNCATE = ("none", "middle")
-# settings that must match for a run directory to be resumed (anything else may differ, e.g. batch size)
-RESUME_KEYS = ("model", "data", "data_files", "data_split", "rope", "prompt", "prompt_style", "subset",
-               "max_new_tokens", "min_new_tokens", "chat_template", "truncate", "max_input_tokens")
+DATA_HELP = ("CNNSum-format data (context, summary[, id][, subset]): a JSONL file, a Parquet file, a directory "
+             "(datasets save_to_disk, or a folder of JSONL/Parquet files), or a datasets name, e.g. the CNNSum "
+             f"release {CNNSUM_HUB_ID} with --data-files cnnsum_L_16k.jsonl")
+
+
+@dataclass(frozen=True)
+class GenerateSettings:
+    """Every setting of ``eval_summ generate`` (and of ``run``, which generates). A run directory may be resumed
+    only with the same settings, except those marked ``resume="ignore"`` (and the backend's)."""
+
+    model: str = setting("tiny", "HF model directory, or 'tiny' (the embedded default)")
+    data: str | None = setting(None, DATA_HELP, metavar="DATA")
+    prompt: str | None = setting(None, "ie / ib: the baseline prompts (Appendix F.1); ft-ie / ft-ib: the "
+                                       "fine-tuning prompts (F.2), for models fine-tuned with them",
+                                 choices=prompts.PROMPT_TYPES, metavar="|".join(prompts.PROMPT_TYPES))
+    out: str | None = setting(None, "run directory (resumed when it holds a run with the same settings)",
+                              metavar="DIR", resume="ignore")
+    data_files: str | None = setting(None, "with a directory or datasets name: which file(s) to load (datasets' "
+                                           "data_files)", metavar="PATTERN")
+    data_split: str | None = setting(None, "the split to read when the data has several", metavar="SPLIT")
+    prompt_style: str | None = setting("release", "wording of ie/ib: the official release's strings or the "
+                                                  "paper's Appendix F.1", choices=prompts.STYLES)
+    subset: str | None = setting(None, "L, XL, 2XL, 3XL (or T<tokens> for a scaled-down subset); default: the "
+                                       "records' 'subset' field, else the release file name")
+    max_new_tokens: int | None = setting(None, "default: 400 for L/XL, 500 for 2XL/3XL (paper Sec 4.2)",
+                                         check=(lambda v: v >= 1, ">= 1"), metavar="N")
+    min_new_tokens: int = setting(subsets.MIN_NEW_TOKENS, "at least this many new tokens (EOS suppressed before)",
+                                  check=(lambda v: v >= 0, ">= 0"), metavar="N")
+    chat_template: bool = setting(False, "wrap the prompt in the tokenizer's chat template")
+    truncate: str = setting("none", "none (the paper's extrapolation setting) or middle (cut the context's middle "
+                                    "to --max-input-tokens)", choices=TRUNCATE)
+    max_input_tokens: int | None = setting(None, "with --truncate middle; default: the extended context minus the max "
+                                                 "new tokens", check=(lambda v: v >= 1, ">= 1"), metavar="N")
+    limit: int | None = setting(None, "only the first N samples", check=(lambda v: v >= 1, ">= 1"), metavar="N",
+                                resume="ignore")
+    rope: RopeSpec = nested(RopeSpec, resume="ignore")  # resume compares the rope the model runs with
+    backend: BackendSettings = nested(BackendSettings, resume="ignore")
 
 
 def _log(msg: str) -> None:
@@ -95,14 +134,9 @@ def find_train_length(model_dir: Path) -> int | None:
     """The training length of a fine-tuned model: ``train_length`` of the finetune run.json in the model dir or
     its parent (``finetune.py merge`` writes the merged model inside the run dir), else None."""
     for d in (model_dir, model_dir.parent):
-        p = d / "run.json"
-        if p.is_file():
-            try:
-                meta = json.loads(p.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                continue
-            if meta.get("kind", "finetune") == "finetune" and meta.get("train_length") is not None:
-                return int(meta["train_length"])
+        meta = RunMeta.find(d)
+        if meta is not None and (meta.kind or "finetune") == "finetune" and meta.train_length is not None:
+            return meta.train_length
     return None
 
 
@@ -169,45 +203,54 @@ class Tokenize:
 
 
 # ---------------------------------------------------------------- the command
-def generate(model="tiny", data=None, prompt="ie", out=None, *, prompt_style="release", subset=None, rope=None,
-             max_new_tokens=None, min_new_tokens=subsets.MIN_NEW_TOKENS, backend="hf", chat_template=False,
-             truncate="none", max_input_tokens=None, device="auto", dtype="auto", batch_tokens=None, max_batch=64,
-             cache="slots", compile=False, cuda_graph=True, limit=None, progress=True, log=_log, hf_model=None,
-             data_files=None, data_split=None, backends=None) -> dict:
-    """Generate predictions for ``data`` into the run directory ``out`` (see module doc); returns a summary dict.
+POSITIONAL = ("model", "data", "prompt", "out")
 
-    ``data`` is anything :func:`evaluation.data.open_source` accepts (with ``data_files`` / ``data_split`` for
-    datasets sources). ``rope`` is a :class:`rope_scaling.RopeSpec` (or None = the model as saved). ``hf_model``
-    lets a caller pass an already-loaded model for the hf backend (tests, benchmarks); ``backends`` (a dict the
-    caller keeps) lets consecutive calls reuse a loaded backend when its settings are the same (``run --data-dir``).
+
+def generate(settings: GenerateSettings | None = None, *args, progress: bool = True, log=_log, hf_model=None,
+             backends: dict | None = None, **fields) -> dict:
+    """Generate predictions into the run directory ``settings.out`` (see module doc); returns a summary dict.
+
+    ``generate(GenerateSettings(...))``, or the settings spelled out: ``generate(model, data, prompt, out,
+    max_new_tokens=10, rope=RopeSpec("ntk", 8), cache="static", ...)`` (any :class:`GenerateSettings` key).
+    ``hf_model`` lets a caller pass an already-loaded model for the hf backend (tests, benchmarks); ``backends`` (a
+    dict the caller keeps) lets consecutive calls reuse a loaded backend when its settings are the same (``run
+    --data-dir``).
     """
+    from common.settings import check, make
+
+    if not isinstance(settings, GenerateSettings):
+        fields.update(zip(POSITIONAL, (settings,) + args))
+        fields = {k: v for k, v in fields.items() if not (k in POSITIONAL and v is None)}
+        settings = make(GenerateSettings, **fields)
+    elif fields or args:
+        settings = make(GenerateSettings, settings, **fields)
+    check(settings)
+    return _generate(settings, progress=progress, log=log, hf_model=hf_model, backends=backends)
+
+
+def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict:
     from transformers import AutoTokenizer
     from tqdm import tqdm
 
     from rope_scaling import extended_context
     from ropescale.tiny import resolve_model
 
-    if data is None or out is None:
+    if s.data is None or s.out is None:
         raise InputError("generate needs --data FILE.jsonl and --out DIR")
-    check_out_dir(out)
-    if backend not in BACKENDS:
-        raise InputError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
-    if truncate not in TRUNCATE:
-        raise InputError(f"unknown --truncate {truncate!r} (choose from {', '.join(TRUNCATE)})")
-    prompt = prompt.lower()
-    prompts.template(prompt, prompt_style)
-    if max_new_tokens is not None and max_new_tokens < 1 or min_new_tokens < 0:
-        raise InputError(f"--max-new-tokens must be >= 1 and --min-new-tokens >= 0 "
-                         f"(got {max_new_tokens}, {min_new_tokens})")
-    src = open_source(data, data_files, data_split)
-    samples = load_samples(None, limit, source=src)
-    sub = resolve_subset(subset, src.file_name, samples, src.label)
-    if max_new_tokens is None:
-        max_new_tokens = default_max_new_tokens(sub, src.label)
-    model_dir = resolve_model(model)
-    config, eff_rope, overrides = prepare_config(model_dir, rope, log=log)
+    if s.prompt is None:
+        raise InputError("generate needs --prompt (ie, ib, ft-ie or ft-ib)")
+    out = check_out_dir(s.out)
+    prompt = s.prompt.lower()
+    prompts.template(prompt, s.prompt_style or "release")
+    src = open_source(s.data, s.data_files, s.data_split)
+    samples = load_samples(None, s.limit, source=src)
+    sub = resolve_subset(s.subset, src.file_name, samples, src.label)
+    max_new_tokens = s.max_new_tokens or default_max_new_tokens(sub, src.label)
+    model_dir = resolve_model(s.model)
+    config, eff_rope, overrides = prepare_config(model_dir, s.rope, log=log)
     ext_ctx = int(extended_context(config))
-    if truncate == "middle":
+    max_input_tokens = s.max_input_tokens
+    if s.truncate == "middle":
         max_input_tokens = max_input_tokens or ext_ctx - max_new_tokens
         if max_input_tokens < 1:
             raise InputError(f"the extended context ({ext_ctx}) leaves no room for the input after "
@@ -215,52 +258,42 @@ def generate(model="tiny", data=None, prompt="ie", out=None, *, prompt_style="re
     elif max_input_tokens is not None:
         raise InputError("--max-input-tokens needs --truncate middle")
 
+    # the settings as resolved (what a resume must match): the model and data as found, subset, token limits
+    model_id = str(s.model) if str(s.model) in ("tiny", "") else str(Path(s.model).resolve())
+    resolved = dataclasses.replace(
+        s, model=model_id, data=src.label, data_files=src.data_files, data_split=src.split, prompt=prompt,
+        prompt_style=s.prompt_style if prompt in ("ie", "ib") else None, subset=sub.name if sub else None,
+        max_new_tokens=int(max_new_tokens), max_input_tokens=max_input_tokens, out=str(out))
     run = RunDir(out)
-    settings = {
-        "model": str(model) if str(model) in ("tiny", "") else str(Path(model).resolve()),
-        "data": src.label, "data_files": src.data_files, "data_split": src.split, "rope": eff_rope.to_dict(),
-        "prompt": prompt,
-        "prompt_style": prompt_style if prompt in ("ie", "ib") else None,
-        "subset": sub.name if sub else None, "max_new_tokens": int(max_new_tokens),
-        "min_new_tokens": int(min_new_tokens), "chat_template": bool(chat_template), "truncate": truncate,
-        "max_input_tokens": max_input_tokens,
-    }
     if run.exists():
-        old = run.read_meta()
-        diff = [k for k in RESUME_KEYS if k in old and old.get(k) != settings[k]]
-        if diff:
-            k = diff[0]
-            raise InputError(f"holds a run with different settings ({k}: {old.get(k)!r} there, {settings[k]!r} "
-                             f"now); use another --out or remove it", run.meta_path)
+        check_resume(RunMeta.read(out), resolved, eff_rope)
     predictions = run.log("predictions.jsonl")
-    todo = [s for s in samples if s["id"] not in predictions]
+    todo = [x for x in samples if x["id"] not in predictions]
     name = Path(src.label).name if src.path else src.label
-    style = "" if settings["prompt_style"] is None else "/" + prompt_style
+    style = "" if resolved.prompt_style is None else "/" + resolved.prompt_style
     log(f"[generate] {name}: {len(samples)} samples, {len(samples) - len(todo)} already done, {len(todo)} to go; "
-        f"prompt {prompt}{style}, subset {settings['subset']}, max new tokens {max_new_tokens}, "
+        f"prompt {prompt}{style}, subset {resolved.subset}, max new tokens {max_new_tokens}, "
         f"rope {eff_rope.describe()}, extended context {ext_ctx}")
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    tk = Tokenize(tokenizer, prompt, prompt_style, chat_template)
+    tk = Tokenize(tokenizer, prompt, s.prompt_style or "release", s.chat_template)
     items = []
-    for s in todo:
-        if truncate == "middle":
-            ids, cut = tk.middle_truncated(s["context"], max_input_tokens)
+    for x in todo:
+        if s.truncate == "middle":
+            ids, cut = tk.middle_truncated(x["context"], max_input_tokens)
         else:
-            ids, cut = tk.ids(s["context"]), False
-        items.append(Item(s["id"], ids, {"reference": s["reference"], "truncated": cut}))
+            ids, cut = tk.ids(x["context"]), False
+        items.append(Item(x["id"], ids, {"reference": x["reference"], "truncated": cut}))
 
-    meta = {"kind": "generate", **settings, "model_dir": str(model_dir), "train_length": find_train_length(model_dir),
-            "extended_context": ext_ctx, "backend": backend, "n_samples": len(samples), "status": "running",
-            "versions": versions()}
+    meta = {**to_record(resolved, without=("rope",)), "kind": "generate", "rope": eff_rope.to_dict(),
+            "model_dir": str(model_dir), "train_length": find_train_length(model_dir), "extended_context": ext_ctx,
+            "n_samples": len(samples), "status": "running", "versions": versions()}
     be = None
     if items:  # the backend first: a backend that cannot start (no vllm, no GPU) leaves no run directory behind
         need = max(len(it.input_ids) for it in items) + int(max_new_tokens)
         want = max(2 * sub.target if sub else 0, need)  # vllm: the paper's max_model_len, 2x the subset's target
-        be = make_backend(backend, model_dir, config, tokenizer, device=device, dtype=dtype,
-                          batch_tokens=batch_tokens, max_batch=max_batch, cache=cache, compile=compile,
-                          cuda_graph=cuda_graph, model=hf_model, rope_overrides=overrides, max_model_len=want,
-                          need_len=need, log=log, reuse=backends)
+        be = make_backend(s.backend, model_dir, config, tokenizer, model=hf_model, rope_overrides=overrides,
+                          max_model_len=want, need_len=need, log=log, reuse=backends)
         meta.update(backend_info=be.describe())
     if run.exists():  # resuming: keep what the earlier run recorded (created...)
         meta = {**run.read_meta(), **meta}
@@ -274,7 +307,7 @@ def generate(model="tiny", data=None, prompt="ie", out=None, *, prompt_style="re
 
         def on_done(it: Item, out_ids: list[int]) -> None:
             predictions.append({
-                "id": it.id, "subset": settings["subset"], "prompt": prompt, "input_tokens": len(it.input_ids),
+                "id": it.id, "subset": resolved.subset, "prompt": prompt, "input_tokens": len(it.input_ids),
                 "truncated": it.extra["truncated"], "new_tokens": len(out_ids),
                 "prediction": tokenizer.decode(out_ids, skip_special_tokens=True),
                 "reference": it.extra["reference"]})
@@ -282,11 +315,11 @@ def generate(model="tiny", data=None, prompt="ie", out=None, *, prompt_style="re
             bar.update(1)
             bar.set_postfix(tok_s=f"{new_tok[0] / max(time.time() - t0, 1e-9):.1f}")
 
-        be.generate(items, int(max_new_tokens), int(min_new_tokens), on_done)
+        be.generate(items, int(max_new_tokens), int(s.min_new_tokens), on_done)
         bar.close()
     seconds = time.time() - t0
     recs = predictions.records()
-    ids = {s["id"] for s in samples}
+    ids = {x["id"] for x in samples}
     done = [r for r in recs if r["id"] in ids]
     counts = {
         "done": len(done), "truncated": sum(bool(r.get("truncated")) for r in done),
@@ -304,80 +337,49 @@ def generate(model="tiny", data=None, prompt="ie", out=None, *, prompt_style="re
             **counts}
 
 
+def check_resume(old: RunMeta, new: GenerateSettings, rope: RopeSpec) -> None:
+    """A run directory is resumed only by the settings that made it (resolved alike; see GenerateSettings)."""
+    was_rope = RopeSpec.from_record(old.rope, old.meta_path)
+    diffs = [] if was_rope.same_rope(rope) else [f"rope {was_rope.describe()} -> {rope.describe()}"]
+    was = from_record(GenerateSettings, old.settings, where=old.meta_path, without=("rope",))
+    diffs += diff(was, new, only=recorded_keys(GenerateSettings, old.settings))
+    if diffs:
+        raise InputError(f"holds a run with different settings ({', '.join(diffs)}); use another --out or remove it",
+                         old.meta_path)
+
+
 # ---------------------------------------------------------------- CLI
-DATA_HELP = ("CNNSum-format data (context, summary[, id][, subset]): a JSONL file, a Parquet file, a directory "
-             "(datasets save_to_disk, or a folder of JSONL/Parquet files), or a datasets name, e.g. the CNNSum "
-             f"release {CNNSUM_HUB_ID} with --data-files cnnsum_L_16k.jsonl")
+def add_generate_args(p) -> None:
+    """The generation flags, built from GenerateSettings (shared with ``eval_summ run``)."""
+    add_arguments(p, GenerateSettings)
+    p.add_argument("--recipe", metavar="FILE", help="YAML file of these settings (flags override it)")
 
 
-def add_generate_args(p: argparse.ArgumentParser, matrix: bool = False) -> None:
-    """The generation flags (shared with ``eval_summ run``; ``matrix``: --data and --prompt are optional there,
-    since ``run --data-dir`` replaces them)."""
-    from rope_scaling import add_rope_args
-
-    p.add_argument("--model", default="tiny", help="HF model directory, or 'tiny' (the embedded default)")
-    p.add_argument("--data", required=not matrix, help=DATA_HELP)
-    p.add_argument("--data-files", metavar="PATTERN",
-                   help="with a directory or datasets name: which file(s) to load (datasets' data_files)")
-    p.add_argument("--data-split", metavar="SPLIT", help="the split to read when the data has several")
-    p.add_argument("--prompt", required=not matrix, choices=prompts.PROMPT_TYPES,
-                   help="ie / ib: baseline prompts (Appendix F.1); ft-ie / ft-ib: fine-tuning prompts (F.2), "
-                        "for models fine-tuned with them")
-    p.add_argument("--prompt-style", default="release", choices=prompts.STYLES,
-                   help="wording of ie/ib: the official release's strings (default) or the paper's Appendix F.1")
-    p.add_argument("--out", required=True, help="run directory (resumed if it exists with the same settings)")
-    p.add_argument("--subset", help="L, XL, 2XL, 3XL (or T<tokens> for a scaled-down subset); default: the records' "
-                                    "'subset' field, else the release file name")
-    p.add_argument("--max-new-tokens", type=int, help="default: 400 for L/XL, 500 for 2XL/3XL (paper Sec 4.2)")
-    p.add_argument("--min-new-tokens", type=int, default=subsets.MIN_NEW_TOKENS, help="default: %(default)s")
-    p.add_argument("--backend", default="hf", choices=BACKENDS, help="hf (CPU/GPU) or vllm (GPU; lazy import)")
-    p.add_argument("--chat-template", action="store_true", help="wrap the prompt in the tokenizer's chat template")
-    p.add_argument("--truncate", default="none", choices=TRUNCATE,
-                   help="none (default, the paper's extrapolation setting) or middle (cut the context's middle "
-                        "to --max-input-tokens)")
-    p.add_argument("--max-input-tokens", type=int,
-                   help="with --truncate middle; default: the extended context minus the max new tokens")
-    p.add_argument("--device", default="auto", help="hf backend: auto, cpu, cuda[:N]")
-    p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
-    p.add_argument("--batch-tokens", type=int,
-                   help="hf backend: token budget of a batch, i.e. slots x (longest prompt + 2 x max new tokens) "
-                        "with --cache slots (default: 32K on CPU with slots, else 8K; from free memory on GPU)")
-    p.add_argument("--max-batch", type=int, default=64, help="hf backend: most samples per batch")
-    p.add_argument("--cache", default="slots", choices=CACHES,
-                   help="hf backend decoder: slots (default: ropescale's slot decoder: per-sample prefill, "
-                        "continuous batching, a CUDA-graph decode step on GPU; needs transformers 5.x + SDPA, else "
-                        "falls back to static), or transformers generate on length-sorted padded batches with a "
-                        "static (written in place) or dynamic (concatenated every step) KV cache")
-    p.add_argument("--compile", action="store_true",
-                   help="hf backend, --cache static: let transformers compile the decode step (CUDA)")
-    p.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
-                   help="hf backend, --cache slots: run decode steps eagerly on CUDA (for debugging)")
-    p.add_argument("--limit", type=int, help="only the first N samples")
-    add_rope_args(p)
+def settings_from_args(args) -> GenerateSettings:
+    """defaults < --recipe < the flags given."""
+    return resolve(GenerateSettings, given(args, GenerateSettings), getattr(args, "recipe", None))
 
 
 def generate_kwargs(args) -> dict:
-    from rope_scaling import spec_from_args
-
-    spec = spec_from_args(args)
-    return dict(model=args.model, data=args.data, data_files=args.data_files, data_split=args.data_split,
-                prompt=args.prompt, out=args.out, prompt_style=args.prompt_style,
-                subset=args.subset, rope=spec, max_new_tokens=args.max_new_tokens,
-                min_new_tokens=args.min_new_tokens, backend=args.backend, chat_template=args.chat_template,
-                truncate=args.truncate, max_input_tokens=args.max_input_tokens, device=args.device,
-                dtype=args.dtype, batch_tokens=args.batch_tokens, max_batch=args.max_batch, cache=args.cache,
-                compile=args.compile, cuda_graph=args.cuda_graph, limit=args.limit)
+    """Old spelling (kept for a release): ``generate(**generate_kwargs(args))`` is ``generate(settings_from_args(
+    args))``."""
+    return {"settings": settings_from_args(args)}
 
 
 def _main(args) -> int:
-    res = generate(**generate_kwargs(args))
-    print(json.dumps(res, ensure_ascii=False))
+    res = generate(settings_from_args(args))
+    if args.json:
+        print(json.dumps(res, ensure_ascii=False))
+    else:
+        print(f"{res['out']}: {res['done']} of {res['samples']} predictions ({res['generated']} new in "
+              f"{res['seconds']:.1f}s; {res['truncated']} truncated, {res['over_context']} beyond the extended "
+              f"context)")
     return 0
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "generate", help="greedy summaries for a CNNSum-format JSONL (hf or vllm backend), resumable",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "generate", help="greedy summaries for CNNSum-format data (hf or vllm backend), "
+                                                 "resumable", description=__doc__)
     add_generate_args(p)
+    add_json(p, "the summary (out, samples, generated, seconds, counts)")
     p.set_defaults(func=_main)

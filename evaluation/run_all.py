@@ -1,36 +1,36 @@
-"""``eval_summ run``: generate + score + report in one command — one data file, or the paper's whole matrix.
+"""``eval_summ run``: generate + score + report in one command -- one data file, or the paper's whole matrix.
 
     python eval_summ.py run --model PATH|tiny --data-dir DIR [--prompts ie,ib] --out OUT [generate flags]
-    python eval_summ.py run --model PATH|tiny --data FILE.jsonl --prompt ie --out DIR [generate flags]
-                            [--metric cnnsum|standard] [--with RUN_DIR ...] [--plot FIG.png] [--report-out DIR]
+    python eval_summ.py run --model PATH|tiny --data FILE.jsonl --prompt ie --out OUT [generate flags]
+                            [--metric cnnsum|standard] [--with RUN_DIR ...]
+
+Both write the report -- Table 2, the Table 7 view, the extrapolation table and the failure modes -- to
+``OUT/report/`` (``.md``, ``.csv``, ``.json``) and Fig. 3 to ``OUT/fig3.png``, and print the tables (``--json``: a
+summary instead).
 
 ``--data-dir DIR`` (the paper's evaluation of one model): DIR holds the CNNSum release files
 (``cnnsum_L_16k.jsonl``, ``cnnsum_XL_32k.jsonl``, ``cnnsum_XXL_64k.jsonl``, ``cnnsum_XXXL_128k.jsonl``; 2XL / 3XL
 spellings and names without the ``_16k``-style suffix are accepted, Parquet too). A subset with no file is
 reported and skipped; no file at all is an error. Every subset x prompt (``--prompts``, default ``ie,ib``) is
 generated into ``OUT/<subset>_<prompt>/`` (resumable: re-running continues where a killed run stopped; the model is
-loaded once for the hf backend) and scored; then the report — Table 2, the Table 7 view, the extrapolation table
-and the failure modes — is written to ``OUT/report/`` (``.md``, ``.csv``, ``.json``), Fig. 3 to ``OUT/fig3.png``,
-and the tables are printed. Each file's subset is its records' ``subset`` field, else its name.
+loaded once for the hf backend) and scored. Each file's subset is its records' ``subset`` field, else its name.
 
-``--data FILE`` (one run):
-1. ``generate`` into DIR (resumable);
-2. ``score`` DIR (writes DIR/scores.json and DIR/sample_scores.jsonl);
-3. ``report`` DIR together with any ``--with`` run directories (or folders of them): prints the tables
-   (Table 2 / Table 7 / extrapolation / failure modes), optionally writes them (``--report-out``) and the
-   Fig. 3 PNG (``--plot``).
+``--data FILE`` (one run): ``generate`` into OUT (resumable), ``score`` it (OUT/scores.json and
+OUT/sample_scores.jsonl), then report it together with any ``--with`` run directories (or folders of them).
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import sys
 
 from common import prompts as _prompts
+from common.cli import add_command, add_json
 from common.io import InputError
 
 from .data import find_release_files, load_samples
-from .generate import add_generate_args, check_out_dir, generate, generate_kwargs, resolve_subset
+from .generate import (GenerateSettings, add_generate_args, check_out_dir, generate, resolve_subset,
+                       settings_from_args)
 
 DEFAULT_PROMPTS = ("ie", "ib")
 
@@ -39,21 +39,25 @@ def _log_default(m: str) -> None:
     print(m, file=sys.stderr, flush=True)
 
 
-def run(*, metric: str = "cnnsum", with_runs=(), plot=None, report_out=None, buckets=None, log=None,
-        **gen_kwargs) -> dict:
-    """Generate (``gen_kwargs`` as :func:`evaluation.generate.generate`), score, and build the report.
-    Returns {"generate": ..., "score": scores.json summary, "report": the tables as markdown}."""
+def run(settings: GenerateSettings, *, metric: str = "cnnsum", with_runs=(), plot=None, report_out=None,
+        buckets=None, log=None) -> dict:
+    """Generate (``settings``), score, and build the report (into ``report_out``, default OUT/report/, and Fig. 3
+    into ``plot``, default OUT/fig3.png). Returns {"generate": ..., "score": scores.json summary, "report": the
+    tables as markdown, "report_dir", "plot"}."""
     from .report import check_report_out, make_report
     from .score import score_run
 
     log = log or _log_default
+    out = check_out_dir(settings.out) if settings.out is not None else None
+    report_out = report_out or (out / "report" if out is not None else None)
+    plot = plot or (out / "fig3.png" if out is not None else None)
     check_report_out(report_out, plot)
-    gen = generate(**gen_kwargs, log=log)
+    gen = generate(settings, log=log)
     log(f"[run] scoring {gen['out']} ({metric} ROUGE-L)")
     summary = score_run(gen["out"], metric)
     log(f"[run] ROUGE-L {summary['rouge_l']:.2f} over {summary['n']} samples")
     text = make_report([gen["out"], *with_runs], metric=metric, buckets=buckets, out_dir=report_out, plot=plot)
-    return {"generate": gen, "score": summary, "report": text}
+    return {"generate": gen, "score": summary, "report": text, "report_dir": str(report_out), "plot": str(plot)}
 
 
 def parse_prompts(spec) -> list[str]:
@@ -74,11 +78,11 @@ def parse_prompts(spec) -> list[str]:
     return out
 
 
-def run_matrix(*, data_dir, out, prompts=DEFAULT_PROMPTS, metric: str = "cnnsum", with_runs=(), buckets=None,
-               log=None, **gen_kwargs) -> dict:
+def run_matrix(settings: GenerateSettings, *, data_dir, prompts=DEFAULT_PROMPTS, metric: str = "cnnsum",
+               with_runs=(), buckets=None, log=None) -> dict:
     """The paper's evaluation of one model: every release file of ``data_dir`` x every prompt into
-    ``out/<subset>_<prompt>/``, scored, then the report in ``out/report/`` and Fig. 3 in ``out/fig3.png`` (see
-    the module doc). ``gen_kwargs`` as :func:`evaluation.generate.generate` (without data/prompt/out/subset).
+    ``OUT/<subset>_<prompt>/`` (OUT = ``settings.out``), scored, then the report in ``OUT/report/`` and Fig. 3 in
+    ``OUT/fig3.png`` (see the module doc). ``settings`` without data / prompt / subset (each cell sets them).
     Returns {"runs": {name: {"generate", "score"}}, "skipped": [subsets], "report": markdown, "report_dir",
     "plot"}."""
     from .report import check_report_out, make_report
@@ -87,21 +91,19 @@ def run_matrix(*, data_dir, out, prompts=DEFAULT_PROMPTS, metric: str = "cnnsum"
     log = log or _log_default
     prompts = parse_prompts(prompts)
     for k in ("data", "prompt", "subset"):
-        if gen_kwargs.get(k) is not None:
-            flag = {"data": "--data", "prompt": "--prompt", "subset": "--subset"}[k]
-            raise InputError(f"{flag} does not go with --data-dir (each file's subset is its records' 'subset' "
+        if getattr(settings, k) is not None:
+            raise InputError(f"--{k} does not go with --data-dir (each file's subset is its records' 'subset' "
                              f"field or its name; prompts come from --prompts)")
-        gen_kwargs.pop(k, None)
-    if gen_kwargs.get("data_files") or gen_kwargs.get("data_split"):
+    if settings.data_files or settings.data_split:
         raise InputError("--data-files / --data-split do not go with --data-dir")
-    gen_kwargs.pop("data_files", None)
-    gen_kwargs.pop("data_split", None)
-    out = check_out_dir(out)
+    if settings.out is None:
+        raise InputError("run --data-dir needs --out DIR")
+    out = check_out_dir(settings.out)
     report_dir, plot = out / "report", out / "fig3.png"
     check_report_out(report_dir, plot)
     files, missing = find_release_files(data_dir)
     for path in files.values():  # every file read (and its records' subset checked) before the first run
-        samples = load_samples(path, gen_kwargs.get("limit"))
+        samples = load_samples(path, settings.limit)
         resolve_subset(None, path.name, samples, str(path))
     for name in missing:
         log(f"[run] {data_dir}: no file for subset {name}, skipped")
@@ -115,7 +117,8 @@ def run_matrix(*, data_dir, out, prompts=DEFAULT_PROMPTS, metric: str = "cnnsum"
                 cell = f"{name}_{prompt}"
                 d = out / cell
                 log(f"[run] {cell}: {path.name} -> {d}")
-                gen = generate(data=str(path), prompt=prompt, out=d, log=log, backends=backends, **gen_kwargs)
+                cell_settings = dataclasses.replace(settings, data=str(path), prompt=prompt, out=str(d))
+                gen = generate(cell_settings, log=log, backends=backends)
                 summary = score_run(d, metric)
                 log(f"[run] {cell}: ROUGE-L {summary['rouge_l']:.2f} over {summary['n']} samples")
                 results[cell] = {"generate": gen, "score": summary}
@@ -130,36 +133,34 @@ def _main(args) -> int:
     from .report import parse_buckets
 
     buckets = parse_buckets(args.buckets) if args.buckets else None
-    gk = generate_kwargs(args)
+    settings = settings_from_args(args)
     if args.data_dir is not None:
-        if args.data is not None:
+        if settings.data is not None:
             raise InputError("give --data FILE or --data-dir DIR, not both")
         if args.plot or args.report_out:
             raise InputError("with --data-dir the report goes to OUT/report/ and Fig. 3 to OUT/fig3.png "
                              "(--plot / --report-out are for --data)")
-        if args.prompt is not None and args.prompts is not None:
+        if settings.prompt is not None and args.prompts is not None:
             raise InputError("give --prompts (or one --prompt), not both")
-        prompts = args.prompts if args.prompts is not None else (args.prompt or ",".join(DEFAULT_PROMPTS))
-        gk.update(prompt=None)
-        out = gk.pop("out")
-        res = run_matrix(data_dir=args.data_dir, out=out, prompts=prompts, metric=args.metric,
-                         with_runs=args.with_runs, buckets=buckets, **gk)
+        prompts = args.prompts if args.prompts is not None else (settings.prompt or ",".join(DEFAULT_PROMPTS))
+        res = run_matrix(dataclasses.replace(settings, prompt=None), data_dir=args.data_dir, prompts=prompts,
+                         metric=args.metric, with_runs=args.with_runs, buckets=buckets)
         if args.json:
             print(json.dumps({"runs": res["runs"], "skipped": res["skipped"], "report_dir": res["report_dir"],
                               "plot": res["plot"]}, ensure_ascii=False, default=str))
         else:
             sys.stdout.write(res["report"])
         return 0
-    if args.data is None:
+    if settings.data is None:
         raise InputError("run needs --data FILE (one run) or --data-dir DIR (the whole matrix)")
-    if args.prompt is None:
+    if settings.prompt is None:
         raise InputError("run --data needs --prompt (--prompts goes with --data-dir)")
     if args.prompts is not None:
         raise InputError("--prompts goes with --data-dir; with --data give one --prompt")
-    res = run(metric=args.metric, with_runs=args.with_runs, plot=args.plot, report_out=args.report_out,
-              buckets=buckets, **gk)
+    res = run(settings, metric=args.metric, with_runs=args.with_runs, plot=args.plot, report_out=args.report_out,
+              buckets=buckets)
     if args.json:
-        print(json.dumps({k: res[k] for k in ("generate", "score")}, ensure_ascii=False))
+        print(json.dumps({k: res[k] for k in ("generate", "score", "report_dir", "plot")}, ensure_ascii=False))
     else:
         sys.stdout.write(res["report"])
     return 0
@@ -168,10 +169,9 @@ def _main(args) -> int:
 def register(subparsers) -> None:
     from .rouge import DEFAULT_METRIC, METRICS
 
-    p = subparsers.add_parser("run", help="generate + score + report in one (resumable): one data file, or every "
-                                          "subset x prompt of a release directory (--data-dir)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_generate_args(p, matrix=True)
+    p = add_command(subparsers, "run", help="generate + score + report in one (resumable): one data file, or every "
+                                            "subset x prompt of a release directory (--data-dir)", description=__doc__)
+    add_generate_args(p)
     p.add_argument("--data-dir", metavar="DIR",
                    help="the paper's matrix: the CNNSum release files in DIR x --prompts, into OUT/<subset>_<prompt>/")
     p.add_argument("--prompts", metavar="LIST", help="with --data-dir: comma-separated prompts (default: ie,ib)")
@@ -179,8 +179,7 @@ def register(subparsers) -> None:
     p.add_argument("--with", dest="with_runs", nargs="*", default=[], metavar="RUN_DIR",
                    help="other run directories (or folders of them) to report alongside this one")
     p.add_argument("--buckets", metavar="EDGES", help="extrapolation columns by input length, e.g. 512,1024,2048")
-    p.add_argument("--plot", metavar="FIG.png", help="with --data: write the Fig. 3 plot of the reported runs")
-    p.add_argument("--report-out", metavar="DIR", help="with --data: also write every table as DIR/<view>.{md,csv,"
-                                                       "json}")
-    p.add_argument("--json", action="store_true", help="print a JSON summary instead of the tables")
+    p.add_argument("--plot", metavar="FILE.png", help="with --data: write Fig. 3 here instead of OUT/fig3.png")
+    p.add_argument("--report-out", metavar="DIR", help="with --data: write the tables here instead of OUT/report/")
+    add_json(p, "a summary (runs, scores, where the report went) instead of the tables")
     p.set_defaults(func=_main)

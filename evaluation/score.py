@@ -19,7 +19,8 @@ from typing import Iterable, Optional
 
 from common.io import InputError, read_jsonl, sha256_file, write_json_atomic, write_jsonl_atomic
 from common.prompts import prompt_kind
-from common.runs import RunDir, now
+from common.runs import RunDir, RunMeta, now
+from rope_scaling import RopeSpec
 
 from . import failure_modes
 from .rouge import DEFAULT_METRIC, METRICS, check_metric, rouge_l
@@ -87,31 +88,30 @@ def score_file(path: str | os.PathLike, metric: str = DEFAULT_METRIC) -> dict:
 
 
 # --------------------------------------------------------------------------------------------- run directories
-def _data_path(meta: dict, run_dir: Path) -> Optional[Path]:
+def _data_path(meta: RunMeta) -> Optional[Path]:
     """The local eval data a run was generated from (a file or a directory), if run.json names one that exists."""
-    args = meta.get("args") if isinstance(meta.get("args"), dict) else {}
-    for cand in (meta.get("data"), args.get("data")):
-        if isinstance(cand, str) and cand:
-            for p in (Path(cand), run_dir / cand):
-                if p.is_file() or p.is_dir():
-                    return p
+    cand = meta.settings.get("data")
+    if isinstance(cand, str) and cand:
+        for p in (Path(cand), meta.path / cand):
+            if p.is_file() or p.is_dir():
+                return p
     return None
 
 
-def load_contexts(meta: dict, run_dir: str | os.PathLike) -> dict:
-    """id -> context from the local data named in run.json (``data`` or ``args.data``: a JSONL file, or what
-    :mod:`evaluation.data` reads with ``datasets``), or {} if unknown (a dataset name is not fetched again).
+def load_contexts(meta: RunMeta) -> dict:
+    """id -> context from the local data named in run.json (a JSONL file, or what :mod:`evaluation.data` reads with
+    ``datasets``), or {} if unknown (a dataset name is not fetched again).
 
     A data line's id is its ``id`` field, else its 1-based line (row) number (as ``eval_summ.py generate`` numbers
     it)."""
     from .data import iter_rows, open_source
 
-    p = _data_path(meta, Path(run_dir))
+    p = _data_path(meta)
     if p is None:
         return {}
     out = {}
     try:
-        src = open_source(p, meta.get("data_files"), meta.get("data_split"))
+        src = open_source(p, meta.settings.get("data_files"), meta.settings.get("data_split"))
         for rec in iter_rows(src):
             ctx = rec.get("context")
             rid = rec.get("id", rec["_line"])
@@ -122,30 +122,10 @@ def load_contexts(meta: dict, run_dir: str | os.PathLike) -> dict:
     return out
 
 
-def rope_fields(meta: dict) -> tuple[str, Optional[float]]:
-    """(rope method, scale) from run.json's ``rope`` (a RopeSpec dict, or {"rope": "none"}, or a string)."""
-    rope = meta.get("rope")
-    if isinstance(rope, dict):
-        method = rope.get("method") or rope.get("rope") or rope.get("type") or rope.get("rope_type") or "none"
-        scale = rope.get("scale", rope.get("factor"))
-    elif isinstance(rope, str):
-        method, scale = rope, meta.get("scale")
-    else:
-        method, scale = "none", None
-    method = str(method)
-    try:
-        scale = float(scale) if scale is not None else None
-    except (TypeError, ValueError):
-        scale = None
-    if method == "none":
-        scale = None
-    return method, scale
-
-
 def score_run_data(run_dir: str | os.PathLike, metric: str = DEFAULT_METRIC) -> tuple[dict, list[dict]]:
     """Score a run directory without writing: (summary for scores.json, per-sample rows)."""
     rd = RunDir(run_dir)
-    meta = rd.read_meta()
+    meta = RunMeta.read(run_dir)
     pred_path = rd.path / PREDICTIONS
     if not pred_path.is_file():
         raise InputError(f"no {PREDICTIONS}", rd.path)
@@ -153,7 +133,7 @@ def score_run_data(run_dir: str | os.PathLike, metric: str = DEFAULT_METRIC) -> 
     if not recs:
         raise InputError(f"no predictions yet ({PREDICTIONS} is empty)", rd.path)
     res = score_records(recs, metric)
-    contexts = load_contexts(meta, rd.path)
+    contexts = load_contexts(meta)
     samples, flags = [], []
     for rec, sc in zip(recs, res["scores"]):
         ctx = rec.get("context")
@@ -162,20 +142,22 @@ def score_run_data(run_dir: str | os.PathLike, metric: str = DEFAULT_METRIC) -> 
         fl = failure_modes.detect(rec["prediction"] or "", ctx)
         flags.append(fl)
         samples.append({
-            "id": rec["id"], "subset": rec.get("subset", meta.get("subset")),
+            "id": rec["id"], "subset": rec.get("subset", meta.settings.get("subset")),
             "input_tokens": rec.get("input_tokens"), "rouge_l": sc,
             **{m: fl[m] for m in failure_modes.MODES},
             "copy_share": fl["copy_share"], "repetition_share": fl["repetition_share"],
         })
-    method, scale = rope_fields(meta)
-    prompt = meta.get("prompt") or (recs[0].get("prompt") if recs else None)
+    rope = RopeSpec.from_record(meta.rope, meta.meta_path)
+    st = meta.settings
+    prompt = st.get("prompt") or (recs[0].get("prompt") if recs else None)
     summary = {
         "version": SCORES_VERSION,
         "metric": metric, "rouge_l": res["rouge_l"], "n": res["n"], "n_empty": res["n_empty"],
         "failure_modes": failure_modes.rates(flags),
-        "model": meta.get("model"), "rope": method, "scale": scale, "train_length": meta.get("train_length"),
+        "model": meta.model, "rope": rope.method, "scale": None if rope.method == "none" else rope.scale,
+        "rope_spec": rope.to_dict(), "train_length": meta.train_length,
         "prompt": prompt, "prompt_kind": prompt_kind(prompt) if isinstance(prompt, str) else None,
-        "subset": meta.get("subset"), "backend": meta.get("backend"),
+        "subset": st.get("subset"), "backend": st.get("backend"),
         "predictions_sha256": sha256_file(pred_path), "scored": now(),
     }
     return summary, samples

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 from common.io import InputError
 

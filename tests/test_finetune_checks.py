@@ -107,8 +107,8 @@ def test_resume_may_extend_max_steps(base, tmp_path):
     assert "resuming from" in p.stderr and "checkpoint-2" in p.stderr
     assert [r["step"] for r in train_log(cut)] == [1, 2, 3]
     meta = json.loads((cut / "run.json").read_text())
-    assert meta["status"] == "done" and meta["steps"] == 3 and meta["settings"]["max_steps"] == 3
-    assert meta["settings"]["lr"] == old["settings"]["lr"] and meta["global_batch"] == old["global_batch"] == 2
+    assert meta["status"] == "done" and meta["steps"] == 3 and meta["max_steps"] == 3
+    assert meta["lr"] == old["lr"] and meta["global_batch"] == old["global_batch"] == 2
 
 
 # ---------------------------------------------------------------- 2. --init-from: the same RoPE setting

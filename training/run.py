@@ -1,7 +1,7 @@
 """One fine-tuning run, top to bottom: settings -> model + RoPE -> data checks -> LoRA -> Trainer -> exports.
 
 Every input problem (model path, numeric settings, data length vs the RoPE-extended context, recipe key, resume
-with other settings, --init-from a run of another RoPE setting, batch arithmetic, an --output-dir that cannot be
+with other settings, --init-from a run of another RoPE setting, batch arithmetic, an --out that cannot be
 a directory) raises InputError before the first training step, and before run.json is touched.
 
 Resume (``--resume auto|CHECKPOINT``) continues exactly the run in --out: every resolved setting (after the
@@ -49,29 +49,22 @@ def default_output_dir(model_arg: str, spec) -> Path:
     return RUNS_DIR / f"{name}-{spec.method}-x{spec.scale:g}"
 
 
-def resume_diff(old: RunMeta, new: TrainSettings, *, model_dir, rope: RopeSpec, ds_path) -> list[str]:
-    """What differs between the run recorded in ``old`` (its run.json) and the settings ``new`` of a resume, as
-    ``key old -> new`` items; empty when the run may be resumed. The rope compared is the one the model trains with;
-    the settings are compared by their resume rules (only ``max_steps`` may grow; paths compare resolved) after
-    both sides are resolved the same way: the model directory, the data (a resume without ``--data`` uses the
-    run's), the DeepSpeed config file, the global batch (unset: the default for the recorded train length)."""
+def resume_diff(old: RunMeta, new: TrainSettings, *, rope: RopeSpec) -> list[str]:
+    """What differs between the run recorded in ``old`` (its run.json) and the resolved settings ``new`` of a
+    resume (model directory, DeepSpeed config file, dtype and attention as found on this machine), as ``key old ->
+    new`` items; empty when the run may be resumed. The rope compared is the one the model trains with; the
+    settings by their resume rules (only ``max_steps`` may grow; paths compare resolved). A resume without
+    ``--data`` uses the run's data; an unset global batch is the default for the recorded train length."""
     diffs = []
     was_rope = RopeSpec.from_record(old.rope, old.meta_path)
     if not was_rope.same_rope(rope):
         diffs.append(f"rope {was_rope.describe()} -> {rope.describe()}")
-    if old.settings is None:
-        return diffs + ["settings not recorded"]
-    was = from_record(TrainSettings, old.settings, where=old.meta_path)
-    raw = old.raw
-    was = dataclasses.replace(was, model=old.model or was.model, data=raw.get("data") or was.data,
-                              deepspeed=raw["deepspeed"] if "deepspeed" in raw else was.deepspeed,
-                              global_batch=raw.get("global_batch") or was.global_batch)
+    was = from_record(TrainSettings, old.settings, where=old.meta_path, without=("rope",))
     batch = new.global_batch
     if batch is None and old.train_length:
-        batch = default_global_batch(int(old.train_length))
-    now = dataclasses.replace(new, model=str(model_dir), data=new.data or was.data,
-                              deepspeed=str(ds_path) if ds_path else None, global_batch=batch)
-    return diffs + diff(was, now, only=recorded_keys(TrainSettings, old.settings) | {"model", "data"})
+        batch = default_global_batch(old.train_length)
+    now = dataclasses.replace(new, data=new.data or was.data, global_batch=batch)
+    return diffs + diff(was, now, only=recorded_keys(TrainSettings, old.settings))
 
 
 def refuse_resume(diffs: list[str], meta_path: Path) -> InputError:
@@ -163,11 +156,17 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
     resume_from = None
     old = None  # the run being resumed
     ds_path = resolve_ds_config(args.deepspeed)
+    dtype = resolve_dtype(args.dtype, cuda)
+    attn = resolve_attn(args.attn, cuda)
+    # the settings as this run resolves them (what run.json records and a resume compares)
+    resolved = dataclasses.replace(args, model=str(model_dir), out=str(run_dir), attn=attn,
+                                   deepspeed=str(ds_path) if ds_path else None,
+                                   dtype=str(dtype).replace("torch.", ""))
     if resume:
         if not rd.exists():
             raise InputError("--resume: not a finetune run directory (no run.json)", run_dir)
         old = RunMeta.read(run_dir)
-        diffs = resume_diff(old, args, model_dir=model_dir, rope=effective, ds_path=ds_path)
+        diffs = resume_diff(old, resolved, rope=effective)
         if diffs:
             raise refuse_resume(diffs, rd.meta_path)
         resume_from = latest_checkpoint(run_dir) if resume == "auto" else Path(resume)
@@ -184,8 +183,6 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
     if args.init_from:
         init_export = find_export(args.init_from, args.init_step)
         check_init_rope(init_export, effective)
-    dtype = resolve_dtype(args.dtype, cuda)
-    attn = resolve_attn(args.attn, cuda)
 
     if world > 1:  # join the process group first (DeepSpeed sizes its batch from it)
         _init_dist(cuda)
@@ -197,7 +194,7 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
         data_dir = Path(old.get("data"))  # a resume continues on the run's own data
     else:
         orig = read_rope(config).orig_ctx or extended
-        sized = from_record(TrainSettings, old.settings) if old is not None and old.settings else args
+        sized = from_record(TrainSettings, old.settings, without=("rope",)) if old is not None else args
         data_dir = build_default_data(model_dir, orig, extended, factor=args.default_data_factor,  # as the run began
                                       n_samples=max(8, sized.max_steps * (sized.global_batch or 1)),
                                       seed=args.seed) if main else None
@@ -273,13 +270,12 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
             _clear_run(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         meta = rd.read_meta() if (resume and rd.exists()) else {}
-        meta.pop("args", None)  # the settings record of runs made before it was called "settings"
-        meta.update({"kind": "finetune", "model": str(model_dir), "rope": effective.to_dict(), "train_length": stats["max"],
-                     "data": str(data_dir), "data_stats": stats, "settings": to_record(args), "recipe": recipe,
-                     "global_batch": global_batch, "grad_accum": grad_accum, "world_size": world,
-                     "trainable_params": trainable, "total_params": total, "extra_trained": extra_names,
-                     "dtype": str(dtype).replace("torch.", ""), "attn": attn,
-                     "deepspeed": str(ds_path) if ds_path else None, "status": "running"})
+        meta.pop("args", None)  # older runs kept their settings there
+        resolved = dataclasses.replace(resolved, data=str(data_dir), global_batch=global_batch)
+        meta.update({**to_record(resolved, without=("rope",)), "kind": "finetune", "rope": effective.to_dict(),
+                     "train_length": stats["max"], "data_stats": stats, "recipe": recipe, "grad_accum": grad_accum,
+                     "world_size": world, "trainable_params": trainable, "total_params": total,
+                     "extra_trained": extra_names, "status": "running"})
         rd.write_meta(meta)
         config.save_pretrained(str(run_dir))  # the rope setting next to the run, readable at once
 

@@ -1,0 +1,32 @@
+"""``eval_summ.py report``: the paper's tables from scores — Table 2 / Table 7 views, extrapolation, failure modes.
+
+Inputs (any mix):
+- ``--scores FILE.csv`` with columns ``model,prompt,subset,rouge_l`` (prompt IE or IB — ie/ib/ft-ie/ft-ib/
+  Prompt-IE are accepted too; subset L, XL, 2XL, 3XL or any name such as T2048; a ``-`` or empty rouge_l is a
+  missing cell) and optional ``rope,scale,train_length`` columns;
+- run directories written by ``eval_summ.py generate`` (a folder is searched for them), scored on the fly when
+  their ``scores.json`` is missing or stale (and the scores saved into them, unless ``--no-save-scores``).
+
+Views:
+- Table 2 (CNNSum Table 2): per model and subset the average of the Prompt-IE and Prompt-IB scores, and
+  ``MSE(P-IE vs P-IB)`` = the mean over the model's subsets of (IE - IB)^2. A subset scored with only one of the
+  prompts shows no average (``-``) and leaves the model without an MSE: one prompt's score is not the average.
+- Table 7 (CNNSum Appendix C): IE and IB side by side.
+- Extrapolation (CNNSum Table 8): rows = (model, rope method, scale, train length), columns = subsets or
+  ``--buckets`` of input length (from each sample's ``input_tokens``), cells = ROUGE-L (the mean over the
+  prompts present of each prompt's mean over samples).
+- Failure modes (CNNSum Sec 4.4): per run, the share of empty / copied / repetitive / prompt-echoing outputs.
+
+A model evaluated with several RoPE settings appears once per setting ("model · rope xS · train N").
+Importable: :func:`make_report` (the whole command as one call), :func:`build_report` (paths and/or rows ->
+:class:`Report`), :func:`render`, :func:`write_report`, :func:`plot_report`. Inside: ``intake`` (CSV files, run
+directories), ``model`` (series, cells, the paper's formulas), ``render`` (markdown / CSV / JSON), ``cli``.
+"""
+from .cli import check_report_out, make_report, plot_report, register
+from .intake import build_report, canon_kind, canon_subset, load_runs, read_scores_csv, save_fresh_scores
+from .model import Report, RunResult, Series, mse_ie_ib, parse_buckets, prompt_average, subset_key
+from .render import render, view_json, write_report
+
+__all__ = ["Report", "RunResult", "Series", "build_report", "canon_kind", "canon_subset", "check_report_out",
+           "load_runs", "make_report", "mse_ie_ib", "parse_buckets", "plot_report", "prompt_average",
+           "read_scores_csv", "register", "render", "save_fresh_scores", "subset_key", "view_json", "write_report"]
