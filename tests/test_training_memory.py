@@ -1,7 +1,8 @@
 """training.memory on toy Qwen2 / Llama models in fp32: checkpoints offloaded to host memory, the tiled MLP and
 both give the loss and every trained gradient of the plain gradient-checkpointed path (to 1e-5), on plain and
 PEFT LoRA models; the host-memory refusal; the settings' auto rules; the CUDA allocator setting (training.env);
-the trainer's per-step / steady rates (training.trainer)."""
+the trainer's per-step / steady rates (training.trainer); the ZeRO-3 path; bench/bench_train_path.py's toy mode.
+On a machine with CUDA the equality tests also run on the GPU (pinned pages, the side stream)."""
 from __future__ import annotations
 
 import argparse
@@ -17,19 +18,22 @@ from training.loss import label_only_loss
 from training.model import add_lora
 
 TOL = dict(rtol=1e-5, atol=1e-5)
+# CUDA too where there is one (pinned pages, the side stream, events): the same tests, no skips on a CPU
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def _batch(vocab, B=2, T=48, seed=0):
+def _batch(vocab, B=2, T=48, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (B, T), generator=g)
     labels = ids.clone()
     labels[0, :7] = -100
     labels[1, 20:31] = -100
-    return ids, labels
+    return ids.to(device), labels.to(device)
 
 
-def _plain(make_tiny_model, arch, seed=0):
+def _plain(make_tiny_model, arch, seed=0, device="cpu"):
     model, _ = make_tiny_model(arch=arch, save=False, seed=seed)
+    model.to(device)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     return model
@@ -51,17 +55,19 @@ def _assert_same(a, b):
         assert gb[n] is not None and torch.allclose(ga[n], gb[n], **TOL), (n, (ga[n] - gb[n]).abs().max())
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize("variant", ["offload", "tile", "both"])
-def test_offload_and_tiled_mlp_match_plain_checkpointing(make_tiny_model, arch, variant):
-    ids, labels = _batch(1000)
-    ref_model = _plain(make_tiny_model, arch)
+def test_offload_and_tiled_mlp_match_plain_checkpointing(make_tiny_model, arch, variant, device):
+    ids, labels = _batch(1000, device=device)
+    ref_model = _plain(make_tiny_model, arch, device=device)
     ref = [_step(ref_model, ids, labels), _step(ref_model, ids[:, :40], labels[:, :40])]
-    model = _plain(make_tiny_model, arch)
+    model = _plain(make_tiny_model, arch, device=device)
     off = None
     if variant in ("offload", "both"):
         # 1,000-byte pages: each 24 KiB checkpoint spans 25 pages, the last one partly
-        off = memory.enable_checkpoint_offload(model, memory.CheckpointOffloader(page_bytes=1000, pin=False))
+        off = memory.enable_checkpoint_offload(model, memory.CheckpointOffloader(page_bytes=1000,
+                                                                                  pin=device == "cuda"))
     if variant in ("tile", "both"):
         assert memory.enable_tiled_mlp(model, 20) == model.config.num_hidden_layers  # 96 rows: 5 chunks, last 16
     got = _step(model, ids, labels)
@@ -79,9 +85,10 @@ def test_offload_and_tiled_mlp_match_plain_checkpointing(make_tiny_model, arch, 
         assert off.pages_allocated == pages and len(off._free) == pages
 
 
-def test_offloaded_checkpoints_leave_the_device(make_tiny_model):
+@pytest.mark.parametrize("device", DEVICES)
+def test_offloaded_checkpoints_leave_the_device(make_tiny_model, device):
     """After the forward, no decoder layer's input is alive any more (the plain path keeps every one)."""
-    ids, labels = _batch(1000)
+    ids, labels = _batch(1000, device=device)
 
     def alive_after_forward(model):
         refs = []
@@ -95,32 +102,35 @@ def test_offloaded_checkpoints_leave_the_device(make_tiny_model):
             h.remove()
         return n
 
-    plain = _plain(make_tiny_model, "qwen2")
+    plain = _plain(make_tiny_model, "qwen2", device=device)
     assert alive_after_forward(plain) == plain.config.num_hidden_layers
-    model = _plain(make_tiny_model, "qwen2")
-    memory.enable_checkpoint_offload(model, memory.CheckpointOffloader(page_bytes=4096, pin=False))
+    model = _plain(make_tiny_model, "qwen2", device=device)
+    memory.enable_checkpoint_offload(model, memory.CheckpointOffloader(page_bytes=4096, pin=device == "cuda"))
     assert alive_after_forward(model) == 0
 
 
-def _lora(make_tiny_model, arch, dropout=0.0, gc_=True):
+def _lora(make_tiny_model, arch, dropout=0.0, gc_=True, device="cpu"):
     model, _ = make_tiny_model(arch=arch, save=False)
+    model.to(device)
     pm, _ = add_lora(model, r=4, alpha=8, dropout=dropout, gradient_checkpointing=gc_,
                      targets=("q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"))
     g = torch.Generator().manual_seed(1)
     for n, p in pm.named_parameters():
         if "lora_B" in n:  # B starts at zero (A would get no gradient): give both sides the same nonzero B
-            p.data.copy_(torch.randn(p.shape, generator=g) * 0.1)
+            p.data.copy_(torch.randn(p.shape, generator=g).to(device) * 0.1)
     pm.train()
     return pm
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
-def test_peft_lora_with_offload_and_tiled_mlp_matches_plain(make_tiny_model, arch):
-    ids, labels = _batch(1000, seed=2)
-    ref = _step(_lora(make_tiny_model, arch), ids, labels)
-    pm = _lora(make_tiny_model, arch)
+def test_peft_lora_with_offload_and_tiled_mlp_matches_plain(make_tiny_model, arch, device):
+    ids, labels = _batch(1000, seed=2, device=device)
+    ref = _step(_lora(make_tiny_model, arch, device=device), ids, labels)
+    pm = _lora(make_tiny_model, arch, device=device)
     args = argparse.Namespace(offload_checkpoints="true", tile_mlp=24, gradient_checkpointing=True)
-    plan = memory.setup_memory(pm, args, tokens=96, cuda=False, dtype=torch.float32, page_bytes=512, quiet=True)
+    plan = memory.setup_memory(pm, args, tokens=96, cuda=device == "cuda", dtype=torch.float32, page_bytes=512,
+                               quiet=True, available=2**40)
     assert plan.offload_checkpoints and plan.tile_mlp == 24 and pm._ropescale_memory is plan
     got = _step(pm, ids, labels)
     assert any("mlp" in n and "lora_A" in n for n in got[1])  # LoRA on the MLP: gradients through the tiles
@@ -129,13 +139,14 @@ def test_peft_lora_with_offload_and_tiled_mlp_matches_plain(make_tiny_model, arc
     assert plan.offloader.host_bytes == 2 * 48 * 512 and "offload_host_mb" in plan.record()
 
 
-def test_tiled_mlp_replays_dropout(make_tiny_model):
+@pytest.mark.parametrize("device", DEVICES)
+def test_tiled_mlp_replays_dropout(make_tiny_model, device):
     """With LoRA dropout on the MLP, the backward's recomputed chunks see the forward's dropout masks: the same
     gradients as the chunked MLP kept in autograd (same seed)."""
-    ids, labels = _batch(1000, seed=3)
+    ids, labels = _batch(1000, seed=3, device=device)
 
     def run(tile):
-        pm = _lora(make_tiny_model, "qwen2", dropout=0.3, gc_=False)
+        pm = _lora(make_tiny_model, "qwen2", dropout=0.3, gc_=False, device=device)
         if tile:
             memory.enable_tiled_mlp(pm, 20)
         else:  # the reference: the same chunks, everything kept for backward
