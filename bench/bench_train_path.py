@@ -167,6 +167,32 @@ class HostMemorySampler:
         return max(0, self.before - self.lowest)
 
 
+def run_group(cmd: list[str], env: dict, timeout: float) -> tuple[int, str, str]:
+    """Run ``cmd`` in its own process group; past ``timeout`` the whole group (the launcher and the training
+    process it started) is stopped. Returns (exit code, 124 on timeout; stdout; stderr)."""
+    import signal
+
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+        return p.returncode, out, err
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                out, err = p.communicate(timeout=30)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            out, err = "", ""
+        return 124, out or "", (err or "") + f"\ntimed out after {timeout} s"
+
+
 def finetune_cmd(a, model_dir: Path, data: Path, run_dir: Path) -> list[str]:
     from training.env import free_port
 
@@ -196,13 +222,7 @@ def run_finetune(a, model_dir: Path, work: Path, length: int) -> dict:
     log(f"[bench] {length} tokens: {' '.join(cmd)}")
     t0 = time.time()
     with HostMemorySampler() as mem:
-        try:
-            p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=a.timeout)
-            rc, out, err = p.returncode, p.stdout, p.stderr
-        except subprocess.TimeoutExpired as e:
-            rc, out = 124, ""
-            err = (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")) + \
-                f"\ntimed out after {a.timeout} s"
+        rc, out, err = run_group(cmd, env, a.timeout)
     res = {"path": "finetune", "launcher": a.launcher, "shape": a.shape, "seq": length, "rc": rc,
            "wall_seconds": round(time.time() - t0, 1), "host_used_peak_gib": round(mem.peak_used / 2**30, 2)}
     (work / "logs").mkdir(parents=True, exist_ok=True)
@@ -242,11 +262,7 @@ def run_baseline(a, length: int) -> dict:
     log(f"[bench] {length} tokens, no DeepSpeed: {' '.join(cmd)}")
     t0 = time.time()
     with HostMemorySampler() as mem:
-        try:
-            p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=a.timeout)
-            rc, out, err = p.returncode, p.stdout, p.stderr
-        except subprocess.TimeoutExpired:
-            rc, out, err = 124, "", f"timed out after {a.timeout} s"
+        rc, out, err = run_group(cmd, dict(os.environ), a.timeout)
     res = {"path": "no_deepspeed", "shape": a.shape, "seq": length, "rc": rc,
            "wall_seconds": round(time.time() - t0, 1), "host_used_peak_gib": round(mem.peak_used / 2**30, 2)}
     lines = [x for x in out.splitlines() if x.startswith("{")]

@@ -169,7 +169,8 @@ def one(variant: str, seq: int, warmup: int, steps: int, toy: bool, label_share:
 def run_sub(variant: str, seq: int, a) -> dict:
     cmd = [sys.executable, __file__, "--_one", variant, "--seq", str(seq), "--warmup", str(a.warmup), "--steps",
            str(a.steps), "--label-share", str(a.label_share), "--attn", a.attn, "--offload-checkpoints",
-           a.offload_checkpoints, "--tile-mlp", a.tile_mlp] + (["--toy"] if a.toy else []) + (["--bf16"] if a.bf16 else [])
+           a.offload_checkpoints, "--tile-mlp", a.tile_mlp] + (["--toy"] if a.toy else []) + \
+        (["--bf16"] if a.bf16 else [])
     p = subprocess.run(cmd, capture_output=True, text=True)
     lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
     if p.returncode != 0 or not lines:
