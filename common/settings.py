@@ -195,11 +195,16 @@ class Spec:
         test, want = self.meta.check
         if isinstance(v, list):
             bad = [x for x in v if not test(x)]
-            return f"must be {want}, got {fmt(v)}" if bad else None
-        return None if test(v) else f"must be {want}, got {fmt(v)}"
+            return f"must {_be(want)}, got {fmt(v)}" if bad else None
+        return None if test(v) else f"must {_be(want)}, got {fmt(v)}"
 
     def default_value(self):
         return self.default() if callable(self.default) and not isinstance(self.default, type) else self.default
+
+
+def _be(want: str) -> str:
+    """'>= 1' -> 'be >= 1'; 'not be negative' stays."""
+    return want if want.startswith("not ") else f"be {want}"
 
 
 def flag_of(key: str) -> str:

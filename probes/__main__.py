@@ -1,6 +1,10 @@
 """``python -m probes SUBCOMMAND ...`` (see probes.cli)."""
 import sys
 
-from probes.cli import main
+from common.cli import quiet_libraries
+
+quiet_libraries()
+
+from probes.cli import main  # noqa: E402
 
 sys.exit(main())

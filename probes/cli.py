@@ -1,19 +1,23 @@
-"""The probes command line: one subcommand per module, each exposing ``register(subparsers)``."""
+"""The probes command line: one subcommand per module (common.cli's style)."""
 from __future__ import annotations
 
 import argparse
 
-from common.io import cli_main, module_subcommands, run_subcommand
+from common.cli import Tool, cli_main
 
 SUBCOMMANDS = ("probes.suffix_id", "probes.ppl", "probes.perturb", "probes.copy", "probes.shuffle", "probes.report")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _tool() -> Tool:
     import probes
 
-    return module_subcommands("python -m probes", probes.__doc__, SUBCOMMANDS, metavar="PROBE")
+    return Tool("python -m probes", probes.__doc__, SUBCOMMANDS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return _tool().parser()
 
 
 @cli_main
-def main(argv: list[str] | None = None) -> int:
-    return run_subcommand(build_parser(), argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    return _tool().main(argv, prog)

@@ -1,16 +1,21 @@
 """What every probe shares: model loading with the rope flags, the common CLI flags, and the run directory.
 
-A probe run directory has the same shape as generation's (common.runs): ``run.json`` (kind "probe", probe name,
-model, rope spec dict, scale, lengths, seed, args, versions), ``items.jsonl`` (one record per scored item, each with
-``id``, ``group``, ``col`` and ``value``: the report's row group, column bucket and cell metric) and
-``summary.json`` (the cells: mean value and count per group x column). Re-running into the same directory with the
-same settings resumes: items already in ``items.jsonl`` are skipped. The directory and its run.json are written
+Every probe's settings are a :class:`ProbeSettings` (model, output, data, sizes, seed, the RoPE spec nested) plus
+its own fields, declared beside the probe: the flags, a ``--recipe``, the run.json record and the resume check
+come from them (``common.settings``).
+
+A probe run directory has the same shape as generation's (common.runs): ``run.json`` (the settings as resolved,
+kind "probe", probe name, model, rope spec dict, scale, lengths, versions), ``items.jsonl`` (one record per scored
+item, each with ``id``, ``group``, ``col`` and ``value``: the report's row group, column bucket and cell metric)
+and ``summary.json`` (the cells: mean value and count per group x column). Re-running into the same directory
+with the same settings resumes: items already in ``items.jsonl`` are skipped. The directory and its run.json are written
 with the first result: a run that fails before producing one (bad lengths, too-short data, ...) leaves nothing
 behind, so the corrected command can use the same ``--out``.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import random
 import sys
@@ -18,9 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from common.paths import CHAPTERS_JSONL
+from common.cli import add_command, add_json
 from common.io import InputError, check_output_dir
-from common.runs import RunDir, now
+from common.paths import CHAPTERS_JSONL
+from common.runs import RunDir, RunMeta, now
+from common.settings import (add_arguments, check, diff, from_record, given, make, nested, recorded_keys, resolve,
+                             setting, to_record)
+from rope_scaling import RopeSpec
 
 ITEMS = "items.jsonl"
 SUMMARY = "summary.json"
@@ -76,62 +85,68 @@ def encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-# ---------------------------------------------------------------- CLI
-def add_common_args(ap: argparse.ArgumentParser, data_help: str, lengths_help: str | None) -> None:
-    """The flags every probe takes: model, rope flags, output, data, lengths (when ``lengths_help``), seed, sizes."""
-    from rope_scaling import add_rope_args
-
-    ap.add_argument("--model", default="tiny", help="HF model directory, or 'tiny' (the embedded default)")
-    ap.add_argument("--out", required=True, help="run directory to write (resumes if it exists with same settings)")
-    ap.add_argument("--data", default=str(CHAPTERS_JSONL), help=data_help + f" (default: {CHAPTERS_JSONL})")
-    if lengths_help:
-        ap.add_argument("--lengths", type=_int_list, default=None, help=lengths_help)
-    ap.add_argument("--n", type=int, default=8, help="number of items (examples) per column (default 8)")
-    ap.add_argument("--seed", type=int, default=0, help="random seed: the run is deterministic given it")
-    ap.add_argument("--batch-size", type=int, default=4, help="sequences per forward pass (default 4)")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
-    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_rope_args(ap)
+# ---------------------------------------------------------------- settings and CLI
+POSITIVE = (lambda v: v > 0, "positive")
+NOT_NEGATIVE = (lambda v: v >= 0, "not be negative")
+DOCS_HELP = "documents JSONL ({text} or {context}) or chapters JSONL (one document per book)"
 
 
-# flags that must be positive when given (a probe has the ones it registers); 0 means "the default" for others
-POSITIVE_FLAGS = ("n", "batch_size", "target_len", "suffix_len", "seeds")
-NON_NEGATIVE_FLAGS = ("threads", "length", "tail_chapters", "max_sentences", "window")
+def data_setting(help: str):
+    """The ``--data`` setting with a probe's own description of what it reads."""
+    return setting(str(CHAPTERS_JSONL), help + "; default: the shared novels", metavar="FILE", show_default=False)
 
 
-def check_positive(**sizes: int | None) -> None:
-    """Each given size (None = not given) must be a positive integer: ``--name must be positive, got V``."""
-    for name, v in sizes.items():
-        if v is not None and v <= 0:
-            raise InputError(f"--{name.replace('_', '-')} must be positive, got {v}")
+@dataclass(frozen=True)
+class ProbeSettings:
+    """What every probe takes; a probe's own settings subclass it (``class PplSettings(ProbeSettings)``)."""
+
+    model: str = setting("tiny", "HF model directory, or 'tiny' (the embedded default)", resume="path")
+    out: str | None = setting(None, "run directory to write (resumed when it holds a run with the same settings)",
+                              metavar="DIR", required=True, resume="ignore")
+    data: str = data_setting(DOCS_HELP)
+    n: int = setting(8, "number of items (examples) per column", check=POSITIVE)
+    seed: int = setting(0, "random seed: the run is deterministic given it")
+    batch_size: int = setting(4, "sequences per forward pass", check=POSITIVE, resume="ignore")
+    threads: int = setting(0, "torch CPU threads (0: torch's default)", check=NOT_NEGATIVE, resume="ignore")
+    rope: RopeSpec = nested(RopeSpec, resume="ignore")  # resume compares the rope the model runs with
 
 
-def check_args(args: argparse.Namespace) -> None:
-    """Validate the sizes and the output of a probe's parsed flags (before any data or model is loaded)."""
-    check_positive(**{k: getattr(args, k) for k in POSITIVE_FLAGS if hasattr(args, k)})
-    for k in NON_NEGATIVE_FLAGS:
-        v = getattr(args, k, None)
-        if v is not None and v < 0:
-            raise InputError(f"--{k.replace('_', '-')} must not be negative, got {v}")
-    lengths = getattr(args, "lengths", None)
-    if lengths is not None and any(v <= 0 for v in lengths):
-        raise InputError(f"--lengths must be positive, got {lengths}")
-    check_output_dir(args.out)
+def probe_settings(cls, settings=None, fields: dict | None = None):
+    """A probe's settings from Python: an instance, or its fields as keywords (``copy_probe(loaded, docs,
+    length=200, n=2, out=...)``); checked."""
+    fields = dict(fields or {})
+    out = settings if settings is not None and not fields else make(cls, settings, **fields)
+    check(out)
+    return out
 
 
-def prepare(args: argparse.Namespace, load_data):
-    """What every probe's ``main`` starts with: check the flags and ``--out``, set the thread count, read its data
+def register_probe(sub, name: str, cls, *, help: str, description: str, func) -> argparse.ArgumentParser:
+    """A probe's subcommand: its settings' flags, --recipe, --json."""
+    ap = add_command(sub, name, help=help, description=description)
+    add_arguments(ap, cls)
+    ap.add_argument("--recipe", metavar="FILE", help="YAML file of these settings (flags override it)")
+    add_json(ap, "the summary")
+    ap.set_defaults(func=func, settings_class=cls)
+    return ap
+
+
+def settings_from_args(args: argparse.Namespace):
+    """defaults < --recipe < the flags given, for the probe's own settings class."""
+    cls = args.settings_class
+    return resolve(cls, given(args, cls), getattr(args, "recipe", None))
+
+
+def prepare(s: ProbeSettings, load_data):
+    """What every probe's ``main`` starts with: check ``--out``, set the thread count, read its data
     (``load_data()``, first, so a bad file fails before a model loads) and load the model with the RoPE flags.
     Returns (data, Loaded)."""
-    from rope_scaling import spec_from_args
-
-    check_args(args)
-    set_threads(args.threads)
+    check_output_dir(s.out)
+    set_threads(s.threads)
     data = load_data()
-    return data, load_model(args.model, spec_from_args(args))
+    return data, load_model(s.model, s.rope)
 
 
-def _int_list(s: str) -> list[int]:
+def int_list(s: str) -> list[int]:
     try:
         vals = [int(x) for x in s.replace(",", " ").split()]
     except ValueError:
@@ -139,9 +154,6 @@ def _int_list(s: str) -> list[int]:
     if not vals or any(v < 0 for v in vals):
         raise argparse.ArgumentTypeError(f"expected non-negative integers, got {s!r}")
     return vals
-
-
-int_list = _int_list
 
 
 def default_lengths(orig_ctx: int) -> list[int]:
@@ -155,27 +167,31 @@ def rng_for(seed: int, *parts: Any) -> random.Random:
 
 
 # ---------------------------------------------------------------- run dir
-SETTINGS = ("probe", "model", "rope", "scale", "lengths", "seed", "settings")
-
-
 class ProbeRun:
     """A probe's run directory: meta, resumable item log, summary. Creating one only checks ``out`` (a directory
     or nothing; an existing run must have the same settings); the directory and run.json are written with the
-    first result (:meth:`add`) or at :meth:`finish`, so a run that fails before its first result leaves nothing."""
+    first result (:meth:`add`) or at :meth:`finish`, so a run that fails before its first result leaves nothing.
+    ``settings``: the probe's settings as resolved (defaults that depend on the model filled in)."""
 
-    def __init__(self, out: str | os.PathLike, probe: str, loaded: Loaded, lengths: list[int], seed: int,
-                 settings: dict, args: argparse.Namespace | None = None, metric: str = "", column: str = ""):
-        self.dir = RunDir(check_output_dir(out))
-        meta = {"kind": "probe", "probe": probe, "model": loaded.name, "model_path": str(loaded.path),
-                "rope": loaded.rope, "scale": loaded.scale, "orig_ctx": loaded.orig_ctx,
-                "context": loaded.context, "train_length": None, "lengths": lengths, "seed": seed,
-                "settings": settings, "metric": metric, "column": column,
-                "args": {k: v for k, v in vars(args).items() if k != "func"} if args else {}}
+    def __init__(self, probe: str, loaded: Loaded, settings: ProbeSettings, lengths: list[int], *, metric: str = "",
+                 column: str = ""):
+        self.dir = RunDir(check_output_dir(settings.out))
+        settings = dataclasses.replace(settings, model=loaded.name)  # the model as loaded (name or path given)
+        meta = {**to_record(settings, without=("rope",)), "kind": "probe", "probe": probe,
+                "model_path": str(loaded.path), "rope": loaded.rope, "scale": loaded.scale,
+                "orig_ctx": loaded.orig_ctx, "context": loaded.context, "train_length": None, "lengths": lengths,
+                "metric": metric, "column": column}
         if self.dir.exists():
-            old = self.dir.read_meta()
-            diff = [k for k in SETTINGS if _norm(old.get(k)) != _norm(meta.get(k))]
-            if diff:
-                raise InputError(f"run directory holds a run with different {', '.join(diff)}; "
+            old = RunMeta.read(self.dir.path)
+            diffs = [] if old.get("probe") == probe else [f"probe {old.get('probe')} -> {probe}"]
+            was_rope, rope = RopeSpec.from_record(old.rope, old.meta_path), RopeSpec.from_record(loaded.rope)
+            if not was_rope.same_rope(rope):
+                diffs.append(f"rope {was_rope.describe()} -> {rope.describe()}")
+            cls = type(settings)
+            was = from_record(cls, old.settings, where=old.meta_path, without=("rope",))
+            diffs += diff(was, settings, only=recorded_keys(cls, old.settings))
+            if diffs:
+                raise InputError(f"run directory holds a run with different settings ({', '.join(diffs)}); "
                                  f"use a new --out", self.dir.meta_path)
             meta["created"] = old.get("created", now())
         self.meta = meta
@@ -207,12 +223,6 @@ class ProbeRun:
         self.dir.write_json(SUMMARY, summary)
         self.dir.update_meta(finished=now(), items=len(self.log))
         return summary
-
-
-def _norm(v):
-    import json
-
-    return json.loads(json.dumps(v, sort_keys=True, default=str))
 
 
 def summarize(records: Iterable[dict]) -> dict:
@@ -248,18 +258,6 @@ def progress(iterable, desc: str, total: int | None = None):
     from tqdm import tqdm
 
     return tqdm(iterable, desc=desc, total=total, file=sys.stderr, unit="item", leave=False)
-
-
-def print_summary(summary: dict, as_json: bool = False) -> None:
-    """Print a run's cells to stdout (markdown table, or JSON)."""
-    import json
-
-    if as_json:
-        print(json.dumps(summary, ensure_ascii=False))
-        return
-    from .report import table_rows, to_markdown
-
-    print(to_markdown(*table_rows([summary])))
 
 
 RunFn = Callable[[argparse.Namespace], int]

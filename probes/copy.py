@@ -11,14 +11,29 @@ about 2K tokens.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from dataclasses import dataclass
 
 from common.io import InputError
+from common.settings import setting
 
-from .common import ProbeRun, add_common_args, check_positive, int_list, prepare, print_summary, progress
+from .common import (NOT_NEGATIVE, POSITIVE, ProbeRun, ProbeSettings, prepare, probe_settings, progress,
+                     register_probe, settings_from_args)
 from .data import load_docs
 from .perturb import default_distances
 from .ppl import _data_name, sample_targets, tokenize_docs
+from .report import print_summary
 from .scorer import score_continuations
+
+
+@dataclass(frozen=True)
+class CopySettings(ProbeSettings):
+    length: int = setting(0, "total input tokens N = n + k (0: the model's (scaled) context)", check=NOT_NEGATIVE)
+    distances: list[int] | None = setting(None, "distances d between the copy's end and the target, comma-separated; "
+                                                "default: 0 and powers of two from 64", check=NOT_NEGATIVE,
+                                          metavar="D,D,...")
+    target_len: int = setting(128, "target span tokens k", check=POSITIVE)
+    tail_chapters: int = setting(0, "chapters data: keep each book's last N chapters", check=NOT_NEGATIVE)
 
 
 def paste(prefix: list[int], target: list[int], d: int) -> list[int]:
@@ -29,18 +44,21 @@ def paste(prefix: list[int], target: list[int], d: int) -> list[int]:
     return list(prefix[:n - d - k]) + list(target) + list(prefix[n - d:])
 
 
-def copy_probe(loaded, docs, *, length: int, distances: list[int], n: int, target_len: int, seed: int, out: str,
-               batch_size: int = 4, args: argparse.Namespace | None = None) -> dict:
-    """Run the copy probe into run dir ``out``; cells: mean target loss per distance (copy / no-copy)."""
-    check_positive(n=n, target_len=target_len, batch_size=batch_size)
+def copy_probe(loaded, docs, settings: CopySettings | None = None, **fields) -> dict:
+    """Run the copy probe into run dir ``settings.out`` (or give the settings as keywords); cells: mean target loss
+    per distance (copy / no-copy)."""
+    s = probe_settings(CopySettings, settings, fields)
+    length, n, target_len, seed, batch_size = s.length or loaded.context, s.n, s.target_len, s.seed, s.batch_size
     n_prefix = length - target_len
+    distances = s.distances if s.distances is not None else \
+        [d for d in default_distances(n_prefix) if d <= n_prefix - target_len]
     bad = [d for d in distances if not 0 <= d <= n_prefix - target_len]
     if n_prefix < target_len or bad:
         raise InputError(f"distances must lie in [0, {n_prefix - target_len}] for --length {length} and "
                          f"--target-len {target_len}: {bad or distances}")
-    run = ProbeRun(out, "copy", loaded, [length], seed,
-                   {"n": n, "target_len": target_len, "distances": distances, "data": _data_name(docs)}, args,
-                   metric="loss (nats/token) on the target span", column="distance d of the pasted copy (tokens)")
+    s = dataclasses.replace(s, length=length, distances=distances, data=_data_name(docs) or s.data)
+    run = ProbeRun("copy", loaded, s, [length], metric="loss (nats/token) on the target span",
+                   column="distance d of the pasted copy (tokens)")
     doc_ids = tokenize_docs(loaded.tokenizer, docs)
     targets = sample_targets(doc_ids, docs, n, n_prefix, target_len, seed)
     for t in progress(targets, "copy"):
@@ -62,25 +80,12 @@ def copy_probe(loaded, docs, *, length: int, distances: list[int], n: int, targe
 
 
 def register(sub) -> None:
-    ap = sub.add_parser("copy", help="target span pasted into the prefix at a distance (Sun et al. Sec 5)",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(ap, "documents JSONL or chapters JSONL (one document per book)", None)
-    ap.add_argument("--length", type=int, default=0,
-                    help="total input tokens N = n + k (default: the model's (scaled) context)")
-    ap.add_argument("--distances", type=int_list, default=None,
-                    help="distances d between the copy's end and the target (default: 0 and powers of two from 64)")
-    ap.add_argument("--target-len", type=int, default=128, help="target span tokens k (default 128)")
-    ap.add_argument("--tail-chapters", type=int, default=0, help="chapters data: keep each book's last N chapters")
-    ap.set_defaults(func=main)
+    register_probe(sub, "copy", CopySettings, help="target span pasted into the prefix at a distance (Sun et al. "
+                                                   "Sec 5)", description=__doc__, func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    docs, loaded = prepare(args, lambda: load_docs(args.data, args.tail_chapters))
-    length = args.length or loaded.context
-    n_prefix = length - args.target_len
-    distances = args.distances if args.distances is not None else \
-        [d for d in default_distances(n_prefix) if d <= n_prefix - args.target_len]
-    summary = copy_probe(loaded, docs, length=length, distances=distances, n=args.n, target_len=args.target_len,
-                         seed=args.seed, out=args.out, batch_size=args.batch_size, args=args)
-    print_summary(summary, args.json)
+    s = settings_from_args(args)
+    docs, loaded = prepare(s, lambda: load_docs(s.data, s.tail_chapters))
+    print_summary(copy_probe(loaded, docs, s), args.json)
     return 0

@@ -19,15 +19,34 @@ The cell is the loss change (perturbed minus intact target loss, nats/token) for
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from dataclasses import dataclass
 
 from common.io import InputError
+from common.settings import setting
 
-from .common import ProbeRun, add_common_args, check_positive, int_list, prepare, print_summary, progress, rng_for
+from .common import (NOT_NEGATIVE, POSITIVE, ProbeRun, ProbeSettings, data_setting, prepare, probe_settings,
+                     progress, register_probe, rng_for, settings_from_args)
 from .data import load_docs
 from .ppl import DEFAULT_TARGET_LEN, _data_name, sample_targets, tokenize_docs
+from .report import print_summary
 from .scorer import score_continuations
 
 KINDS = ("shuffle", "replace", "drop", "drop-random")
+
+
+@dataclass(frozen=True)
+class PerturbSettings(ProbeSettings):
+    data: str = data_setting("documents JSONL or chapters JSONL (one document per book; 'replace' needs >= 2 books)")
+    length: int = setting(0, "total input tokens N = n + k (0: the model's (scaled) context)", check=NOT_NEGATIVE)
+    distances: list[int] | None = setting(None, "distances d = n - m, comma-separated; default: 0 and powers of two "
+                                                "from 64 below n", check=NOT_NEGATIVE, metavar="D,D,...")
+    kinds: list[str] = setting(list(KINDS), "perturbations, comma-separated", check=(lambda k: k in KINDS,
+                                                                                    f"among {', '.join(KINDS)}"))
+    seeds: int = setting(5, "runs averaged per perturbation (as the paper)", check=POSITIVE)
+    target_len: int = setting(DEFAULT_TARGET_LEN, "target span tokens k (Sun et al. 2021 Sec 2.2's k = 10 for the "
+                                                  "token-level experiments of Sec 3 and 4)", check=POSITIVE)
+    tail_chapters: int = setting(0, "chapters data: keep each book's last N chapters", check=NOT_NEGATIVE)
 
 
 def perturb_prefix(prefix: list[int], m: int, kind: str, rng, *, target: list[int] | None = None,
@@ -70,12 +89,16 @@ def default_distances(prefix_len: int, smallest: int = 64) -> list[int]:
     return out
 
 
-def perturb_probe(loaded, docs, *, length: int, distances: list[int], kinds: list[str], n: int, target_len: int,
-                  seeds: int, seed: int, out: str, batch_size: int = 4,
-                  args: argparse.Namespace | None = None) -> dict:
-    """Run the perturbation probe into run dir ``out``; cells: mean loss change per kind x distance."""
-    check_positive(n=n, target_len=target_len, seeds=seeds, batch_size=batch_size)
+def perturb_probe(loaded, docs, settings: PerturbSettings | None = None, **fields) -> dict:
+    """Run the perturbation probe into run dir ``settings.out`` (or give the settings as keywords); cells: mean
+    loss change per kind x distance."""
+    s = probe_settings(PerturbSettings, settings, fields)
+    length, kinds, n, target_len, seeds, seed = s.length or loaded.context, s.kinds, s.n, s.target_len, s.seeds, s.seed
+    batch_size = s.batch_size
+    if not kinds:
+        raise InputError(f"--kinds: give at least one of {', '.join(KINDS)}")
     n_prefix = length - target_len
+    distances = s.distances if s.distances is not None else default_distances(n_prefix)
     if n_prefix <= 0:
         raise InputError(f"--length {length} must exceed --target-len {target_len}")
     bad = [d for d in distances if not 0 <= d < n_prefix]
@@ -84,9 +107,8 @@ def perturb_probe(loaded, docs, *, length: int, distances: list[int], kinds: lis
     if "replace" in kinds and len({d.book for d in docs}) < 2:
         raise InputError("'replace' needs at least two books (documents with different 'book')",
                          _data_name(docs))
-    run = ProbeRun(out, "perturb", loaded, [length], seed,
-                   {"n": n, "target_len": target_len, "distances": distances, "kinds": kinds, "seeds": seeds,
-                    "data": _data_name(docs)}, args,
+    s = dataclasses.replace(s, length=length, distances=distances, data=_data_name(docs) or s.data)
+    run = ProbeRun("perturb", loaded, s, [length],
                    metric="loss change (perturbed - intact, nats/token) on the target span",
                    column="distance d = n - m of the perturbed part from the target (tokens)")
     doc_ids = tokenize_docs(loaded.tokenizer, docs)
@@ -124,33 +146,12 @@ def perturb_probe(loaded, docs, *, length: int, distances: list[int], kinds: lis
 
 
 def register(sub) -> None:
-    ap = sub.add_parser("perturb", help="loss change when only the distant prefix is perturbed (Sun et al. Sec 4)",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(ap, "documents JSONL or chapters JSONL (one document per book; 'replace' needs >= 2 books)",
-                    None)
-    ap.add_argument("--length", type=int, default=0,
-                    help="total input tokens N = n + k (default: the model's (scaled) context)")
-    ap.add_argument("--distances", type=int_list, default=None,
-                    help="distances d = n - m (default: 0 and powers of two from 64 below n)")
-    ap.add_argument("--kinds", default=",".join(KINDS), help=f"perturbations, comma-separated ({', '.join(KINDS)})")
-    ap.add_argument("--seeds", type=int, default=5, help="runs averaged per perturbation (default 5, as the paper)")
-    ap.add_argument("--target-len", type=int, default=DEFAULT_TARGET_LEN,
-                    help=f"target span tokens k (default {DEFAULT_TARGET_LEN}: Sun et al. 2021 Sec 2.2's k = 10 for "
-                         f"the token-level experiments of Sec 3 and 4)")
-    ap.add_argument("--tail-chapters", type=int, default=0, help="chapters data: keep each book's last N chapters")
-    ap.set_defaults(func=main)
+    register_probe(sub, "perturb", PerturbSettings, help="loss change when only the distant prefix is perturbed "
+                                                         "(Sun et al. Sec 4)", description=__doc__, func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    bad = [k for k in kinds if k not in KINDS]
-    if bad or not kinds:
-        raise InputError(f"unknown --kinds {bad} (choose from {', '.join(KINDS)})")
-    docs, loaded = prepare(args, lambda: load_docs(args.data, args.tail_chapters))
-    length = args.length or loaded.context
-    distances = args.distances if args.distances is not None else default_distances(length - args.target_len)
-    summary = perturb_probe(loaded, docs, length=length, distances=distances, kinds=kinds, n=args.n,
-                            target_len=args.target_len, seeds=args.seeds, seed=args.seed, out=args.out,
-                            batch_size=args.batch_size, args=args)
-    print_summary(summary, args.json)
+    s = settings_from_args(args)
+    docs, loaded = prepare(s, lambda: load_docs(s.data, s.tail_chapters))
+    print_summary(perturb_probe(loaded, docs, s), args.json)
     return 0

@@ -11,17 +11,29 @@ tokens. The same targets are used at every length, so the columns differ only in
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 
 from common.io import InputError
+from common.settings import setting
 
-from .common import (ProbeRun, add_common_args, check_positive, default_lengths, encode, prepare, print_summary,
-                     progress, rng_for)
+from .common import (POSITIVE, ProbeRun, ProbeSettings, default_lengths, encode, prepare, probe_settings, progress,
+                     register_probe, rng_for, settings_from_args)
 from .data import load_docs
+from .report import print_summary
 from .scorer import score_continuations
 
 # Sun et al. 2021 Sec 2.2: "we set the number of target tokens per context k = 10" (token-level experiments, Sec 3-4)
 DEFAULT_TARGET_LEN = 10
+
+
+@dataclass(frozen=True)
+class PplSettings(ProbeSettings):
+    lengths: list[int] | None = setting(None, "total input lengths N (prefix + target), comma-separated; default: "
+                                              "1x..8x the original context", check=POSITIVE, metavar="N,N,...")
+    target_len: int = setting(DEFAULT_TARGET_LEN, "target span tokens k (Sun et al. 2021 Sec 2.2)", check=POSITIVE)
+    tail_chapters: int = setting(0, "chapters data: keep only each book's last N chapters (e.g. text held out from "
+                                    "training)", check=(lambda v: v >= 0, "not be negative"))
 
 
 @dataclass
@@ -56,17 +68,17 @@ def sample_targets(doc_ids: list[list[int]], docs, n: int, need_before: int, k: 
     return out
 
 
-def ppl_probe(loaded, docs, *, lengths: list[int], n: int, target_len: int, seed: int, out: str,
-              batch_size: int = 4, args: argparse.Namespace | None = None) -> dict:
-    """Run the ppl probe into run dir ``out``; returns the summary (cells: mean target loss per length)."""
-    check_positive(n=n, target_len=target_len, batch_size=batch_size)
-    if not lengths or any(L <= 0 for L in lengths):
-        raise InputError(f"--lengths must be positive, got {lengths}")
+def ppl_probe(loaded, docs, settings: PplSettings | None = None, **fields) -> dict:
+    """Run the ppl probe into run dir ``settings.out`` (or give the settings as keywords); returns the summary
+    (cells: mean target loss per length)."""
+    s = probe_settings(PplSettings, settings, fields)
+    lengths = s.lengths or default_lengths(loaded.orig_ctx)
+    n, target_len, seed, batch_size = s.n, s.target_len, s.seed, s.batch_size
     if any(L <= target_len for L in lengths):
         raise InputError(f"every length must exceed --target-len {target_len}: {lengths}")
-    run = ProbeRun(out, "ppl", loaded, lengths, seed, {"n": n, "target_len": target_len,
-                                                       "data": _data_name(docs)}, args,
-                   metric="loss (nats/token) on the target span", column="input length N (prefix + target)")
+    s = dataclasses.replace(s, lengths=lengths, data=_data_name(docs) or s.data)
+    run = ProbeRun("ppl", loaded, s, lengths, metric="loss (nats/token) on the target span",
+                   column="input length N (prefix + target)")
     doc_ids = tokenize_docs(loaded.tokenizer, docs)
     targets = sample_targets(doc_ids, docs, n, max(lengths) - target_len, target_len, seed)
     todo = []
@@ -93,21 +105,12 @@ def _data_name(docs) -> str:
 
 
 def register(sub) -> None:
-    ap = sub.add_parser("ppl", help="loss on a fixed target span vs prefix length (Sun et al. 2021 Sec 3)",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(ap, "documents JSONL ({text} or {context}) or chapters JSONL (one document per book)",
-                    "total input lengths N (prefix + target), default 1x..8x the original context")
-    ap.add_argument("--target-len", type=int, default=DEFAULT_TARGET_LEN,
-                    help=f"target span tokens k (default {DEFAULT_TARGET_LEN}, Sun et al. 2021 Sec 2.2)")
-    ap.add_argument("--tail-chapters", type=int, default=0,
-                    help="chapters data: keep only each book's last N chapters (e.g. text held out from training)")
-    ap.set_defaults(func=main)
+    register_probe(sub, "ppl", PplSettings, help="loss on a fixed target span vs prefix length (Sun et al. 2021 Sec 3)",
+                   description=__doc__, func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    docs, loaded = prepare(args, lambda: load_docs(args.data, args.tail_chapters))
-    lengths = args.lengths or default_lengths(loaded.orig_ctx)
-    summary = ppl_probe(loaded, docs, lengths=lengths, n=args.n, target_len=args.target_len, seed=args.seed,
-                        out=args.out, batch_size=args.batch_size, args=args)
-    print_summary(summary, args.json)
+    s = settings_from_args(args)
+    docs, loaded = prepare(s, lambda: load_docs(s.data, s.tail_chapters))
+    print_summary(ppl_probe(loaded, docs, s), args.json)
     return 0

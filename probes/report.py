@@ -4,21 +4,25 @@ One table per probe: rows = model x rope method x scale (x the probe's group: bl
 copy / no-copy), columns = the probe's length bucket (prefix length, input length, distance), cells = the probe's
 metric (accuracy or loss, the mean over items; ``n`` items per cell in the JSON output). A probe with a single
 column bucket and several groups (the shuffle test without ``--lengths``) shows the groups (k=1..5) as columns. Printed as markdown
-(default), CSV or JSON; ``--plot FILE.png`` draws one panel per probe with a line per row.
+(default), CSV or JSON; ``--out DIR`` also writes every table as DIR/<probe>.{md,csv,json} (an ``--out`` path
+ending in .md/.csv/.json/.txt, the old spelling, is written as one file in ``--format``); ``--plot FILE.png``
+draws one panel per probe with a line per row. Models are named as in eval_summ's report (common.tables).
 """
 from __future__ import annotations
 
 import argparse
-import csv
-import io
-import json
 import os
 from pathlib import Path
 
-from common.io import InputError, atomic_open, check_output_file, write_text_atomic
-from common.runs import find_run_dirs
+from common.cli import FORMAT_ALIASES, add_command, add_format
+from common.io import InputError, atomic_open, check_output_dir, check_output_file, write_text_atomic
+from common.runs import RunMeta, find_run_dirs
+from common.tables import csv_text, json_text, markdown, model_labels, number
+from rope_scaling import RopeSpec
 
 from .common import ITEMS, SUMMARY, summarize
+
+TABLE_SUFFIXES = (".md", ".csv", ".json", ".txt")  # --out FILE: the old spelling (one table file)
 
 
 def load_runs(paths: list[str]) -> list[dict]:
@@ -26,8 +30,8 @@ def load_runs(paths: list[str]) -> list[dict]:
     e.g. for an interrupted run), each with the run's meta fields (probe, model, rope, scale, metric, column)."""
     out = []
     for rd in find_run_dirs(paths):
-        meta = rd.read_meta()
-        if meta.get("kind") != "probe":
+        meta = RunMeta.read(rd.path)
+        if meta.kind != "probe":
             continue
         if (rd.path / SUMMARY).is_file():
             s = rd.read_json(SUMMARY)
@@ -45,26 +49,16 @@ def load_runs(paths: list[str]) -> list[dict]:
     return out
 
 
-def run_setting(meta: dict) -> str:
+def run_setting(meta: RunMeta) -> str:
     """What tells apart runs of one probe beyond model x rope x scale: the input length N of copy / perturb, the
     suffix-id variant and heading mode (empty for the defaults)."""
-    st = meta.get("settings") or {}
+    st = meta.settings
     if meta.get("probe") in ("copy", "perturb") and meta.get("lengths"):
-        return f"N={meta['lengths'][0]}"
+        return f"N={meta.get('lengths')[0]}"
     if meta.get("probe") == "suffix-id":
         parts = [p for p in (st.get("variant"), st.get("heading")) if p and p not in ("chapter", "index")]
         return " ".join(parts)
     return ""
-
-
-def model_label(model: str) -> str:
-    p = Path(str(model))
-    return p.name if len(p.parts) > 1 else str(model)
-
-
-def rope_label(rope: dict | None) -> str:
-    rope = rope or {}
-    return str(rope.get("method") or rope.get("rope") or "none")
 
 
 def table_rows(summaries: list[dict]) -> tuple[str, list[str], list[list], list[list]]:
@@ -75,9 +69,10 @@ def table_rows(summaries: list[dict]) -> tuple[str, list[str], list[list], list[
     counts: dict[tuple, dict] = {}
     owner: dict[tuple, str] = {}
     has_setting = any(s.get("setting") for s in summaries)
+    labels = model_labels(str(s.get("model", "")) for s in summaries)
     for s in summaries:
-        model = model_label(s.get("model", ""))
-        base = (model, rope_label(s.get("rope")), float(s.get("scale") or 1.0), s.get("setting", ""))
+        model = labels[str(s.get("model", ""))]
+        base = (model, RopeSpec.from_record(s.get("rope")).method, float(s.get("scale") or 1.0), s.get("setting", ""))
         if owner.setdefault(base, s.get("run_dir", "")) != s.get("run_dir", ""):
             # two runs with the same row labels: tell them apart by their run directory's name
             model = f"{model} ({Path(s.get('run_dir', '')).name})"
@@ -114,19 +109,11 @@ def _pivot(cells: dict[tuple, dict]) -> dict[tuple, dict]:
     return out
 
 
-def _fmt(v) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:.3f}"
-    return str(v)
+_cell = number(3, "–")
 
 
 def to_markdown(title: str, header: list[str], body: list[list], ns: list[list] | None = None) -> str:
-    lines = [f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in body:
-        lines.append("| " + " | ".join(_fmt(v) for v in r) + " |")
-    return "\n".join(lines) + "\n"
+    return f"**{title}**\n\n{markdown(header, body, _cell)}\n"
 
 
 def by_probe(summaries: list[dict]) -> dict[str, list[dict]]:
@@ -136,21 +123,38 @@ def by_probe(summaries: list[dict]) -> dict[str, list[dict]]:
     return groups
 
 
-def render(summaries: list[dict], fmt: str = "md") -> str:
-    """All tables in ``fmt`` (md, csv, json)."""
+def render(summaries: list[dict], fmt: str = "markdown") -> str:
+    """All tables in ``fmt`` (markdown, csv, json; ``md`` accepted)."""
+    fmt = FORMAT_ALIASES.get(fmt, fmt)
     tables = [table_rows(ss) for ss in by_probe(summaries).values()]
     if fmt == "json":
-        return json.dumps([{"title": t, "header": h, "rows": b, "n": n} for t, h, b, n in tables],
-                          ensure_ascii=False, indent=2) + "\n"
+        return json_text([{"title": t, "header": h, "rows": b, "n": n} for t, h, b, n in tables])
     if fmt == "csv":
-        buf = io.StringIO()
-        w = csv.writer(buf)
-        for t, h, b, _ in tables:
-            w.writerow(["probe"] + h)
-            for r in b:
-                w.writerow([t.split(":")[0]] + [("" if v is None else v) for v in r])
-        return buf.getvalue()
+        return "".join(csv_text(["probe"] + h, ([t.split(":")[0]] + r for r in b)) for t, h, b, _ in tables)
+    if fmt != "markdown":
+        raise InputError(f"unknown format {fmt!r} (markdown, csv, json)")
     return "\n".join(to_markdown(*t) for t in tables)
+
+
+def write_tables(summaries: list[dict], out_dir: str | os.PathLike) -> list[Path]:
+    """Every probe's table as DIR/<probe>.{md,csv,json} (atomically); returns the paths."""
+    written = []
+    for probe, ss in by_probe(summaries).items():
+        for ext, fmt in (("md", "markdown"), ("csv", "csv"), ("json", "json")):
+            p = Path(out_dir) / f"{probe or 'probe'}.{ext}"
+            write_text_atomic(p, render(ss, fmt))
+            written.append(p)
+    return written
+
+
+def print_summary(summary: dict, as_json: bool = False) -> None:
+    """Print one run's cells to stdout (its markdown table, or JSON): what each probe command prints."""
+    import json
+
+    if as_json:
+        print(json.dumps(summary, ensure_ascii=False))
+        return
+    print(to_markdown(*table_rows([summary])))
 
 
 def plot(summaries: list[dict], path: str | os.PathLike) -> Path:
@@ -192,24 +196,28 @@ def plot(summaries: list[dict], path: str | os.PathLike) -> Path:
 
 
 def register(sub) -> None:
-    ap = sub.add_parser("report", help="extrapolation table of probe runs (markdown/csv/json) + PNG",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = add_command(sub, "report", help="extrapolation table of probe runs (markdown/csv/json) + PNG",
+                     description=__doc__)
     ap.add_argument("runs", nargs="+", help="probe run directories (or folders holding them)")
-    ap.add_argument("--format", choices=("md", "csv", "json"), default="md", help="output format (default md)")
-    ap.add_argument("--out", help="also write the table to this file")
-    ap.add_argument("--plot", help="write a PNG plot here")
+    add_format(ap)
+    ap.add_argument("--out", metavar="DIR", help="also write every table as DIR/<probe>.{md,csv,json}")
+    ap.add_argument("--plot", metavar="FILE.png", help="write a PNG plot here")
     ap.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    for out in (args.out, args.plot):
-        if out:
-            check_output_file(out)
+    one_file = args.out is not None and Path(args.out).suffix.lower() in TABLE_SUFFIXES
+    if args.out:
+        (check_output_file if one_file else check_output_dir)(args.out)
+    if args.plot:
+        check_output_file(args.plot)
     summaries = load_runs(args.runs)
     text = render(summaries, args.format)
     print(text, end="")
-    if args.out:
+    if one_file:
         write_text_atomic(args.out, text)
+    elif args.out:
+        write_tables(summaries, args.out)
     if args.plot:
         plot(summaries, args.plot)
     return 0

@@ -16,12 +16,29 @@ must be at least L/2 tokens), so the columns show how the test fares as document
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from dataclasses import dataclass
 
 from common.io import InputError
+from common.settings import setting
 
-from .common import ProbeRun, add_common_args, check_positive, int_list, prepare, print_summary, progress, rng_for
+from .common import (POSITIVE, ProbeRun, ProbeSettings, data_setting, prepare, probe_settings, progress,
+                     register_probe, rng_for, settings_from_args)
 from .data import Doc, is_chapters_file, load_books, load_docs, split_sentences
 from .scorer import score_document
+
+
+@dataclass(frozen=True)
+class ShuffleSettings(ProbeSettings):
+    data: str = data_setting("chapters JSONL (each chapter body is a document) or documents JSONL ({text}/{context})")
+    lengths: list[int] | None = setting(None, "document length budgets in tokens, comma-separated; default: none, "
+                                              "documents cut at --max-sentences", check=POSITIVE, metavar="N,N,...")
+    blocks: list[int] = setting([1, 2, 3, 4, 5], "block sizes k, comma-separated", check=(lambda k: k >= 1, ">= 1"),
+                                metavar="K,K,...")
+    max_sentences: int | None = setting(None, "truncate documents at this many sentences; default: 20 without "
+                                              "--lengths, else no cap (0)", check=(lambda v: v >= 0, "not be negative"))
+    window: int = setting(0, "scoring window in tokens (0: the model's (scaled) context); windows overlap by half",
+                          check=(lambda v: v >= 0, "not be negative"))
 
 
 def block_shuffle(items: list, k: int, rng) -> list:
@@ -60,17 +77,18 @@ def truncate(sent_ids: list[list[int]], max_sentences: int, max_tokens: int) -> 
     return n
 
 
-def shuffle_probe(loaded, docs: list[Doc], *, blocks: list[int], lengths: list[int] | None, max_sentences: int,
-                  n: int, window: int, seed: int, out: str, batch_size: int = 4, data: str = "",
-                  args=None) -> dict:
-    """Run the k-block shuffle test into run dir ``out``; cells: accuracy per block size (group) x length."""
-    check_positive(n=n, batch_size=batch_size, window=window)
-    if lengths is not None and any(L <= 0 for L in lengths):
-        raise InputError(f"--lengths must be positive, got {lengths}")
-    if any(k < 1 for k in blocks):
-        raise InputError(f"block sizes must be >= 1: {blocks}")
-    run = ProbeRun(out, "shuffle", loaded, lengths or [], seed,
-                   {"n": n, "blocks": blocks, "max_sentences": max_sentences, "window": window, "data": data}, args,
+def shuffle_probe(loaded, docs: list[Doc], settings: ShuffleSettings | None = None, **fields) -> dict:
+    """Run the k-block shuffle test into run dir ``settings.out`` (or give the settings as keywords); cells:
+    accuracy per block size (group) x length."""
+    s = probe_settings(ShuffleSettings, settings, fields)
+    blocks, lengths, n, seed, batch_size = s.blocks, s.lengths, s.n, s.seed, s.batch_size
+    data = (docs[0].where.rsplit(":", 1)[0] if docs else "") or s.data
+    max_sentences = s.max_sentences if s.max_sentences is not None else (0 if lengths else 20)
+    window = s.window or loaded.context
+    if not blocks:
+        raise InputError("--blocks: give at least one block size")
+    s = dataclasses.replace(s, max_sentences=max_sentences, window=window, data=data)
+    run = ProbeRun("shuffle", loaded, s, lengths or [],
                    metric="accuracy (original scores above the block-shuffled version)",
                    column="document length budget (tokens)" if lengths else "block size k")
     tok = loaded.tokenizer
@@ -119,23 +137,14 @@ def shuffle_probe(loaded, docs: list[Doc], *, blocks: list[int], lengths: list[i
 
 
 def register(sub) -> None:
-    ap = sub.add_parser("shuffle", help="zero-shot k-Block Shuffle Test (Laban et al. 2021 Sec 3-4)",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(ap, "chapters JSONL (each chapter body is a document) or documents JSONL ({text}/{context})",
-                    "document length budgets in tokens (default: none, documents cut at --max-sentences)")
-    ap.add_argument("--blocks", type=int_list, default=[1, 2, 3, 4, 5], help="block sizes k (default 1,2,3,4,5)")
-    ap.add_argument("--max-sentences", type=int, default=None,
-                    help="truncate documents at this many sentences (default 20 without --lengths, else no cap)")
-    ap.add_argument("--window", type=int, default=0,
-                    help="scoring window in tokens (default: the model's (scaled) context); 50%% overlap")
-    ap.set_defaults(func=main)
+    register_probe(sub, "shuffle", ShuffleSettings, help="zero-shot k-Block Shuffle Test (Laban et al. 2021 Sec 3-4)",
+                   description=__doc__, func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    docs, loaded = prepare(args, lambda: shuffle_docs(args.data))
-    max_sent = args.max_sentences if args.max_sentences is not None else (0 if args.lengths else 20)
-    summary = shuffle_probe(loaded, docs, blocks=args.blocks, lengths=args.lengths, max_sentences=max_sent,
-                            n=args.n, window=args.window or loaded.context, seed=args.seed, out=args.out,
-                            batch_size=args.batch_size, data=str(args.data), args=args)
-    print_summary(summary, args.json)
+    from .report import print_summary
+
+    s = settings_from_args(args)
+    docs, loaded = prepare(s, lambda: shuffle_docs(s.data))
+    print_summary(shuffle_probe(loaded, docs, s), args.json)
     return 0

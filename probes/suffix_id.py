@@ -23,15 +23,33 @@ start at a sentence and overlap neither the prefix nor the gold suffix. Works on
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from dataclasses import dataclass
 
 from common.io import InputError
+from common.settings import setting
 
-from .common import ProbeRun, add_common_args, check_positive, encode, prepare, print_summary, progress, rng_for
+from .common import (POSITIVE, ProbeRun, ProbeSettings, data_setting, encode, prepare, probe_settings, progress,
+                     register_probe, rng_for, settings_from_args)
 from .data import Chapter, chapter_index, is_chapters_file, load_books, load_docs, render_chapter, split_sentences
 from .scorer import score_candidates
 
 N_NEGATIVES = 5
 HEADINGS = ("index", "full", "none")
+
+
+@dataclass(frozen=True)
+class SuffixIdSettings(ProbeSettings):
+    data: str = data_setting("chapters JSONL {book, chapter, title, text} (variant sentence: any documents JSONL)")
+    batch_size: int = setting(6, "sequences per forward pass (the gold and its negatives together)", check=POSITIVE,
+                              resume="ignore")
+    lengths: list[int] | None = setting(None, "prefix lengths in tokens, comma-separated; default: orig/2, 1x, 2x, "
+                                              "4x, 8x the original context", check=POSITIVE, metavar="N,N,...")
+    variant: str = setting("chapter", "chapter: ChapterBreak (the prefix ends at a chapter break); sentence: Sun et "
+                                      "al. 2021 Sec 5", choices=("chapter", "sentence"))
+    heading: str = setting("index", "how the gold's chapter heading is given to every candidate (see above)",
+                           choices=HEADINGS)
+    suffix_len: int = setting(128, "candidate suffix tokens", check=POSITIVE)
 
 
 def default_suffix_lengths(orig_ctx: int) -> list[int]:
@@ -42,12 +60,6 @@ def default_suffix_lengths(orig_ctx: int) -> list[int]:
 def _reuse(loaded) -> bool:
     """Encode the shared prefix once, except under dynamic NTK (its frequencies depend on the total length)."""
     return (loaded.rope or {}).get("method") != "dynamic_ntk"
-
-
-def _check_sizes(n: int, suffix_len: int, batch_size: int, lengths: list[int]) -> None:
-    check_positive(n=n, suffix_len=suffix_len, batch_size=batch_size)
-    if not lengths or any(L <= 0 for L in lengths):
-        raise InputError(f"--lengths must be positive, got {lengths}")
 
 
 # ---------------------------------------------------------------- chapter variant (ChapterBreak)
@@ -98,16 +110,18 @@ def chapter_examples(books: dict[str, list[Chapter]], tokenizer, *, n: int, max_
     return out
 
 
-def chapter_probe(loaded, books, *, lengths: list[int], n: int, heading: str, suffix_len: int, seed: int,
-                  out: str, batch_size: int = 6, data: str = "", args=None) -> dict:
-    """ChapterBreak suffix identification into run dir ``out``; cells: accuracy per prefix length."""
-    _check_sizes(n, suffix_len, batch_size, lengths)
-    if heading not in HEADINGS:
-        raise InputError(f"unknown --heading {heading!r} ({', '.join(HEADINGS)})")
-    run = ProbeRun(out, "suffix-id", loaded, lengths, seed,
-                   {"variant": "chapter", "n": n, "heading": heading, "suffix_len": suffix_len,
-                    "negatives": N_NEGATIVES, "data": data}, args,
-                   metric="accuracy (gold suffix most likely of 6)", column="prefix length (tokens)")
+def _resolved(loaded, settings, fields: dict, variant: str) -> SuffixIdSettings:
+    s = probe_settings(SuffixIdSettings, settings, {**fields, "variant": variant} if settings is None else fields)
+    return dataclasses.replace(s, lengths=s.lengths or default_suffix_lengths(loaded.orig_ctx))
+
+
+def chapter_probe(loaded, books, settings: SuffixIdSettings | None = None, **fields) -> dict:
+    """ChapterBreak suffix identification into run dir ``settings.out`` (or give the settings as keywords); cells:
+    accuracy per prefix length."""
+    s = _resolved(loaded, settings, fields, "chapter")
+    lengths, n, heading, suffix_len, seed, batch_size = s.lengths, s.n, s.heading, s.suffix_len, s.seed, s.batch_size
+    run = ProbeRun("suffix-id", loaded, s, lengths, metric="accuracy (gold suffix most likely of 6)",
+                   column="prefix length (tokens)")
     tok = loaded.tokenizer
     examples = chapter_examples(books, tok, n=n, max_len=max(lengths), seed=seed)
     for ex in progress(examples, "suffix-id"):
@@ -194,13 +208,12 @@ def sentence_examples(docs, tokenizer, *, n: int, max_len: int, suffix_len: int,
     return out
 
 
-def sentence_probe(loaded, docs, *, lengths: list[int], n: int, suffix_len: int, seed: int, out: str,
-                   batch_size: int = 6, data: str = "", args=None) -> dict:
-    _check_sizes(n, suffix_len, batch_size, lengths)
-    run = ProbeRun(out, "suffix-id", loaded, lengths, seed,
-                   {"variant": "sentence", "n": n, "suffix_len": suffix_len, "negatives": N_NEGATIVES,
-                    "data": data}, args,
-                   metric="accuracy (gold suffix most likely of 6)", column="prefix length (tokens)")
+def sentence_probe(loaded, docs, settings: SuffixIdSettings | None = None, **fields) -> dict:
+    """Sun et al. 2021's sentence variant into run dir ``settings.out``; cells: accuracy per prefix length."""
+    s = _resolved(loaded, settings, fields, "sentence")
+    lengths, n, suffix_len, seed, batch_size = s.lengths, s.n, s.suffix_len, s.seed, s.batch_size
+    run = ProbeRun("suffix-id", loaded, s, lengths, metric="accuracy (gold suffix most likely of 6)",
+                   column="prefix length (tokens)")
     examples = sentence_examples(docs, loaded.tokenizer, n=n, max_len=max(lengths), suffix_len=suffix_len, seed=seed)
     for ex in progress(examples, "suffix-id"):
         ids, b = ex["ids"], ex["boundary"]
@@ -219,35 +232,23 @@ def sentence_probe(loaded, docs, *, lengths: list[int], n: int, suffix_len: int,
 
 
 def register(sub) -> None:
-    ap = sub.add_parser("suffix-id", help="suffix identification accuracy vs prefix length (ChapterBreak)",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(ap, "chapters JSONL {book, chapter, title, text} (variant sentence: any documents JSONL)",
-                    "prefix lengths in tokens (default orig/2, 1x, 2x, 4x, 8x the original context)")
-    ap.add_argument("--variant", choices=("chapter", "sentence"), default="chapter",
-                    help="chapter: ChapterBreak (prefix ends at a chapter break); sentence: Sun et al. 2021 Sec 5")
-    ap.add_argument("--heading", choices=HEADINGS, default="index",
-                    help="how the gold's chapter heading is given to every candidate (see above; default index)")
-    ap.add_argument("--suffix-len", type=int, default=128, help="candidate suffix tokens (default 128)")
-    ap.set_defaults(func=main, batch_size=6)
+    register_probe(sub, "suffix-id", SuffixIdSettings, help="suffix identification accuracy vs prefix length "
+                                                            "(ChapterBreak)", description=__doc__, func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    def load_data():
-        if args.variant == "chapter":
-            if not is_chapters_file(args.data):
-                raise InputError("the chapter variant needs a chapters JSONL {book, chapter, title, text}", args.data)
-            return load_books(args.data)
-        return load_docs(args.data)
+    from .report import print_summary
 
-    data, loaded = prepare(args, load_data)
-    lengths = args.lengths or default_suffix_lengths(loaded.orig_ctx)
-    if args.variant == "chapter":
-        summary = chapter_probe(loaded, data, lengths=lengths, n=args.n, heading=args.heading,
-                                suffix_len=args.suffix_len, seed=args.seed, out=args.out,
-                                batch_size=args.batch_size, data=str(args.data), args=args)
-    else:
-        summary = sentence_probe(loaded, data, lengths=lengths, n=args.n, suffix_len=args.suffix_len,
-                                 seed=args.seed, out=args.out, batch_size=args.batch_size, data=str(args.data),
-                                 args=args)
-    print_summary(summary, args.json)
+    s = settings_from_args(args)
+
+    def load_data():
+        if s.variant == "chapter":
+            if not is_chapters_file(s.data):
+                raise InputError("the chapter variant needs a chapters JSONL {book, chapter, title, text}", s.data)
+            return load_books(s.data)
+        return load_docs(s.data)
+
+    data, loaded = prepare(s, load_data)
+    probe = chapter_probe if s.variant == "chapter" else sentence_probe
+    print_summary(probe(loaded, data, s), args.json)
     return 0

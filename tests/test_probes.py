@@ -158,12 +158,17 @@ def test_probe_target_lengths_follow_the_papers():
     """ppl (Sun et al. 2021 Sec 2.2: k = 10) and perturb (the same token-level setup, Sec 4) default to 10 target
     tokens; suffix identification keeps 128-token suffixes, copy its 128-token pasted sequence."""
     from probes.cli import build_parser
+    from probes.common import settings_from_args
 
     ap = build_parser()
-    assert ap.parse_args(["ppl", "--out", "x"]).target_len == 10
-    assert ap.parse_args(["perturb", "--out", "x"]).target_len == 10
-    assert ap.parse_args(["suffix-id", "--out", "x"]).suffix_len == 128
-    assert ap.parse_args(["copy", "--out", "x"]).target_len == 128
+
+    def parse(argv):
+        return settings_from_args(ap.parse_args(argv))
+
+    assert parse(["ppl", "--out", "x"]).target_len == 10
+    assert parse(["perturb", "--out", "x"]).target_len == 10
+    assert parse(["suffix-id", "--out", "x"]).suffix_len == 128
+    assert parse(["copy", "--out", "x"]).target_len == 128
 
 
 def test_paste_puts_the_copy_d_tokens_before_the_end():
@@ -358,13 +363,13 @@ def test_run_dir_resume_report_and_plot(tmp_path):
     (d3 / "items.jsonl").write_text(json.dumps({"id": "a", "group": "copy", "col": 0, "value": 9.0}) + "\n")
     runs = load_runs([tmp_path])
     md = render(runs, "md")
-    assert "| m2 | pi | 2 | N=200 | copy | 1.500 | 4.000 |" in md
-    assert "| m2 (third) | pi | 2 | N=200 | copy | 9.000 | – |" in md
+    assert "| x/m2 | pi | 2 | N=200 | copy | 1.500 | 4.000 |" in md  # a path: its last two parts, as eval_summ's
+    assert "| x/m2 (third) | pi | 2 | N=200 | copy | 9.000 | – |" in md
     assert "| oracle | none | 1 | N=200 | no-copy |" in md
     js = json.loads(render(runs, "json"))
-    row = next(r for r in js[0]["rows"] if r[0] == "m2")
-    assert row == ["m2", "pi", "2", "N=200", "copy", 1.5, 4.0] and js[0]["header"][-2:] == ["0", "96"]
-    assert "copy,m2,pi,2,N=200,copy,1.5,4.0" in render(runs, "csv")
+    row = next(r for r in js[0]["rows"] if r[0] == "x/m2")
+    assert row == ["x/m2", "pi", "2", "N=200", "copy", 1.5, 4.0] and js[0]["header"][-2:] == ["0", "96"]
+    assert "copy,x/m2,pi,2,N=200,copy,1.5,4.0" in render(runs, "csv")
     png = plot(runs, tmp_path / "r.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

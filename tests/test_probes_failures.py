@@ -126,12 +126,20 @@ def test_report_outputs_of_the_wrong_kind_and_modes(model_dir, docs, tmp_path, c
     capsys.readouterr()
     d = tmp_path / "dir"
     d.mkdir()
-    assert f"{d}: output is an existing directory" in _err(capsys, ["report", str(tmp_path / "runs"), "--out",
-                                                                     str(d)])
+    # --out takes a directory (or, the old spelling, a .md/.csv/.json/.txt file): an existing directory for the
+    # one-file spelling and an existing file for the directory are refused before anything is written
+    md_dir = d / "x.md"
+    md_dir.mkdir()
+    assert f"{md_dir}: output is an existing directory" in _err(capsys, ["report", str(tmp_path / "runs"), "--out",
+                                                                          str(md_dir)])
     assert f"{d}: output is an existing directory" in _err(capsys, ["report", str(tmp_path / "runs"), "--plot",
                                                                      str(d)])
     f = tmp_path / "file.txt"
     f.write_text("x")
+    b = tmp_path / "tables"
+    b.write_text("x")
+    assert f"{b}: output exists and is not a directory" in _err(capsys, ["report", str(tmp_path / "runs"), "--out",
+                                                                        str(b)])
     assert "is a file, expected a run directory" in _err(capsys, ["report", str(f)])
     old = os.umask(0o022)
     try:
@@ -140,7 +148,10 @@ def test_report_outputs_of_the_wrong_kind_and_modes(model_dir, docs, tmp_path, c
     finally:
         os.umask(old)
     capsys.readouterr()
-    for p in (tmp_path / "t.md", tmp_path / "p.png"):
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "tables2")]) == 0  # --out DIR
+    capsys.readouterr()
+    assert sorted(p.name for p in (tmp_path / "tables2").iterdir()) == ["ppl.csv", "ppl.json", "ppl.md"]
+    for p in (tmp_path / "t.md", tmp_path / "p.png", tmp_path / "tables2" / "ppl.md"):
         assert stat.S_IMODE(os.stat(p).st_mode) == 0o644, p
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -84,7 +84,7 @@ def test_memorized_model_identifies_the_next_chapter(memorized, short_book, tmp_
     assert all(r["gold_rank"] == 1 for r in recs)
     meta = json.loads((out / "run.json").read_text())
     assert meta["kind"] == "probe" and meta["probe"] == "suffix-id" and meta["lengths"] == [16, 40]
-    assert meta["settings"]["heading"] == "index"
+    assert meta["heading"] == "index"
 
 
 def test_memorized_model_identifies_the_suffix_after_a_full_stop(memorized, short_book, tmp_path, capsys,
