@@ -47,8 +47,7 @@ def build_data(out: Path, seq: int, n_samples: int) -> Path:
     pairs, _ = build_pairs(chapters, tok, seq // 8, seq // 4, split="all", max_pairs=n_samples * 8)
     p = out / "pairs.jsonl"
     write_jsonl_atomic(p, pairs)
-    pack(p, QWEN2_TOKENIZER, out / "packed", min_len=seq * 7 // 8, max_len=seq * 9 // 8, prompt="mix", seed=0,
-         on_bad="skip")
+    pack(p, QWEN2_TOKENIZER, out / "packed", target=seq, prompt="mix", seed=0, on_bad="skip")  # seq x 7/8 .. 9/8
     return out / "packed"
 
 

@@ -1,8 +1,8 @@
 """The shared novels' chapters: one reader, one ``Chapter`` record, one printed heading.
 
-Format (``common.paths.CHAPTERS_JSONL``): one chapter a line, ``{book, chapter, title, text}``; ``chapter`` is an integer
-(水浒传's prologue 楔子 is chapter 0), books are contiguous and in reading order. ``data_concat`` (pairs, the CNNSum
-sampler), ``probes`` (books for suffix identification / shuffles), ``training`` and the tiny default all read it
+Format (``common.paths.CHAPTERS_JSONL``): one chapter a line, ``{book, chapter, title, text}``; ``chapter`` is an
+integer (水浒传's prologue 楔子 is chapter 0), books are contiguous and in reading order. ``data_concat`` (pairs, the
+CNNSum sampler), ``probes`` (books for suffix identification / shuffles), ``training`` and the tiny default all read it
 through :func:`read_chapters`.
 """
 from __future__ import annotations

@@ -172,7 +172,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
 def atomic_dir(path: str | os.PathLike):
     """Build a directory in a temp dir beside ``path`` (yielded); on success give it (and the files in it) the
     modes a plain mkdir / open would, and swap it into place (an existing ``path`` is replaced only once the new
-    one is complete); on error remove the temp dir and leave ``path`` as it was."""
+    one is complete); on error -- the final rename included -- remove the temp dir and leave ``path`` as it was.
+    The one way every command writes a directory (packed sets, exports, merged models)."""
     path = check_output_dir(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
@@ -189,7 +190,12 @@ def atomic_dir(path: str | os.PathLike):
         if path.exists():
             old = path.parent / f".{path.name}.old-{os.getpid()}-{time.monotonic_ns()}"
             os.rename(path, old)
-        os.rename(tmp, path)
+        try:
+            os.rename(tmp, path)
+        except BaseException:
+            if old is not None:
+                os.rename(old, path)  # the old directory back in place
+            raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:

@@ -5,13 +5,16 @@
 - ``pairs``: real pairs from the shared novels (chapter text -> its heading couplet).
 - ``sample``: the multi-scale sliding-window sampler of Sec 3.2 (L/XL/2XL/3XL or a scaled-down target).
 
-CLI: ``python -m data_concat {pack,stats,pairs,sample} --help``.
+Modules: ``pack`` (reading and encoding pairs, the command), ``packing`` (the concatenation algorithm), ``packed``
+(the packed-set format: its one writer and one reader), ``pairs``, ``sampler``, ``cuts`` (chapters measured in
+tokens), ``recall``. CLI: ``python -m data_concat {pack,stats,pairs,sample,recall} --help``.
 """
-from .pack import (TARGETS, EncodedPair, Pair, Plan, compute_stats, encode_pairs, load_meta, load_packed, pack,
-                   pack_encoded, plan_packing, read_pairs, resolve_range, stats_of)
+from .pack import TARGETS, EncodedPair, Pair, PackSettings, encode_pairs, pack, pack_encoded, read_pairs, resolve_range
+from .packed import PackedSet, compute_stats, load_meta, load_packed, read_packed, stats_of
+from .packing import Plan, plan_packing
 from .pairs import build_pairs
 from .sampler import balance, sample, sliding_windows
 
-__all__ = ["TARGETS", "EncodedPair", "Pair", "Plan", "balance", "build_pairs", "compute_stats", "encode_pairs",
-           "load_meta", "load_packed", "pack", "pack_encoded", "plan_packing", "read_pairs", "resolve_range",
-           "sample", "sliding_windows", "stats_of"]
+__all__ = ["TARGETS", "EncodedPair", "Pair", "PackSettings", "PackedSet", "Plan", "balance", "build_pairs",
+           "compute_stats", "encode_pairs", "load_meta", "load_packed", "pack", "pack_encoded", "plan_packing",
+           "read_packed", "read_pairs", "resolve_range", "sample", "sliding_windows", "stats_of"]

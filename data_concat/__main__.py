@@ -1,7 +1,11 @@
-"""python -m data_concat {pack,stats,pairs,sample} ..."""
+"""python -m data_concat {pack,stats,pairs,sample,recall} ..."""
 import sys
 
-from .cli import main
+from common.cli import quiet_libraries
+
+quiet_libraries()
+
+from .cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

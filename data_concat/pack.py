@@ -20,19 +20,13 @@ stats.json). A pair longer than ``max`` can never fit: ``--on-bad error`` stops 
 counts it as dropped. Samples have variable length inside [min, max] and carry no padding at all; every pair
 is used at most once.
 
-Output directory (written to a temp dir beside OUT, then renamed into place)::
-
-    OUT/train.parquet  input_ids list<int32>, labels list<int32> (-100 = no loss), pair_starts list<int32>
-                       (offset of each pair in the sample), pair_ids list<string>, length int32
-    OUT/meta.json      tokenizer, target, min/max, prompt, seed, counts
-    OUT/stats.json     length histogram, pairs per sample, supervised-token share, dropped and leftover ids
-
-Hugging Face ``datasets`` reads OUT as it is: ``load_dataset(str(OUT), split="train")`` (the file name
-``train.parquet`` names the split; meta.json / stats.json are not data) or
-``load_dataset("parquet", data_files=str(OUT / "train.parquet"), split="train")``.
+The output directory's format (train.parquet, meta.json, stats.json), its writer and its one reader are
+``data_concat.packed``; the packing algorithm is ``data_concat.packing``; this module reads and encodes the pairs
+and runs the command.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -40,12 +34,18 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from common import prompts
-from common.io import InputError, atomic_dir, check_output_dir, read_jsonl, sha256_file, write_json_atomic
+from common.cli import add_command, add_json
+from common.io import InputError, check_output_dir, read_jsonl, sha256_file
+from common.settings import add_arguments, check, given, make, resolve, setting
+
+from .packed import (FORMAT, FORMAT_VERSION, IGNORE_INDEX, compute_stats, format_stats, load_meta,  # noqa: F401
+                     write_packed)
+from .packing import Plan, build_columns, plan_packing  # noqa: F401  (Plan, build_columns: also imported from here)
 
 K = 1024
 # Sec 5: "setting ranges to 14k~18k and 30k~34k" (k = 1024, as in Sec 3.2).
@@ -55,28 +55,37 @@ TARGETS: dict[str, tuple[int, int]] = {"16k": (14 * K, 18 * K), "32k": (30 * K, 
 PROMPT_MODES = ("ft-ie", "ft-ib", "mix")
 DEFAULT_PROMPT = "mix"
 DEPRECATED_PROMPTS = {"ie": "ft-ie", "ib": "ft-ib"}  # old names of the F.2 prompts (ie/ib are F.1's baselines)
-IGNORE_INDEX = -100
-FORMAT_VERSION = 1
 ON_BAD = ("error", "skip")
 
 
-def resolve_range(target: str | None = None, min_len: int | None = None, max_len: int | None = None
+def parse_target(target) -> tuple[str, int, int]:
+    """(name, min, max) of a --target: 16k / 32k (the paper's ranges) or a token count N (a k suffix allowed) with
+    the 16k preset's proportions, N x 7/8 .. N x 9/8."""
+    key = str(target).strip().lower()
+    if key in TARGETS:
+        return key, *TARGETS[key]
+    try:
+        n = int(float(key[:-1]) * K) if key.endswith("k") else int(key)
+    except ValueError:
+        raise InputError(f"unknown --target {target!r} (16k, 32k, or a token count)") from None
+    if n <= 0:
+        raise InputError(f"--target must be positive, got {target}")
+    return "custom", n * 7 // 8, n * 9 // 8
+
+
+def resolve_range(target: str | int | None = None, min_tokens: int | None = None, max_tokens: int | None = None
                   ) -> tuple[str, int, int]:
-    """(target name, min, max) from a preset (16k / 32k) and/or explicit --min/--max (which override it)."""
+    """(target name, min, max) from --target and/or explicit --min-tokens / --max-tokens (which override it)."""
     lo = hi = None
     name = "custom"
     if target is not None:
-        key = str(target).lower()
-        if key not in TARGETS:
-            raise InputError(f"unknown --target {target!r} (choose from {', '.join(TARGETS)}, or give --min/--max)")
-        name = key
-        lo, hi = TARGETS[key]
-    if min_len is not None:
-        lo = int(min_len)
-    if max_len is not None:
-        hi = int(max_len)
+        name, lo, hi = parse_target(target)
+    if min_tokens is not None:
+        lo = int(min_tokens)
+    if max_tokens is not None:
+        hi = int(max_tokens)
     if lo is None or hi is None:
-        raise InputError("give --target 16k|32k or both --min and --max")
+        raise InputError("give --target 16k|32k|N or both --min-tokens and --max-tokens")
     if lo <= 0 or hi < lo:
         raise InputError(f"bad length range [{lo}, {hi}]: need 0 < min <= max")
     if name != "custom" and (lo, hi) != TARGETS[name]:
@@ -215,176 +224,10 @@ def encode_pairs(pairs: Sequence[Pair], tok, *, batch_size: int = 64, progress: 
     return out
 
 
-@dataclass
-class Plan:
-    """Which pairs (indices into the encoded list) make each sample, and what was left out."""
-
-    samples: list[list[int]]
-    leftover: list[int]
-    too_long: list[int]
-
-
-def plan_packing(lengths: Sequence[int], lo: int, hi: int, seed: int) -> Plan:
-    """Random concatenation into samples of length in [lo, hi] (Sec 5), each pair at most once (see module doc)."""
-    rng = random.Random(seed)
-    order = list(range(len(lengths)))
-    rng.shuffle(order)
-    samples: list[list[int]] = []
-    totals: list[int] = []
-    too_long: list[int] = []
-    pool: list[int] = []  # pairs that did not fit an open sample still below lo, in arrival order
-    cur: list[int] = []
-    total = 0
-    goal = rng.randint(lo, hi)  # this sample's length goal, uniform in [lo, hi]
-
-    def close():
-        nonlocal cur, total, goal
-        samples.append(cur)
-        totals.append(total)
-        cur, total, goal = [], 0, rng.randint(lo, hi)
-
-    def add(i):
-        nonlocal total
-        cur.append(i)
-        total += lengths[i]
-        if total >= goal:
-            close()
-            refill()
-
-    def refill():
-        k = 0
-        while k < len(pool):
-            j = pool[k]
-            if total + lengths[j] <= hi:
-                pool.pop(k)
-                add(j)  # may close the sample and refill the next one from the pool
-                k = 0
-            else:
-                k += 1
-
-    for i in order:
-        n = lengths[i]
-        if n > hi:
-            too_long.append(i)
-            continue
-        # Close a sample that is long enough when the pair does not fit, or would land it farther past its
-        # goal than it now is short of it (so lengths centre on the goals, not above them).
-        if total >= lo and (total + n > hi or total + n - goal > goal - total):
-            close()
-            refill()
-        if total + n <= hi:
-            add(i)
-        else:
-            pool.append(i)
-    if total >= lo:
-        close()
-    # Place what is still out into finished samples with room (best fit: the least room that suffices).
-    rest = cur + pool
-    leftover: list[int] = []
-    for i in sorted(rest, key=lambda j: -lengths[j]):
-        n = lengths[i]
-        best, best_room = -1, None
-        for s, t in enumerate(totals):
-            room = hi - t
-            if room >= n and (best_room is None or room < best_room):
-                best, best_room = s, room
-        if best < 0:
-            leftover.append(i)
-        else:
-            samples[best].append(i)
-            totals[best] += n
-    rank = {i: k for k, i in enumerate(order)}
-    return Plan(samples, sorted(leftover, key=rank.__getitem__), too_long)
-
-
-def build_columns(encoded: Sequence[EncodedPair], plan: Plan) -> dict:
-    """Flat numpy columns (values + offsets) for the samples of ``plan``."""
-    ids_parts, lab_parts, lengths, starts, pids = [], [], [], [], []
-    for members in plan.samples:
-        pos = 0
-        st = []
-        for i in members:
-            e = encoded[i]
-            st.append(pos)
-            ids_parts += [e.prompt_ids, e.target_ids]
-            lab_parts += [np.full(len(e.prompt_ids), IGNORE_INDEX, dtype=np.int32), e.target_ids]
-            pos += len(e)
-        lengths.append(pos)
-        starts.append(st)
-        pids.append([encoded[i].id for i in members])
-    values = np.concatenate(ids_parts).astype(np.int32) if ids_parts else np.zeros(0, np.int32)
-    labels = np.concatenate(lab_parts).astype(np.int32) if lab_parts else np.zeros(0, np.int32)
-    return {"input_ids": values, "labels": labels, "length": np.asarray(lengths, dtype=np.int32),
-            "pair_starts": starts, "pair_ids": pids}
-
-
-def _table(cols: dict):
-    import pyarrow as pa
-
-    lengths = cols["length"]
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    off = pa.array(offsets, type=pa.int32())
-    return pa.table({
-        "input_ids": pa.ListArray.from_arrays(off, pa.array(cols["input_ids"], type=pa.int32())),
-        "labels": pa.ListArray.from_arrays(off, pa.array(cols["labels"], type=pa.int32())),
-        "pair_starts": pa.array(cols["pair_starts"], type=pa.list_(pa.int32())),
-        "pair_ids": pa.array(cols["pair_ids"], type=pa.list_(pa.string())),
-        "length": pa.array(lengths, type=pa.int32()),
-    })
-
-
-def histogram(values: Sequence[int], lo: int, hi: int, bins: int = 8) -> list[dict]:
-    """Counts of ``values`` in ``bins`` equal-width bins covering [lo, hi] (last bin closed)."""
-    width = max(1, -(-(hi - lo + 1) // bins))
-    edges = list(range(lo, hi + 1, width))
-    out = [{"from": a, "to": min(a + width - 1, hi), "count": 0} for a in edges]
-    for v in values:
-        k = min(max((v - lo) // width, 0), len(out) - 1)
-        out[k]["count"] += 1
-    return out
-
-
-def compute_stats(lengths: Sequence[int], supervised: Sequence[int], pairs_per_sample: Sequence[int], lo: int,
-                  hi: int) -> dict:
-    """Summary numbers of a packed set (the same for ``pack`` and ``stats``)."""
-    n = len(lengths)
-    tot = int(sum(lengths))
-    sup = int(sum(supervised))
-    pps = list(pairs_per_sample)
-    return {
-        "samples": n,
-        "tokens": tot,
-        "length": {"min": min(lengths, default=0), "mean": round(tot / n, 1) if n else 0.0,
-                   "max": max(lengths, default=0), "histogram": histogram(lengths, lo, hi)},
-        "pairs_per_sample": {"min": min(pps, default=0), "mean": round(sum(pps) / n, 2) if n else 0.0,
-                             "max": max(pps, default=0),
-                             "counts": {str(k): pps.count(k) for k in sorted(set(pps))}},
-        "supervised_tokens": sup,
-        "supervised_share": round(sup / tot, 5) if tot else 0.0,
-        # Samples are stored unpadded: every stored token is real. If a trainer pads a batch to `max`,
-        # this share of the padded tokens is real:
-        "real_share": 1.0 if n else 0.0,
-        "real_share_if_padded_to_max": round(tot / (n * hi), 5) if n else 0.0,
-    }
-
-
 def _bar(total: int, desc: str, enabled: bool):
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="pair", disable=not enabled, file=sys.stderr, leave=False)
-
-
-def write_packed(out: str | os.PathLike, cols: dict, meta: dict, stats: dict) -> Path:
-    """Write OUT/{train.parquet, meta.json, stats.json} into a temp dir beside OUT, then rename it into place
-    (an existing OUT is replaced only after the new one is complete)."""
-    import pyarrow.parquet as pq
-
-    with atomic_dir(out) as tmp:
-        pq.write_table(_table(cols), tmp / "train.parquet")
-        write_json_atomic(tmp / "meta.json", meta)
-        write_json_atomic(tmp / "stats.json", stats)
-    return Path(out)
 
 
 def pack_encoded(encoded: Sequence[EncodedPair], lo: int, hi: int, seed: int, *, on_bad: str = "error",
@@ -406,26 +249,56 @@ def pack_encoded(encoded: Sequence[EncodedPair], lo: int, hi: int, seed: int, *,
     return build_columns(encoded, plan), plan
 
 
-def pack(pairs: str | os.PathLike, tokenizer: str | os.PathLike, out: str | os.PathLike, *, target: str | None = None,
-         min_len: int | None = None, max_len: int | None = None, prompt: str = DEFAULT_PROMPT, seed: int = 0,
-         on_bad: str = "error", progress: bool = False, log: Callable[[str], None] | None = None) -> dict:
-    """Read, tokenize and pack ``pairs`` into OUT (see module doc). Returns stats (also in OUT/stats.json)."""
+@dataclass(frozen=True)
+class PackSettings:
+    """Every setting of ``data_concat pack`` (its flags, a --recipe, meta.json)."""
+
+    pairs: str | None = setting(None, "JSONL of {context, summary[, id, book]}", metavar="FILE", required=True)
+    tokenizer: str = setting("tiny", "tokenizer directory (an HF model dir works), or 'tiny' for the embedded tiny "
+                                     "default")
+    out: str | None = setting(None, "output directory (replaced atomically); datasets.load_dataset(OUT, "
+                                    "split='train') reads it", metavar="DIR", required=True)
+    target: str | None = setting(None, "target sample length: 16k (14K-18K tokens) or 32k (30K-34K), the paper's "
+                                       "ranges, or a token count N (N x 7/8 to N x 9/8)", metavar="16k|32k|N")
+    min_tokens: int | None = setting(None, "minimum sample length in tokens (overrides --target)", aliases=("--min",),
+                                     check=(lambda v: v > 0, "positive"), metavar="N")
+    max_tokens: int | None = setting(None, "maximum sample length in tokens (overrides --target)", aliases=("--max",),
+                                     check=(lambda v: v > 0, "positive"), metavar="N")
+    prompt: str = setting(DEFAULT_PROMPT, "Appendix F.2 fine-tuning prompt (the names eval_summ uses): ft-ie, ft-ib, "
+                                          "or mix (a seeded random choice per pair: the paper evaluates fine-tuned "
+                                          "models with both); ie / ib are deprecated aliases of ft-ie / ft-ib",
+                          choices=PROMPT_MODES + tuple(DEPRECATED_PROMPTS))
+    seed: int = setting(0, "seed of the random concatenation")
+    on_bad: str = setting("error", "malformed or empty records (and pairs longer than the maximum): stop with "
+                                   "FILE:LINE (error) or skip and count them (skip)", choices=ON_BAD)
+
+
+def pack(settings: PackSettings | str | os.PathLike | None = None, *args, progress: bool = False,
+         log: Callable[[str], None] | None = None, **fields) -> dict:
+    """Read, tokenize and pack pairs into OUT (see module doc); returns the stats (also in OUT/stats.json).
+    ``pack(PackSettings(...))`` or ``pack(pairs, tokenizer, out, min_tokens=..., max_tokens=..., ...)``."""
     from .tokenizer import load_tokenizer, resolve_tokenizer_dir
 
-    name, lo, hi = resolve_range(target, min_len, max_len)
-    _check_on_bad(on_bad)
-    prompt = canonical_prompt(prompt, warn=True)
+    if not isinstance(settings, PackSettings):
+        fields.update(zip(("pairs", "tokenizer", "out"), (settings,) + args))
+        settings = make(PackSettings, **{k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in fields.items()})
+    check(settings)
+    st = settings
+    name, lo, hi = resolve_range(st.target, st.min_tokens, st.max_tokens)
+    prompt = canonical_prompt(st.prompt, warn=True)
+    seed, on_bad, out = st.seed, st.on_bad, st.out
     check_output_dir(out)
     t0 = time.time()
     bad = BadRecords()
-    pairs_path = Path(pairs)
+    pairs_path = Path(st.pairs)
     plist = read_pairs(pairs_path, prompt=prompt, seed=seed, on_bad=on_bad, bad=bad)
-    tok_dir = resolve_tokenizer_dir(tokenizer)
+    tok_dir = resolve_tokenizer_dir(st.tokenizer)
     tok = load_tokenizer(tok_dir)
     encoded = encode_pairs(plist, tok, progress=progress)
     cols, plan = pack_encoded(encoded, lo, hi, seed, on_bad=on_bad, bad=bad)
     used = sum(len(s) for s in plan.samples)
-    sup = [int((cols["labels"][a:b] != IGNORE_INDEX).sum()) for a, b in _spans(cols["length"])]
+    offsets = np.concatenate([[0], np.cumsum(cols["length"])])
+    sup = [int((cols["labels"][a:b] != IGNORE_INDEX).sum()) for a, b in zip(offsets[:-1], offsets[1:])]
     stats = compute_stats(cols["length"].tolist(), sup, [len(s) for s in plan.samples], lo, hi)
     stats.update({
         "pairs_read": len(plist),
@@ -447,8 +320,8 @@ def pack(pairs: str | os.PathLike, tokenizer: str | os.PathLike, out: str | os.P
     stats["prompt"] = prompt
     stats["prompt_types"] = prompt_counts
     meta = {
-        "format": "ropescale-packed", "format_version": FORMAT_VERSION,
-        "tokenizer": str(tok_dir), "tokenizer_arg": str(tokenizer), "eos_token_id": int(tok.eos_token_id),
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "tokenizer": str(tok_dir), "tokenizer_arg": str(st.tokenizer), "eos_token_id": int(tok.eos_token_id),
         "target": name, "min": lo, "max": hi, "prompt": prompt, "prompt_types": prompt_counts,
         "seed": seed, "on_bad": on_bad, "pairs": str(pairs_path), "pairs_sha256": sha256_file(pairs_path),
         "counts": {"pairs_read": len(plist), "pairs_used": used, "samples": len(plan.samples),
@@ -459,85 +332,39 @@ def pack(pairs: str | os.PathLike, tokenizer: str | os.PathLike, out: str | os.P
     return stats
 
 
-def _spans(lengths: Iterable[int]):
-    a = 0
-    for n in lengths:
-        yield a, a + int(n)
-        a += int(n)
+# ---------------------------------------------------------------- CLI
+EPILOG = """\
+Each pair {context, summary[, id, book]} becomes: the Appendix F.2 prompt rendered around the context (no loss),
+then the summary tokens and EOS (loss). Pairs are shuffled with --seed and concatenated into samples whose
+length lies in [min, max] (16k = 14336-18432, 32k = 30720-34816 tokens); samples are not padded. Pairs that
+do not fit anywhere are reported as leftover; bad records stop the run (--on-bad error) or are counted
+(--on-bad skip). OUT (replaced atomically) holds train.parquet, meta.json and stats.json."""
 
 
-def load_packed(out: str | os.PathLike) -> list[dict]:
-    """The rows of a packed dataset: [{input_ids, labels, pair_starts, pair_ids, length}] (plain Python lists)."""
-    import pyarrow.parquet as pq
-
-    out = Path(out)
-    f = out / "train.parquet"
-    if not f.is_file():
-        raise InputError("not a packed dataset (no train.parquet)", out)
-    return pq.read_table(f).to_pylist()
-
-
-def load_meta(out: str | os.PathLike) -> dict:
-    """OUT/meta.json of a packed dataset."""
-    f = Path(out) / "meta.json"
-    if not f.is_file():
-        raise InputError("not a packed dataset (no meta.json)", Path(out))
-    return json.loads(f.read_text(encoding="utf-8"))
+def register(sub) -> None:
+    p = add_command(sub, "pack", help="pack summarization pairs into long training samples",
+                    description="Pack summarization pairs into 14-18K / 30-34K token training samples (CNNSum Sec 5).",
+                    epilog=EPILOG)
+    add_arguments(p, PackSettings)
+    p.add_argument("--recipe", metavar="FILE", help="YAML file of these settings (flags override it)")
+    add_json(p, "the stats")
+    p.set_defaults(func=cmd_pack)
 
 
-def stats_of(out: str | os.PathLike) -> dict:
-    """Recompute the summary numbers of an existing packed dataset from its rows (plus its recorded counts)."""
-    import pyarrow.parquet as pq
-
-    out = Path(out)
-    meta = load_meta(out)
-    f = out / "train.parquet"
-    if not f.is_file():
-        raise InputError("not a packed dataset (no train.parquet)", out)
-    t = pq.read_table(f, columns=["labels", "pair_ids", "length"])
-    lengths = t.column("length").to_pylist()
-    labels = t.column("labels").combine_chunks()
-    flat = labels.flatten().to_numpy()
-    sup = [int((flat[a:b] != IGNORE_INDEX).sum()) for a, b in _spans(lengths)]
-    pps = [len(x) for x in t.column("pair_ids").to_pylist()]
-    stats = compute_stats(lengths, sup, pps, meta["min"], meta["max"])
-    recorded = {}
-    sf = out / "stats.json"
-    if sf.is_file():
-        recorded = json.loads(sf.read_text(encoding="utf-8"))
-    for k in ("pairs_read", "pairs_used", "dropped", "dropped_by_reason", "leftover", "leftover_ids",
-              "leftover_tokens", "pair_token_share_used"):
-        if k in recorded:
-            stats[k] = recorded[k]
-    stats["pairs_used"] = sum(pps)
-    if "prompt" in meta:
-        stats["prompt"] = meta["prompt"]
-    if "prompt_types" in meta:
-        stats["prompt_types"] = meta["prompt_types"]
-    return stats
+def settings_from_args(args: argparse.Namespace) -> PackSettings:
+    """defaults < --recipe < the flags given."""
+    return resolve(PackSettings, given(args, PackSettings), getattr(args, "recipe", None))
 
 
-def format_stats(stats: dict, meta: dict | None = None) -> str:
-    """Human-readable summary (stdout of ``pack`` and ``stats``)."""
-    lines = []
-    if meta:
-        lines.append(f"packed: target {meta.get('target')} [{meta.get('min')}, {meta.get('max')}] tokens, "
-                     f"prompt {meta.get('prompt')}, seed {meta.get('seed')}, tokenizer {meta.get('tokenizer')}")
-    L = stats["length"]
-    lines.append(f"samples: {stats['samples']}   tokens: {stats['tokens']}   "
-                 f"length min/mean/max: {L['min']} / {L['mean']} / {L['max']}")
-    peak = max([b["count"] for b in L["histogram"]] + [1])
-    for b in L["histogram"]:
-        bar = "#" * round(40 * b["count"] / peak)
-        lines.append(f"  {b['from']:>7}-{b['to']:<7} {b['count']:>6} {bar}")
-    P = stats["pairs_per_sample"]
-    lines.append(f"pairs per sample min/mean/max: {P['min']} / {P['mean']} / {P['max']}   "
-                 f"counts: {json.dumps(P['counts'])}")
-    lines.append(f"supervised tokens: {stats['supervised_tokens']} ({100 * stats['supervised_share']:.2f}%)   "
-                 f"real (non-padding) tokens: {100 * stats['real_share']:.2f}% "
-                 f"({100 * stats['real_share_if_padded_to_max']:.2f}% if padded to max)")
-    if "pairs_read" in stats:
-        lines.append(f"pairs read: {stats['pairs_read']}   used: {stats['pairs_used']}   "
-                     f"dropped: {stats.get('dropped', 0)} {json.dumps(stats.get('dropped_by_reason', {}))}   "
-                     f"leftover: {stats.get('leftover', 0)} ({stats.get('leftover_tokens', 0)} tokens)")
-    return "\n".join(lines)
+def cmd_pack(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    stats = pack(settings, progress=sys.stderr.isatty())
+    if args.json:
+        print(json.dumps(stats, ensure_ascii=False))
+    else:
+        print(format_stats(stats, load_meta(settings.out)))
+        print(f"wrote {settings.out}")
+    if stats["samples"] == 0:
+        print(f"warning: no sample reached the minimum length; {stats['leftover']} pair(s) left over",
+              file=sys.stderr)
+    return 0

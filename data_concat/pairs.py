@@ -17,12 +17,12 @@ Every pair's ``tokens`` is the exact token count of its context (re-tokenized af
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass
 from typing import Sequence
 
+from common.cli import add_command, add_json
 from common.io import InputError, check_output_file, write_jsonl_atomic
 
 from .cuts import (MERGE_SEP, Chapter, by_book, count_tokens, merged_title, paragraph_cuts, read_chapters,
@@ -166,21 +166,21 @@ def _record(win: _Window, a: int, b: int, ctx: str, n: int, cut: str, piece: int
 
 
 def register(sub) -> None:
-    p = sub.add_parser("pairs", help="build {context, summary} pairs from the shared novels",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--chapters", required=True, help="chapters JSONL {book, chapter, title, text} "
-                                                     "(e.g. ../shared/data/novels/chapters.jsonl)")
-    p.add_argument("--tokenizer", default="tiny", help="tokenizer directory, or 'tiny' (default)")
-    p.add_argument("--min-tokens", type=int, required=True, help="minimum context length in tokens")
-    p.add_argument("--max-tokens", type=int, required=True, help="maximum context length in tokens")
+    p = add_command(sub, "pairs", help="build {context, summary} pairs from the shared novels", description=__doc__)
+    p.add_argument("--chapters", required=True, metavar="FILE",
+                   help="chapters JSONL {book, chapter, title, text} (e.g. ../shared/data/novels/chapters.jsonl)")
+    p.add_argument("--tokenizer", default="tiny", help="tokenizer directory, or 'tiny' (default: tiny)")
+    p.add_argument("--min-tokens", type=int, required=True, metavar="N", help="minimum context length in tokens")
+    p.add_argument("--max-tokens", type=int, required=True, metavar="N", help="maximum context length in tokens")
     p.add_argument("--split", choices=SPLITS, default="first",
-                   help="long windows: keep the first piece (first, default) or all consecutive pieces (all)")
-    p.add_argument("--books", help="comma-separated book names to use (default: all)")
-    p.add_argument("--max-pairs", type=int, help="stop after this many pairs")
+                   help="long windows: keep the first piece (first) or all consecutive pieces (all) (default: first)")
+    p.add_argument("--books", help="comma-separated book names to use; default: all")
+    p.add_argument("--max-pairs", type=int, metavar="N", help="stop after this many pairs")
     p.add_argument("--on-bad", choices=("error", "skip"), default="error",
-                   help="malformed or empty chapter lines: stop with FILE:LINE (default) or skip and count")
-    p.add_argument("--out", required=True, help="output JSONL (written atomically)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+                   help="malformed or empty chapter lines: stop with FILE:LINE (error) or skip and count them "
+                        "(default: error)")
+    p.add_argument("--out", required=True, metavar="FILE", help="output JSONL (written atomically)")
+    add_json(p, "the report")
     p.set_defaults(func=cmd_pairs)
 
 

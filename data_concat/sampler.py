@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from common import subsets
+from common.cli import add_command, add_json
 from common.io import InputError, check_output_file, write_jsonl_atomic
 
 from .cuts import Chapter, by_book, count_tokens, merged_title, paragraph_token_counts, read_chapters
@@ -164,31 +165,45 @@ def length_stats(lengths: Sequence[int]) -> dict:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sample", help="CNNSum multi-scale sliding-window sampler (Sec 3.2)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--chapters", required=True, help="chapters JSONL {book, chapter, title, text}")
-    p.add_argument("--tokenizer", default="tiny", help="tokenizer directory, or 'tiny' (default)")
+    p = add_command(sub, "sample", help="CNNSum multi-scale sliding-window sampler (Sec 3.2)", description=__doc__)
+    p.add_argument("--chapters", required=True, metavar="FILE", help="chapters JSONL {book, chapter, title, text}")
+    p.add_argument("--tokenizer", default="tiny", help="tokenizer directory, or 'tiny' (default: tiny)")
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--subset", help="L (16K [-4K]), XL (32K [-6K]), 2XL (64K [-10K]) or 3XL (128K [-16K])")
-    g.add_argument("--target", type=int, help="scaled-down target T in tokens (range as in --like)")
-    p.add_argument("--like", default="L", help="preset whose relative range a --target uses (default L)")
+    g.add_argument("--subset", help="L (16K [-4K]), XL (32K [-6K]), 2XL (64K [-10K]), 3XL (128K [-16K]), or T<N> "
+                                    "(a scaled-down target of N tokens, range as in --like)")
+    g.add_argument("--target", type=_tokens, metavar="N", help="scaled-down target N in tokens (16k style accepted; "
+                                                               "the same as --subset T<N>)")
+    p.add_argument("--like", default="L", help="preset whose relative range a scaled-down target uses (default: L)")
     p.add_argument("--unit", choices=UNITS, default="chapter",
-                   help="what the window slides over: chapters (the paper) or paragraphs (targets below a chapter)")
-    p.add_argument("--books", help="comma-separated book names (default: all)")
-    p.add_argument("--max-samples", type=int, help="at most this many samples (balanced across books)")
-    p.add_argument("--per-book", type=int, help="at most this many samples per book")
+                   help="what the window slides over: chapters (the paper) or paragraphs (targets below a chapter) "
+                        "(default: chapter)")
+    p.add_argument("--books", help="comma-separated book names; default: all")
+    p.add_argument("--max-samples", type=int, metavar="N", help="at most this many samples (balanced across books)")
+    p.add_argument("--per-book", type=int, metavar="N", help="at most this many samples per book")
     p.add_argument("--on-bad", choices=("error", "skip"), default="error",
-                   help="malformed or empty chapter lines: stop with FILE:LINE (default) or skip and count")
-    p.add_argument("--out", required=True,
+                   help="malformed or empty chapter lines: stop with FILE:LINE (error) or skip and count them "
+                        "(default: error)")
+    p.add_argument("--out", required=True, metavar="FILE",
                    help="output CNNSum-format JSONL, each record naming its 'subset' (written atomically)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json(p, "the report")
     p.set_defaults(func=cmd_sample)
+
+
+def _tokens(v: str) -> int:
+    """A token count: 2048 or 2k (x 1024)."""
+    s = str(v).strip().lower()
+    try:
+        return int(float(s[:-1]) * 1024) if s.endswith("k") else int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a token count (e.g. 2048 or 2k), got {v!r}") from None
 
 
 def cmd_sample(args) -> int:
     from .tokenizer import load_tokenizer
 
     check_output_file(args.out)
+    if args.subset and args.subset[:1] in ("T", "t") and args.subset[1:].isdigit():
+        args.target, args.subset = int(args.subset[1:]), None
     if args.subset:
         sub = subsets.get(args.subset)
     else:

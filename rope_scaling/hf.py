@@ -1,7 +1,7 @@
 """The one adapter that writes a RopeSpec into, and reads it back from, a Hugging Face config.
 
-Every method is expressed as plain HF rope entries (each method's own entries: ``formulas.REGISTRY``), so a saved model reloads with ``AutoModelForCausalLM`` (and
-vLLM) without importing this repo:
+Every method is expressed as plain HF rope entries (each method's own entries: ``formulas.REGISTRY``), so a saved
+model reloads with ``AutoModelForCausalLM`` (and vLLM) without importing this repo:
 
 ==============  =========================================================  ==========================
 method          rope entries (``rope_parameters`` on 5.x)                  max_position_embeddings

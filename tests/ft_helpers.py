@@ -23,7 +23,7 @@ def packed(chapters, tokenizer_dir, out: Path, lo: int, hi: int, n: int = 40, se
     from data_concat import pack
 
     pairs = write_pairs(chapters, out.parent / f"{out.name}-pairs.jsonl", n=n)
-    pack(pairs, tokenizer_dir, out, min_len=lo, max_len=hi, prompt="mix", seed=seed)
+    pack(pairs, tokenizer_dir, out, min_tokens=lo, max_tokens=hi, prompt="mix", seed=seed)
     return out
 
 

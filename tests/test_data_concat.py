@@ -236,14 +236,14 @@ def test_bad_input_errors_name_file_line(tmp_path, tiny_tokenizer_dir):
     good = json.dumps({"context": "天下大势，分久必合。", "summary": "分合"}, ensure_ascii=False)
     bad_json = _write(tmp_path / "a.jsonl", [good, good, "{not json"])
     with pytest.raises(InputError, match=r"a\.jsonl:3: malformed JSON"):
-        pack(bad_json, tiny_tokenizer_dir, tmp_path / "o1", min_len=5, max_len=200)
+        pack(bad_json, tiny_tokenizer_dir, tmp_path / "o1", min_tokens=5, max_tokens=200)
     empty = _write(tmp_path / "b.jsonl", [good, json.dumps({"context": "x", "summary": "  "})])
     with pytest.raises(InputError, match=r"b\.jsonl:2: empty or non-string 'summary'"):
-        pack(empty, tiny_tokenizer_dir, tmp_path / "o2", min_len=5, max_len=200)
+        pack(empty, tiny_tokenizer_dir, tmp_path / "o2", min_tokens=5, max_tokens=200)
     long = _write(tmp_path / "c.jsonl", [good, json.dumps({"context": "天下大势" * 400, "summary": "s"},
                                                           ensure_ascii=False)])
     with pytest.raises(InputError, match=r"c\.jsonl:2: pair .* longer than the maximum sample length 200"):
-        pack(long, tiny_tokenizer_dir, tmp_path / "o3", min_len=5, max_len=200)
+        pack(long, tiny_tokenizer_dir, tmp_path / "o3", min_tokens=5, max_tokens=200)
     assert not any(p.name.startswith(".o") for p in tmp_path.iterdir())  # no half-written output
     assert not (tmp_path / "o3").exists()
     # the CLI: exit 2, one line naming the file and line
@@ -258,7 +258,7 @@ def test_bad_input_skip_is_counted(tmp_path, tiny_tokenizer_dir):
                         json.dumps({"id": "long", "context": "天下大势" * 400, "summary": "s"}, ensure_ascii=False),
                         json.dumps({"id": "g0", "context": "重复", "summary": "s"}, ensure_ascii=False)] + good[2:]
     f = _write(tmp_path / "p.jsonl", lines)
-    stats = pack(f, tiny_tokenizer_dir, tmp_path / "o", min_len=20, max_len=200, on_bad="skip", seed=1)
+    stats = pack(f, tiny_tokenizer_dir, tmp_path / "o", min_tokens=20, max_tokens=200, on_bad="skip", seed=1)
     assert stats["dropped_by_reason"] == {"malformed": 1, "empty": 1, "too_long": 1, "duplicate_id": 1}
     wheres = sorted(d["where"].rsplit(":", 1)[1] for d in stats["dropped_records"])
     assert wheres == ["3", "4", "5", "6"]
@@ -270,9 +270,9 @@ def test_output_replaced_atomically(tmp_path, tiny_tokenizer_dir):
     f = _write(tmp_path / "p.jsonl", [json.dumps({"id": f"g{i}", "context": "话说天下大势。" * 5, "summary": "天下"},
                                                  ensure_ascii=False) for i in range(8)])
     out = tmp_path / "out"
-    pack(f, tiny_tokenizer_dir, out, min_len=30, max_len=120, seed=0, prompt="ft-ie")
+    pack(f, tiny_tokenizer_dir, out, min_tokens=30, max_tokens=120, seed=0, prompt="ft-ie")
     first = load_packed(out)
-    pack(f, tiny_tokenizer_dir, out, min_len=30, max_len=120, seed=5, prompt="ft-ie")
+    pack(f, tiny_tokenizer_dir, out, min_tokens=30, max_tokens=120, seed=5, prompt="ft-ie")
     assert load_packed(out) != first or len(first) <= 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "p.jsonl"]
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "stats.json", "train.parquet"]
@@ -357,7 +357,7 @@ def test_outputs_get_normal_file_modes(tmp_path, tiny_tokenizer_dir, chapters, u
                      "--max-tokens", "100000", "--out", str(tmp_path / "pairs.jsonl")]) == 0
     assert _mode(tmp_path / "pairs.jsonl") == 0o644
     out = tmp_path / "packed"
-    pack(_small_pairs(tmp_path / "p.jsonl"), tiny_tokenizer_dir, out, min_len=100, max_len=300)
+    pack(_small_pairs(tmp_path / "p.jsonl"), tiny_tokenizer_dir, out, min_tokens=100, max_tokens=300)
     assert _mode(out) == 0o755
     assert {p.name: _mode(p) for p in out.iterdir()} == {"train.parquet": 0o644, "meta.json": 0o644,
                                                           "stats.json": 0o644}
@@ -415,10 +415,10 @@ def test_pack_prompt_names_match_eval(tmp_path, tiny_tokenizer_dir, capsys):
     """--prompt ft-ie | ft-ib | mix (eval_summ's names for the F.2 prompts); ie / ib are deprecated aliases with a
     note; the default is mix; meta.json and stats.json record the canonical name."""
     from data_concat.cli import build_parser
-    from data_concat.pack import canonical_prompt
+    from data_concat.pack import canonical_prompt, settings_from_args
 
     pairs = _small_pairs(tmp_path / "p.jsonl")
-    assert build_parser().parse_args(["pack", "--pairs", "x", "--out", "y"]).prompt == "mix"
+    assert settings_from_args(build_parser().parse_args(["pack", "--pairs", "x", "--out", "y"])).prompt == "mix"
     assert canonical_prompt("ft-ie") == "ft-ie" and canonical_prompt("IB") == "ft-ib"
     with pytest.raises(InputError, match="choose from ft-ie, ft-ib, mix"):
         canonical_prompt("ft-xx")

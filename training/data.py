@@ -11,10 +11,9 @@ import os
 import sys
 from pathlib import Path
 
-from common.paths import CACHE_DIR, CHAPTERS_JSONL
 from common.io import InputError
-
-IGNORE_INDEX = -100
+from common.paths import CACHE_DIR, CHAPTERS_JSONL
+from data_concat.packed import IGNORE_INDEX
 
 
 def log(msg: str) -> None:
@@ -26,10 +25,13 @@ def default_data_range(orig_ctx: int, extended: int, factor: float = 2.0) -> tup
     """(target, min, max) of the default packed data: target = factor x the original context, in the paper's
     proportions (14K-18K around 16K: min = 7/8 target, max = 9/8 target), lowered so max fits the extended
     context."""
+    from data_concat.pack import parse_target
+
     target = int(round(factor * orig_ctx))
     if target * 9 // 8 > extended:
         target = extended * 8 // 9
-    return target, target * 7 // 8, target * 9 // 8
+    _, lo, hi = parse_target(target)  # the 16k preset's proportions, as ``pack --target N``
+    return target, lo, hi
 
 
 def build_default_data(model_dir: str | os.PathLike, orig_ctx: int, extended: int, *, factor: float = 2.0,
@@ -38,10 +40,10 @@ def build_default_data(model_dir: str | os.PathLike, orig_ctx: int, extended: in
     functions. Pairs are 1/8-1/4 of the target length (the paper: 2K-4K pairs for 16K samples). Returns the
     packed directory."""
     from data_concat import pack
-    from data_concat.cuts import read_chapters
     from data_concat.pairs import build_pairs
     from data_concat.tokenizer import load_tokenizer
 
+    from common.chapters import read_chapters
     from common.io import write_jsonl_atomic
 
     target, lo, hi = default_data_range(orig_ctx, extended, factor)
@@ -74,61 +76,26 @@ def build_default_data(model_dir: str | os.PathLike, orig_ctx: int, extended: in
         raise InputError(f"no pairs of {pair_lo}-{pair_hi} tokens could be built from the novels", CHAPTERS_JSONL)
     pairs_path = root / "pairs.jsonl"
     write_jsonl_atomic(pairs_path, pairs)
-    pack(pairs_path, model_dir, packed, min_len=lo, max_len=hi, prompt="mix", seed=seed, on_bad="skip")
+    pack(pairs_path, model_dir, packed, min_tokens=lo, max_tokens=hi, prompt="mix", seed=seed, on_bad="skip")
     return packed
 
 
 # ---------------------------------------------------------------- loading + checks
-class PackedArrays:
-    """A packed dataset held as two flat int32 arrays + offsets (no per-token Python objects: a 16K x 1,000
-    sample set stays ~130 MB per process)."""
+def load_rows(data_dir: str | os.PathLike):
+    """A packed dataset (``data_concat.packed.read_packed``: flat arrays + offsets) that can be trained on: some
+    sample has labels."""
+    from data_concat.packed import read_packed
 
-    def __init__(self, input_ids, labels, offsets):
-        self.input_ids, self.labels, self.offsets = input_ids, labels, offsets
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def lengths(self):
-        import numpy as np
-
-        return np.diff(self.offsets)
-
-    def row(self, i: int) -> tuple:
-        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
-        return self.input_ids[a:b], self.labels[a:b]
-
-
-def load_rows(data_dir: str | os.PathLike) -> PackedArrays:
-    """A packed dataset (data_concat's train.parquet), validated: equal lengths, some labels."""
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    d = Path(data_dir)
-    f = d / "train.parquet"
-    if not f.is_file():
-        raise InputError("not a packed dataset (no train.parquet; build one with python -m data_concat pack)", d)
-    try:
-        t = pq.read_table(f, columns=["input_ids", "labels"])
-    except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a bad file
-        raise InputError(f"unreadable packed dataset: {e}", f) from None
-    if t.num_rows == 0:
+    rows = read_packed(data_dir, columns=["input_ids", "labels"])
+    f = Path(data_dir) / "train.parquet"
+    if len(rows) == 0:
         raise InputError("packed dataset has no samples", f)
-    ids_col = t.column("input_ids").combine_chunks()
-    lab_col = t.column("labels").combine_chunks()
-    off = np.asarray(ids_col.offsets, dtype=np.int64)
-    if not np.array_equal(off, np.asarray(lab_col.offsets, dtype=np.int64)):
-        raise InputError("input_ids and labels differ in length in some sample", f)
-    ids = np.asarray(ids_col.values.to_numpy(zero_copy_only=False), dtype=np.int32)
-    labels = np.asarray(lab_col.values.to_numpy(zero_copy_only=False), dtype=np.int32)
-    ids, labels = ids[off[0]:off[-1]], labels[off[0]:off[-1]]
-    off = off - off[0]
-    if not (labels != IGNORE_INDEX).any():
+    if not (rows.labels != IGNORE_INDEX).any():
         raise InputError("no sample has a label (nothing to train on)", f)
-    return PackedArrays(ids, labels, off)
+    return rows
 
 
-def check_rows(rows: PackedArrays, *, vocab_size: int, extended: int, allow_extrapolation: bool, where,
+def check_rows(rows, *, vocab_size: int, extended: int, allow_extrapolation: bool, where,
                rope_desc: str) -> dict:
     """Fail before training when the data cannot be trained on as asked. Returns length stats."""
     lengths = rows.lengths()
@@ -146,8 +113,8 @@ def check_rows(rows: PackedArrays, *, vocab_size: int, extended: int, allow_extr
 
 
 class PackedDataset:
-    """A map-style dataset of packed samples -> {input_ids, labels} (int64 tensors), from
-    :class:`PackedArrays` or a list of row dicts (``data_concat.load_packed``)."""
+    """A map-style dataset of packed samples -> {input_ids, labels} (int64 tensors), from a
+    ``data_concat.packed.PackedSet`` or a list of row dicts (``data_concat.load_packed``)."""
 
     def __init__(self, rows):
         self.rows = rows

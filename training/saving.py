@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from common.io import InputError, write_json_atomic
+from common.io import InputError, atomic_dir, write_json_atomic
 
 ADAPTER_FILE = "adapter_model.safetensors"
 TRAINED_FILE = "trained_tensors.safetensors"
@@ -80,7 +80,7 @@ def export(model, out_dir: str | os.PathLike, *, extra_names: list[str], base_mo
         return None
     lora, extra = split_trainable(state, extra_names)
     out = Path(out_dir)
-    with _building(out) as tmp:
+    with atomic_dir(out) as tmp:
         model.save_pretrained(str(tmp), state_dict=lora, safe_serialization=True)
         save_file({k: v.clone() for k, v in extra.items()}, str(tmp / TRAINED_FILE), metadata={"format": "pt"})
         config.save_pretrained(str(tmp))
@@ -92,33 +92,6 @@ def export(model, out_dir: str | os.PathLike, *, extra_names: list[str], base_mo
         write_json_atomic(tmp / EXPORT_JSON, {"base_model": str(base_model), "rope": rope, "step": step,
                                               "trained_tensors": sorted(extra), "lora_tensors": len(lora)})
     return out
-
-
-@contextlib.contextmanager
-def _building(out: Path):
-    """Build directory ``out`` in a temp dir beside it (yielded), then swap it into place: an existing ``out`` is
-    replaced only once the new one is complete. On any failure the temp dir is removed and ``out`` is left as it
-    was (also when the final rename fails)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        yield tmp
-        if out.exists():
-            old = out.with_name(f"{out.name}.old{os.getpid()}")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out, old)
-            try:
-                os.replace(tmp, out)
-            except BaseException:
-                os.replace(old, out)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # gone after a successful rename; removed after a failure
 
 
 def check_merge_out(out: Path, *, protect: dict[str, Path]) -> None:
@@ -182,8 +155,6 @@ def load_export_into(peft_model, export_dir: str | os.PathLike) -> None:
 
         ctx = deepspeed.zero.GatheredParameters(z3, modifier_rank=0)
     else:
-        import contextlib
-
         ctx = contextlib.nullcontext()
     with ctx, torch.no_grad():
         for n, t in extra.items():
@@ -230,7 +201,7 @@ def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_mod
             params[n].copy_(t.to(params[n].dtype))
     model = PeftModel.from_pretrained(model, str(d), autocast_adapter_dtype=False)
     model = model.merge_and_unload()
-    with _building(out) as tmp:
+    with atomic_dir(out) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         for name in TOKENIZER_FILES:
             f = d / name
