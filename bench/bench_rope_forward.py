@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rope_scaling import RopeSpec, add_rope_args, apply_rope, spec_from_args  # noqa: E402
-from common.io import cli_main  # noqa: E402
+from common.cli import cli_main  # noqa: E402
 
 ALL = [RopeSpec("pi", 8.0), RopeSpec("ntk", 8.0), RopeSpec("dynamic_ntk", 8.0), RopeSpec("yarn", 8.0),
        RopeSpec("abf", 8.0, rope_base=500000.0)]

@@ -1,7 +1,7 @@
 """Input/output conventions shared by every CLI: clear input errors, JSONL reading, atomic writes.
 
-- Bad input raises :class:`InputError` naming ``file:line``; :func:`cli_main` turns it into one line on stderr
-  and exit code 2.
+- Bad input raises :class:`InputError` naming ``file:line``; ``common.cli.cli_main`` turns it into one line on
+  stderr and exit code 2.
 - Every output file is written to a temporary file in the same directory and renamed into place, so a reader
   never sees a half-written file. It gets the mode a plain ``open(path, "w")`` would give it (an existing file's
   mode, else ``0o666 & ~umask``; directories ``0o777 & ~umask``), not the 0600 / 0700 of ``tempfile``.
@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import stat
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -225,46 +224,3 @@ def sha256_file(path: str | os.PathLike) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def cli_main(fn: Callable[[list[str] | None], int | None]) -> Callable[[list[str] | None], int]:
-    """Wrap a CLI ``main(argv)``: InputError -> one line on stderr and exit code 2."""
-
-    def wrapped(argv: list[str] | None = None) -> int:
-        try:
-            rc = fn(argv)
-            return 0 if rc is None else int(rc)
-        except InputError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
-            return 130
-
-    wrapped.__doc__ = fn.__doc__
-    wrapped.__name__ = getattr(fn, "__name__", "main")
-    return wrapped
-
-
-def module_subcommands(prog: str, description: str, modules: Iterable[str], metavar: str = "COMMAND"):
-    """An argparse parser with one subcommand per module (in --help order); each module's ``register(subparsers)``
-    adds its subparser and sets ``func`` (parsed args -> exit code). Run it with :func:`run_subcommand`."""
-    import argparse
-    import importlib
-
-    ap = argparse.ArgumentParser(prog=prog, description=description,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", metavar=metavar)
-    for name in modules:
-        importlib.import_module(name).register(sub)
-    return ap
-
-
-def run_subcommand(ap, argv: list[str] | None) -> int:
-    """Parse ``argv`` with a :func:`module_subcommands` parser and call the chosen subcommand (no subcommand:
-    help on stderr, exit 2)."""
-    args = ap.parse_args(argv)
-    if not getattr(args, "func", None):
-        ap.print_help(sys.stderr)
-        return 2
-    return args.func(args)

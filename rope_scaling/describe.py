@@ -18,7 +18,8 @@ import math
 import sys
 from pathlib import Path
 
-from common.io import InputError, cli_main
+from common.cli import add_alias, add_command, add_json, cli_main
+from common.io import InputError
 
 from .args import add_rope_args, spec_from_args
 from .hf import apply_rope, extended_context, plan_rope, rope_state
@@ -130,18 +131,33 @@ def format_table(d: dict) -> str:
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = parser or argparse.ArgumentParser(prog="python -m rope_scaling describe")
-    p.description = __doc__.split("\n\n", 1)[1].strip() if parser is None else p.description
-    src = p.add_argument_group("the model (exactly one of: --config, --preset, or --head-dim/--base/--orig-ctx)")
+    from common.cli import HelpFormatter
+    from common.settings import plain
+
+    p = parser or argparse.ArgumentParser(prog="python -m rope_scaling describe", formatter_class=HelpFormatter,
+                                          description=plain(__doc__.split("\n\n", 1)[1].strip()))
+    src = p.add_argument_group("the model (exactly one of: --config, --preset, or --head-dim + --rope-theta + "
+                               "--orig-ctx)")
     src.add_argument("--config", metavar="PATH", help="an HF config.json, or a model directory holding one")
     src.add_argument("--preset", choices=sorted(PRESETS), help="a known model's RoPE (base, context, head_dim)")
-    src.add_argument("--head-dim", type=int, metavar="D", help="rotary head dimension (with --base and --orig-ctx)")
-    src.add_argument("--base", type=float, metavar="B", help="the model's RoPE base (with --head-dim)")
+    src.add_argument("--head-dim", type=int, metavar="D",
+                     help="rotary head dimension (with --rope-theta and --orig-ctx)")
+    src.add_argument("--rope-theta", dest="base", type=float, metavar="B",
+                     help="the model's own RoPE base, its config's rope_theta (with --head-dim); not --rope-base, "
+                          "the new base of ABF")
+    add_alias(p, "--rope-theta", "--base", dest="base", type=float)
     add_rope_args(p)  # adds --orig-ctx too: the original context of the model, or of the --head-dim model
     p.add_argument("--seq-len", type=int, metavar="L",
-                   help="sequence length for dynamic_ntk (default: the extended context, orig-ctx * s)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+                   help="sequence length for dynamic_ntk; default: the extended context, orig-ctx x s")
+    add_json(p, "the explanation instead of the table")
     return p
+
+
+def register(sub) -> None:
+    p = add_command(sub, "describe", help="explain a RoPE setting per rotary dimension pair",
+                    description=__doc__.split("\n\n", 1)[1].strip())
+    build_parser(p)
+    p.set_defaults(func=run)
 
 
 def config_from_args(args: argparse.Namespace):
@@ -149,17 +165,18 @@ def config_from_args(args: argparse.Namespace):
     manual = args.head_dim is not None or args.base is not None
     n = sum([args.config is not None, args.preset is not None, manual])
     if n != 1:
-        raise InputError("give exactly one model: --config PATH, --preset NAME, or --head-dim D --base B --orig-ctx N")
+        raise InputError("give exactly one model: --config PATH, --preset NAME, or --head-dim D --rope-theta B "
+                         "--orig-ctx N")
     if args.config is not None:
         return load_config(args.config)
     if args.preset is not None:
         return copy.deepcopy(PRESETS[args.preset])
     if args.head_dim is None or args.base is None or args.orig_ctx is None:
-        raise InputError("--head-dim, --base and --orig-ctx go together")
+        raise InputError("--head-dim, --rope-theta and --orig-ctx go together")
     if args.head_dim < 4 or args.head_dim % 2:
         raise InputError(f"--head-dim must be an even number >= 4, got {args.head_dim}")
     if not args.base > 1:
-        raise InputError(f"--base must be > 1, got {args.base:g}")
+        raise InputError(f"--rope-theta must be > 1, got {args.base:g}")
     return {"head_dim": args.head_dim, "max_position_embeddings": args.orig_ctx,
             "rope_parameters": {"rope_type": "default", "rope_theta": args.base}}
 

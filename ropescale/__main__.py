@@ -1,22 +1,7 @@
-"""python -m ropescale make-tiny ..."""
+"""``python -m ropescale TOOL ...``: the ``ropescale`` command (see ropescale.cli)."""
 import sys
 
-from common.io import cli_main
-
-
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m ropescale make-tiny [--out DIR] [--steps N] [--force]\n\n"
-              "  make-tiny   build (or show) the embedded tiny default model", file=sys.stderr)
-        return 0 if argv else 2
-    if argv[0] == "make-tiny":
-        from .tiny import main as tiny_main
-
-        return tiny_main(argv[1:])
-    print(f"unknown command {argv[0]!r}", file=sys.stderr)
-    return 2
-
+from .cli import main
 
 if __name__ == "__main__":
-    sys.exit(cli_main(main)())
+    sys.exit(main())

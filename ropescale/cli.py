@@ -1,0 +1,55 @@
+"""The one ``ropescale`` command: ``ropescale TOOL ...`` runs a tool with the same flags as its entry script.
+
+    ropescale rope describe ...     = python -m rope_scaling describe ...
+    ropescale data pack ...         = python -m data_concat pack ...
+    ropescale finetune [train] ...  = python finetune.py ...   (multi-GPU: deepspeed finetune.py ...)
+    ropescale eval generate ...     = python eval_summ.py generate ...
+    ropescale probes ppl ...        = python -m probes ppl ...
+    ropescale make-tiny ...         = python -m ropescale make-tiny ...
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# tool -> (module with main(argv[, prog]), what it does); in --help order
+TOOLS = {
+    "rope": ("rope_scaling.__main__", "RoPE settings: describe what a method does to each rotary pair"),
+    "data": ("data_concat.cli", "data: pack fine-tuning samples, build pairs, sample CNNSum-style eval sets"),
+    "finetune": ("training.cli", "LoRA fine-tuning with RoPE scaling ([train]), merge a run into a model"),
+    "eval": ("evaluation.cli", "CNNSum evaluation: generate, score, report, run"),
+    "probes": ("probes.cli", "long-context probes and their report"),
+    "make-tiny": ("ropescale.tiny", "build (or show) the embedded tiny default model"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, TOOLS))
+    lines = ["usage: ropescale TOOL [ARGS ...]   (ropescale TOOL --help for a tool's flags)", "",
+             "ropescale: RoPE context extension, fine-tuning and CNNSum-style evaluation.", "", "tools:"]
+    lines += [f"  {name:<{width}}  {what}" for name, (_, what) in TOOLS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from common.cli import quiet_libraries
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in TOOLS:
+        print(f"{usage()}\n\nerror: unknown tool {name!r}", file=sys.stderr)
+        return 2
+    if name == "finetune":  # before torch / DeepSpeed are imported (as finetune.py does)
+        from training.env import setup_env
+
+        setup_env()
+    quiet_libraries()
+    module = importlib.import_module(TOOLS[name][0])
+    if name == "make-tiny":
+        from common.cli import cli_main
+
+        return cli_main(module.main)(rest)
+    return module.main(rest, prog=f"ropescale {name}")
