@@ -36,7 +36,7 @@ model decodes it. (A padded batch of ``generate`` still shares one base: the lon
 
 vllm backend: imported lazily (``pip install vllm`` on a CUDA machine); ``max_model_len`` is the paper's rule,
 twice the subset's target length, raised if needed so the longest prompt + generation fits; the RoPE setting is
-passed as ``hf_overrides`` (the config fields that :func:`rope_scaling.apply_rope` changed), plus what
+passed as ``hf_overrides`` (the config fields :func:`rope_scaling.apply_rope` wrote: ``rope_scaling.load``), plus what
 :func:`vllm_settings` adds so that vLLM's precomputed rotary cache covers ``max_model_len`` and YaRN's attention
 factor reaches it; settings vLLM would compute differently from transformers are refused there (dynamic NTK, and
 YaRN past its rotary cache), pointing to ``--backend hf``.
@@ -175,8 +175,6 @@ class HFBackend:
                  **fields):
         """``settings`` (or its fields as keywords, e.g. ``cache="static"``) as :class:`BackendSettings`; ``model``:
         an already-loaded model (tests, benchmarks)."""
-        from transformers import AutoModelForCausalLM
-
         st = dataclasses.replace(settings or BackendSettings(), **fields)
         self.log = log or (lambda m: print(m, file=sys.stderr))
         self.device = pick_device(st.device)
@@ -189,10 +187,10 @@ class HFBackend:
         self.cuda_graph = bool(st.cuda_graph)
         batch_tokens, max_batch = st.batch_tokens, st.max_batch
         if model is None:
+            from rope_scaling.load import load_model
+
             self.attn = attn_implementation(self.device, self.dtype)
-            model = AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, dtype=self.dtype,
-                                                         attn_implementation=self.attn)
-            model = model.to(self.device)
+            model = load_model(model_dir, config, dtype=self.dtype, attn=self.attn).to(self.device)
         else:
             self.attn = getattr(model.config, "_attn_implementation", None) or "sdpa"
         self.model = model.eval()
@@ -408,12 +406,6 @@ class VLLMBackend:
             outs = self.llm.generate([{"prompt_token_ids": it.input_ids} for it in part], sp, use_tqdm=False)
             for it, o in zip(part, outs):
                 on_done(it, cut_at_eos(o.outputs[0].token_ids, eos))
-
-
-def rope_overrides(before: dict, after: dict) -> dict:
-    """The config fields a RoPE change touched (``after`` vs ``before``, both ``config.to_dict()``)."""
-    keys = ("rope_scaling", "rope_parameters", "rope_theta", "max_position_embeddings")
-    return {k: after[k] for k in keys if k in after and after.get(k) != before.get(k)}
 
 
 # ---------------------------------------------------------------- what vLLM is told

@@ -51,7 +51,7 @@ from common.settings import (add_arguments, diff, from_record, given, nested, re
                              to_record)
 from rope_scaling import RopeSpec
 
-from .backends import BackendSettings, Item, make_backend, rope_overrides
+from .backends import BackendSettings, Item, make_backend
 from .data import (CNNSUM_HUB_ID, load_samples, open_source, parse_subset, records_subset,  # noqa: F401
                    subset_from_filename)
 
@@ -140,27 +140,18 @@ def find_train_length(model_dir: Path) -> int | None:
     return None
 
 
-def prepare_config(model_dir: Path, spec, log=None):
-    """(config, effective RopeSpec, hf_overrides): the saved config with ``spec`` applied by
-    :func:`rope_scaling.apply_rope`, whose rule every entry point follows: method none (without ``--replace``) or
-    the spec the config already carries is a no-op (noted on ``log``), a different spec on a scaled config is
-    refused unless ``spec.replace``."""
-    from transformers import AutoConfig
+def prepare_config(model_dir: Path, spec=None, log=None):
+    """(config, effective RopeSpec, hf_overrides): the saved config with ``spec`` applied by the one loader
+    (:func:`rope_scaling.load.load_config`, whose rule every entry point follows: method none or the spec the config
+    already carries is a no-op, noted on ``log``; a different spec on a scaled config is refused unless
+    ``spec.replace``)."""
+    from rope_scaling import read_rope
+    from rope_scaling.load import load_config, rope_fields
 
-    from rope_scaling import apply_rope, plan_rope, read_rope
-
-    config = AutoConfig.from_pretrained(str(model_dir))
-    if spec is None:
-        return config, read_rope(config), {}
-    before = config.to_dict()
-    try:
-        change = plan_rope(config, spec)
-        apply_rope(config, spec)
-    except InputError as e:
-        raise InputError(e.message, e.path or model_dir / "config.json", e.line) from None
+    config, change = load_config(model_dir, spec)
     if change.action in ("unchanged", "replaced", "removed") and log is not None:
         log(f"[generate] note: {change.message()}")
-    return config, read_rope(config), rope_overrides(before, config.to_dict())
+    return config, read_rope(config), rope_fields(config, change)
 
 
 class Tokenize:

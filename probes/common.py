@@ -58,22 +58,19 @@ class Loaded:
 
 def load_model(name: str | os.PathLike | None, spec=None) -> Loaded:
     """Resolve ``name`` (``tiny`` or an HF model dir), apply the rope spec to its config, then load the model
-    (fp32, eval, CPU) and tokenizer. A config that already carries rope scaling plus a scaling flag needs
-    ``--replace`` (rope_scaling.apply_rope enforces it)."""
+    (fp32, eval, CPU) and tokenizer -- through rope_scaling.load, as every stage (a config that already carries
+    rope scaling plus a scaling flag needs ``--replace``)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
+    from rope_scaling import extended_context, read_rope, rope_state
+    from rope_scaling.load import load_config, load_model as load_lm
     from ropescale.tiny import resolve_model
 
     path = resolve_model(name)
-    config = AutoConfig.from_pretrained(str(path))
-    from rope_scaling import apply_rope, extended_context, read_rope, rope_state
-
-    if spec is not None:
-        apply_rope(config, spec)  # no-op for none; refuses to stack on existing scaling without --replace
+    config, _ = load_config(path, spec)
     eff = read_rope(config)
-    model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=torch.float32,
-                                                 attn_implementation="sdpa")
+    model = load_lm(path, config, dtype=torch.float32, attn="sdpa")
     model.float().eval()
     tok = AutoTokenizer.from_pretrained(str(path))
     orig = int(rope_state(config).orig_ctx)

@@ -41,29 +41,18 @@ def resolve_attn(name: str, cuda: bool) -> str:
 
 
 def load_config(model_dir: str | Path, spec):
-    """(the model's config with ``spec`` applied, what was done: a ``rope_scaling.RopeChange``), before any
-    weights are loaded. The one rule of ``rope_scaling.apply_rope``: a config that already carries scaling takes
-    the same spec again as a no-op and another one only with --replace."""
-    from transformers import AutoConfig
+    """(the model's config with ``spec`` applied, what was done: a ``rope_scaling.RopeChange``), before any weights
+    are loaded: ``rope_scaling.load.load_config``, the one loader every stage uses."""
+    from rope_scaling.load import load_config as load
 
-    from rope_scaling import apply_rope, plan_rope
-
-    model_dir = Path(model_dir)
-    if not (model_dir / "config.json").is_file():
-        raise InputError("not a model directory (no config.json)", model_dir)
-    cfg = AutoConfig.from_pretrained(str(model_dir))
-    change = plan_rope(cfg, spec)
-    apply_rope(cfg, spec)
-    return cfg, change
+    return load(model_dir, spec)
 
 
 def load_model(model_dir: str | Path, config, dtype: torch.dtype, attn: str):
-    """The causal LM with ``config`` (the rope already applied). Under an active ZeRO-3 DeepSpeed config
-    (created by TrainingArguments before this call) transformers partitions the weights while loading."""
-    from transformers import AutoModelForCausalLM
+    """The causal LM with ``config`` (the rope already applied; ``rope_scaling.load.load_model``), no KV cache."""
+    from rope_scaling.load import load_model as load
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, dtype=dtype,
-                                                 attn_implementation=attn)
+    model = load(model_dir, config, dtype=dtype, attn=attn)
     model.config.use_cache = False
     return model
 

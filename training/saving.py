@@ -168,7 +168,7 @@ def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_mod
     that is not a model, the run, its export or the base model are refused before any work."""
     from peft import PeftModel
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from rope_scaling.load import load_config, load_model
 
     d = Path(export_dir)
     out = Path(out_dir)
@@ -182,7 +182,7 @@ def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_mod
     check_merge_out(out, protect={**protect, "the base model": base})
     if not (base / "config.json").is_file():
         raise InputError("base model of the run not found (pass --base-model)", base)
-    config = AutoConfig.from_pretrained(str(d))  # the trained config: rope applied
+    config, _ = load_config(d)  # the trained config: rope applied
     if dtype == "auto":
         torch_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
         if isinstance(torch_dtype, str):
@@ -191,7 +191,7 @@ def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_mod
         from .model import resolve_dtype
 
         torch_dtype = resolve_dtype(dtype, False)
-    model = AutoModelForCausalLM.from_pretrained(str(base), config=config, dtype=torch_dtype)
+    model = load_model(base, config, dtype=torch_dtype)
     extra = load_file(str(d / TRAINED_FILE))
     params = dict(model.named_parameters())
     with torch.no_grad():
