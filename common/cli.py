@@ -163,6 +163,7 @@ QUIET_WARNINGS = (
     (DeprecationWarning, "", r"(torch|transformers|deepspeed|peft|accelerate|jieba|pkg_resources)(\.|$)"),
     (UserWarning, r".*(TypedStorage|torch\.utils\._pytree|None of the inputs have requires_grad|"
                   r"use_reentrant|Casting complex values|The given NumPy array is not writable)", ""),
+    (UserWarning, r"OMP_NUM_THREADS/MKL_NUM_THREADS unset", r"accelerate(\.|$)"),
 )
 
 

@@ -235,6 +235,7 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
         deepspeed=ds_cfg, report_to=[], remove_unused_columns=False, dataloader_num_workers=args.num_workers,
         gradient_checkpointing=False, disable_tqdm=True, log_level="warning",
         optim="adamw_torch_fused" if cuda else "adamw_torch", save_only_model=False,
+        ddp_find_unused_parameters=False,  # every trained tensor (LoRA, embeddings, norms) gets a gradient each step
     )
 
     # ---- model, LoRA
