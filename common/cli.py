@@ -76,6 +76,8 @@ class Tool:
         sub = ap.add_subparsers(dest="command", metavar="COMMAND", title="commands")
         for c in self.commands:  # a module name (its register) or a register function
             (importlib.import_module(c).register if isinstance(c, str) else c)(sub)
+        for sp in sub.choices.values():  # one style, whatever a module's register wrote
+            _plain_parser(sp)
         return ap
 
     def prog_name(self, prog: str | None) -> str:
@@ -97,6 +99,15 @@ class Tool:
             ap.print_help(sys.stderr)
             return 2
         return args.func(args)
+
+
+def _plain_parser(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = HelpFormatter
+    p.description = plain(p.description) if p.description else p.description
+    p.epilog = plain(p.epilog) if p.epilog else p.epilog
+    for a in p._actions:  # noqa: SLF001 - argparse has no public accessor for its actions
+        if a.help and a.help != argparse.SUPPRESS:
+            a.help = plain(a.help)
 
 
 def _with_default(argv: list[str], default: str, names: set[str]) -> list[str]:

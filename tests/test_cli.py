@@ -1,0 +1,197 @@
+"""Issue 17: one CLI style (help in plain words, each default once), old flag spellings still accepted, the same
+names for the same ideas, no import circles, an installable package whose command reaches every tool."""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("common", "rope_scaling", "data_concat", "training", "evaluation", "probes", "ropescale")
+
+
+def _tools():
+    from data_concat.cli import TOOL as data
+    from evaluation.cli import TOOL as evaluation
+    from probes.cli import _tool
+    from rope_scaling.__main__ import TOOL as rope
+    from training.cli import TOOL as finetune
+
+    return {"finetune": finetune, "eval": evaluation, "data": data, "probes": _tool(), "rope": rope}
+
+
+def _subparsers(ap: argparse.ArgumentParser) -> dict:
+    for a in ap._actions:  # noqa: SLF001
+        if isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
+            return dict(a.choices)
+    return {}
+
+
+def _all_parsers():
+    for tool, t in _tools().items():
+        ap = t.parser()
+        yield tool, ap
+        for name, sub in _subparsers(ap).items():
+            yield f"{tool} {name}", sub
+
+
+def test_every_help_is_plain_words_with_each_default_once():
+    seen = 0
+    for name, ap in _all_parsers():
+        text = ap.format_help()
+        seen += 1
+        assert "``" not in text and not re.search(r":(mod|func|class):`", text), name
+        assert "['" not in text and "('" not in text, (name, "a Python list/tuple repr in the help")
+        for a in ap._actions:  # noqa: SLF001
+            h = a.help or ""
+            if h == argparse.SUPPRESS:
+                continue
+            assert len(re.findall(r"default:|\(default\b", h.lower())) <= 1, (name, a.option_strings, h)
+            assert "%(default)" not in h
+    assert seen >= 5 + 15
+
+
+def _visible(ap) -> set[str]:
+    return {o for a in ap._actions if a.help != argparse.SUPPRESS for o in a.option_strings}  # noqa: SLF001
+
+
+def test_the_same_flags_for_the_same_ideas():
+    """--out for what a command writes, --json wherever it prints a result, --format markdown|csv|json for tables."""
+    leaves = {name: ap for name, ap in _all_parsers() if " " in name}
+    assert {"finetune train", "finetune merge", "eval generate", "eval run", "probes ppl", "data pack"} <= set(leaves)
+    for name, ap in leaves.items():
+        opts = _visible(ap)
+        assert "--json" in opts, name
+        if name not in ("eval score", "data stats", "rope describe"):  # these write nothing (score: into --pred)
+            assert "--out" in opts, name
+        assert not opts & {"--output-dir", "--report-dir", "--min", "--max"}, name
+    for name in ("eval report", "probes report"):
+        assert {"--format", "--json", "--out", "--plot"} <= _visible(leaves[name])
+
+
+@pytest.mark.parametrize("argv,check", [
+    (["finetune", "--output-dir", "X", "--model", "/m"], lambda s: s.out == "X"),
+    (["data", "pack", "--pairs", "p", "--out", "o", "--min", "10", "--max", "20"],
+     lambda s: (s.min_tokens, s.max_tokens) == (10, 20)),
+    (["data", "pack", "--pairs", "p", "--out", "o", "--min-tokens", "10", "--max-tokens", "20"],
+     lambda s: (s.min_tokens, s.max_tokens) == (10, 20)),
+    (["eval", "generate", "--no-cuda-graph"], lambda s: s.backend.cuda_graph is False),
+])
+def test_old_spellings_still_work(argv, check):
+    tool = _tools()[argv[0]]
+    ap = tool.parser()
+    args = ap.parse_args(argv[1:] if argv[0] != "finetune" else ["train", *argv[1:]])
+    if argv[0] == "finetune":
+        from training.config import settings_from_args
+
+        settings = settings_from_args(args)[0]
+    elif argv[0] == "data":
+        from data_concat.pack import settings_from_args
+
+        settings = settings_from_args(args)
+    else:
+        from evaluation.generate import settings_from_args
+
+        settings = settings_from_args(args)
+    assert check(settings)
+    command = "train" if argv[0] == "finetune" else argv[1]
+    assert argv[0] == "eval" or "old spellings still accepted" in _subparsers(ap)[command].format_help()
+
+
+def test_report_format_md_and_describe_base_are_accepted():
+    from evaluation.cli import build_parser
+    from rope_scaling.describe import build_parser as describe_parser
+
+    assert build_parser().parse_args(["report", "--format", "md"]).format == "markdown"
+    assert build_parser().parse_args(["report", "--json"]).format == "json"
+    assert describe_parser().parse_args(["--base", "1e4"]).base == 1e4
+    assert describe_parser().parse_args(["--rope-theta", "1e4"]).base == 1e4
+
+
+def _imports(path: Path, mod: str) -> set[str]:
+    """Project modules ``mod`` imports anywhere in its file (function bodies too; TYPE_CHECKING blocks not)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for b in node.body for n in ast.walk(b)}
+    pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = pkg.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        out |= {n for n in names if n.split(".")[0] in PACKAGES}
+    return out
+
+
+def test_no_import_circles():
+    modules = {}
+    for pkg in PACKAGES:
+        for f in (ROOT / pkg).rglob("*.py"):
+            rel = f.relative_to(ROOT).with_suffix("")
+            name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+            modules[name] = f
+    graph = {m: {i for i in _imports(f, m) if i in modules and i != m} for m, f in modules.items()}
+    # a package's __init__ that only re-exports its own modules is not an edge back up (x.y -> x)
+    for m in graph:
+        graph[m] = {i for i in graph[m] if not m.startswith(i + ".")}
+    index, low, stack, on, cycles = {}, {}, [], set(), []
+
+    def strong(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in graph:
+        if v not in index:
+            strong(v)
+    assert cycles == [], cycles
+
+
+def test_pyproject_installs_the_command_without_touching_torch():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    deps = meta["project"]["dependencies"]
+    assert not [d for d in deps if re.match(r"^(torch|deepspeed|vllm|flash-attn)\b", d)], deps
+    assert meta["project"]["scripts"]["ropescale"] == "ropescale.cli:main"
+    r = subprocess.run([sys.executable, "-m", "ropescale", "--help"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=60)
+    assert r.returncode == 0 and all(t in r.stdout for t in ("rope", "data", "finetune", "eval", "probes",
+                                                             "make-tiny"))
+    r = subprocess.run([sys.executable, "-m", "ropescale", "rope", "describe", "--preset", "yi-6b", "--rope", "yarn",
+                        "--scale", "16", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["counts"] == {"extrapolated": 13, "mixed": 14, "interpolated": 37}
