@@ -89,6 +89,10 @@ class Tool:
                 return set(a.choices)
         return set()
 
+    def entry(self) -> Callable[..., int]:
+        """``main(argv=None, prog=None)`` for the tool's entry script: parse, run, bad input as one line + exit 2."""
+        return cli_main(self.main)
+
     def main(self, argv: list[str] | None = None, prog: str | None = None) -> int:
         argv = list(sys.argv[1:] if argv is None else argv)
         ap = self.parser(prog)

@@ -23,12 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from common.cli import add_command, add_json
 from common.io import InputError, check_output_dir
 from common.paths import CHAPTERS_JSONL
 from common.runs import RunDir, RunMeta, now
-from common.settings import (add_arguments, check, diff, from_record, given, make, nested, recorded_keys, resolve,
-                             setting, to_record)
+from common.settings import check, diff, from_record, make, nested, recorded_keys, setting, to_record
 from rope_scaling import RopeSpec
 
 ITEMS = "items.jsonl"
@@ -115,32 +113,6 @@ def probe_settings(cls, settings=None, fields: dict | None = None):
     out = settings if settings is not None and not fields else make(cls, settings, **fields)
     check(out)
     return out
-
-
-def register_probe(sub, name: str, cls, *, help: str, description: str, func) -> argparse.ArgumentParser:
-    """A probe's subcommand: its settings' flags, --recipe, --json."""
-    ap = add_command(sub, name, help=help, description=description)
-    add_arguments(ap, cls)
-    ap.add_argument("--recipe", metavar="FILE", help="YAML file of these settings (flags override it)")
-    add_json(ap, "the summary")
-    ap.set_defaults(func=func, settings_class=cls)
-    return ap
-
-
-def settings_from_args(args: argparse.Namespace):
-    """defaults < --recipe < the flags given, for the probe's own settings class."""
-    cls = args.settings_class
-    return resolve(cls, given(args, cls), getattr(args, "recipe", None))
-
-
-def prepare(s: ProbeSettings, load_data):
-    """What every probe's ``main`` starts with: check ``--out``, set the thread count, read its data
-    (``load_data()``, first, so a bad file fails before a model loads) and load the model with the RoPE flags.
-    Returns (data, Loaded)."""
-    check_output_dir(s.out)
-    set_threads(s.threads)
-    data = load_data()
-    return data, load_model(s.model, s.rope)
 
 
 def int_list(s: str) -> list[int]:

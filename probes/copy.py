@@ -10,19 +10,17 @@ about 2K tokens.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass
 
 from common.io import InputError
 from common.settings import setting
 
-from .common import (NOT_NEGATIVE, POSITIVE, ProbeRun, ProbeSettings, prepare, probe_settings, progress,
-                     register_probe, settings_from_args)
+from .command import register_probe
+from .common import NOT_NEGATIVE, POSITIVE, ProbeRun, ProbeSettings, probe_settings
 from .data import load_docs
 from .perturb import default_distances
-from .ppl import _data_name, sample_targets, tokenize_docs
-from .report import print_summary
+from .ppl import _data_name, target_spans
 from .scorer import score_continuations
 
 
@@ -59,11 +57,8 @@ def copy_probe(loaded, docs, settings: CopySettings | None = None, **fields) -> 
     s = dataclasses.replace(s, length=length, distances=distances, data=_data_name(docs) or s.data)
     run = ProbeRun("copy", loaded, s, [length], metric="loss (nats/token) on the target span",
                    column="distance d of the pasted copy (tokens)")
-    doc_ids = tokenize_docs(loaded.tokenizer, docs)
-    targets = sample_targets(doc_ids, docs, n, n_prefix, target_len, seed)
-    for t in progress(targets, "copy"):
-        ids = doc_ids[t.doc]
-        prefix, target = ids[t.start - n_prefix:t.start], ids[t.start:t.start + target_len]
+    _, spans = target_spans(loaded, docs, n=n, n_prefix=n_prefix, target_len=target_len, seed=seed, desc="copy")
+    for t, prefix, target in spans:
         todo = [d for d in distances if not run.done(f"{t.key}:copy:d{d}")]
         if not todo:
             continue
@@ -80,12 +75,5 @@ def copy_probe(loaded, docs, settings: CopySettings | None = None, **fields) -> 
 
 
 def register(sub) -> None:
-    register_probe(sub, "copy", CopySettings, help="target span pasted into the prefix at a distance (Sun et al. "
-                                                   "Sec 5)", description=__doc__, func=main)
-
-
-def main(args: argparse.Namespace) -> int:
-    s = settings_from_args(args)
-    docs, loaded = prepare(s, lambda: load_docs(s.data, s.tail_chapters))
-    print_summary(copy_probe(loaded, docs, s), args.json)
-    return 0
+    register_probe(sub, "copy", CopySettings, help="target span pasted into the prefix at a distance (Sun et al. Sec 5)", description=__doc__,
+                   load=lambda s: load_docs(s.data, s.tail_chapters), run=copy_probe)

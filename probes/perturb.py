@@ -18,18 +18,16 @@ The cell is the loss change (perturbed minus intact target loss, nats/token) for
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass
 
 from common.io import InputError
 from common.settings import setting
 
-from .common import (NOT_NEGATIVE, POSITIVE, ProbeRun, ProbeSettings, data_setting, prepare, probe_settings,
-                     progress, register_probe, rng_for, settings_from_args)
+from .command import register_probe
+from .common import NOT_NEGATIVE, POSITIVE, ProbeRun, ProbeSettings, data_setting, probe_settings, rng_for
 from .data import load_docs
-from .ppl import DEFAULT_TARGET_LEN, _data_name, sample_targets, tokenize_docs
-from .report import print_summary
+from .ppl import DEFAULT_TARGET_LEN, _data_name, target_spans
 from .scorer import score_continuations
 
 KINDS = ("shuffle", "replace", "drop", "drop-random")
@@ -111,11 +109,9 @@ def perturb_probe(loaded, docs, settings: PerturbSettings | None = None, **field
     run = ProbeRun("perturb", loaded, s, [length],
                    metric="loss change (perturbed - intact, nats/token) on the target span",
                    column="distance d = n - m of the perturbed part from the target (tokens)")
-    doc_ids = tokenize_docs(loaded.tokenizer, docs)
-    targets = sample_targets(doc_ids, docs, n, n_prefix, target_len, seed)
-    for t in progress(targets, "perturb"):
-        ids = doc_ids[t.doc]
-        prefix, target = ids[t.start - n_prefix:t.start], ids[t.start:t.start + target_len]
+    doc_ids, spans = target_spans(loaded, docs, n=n, n_prefix=n_prefix, target_len=target_len, seed=seed,
+                                  desc="perturb")
+    for t, prefix, target in spans:
         todo = [(kind, d) for kind in kinds for d in distances if not run.done(f"{t.key}:{kind}:d{d}")]
         if not todo:
             continue
@@ -146,12 +142,5 @@ def perturb_probe(loaded, docs, settings: PerturbSettings | None = None, **field
 
 
 def register(sub) -> None:
-    register_probe(sub, "perturb", PerturbSettings, help="loss change when only the distant prefix is perturbed "
-                                                         "(Sun et al. Sec 4)", description=__doc__, func=main)
-
-
-def main(args: argparse.Namespace) -> int:
-    s = settings_from_args(args)
-    docs, loaded = prepare(s, lambda: load_docs(s.data, s.tail_chapters))
-    print_summary(perturb_probe(loaded, docs, s), args.json)
-    return 0
+    register_probe(sub, "perturb", PerturbSettings, help="loss change when only the distant prefix is perturbed (Sun et al. Sec 4)", description=__doc__,
+                   load=lambda s: load_docs(s.data, s.tail_chapters), run=perturb_probe)

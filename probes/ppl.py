@@ -10,17 +10,15 @@ tokens. The same targets are used at every length, so the columns differ only in
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass
 
 from common.io import InputError
 from common.settings import setting
 
-from .common import (POSITIVE, ProbeRun, ProbeSettings, default_lengths, encode, prepare, probe_settings, progress,
-                     register_probe, rng_for, settings_from_args)
+from .command import register_probe
+from .common import POSITIVE, ProbeRun, ProbeSettings, default_lengths, encode, probe_settings, progress, rng_for
 from .data import load_docs
-from .report import print_summary
 from .scorer import score_continuations
 
 # Sun et al. 2021 Sec 2.2: "we set the number of target tokens per context k = 10" (token-level experiments, Sec 3-4)
@@ -68,6 +66,21 @@ def sample_targets(doc_ids: list[list[int]], docs, n: int, need_before: int, k: 
     return out
 
 
+def target_spans(loaded, docs, *, n: int, n_prefix: int, target_len: int, seed: int, desc: str):
+    """(token ids of every document, an iterator of (target, prefix ids, target ids)) for ``n`` target spans of
+    ``target_len`` tokens with ``n_prefix`` tokens before each (InputError at once when no document is long
+    enough): what copy and perturb score."""
+    doc_ids = tokenize_docs(loaded.tokenizer, docs)
+    targets = sample_targets(doc_ids, docs, n, n_prefix, target_len, seed)
+
+    def spans():
+        for t in progress(targets, desc):
+            ids = doc_ids[t.doc]
+            yield t, ids[t.start - n_prefix:t.start], ids[t.start:t.start + target_len]
+
+    return doc_ids, spans()
+
+
 def ppl_probe(loaded, docs, settings: PplSettings | None = None, **fields) -> dict:
     """Run the ppl probe into run dir ``settings.out`` (or give the settings as keywords); returns the summary
     (cells: mean target loss per length)."""
@@ -105,12 +118,5 @@ def _data_name(docs) -> str:
 
 
 def register(sub) -> None:
-    register_probe(sub, "ppl", PplSettings, help="loss on a fixed target span vs prefix length (Sun et al. 2021 Sec 3)",
-                   description=__doc__, func=main)
-
-
-def main(args: argparse.Namespace) -> int:
-    s = settings_from_args(args)
-    docs, loaded = prepare(s, lambda: load_docs(s.data, s.tail_chapters))
-    print_summary(ppl_probe(loaded, docs, s), args.json)
-    return 0
+    register_probe(sub, "ppl", PplSettings, help="loss on a fixed target span vs prefix length (Sun et al. 2021 Sec 3)", description=__doc__,
+                   load=lambda s: load_docs(s.data, s.tail_chapters), run=ppl_probe)

@@ -15,15 +15,14 @@ must be at least L/2 tokens), so the columns show how the test fares as document
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass
 
 from common.io import InputError
 from common.settings import setting
 
-from .common import (POSITIVE, ProbeRun, ProbeSettings, data_setting, prepare, probe_settings, progress,
-                     register_probe, rng_for, settings_from_args)
+from .command import register_probe
+from .common import POSITIVE, ProbeRun, ProbeSettings, data_setting, probe_settings, progress, rng_for
 from .data import Doc, is_chapters_file, load_books, load_docs, split_sentences
 from .scorer import score_document
 
@@ -137,14 +136,5 @@ def shuffle_probe(loaded, docs: list[Doc], settings: ShuffleSettings | None = No
 
 
 def register(sub) -> None:
-    register_probe(sub, "shuffle", ShuffleSettings, help="zero-shot k-Block Shuffle Test (Laban et al. 2021 Sec 3-4)",
-                   description=__doc__, func=main)
-
-
-def main(args: argparse.Namespace) -> int:
-    from .report import print_summary
-
-    s = settings_from_args(args)
-    docs, loaded = prepare(s, lambda: shuffle_docs(s.data))
-    print_summary(shuffle_probe(loaded, docs, s), args.json)
-    return 0
+    register_probe(sub, "shuffle", ShuffleSettings, help="zero-shot k-Block Shuffle Test (Laban et al. 2021 Sec 3-4)", description=__doc__,
+                   load=lambda s: shuffle_docs(s.data), run=shuffle_probe)

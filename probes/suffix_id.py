@@ -22,15 +22,14 @@ start at a sentence and overlap neither the prefix nor the gold suffix. Works on
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass
 
 from common.io import InputError
 from common.settings import setting
 
-from .common import (POSITIVE, ProbeRun, ProbeSettings, data_setting, encode, prepare, probe_settings, progress,
-                     register_probe, rng_for, settings_from_args)
+from .command import register_probe
+from .common import POSITIVE, ProbeRun, ProbeSettings, data_setting, encode, probe_settings, progress, rng_for
 from .data import Chapter, chapter_index, is_chapters_file, load_books, load_docs, render_chapter, split_sentences
 from .scorer import score_candidates
 
@@ -231,24 +230,20 @@ def sentence_probe(loaded, docs, settings: SuffixIdSettings | None = None, **fie
     return run.finish()
 
 
+def load_data(s: SuffixIdSettings):
+    """The chapter variant reads a chapters JSONL (books); the sentence variant any documents JSONL."""
+    if s.variant == "chapter":
+        if not is_chapters_file(s.data):
+            raise InputError("the chapter variant needs a chapters JSONL {book, chapter, title, text}", s.data)
+        return load_books(s.data)
+    return load_docs(s.data)
+
+
+def run(loaded, data, s: SuffixIdSettings) -> dict:
+    return (chapter_probe if s.variant == "chapter" else sentence_probe)(loaded, data, s)
+
+
 def register(sub) -> None:
     register_probe(sub, "suffix-id", SuffixIdSettings, help="suffix identification accuracy vs prefix length "
-                                                            "(ChapterBreak)", description=__doc__, func=main)
-
-
-def main(args: argparse.Namespace) -> int:
-    from .report import print_summary
-
-    s = settings_from_args(args)
-
-    def load_data():
-        if s.variant == "chapter":
-            if not is_chapters_file(s.data):
-                raise InputError("the chapter variant needs a chapters JSONL {book, chapter, title, text}", s.data)
-            return load_books(s.data)
-        return load_docs(s.data)
-
-    data, loaded = prepare(s, load_data)
-    probe = chapter_probe if s.variant == "chapter" else sentence_probe
-    print_summary(probe(loaded, data, s), args.json)
-    return 0
+                                                            "(ChapterBreak)", description=__doc__, load=load_data,
+                   run=run)

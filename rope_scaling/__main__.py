@@ -3,15 +3,11 @@ from __future__ import annotations
 
 import sys
 
-from common.cli import Tool, cli_main
+from common.cli import Tool
 
 TOOL = Tool("python -m rope_scaling", "RoPE context extension (PI, NTK, dynamic NTK, YaRN, ABF).",
             ("rope_scaling.describe",))
-
-
-@cli_main
-def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    return TOOL.main(argv, prog)
+main = TOOL.entry()
 
 
 if __name__ == "__main__":

@@ -20,11 +20,11 @@ PACKAGES = ("common", "rope_scaling", "data_concat", "training", "evaluation", "
 def _tools():
     from data_concat.cli import TOOL as data
     from evaluation.cli import TOOL as evaluation
-    from probes.cli import _tool
+    from probes.cli import TOOL as probes
     from rope_scaling.__main__ import TOOL as rope
     from training.cli import TOOL as finetune
 
-    return {"finetune": finetune, "eval": evaluation, "data": data, "probes": _tool(), "rope": rope}
+    return {"finetune": finetune, "eval": evaluation, "data": data, "probes": probes, "rope": rope}
 
 
 def _subparsers(ap: argparse.ArgumentParser) -> dict:

@@ -158,7 +158,7 @@ def test_probe_target_lengths_follow_the_papers():
     """ppl (Sun et al. 2021 Sec 2.2: k = 10) and perturb (the same token-level setup, Sec 4) default to 10 target
     tokens; suffix identification keeps 128-token suffixes, copy its 128-token pasted sequence."""
     from probes.cli import build_parser
-    from probes.common import settings_from_args
+    from probes.command import settings_from_args
 
     ap = build_parser()
 

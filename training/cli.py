@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from common.cli import Tool, add_command, add_json, add_out, cli_main
+from common.cli import Tool, add_command, add_json, add_out
 
 DESCRIPTION = """\
 LoRA fine-tuning with RoPE scaling on packed long samples (CNNSum Sec 5 / App. B.2).
@@ -86,9 +86,7 @@ def cmd_merge(args) -> int:
     return 0
 
 
-@cli_main
-def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    return TOOL.main(argv, prog)
+main = TOOL.entry()
 
 
 def _shutdown_dist() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from common.io import InputError, atomic_dir, write_json_atomic
+from common.io import InputError, atomic_dir, check_output_dir, write_json_atomic
 
 ADAPTER_FILE = "adapter_model.safetensors"
 TRAINED_FILE = "trained_tensors.safetensors"
@@ -112,11 +112,7 @@ def check_merge_out(out: Path, *, protect: dict[str, Path]) -> None:
                 raise InputError("--out is an existing directory that is not a model directory (it would be "
                                  "replaced): pick a new or empty directory, or a merged model to replace", out) \
                     from None
-    for parent in out.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise InputError(f"--out cannot be created: {parent} is not a directory", out)
-            break
+    check_output_dir(out, "--out")
 
 
 def find_export(run_dir: str | os.PathLike, step: int | None = None) -> Path:
