@@ -238,6 +238,10 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
         ddp_find_unused_parameters=False,  # every trained tensor (LoRA, embeddings, norms) gets a gradient each step
     )
 
+    from common.cli import logs_to_stderr
+
+    logs_to_stderr()  # DeepSpeed (imported by now when used) logs to stdout: results only there, also per rank
+
     # ---- model, LoRA
     from transformers import set_seed
 
