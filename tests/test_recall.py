@@ -5,13 +5,13 @@ import re
 
 import pytest
 
-from data_concat.recall import MARK, build, recall_samples, sources, split_part
-from ropescale.io import InputError
+from common.recall import MARK, build, recall_samples, sources, split_part
+from common.io import InputError
 
 
 @pytest.fixture(scope="module")
 def heldout_sources(tiny_tokenizer):
-    from ropescale.chapters import read_chapters
+    from common.chapters import read_chapters
 
     return sources(split_part(read_chapters(), "heldout", 3), tiny_tokenizer)
 
@@ -75,7 +75,7 @@ def test_training_pairs_have_lengths_in_range(heldout_sources, tiny_tokenizer):
 def test_build_gives_none_without_markable_sentences(tiny_tokenizer):
     import random
 
-    from data_concat.recall import Source
+    from common.recall import Source
 
     src = Source("x", ["这是一句非常非常非常非常非常非常非常非常非常非常非常非常非常非常非常非常长的句子而且没有结束。"] * 20,
                  [40] * 20, [1] * 20)
