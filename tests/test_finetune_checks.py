@@ -111,6 +111,19 @@ def test_resume_may_extend_max_steps(base, tmp_path):
     assert meta["lr"] == old["lr"] and meta["global_batch"] == old["global_batch"] == 2
 
 
+def test_resume_may_change_how_activations_are_kept(base, tmp_path):
+    """--tile-mlp / --offload-checkpoints change memory, not what is trained: a resume may change them, and the
+    finetune path applies them (the memory plan is in the training log)."""
+    cut = tmp_path / "run"
+    shutil.copytree(base["run"], cut)
+    p = run(finetune_cmd(*_with(base["args"], max_steps=3), "--output-dir", str(cut), "--resume", "auto",
+                         "--tile-mlp", "16", "--offload-checkpoints", "true"))
+    assert p.returncode == 0, p.stderr[-2000:]
+    last = train_log(cut)[-1]
+    assert last["step"] == 3
+    assert "memory" in p.stderr and any("tile" in k for k in last), last
+
+
 # ---------------------------------------------------------------- 2. --init-from: the same RoPE setting
 def test_init_from_a_run_of_another_rope_is_refused(base, capsys, tmp_path):
     src = tmp_path / "src16k"

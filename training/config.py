@@ -96,12 +96,13 @@ class TrainSettings:
                                                "before its recompute: true, false or auto (on CUDA with gradient "
                                                "checkpointing when micro_batch x sample length >= 65536 tokens); "
                                                "refused when host memory cannot hold the checkpoints",
-                                       choices=("auto", "true", "false"), group=HOW)
+                                       choices=("auto", "true", "false"), resume="ignore", group=HOW)
     tile_mlp: int | None = setting(None, "compute each decoder layer's MLP over sequence chunks of N tokens, each "
                                          "chunk recomputed in backward, so the MLP's intermediate activations "
                                          "never exist for the whole sequence: N, 0 = off, or auto (default: the "
                                          "model's hidden size on CUDA when micro_batch x sample length >= 65536 "
-                                         "tokens)", check=(lambda v: v >= 0, ">= 0 (0: off)"), group=HOW)
+                                         "tokens)", check=(lambda v: v >= 0, ">= 0 (0: off)"), resume="ignore",
+                                   group=HOW)
     head_chunk: int = setting(4096, "label positions per LM-head chunk (each chunk's logits are recomputed in "
                                     "backward, so at most one chunk of logits is alive)", check=_at_least(1),
                               group=HOW)

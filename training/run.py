@@ -134,7 +134,7 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
     from ropescale.tiny import resolve_model
 
     from .data import Collator, PackedDataset, build_default_data, check_rows, load_rows
-    from .model import (add_lora, fp32_master, load_config, load_model, param_counts, resolve_attn,
+    from .model import (add_lora, fp32_master, load_config, load_model, param_counts, resolve_attn, setup_memory,
                         resolve_dtype)
     from .saving import export, find_export, load_export_into
 
@@ -255,6 +255,8 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
         log(f"[finetune] initialised adapter + trained tensors from {init_export}")
     if ds_cfg is None and cuda and dtype != torch.float32:
         fp32_master(peft_model, dtype)  # fp32 trained tensors; the forward runs under autocast
+    # how activations are kept (offloaded checkpoints, tiled MLP): never what is trained, so resume may change it
+    setup_memory(peft_model, args, max_len=stats["max"], cuda=cuda, dtype=dtype, ds_config=ds_cfg)
     trainable, total = param_counts(peft_model)
     log(f"[finetune] trainable params: {trainable:,} of {total:,} ({100 * trainable / max(total, 1):.3f}%): "
         f"LoRA r={args.lora_r} on {','.join(args.lora_targets)} + {len(extra_names)} embedding/norm tensors; "
