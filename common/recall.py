@@ -132,6 +132,25 @@ def exact_tokens(tok, text: str) -> int:
     return len(tok(text, add_special_tokens=False)["input_ids"])
 
 
+# a marked sentence of the longest kind (MAX_CHARS characters), to size the answer in a given tokenizer
+_LONG_SENTENCE = "那行者在半空中看得分明，即将金箍棒变作一条铁索，把那妖精的两腿锁住了。"[:MAX_CHARS]
+
+
+def pair_range(tok, lo: int, hi: int, marks: int = MARKS) -> tuple[int, int]:
+    """Context-token range of recall pairs that pack into samples of ``lo``-``hi`` tokens: the longer F.2 prompt
+    (``ft-ie`` / ``ft-ib``) and an answer of ``marks`` long sentences + EOS are taken off. A pair whose answer is
+    longer still is skipped by ``pack --on-bad skip`` (and counted). InputError when nothing fits."""
+    from . import prompts
+
+    overhead = max(exact_tokens(tok, prompts.render("", k)) for k in ("ft-ie", "ft-ib"))
+    answer = exact_tokens(tok, reference([_LONG_SENTENCE] * marks)) + 1
+    ctx_lo, ctx_hi = lo - overhead, hi - overhead - answer
+    if ctx_hi < max(ctx_lo, 8 * marks):
+        raise InputError(f"samples of {lo}-{hi} tokens cannot hold a recall pair beside the {overhead}-token prompt "
+                         f"and a ~{answer}-token answer: use longer samples")
+    return max(ctx_lo, 8 * marks), ctx_hi
+
+
 def recall_samples(srcs: Sequence[Source], tok, *, n: int, target: int | None = None, min_tokens: int | None = None,
                    max_tokens: int | None = None, marks: int = MARKS, seed: int = 0) -> list[dict]:
     """``n`` samples. With ``target``: every context has at most ``target`` tokens (within a few sentences of it),

@@ -36,15 +36,18 @@ def default_data_range(orig_ctx: int, extended: int, factor: float = 2.0) -> tup
 
 def build_default_data(model_dir: str | os.PathLike, orig_ctx: int, extended: int, *, factor: float = 2.0,
                        n_samples: int = 64, seed: int = 0, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Build (once) and cache pairs from the shared novels and a pack sized for the model, with data_concat's
-    functions. Pairs are 1/8-1/4 of the target length (the paper: 2K-4K pairs for 16K samples). Returns the
-    packed directory."""
+    """Build (once) and cache fine-tuning data from the shared novels, sized for the model: pairs of the recall
+    task (:mod:`common.recall`: sentences marked 【k】 spread over an excerpt of the training chapters, the
+    marked sentences in order as the answer), one pair a sample, packed with the F.2 prompts into samples of
+    ``factor`` x the original context (min 7/8, max 9/8 of it, as ``pack --target N``). The tiny default was
+    pretrained on the same task inside its context, so a fine-tune on this data shows what a RoPE method does to
+    its reach. Returns the packed directory."""
     from data_concat import pack
-    from data_concat.pairs import build_pairs
     from data_concat.tokenizer import load_tokenizer
 
     from common.chapters import read_chapters
     from common.io import write_jsonl_atomic
+    from common.recall import HELDOUT, pair_range, recall_samples, sources, split_part
 
     target, lo, hi = default_data_range(orig_ctx, extended, factor)
     tok_files = sorted(p for p in Path(model_dir).iterdir() if p.name.startswith("tokenizer") or p.name == "vocab.json")
@@ -52,28 +55,19 @@ def build_default_data(model_dir: str | os.PathLike, orig_ctx: int, extended: in
     for p in tok_files:
         h.update(p.name.encode())
         h.update(p.read_bytes())
-    h.update(json.dumps([target, lo, hi, n_samples, seed, str(CHAPTERS_JSONL)]).encode())
-    root = Path(cache_dir or CACHE_DIR) / "data" / f"novels-{target}-{h.hexdigest()[:10]}"
+    h.update(json.dumps(["recall", target, lo, hi, n_samples, seed, HELDOUT, str(CHAPTERS_JSONL)]).encode())
+    root = Path(cache_dir or CACHE_DIR) / "data" / f"recall-{target}-{h.hexdigest()[:10]}"
     packed = root / "packed"
     if (packed / "train.parquet").is_file():
         return packed
     root.mkdir(parents=True, exist_ok=True)
     tok = load_tokenizer(model_dir)
-    from common import prompts
-
-    overhead = max(len(tok(prompts.render("", k), add_special_tokens=False)["input_ids"]) for k in ("ft-ib", "ft-ie"))
-    overhead += 24  # the summary (a heading couplet) + EOS
-    pair_lo, pair_hi = max(16, target // 8 - overhead), target // 4 - overhead
-    if pair_hi <= pair_lo:
-        raise InputError(f"the default data needs samples of a few pairs, but {lo}-{hi}-token samples leave no room "
-                         f"beside the {overhead}-token prompt; pass --data or a larger --default-data-factor")
-    max_pairs = max(64, n_samples * 16)
-    log(f"[data] building default data: pairs of {pair_lo}-{pair_hi} context tokens from {CHAPTERS_JSONL}, "
-        f"packed into {lo}-{hi}-token samples -> {packed}")
-    chapters = read_chapters(CHAPTERS_JSONL)
-    pairs, _ = build_pairs(chapters, tok, pair_lo, pair_hi, split="all", max_pairs=max_pairs)
-    if not pairs:
-        raise InputError(f"no pairs of {pair_lo}-{pair_hi} tokens could be built from the novels", CHAPTERS_JSONL)
+    pair_lo, pair_hi = pair_range(tok, lo, hi)
+    log(f"[data] building default data: {n_samples} recall pairs of {pair_lo}-{pair_hi} context tokens from the "
+        f"training chapters of {CHAPTERS_JSONL}, packed into {lo}-{hi}-token samples -> {packed}")
+    chapters = split_part(read_chapters(CHAPTERS_JSONL), "train", HELDOUT)
+    pairs = recall_samples(sources(chapters, tok), tok, n=n_samples, min_tokens=pair_lo, max_tokens=pair_hi,
+                           seed=seed)
     pairs_path = root / "pairs.jsonl"
     write_jsonl_atomic(pairs_path, pairs)
     pack(pairs_path, model_dir, packed, min_tokens=lo, max_tokens=hi, prompt="mix", seed=seed, on_bad="skip")
