@@ -82,18 +82,6 @@ def load_chapters(path: str | os.PathLike = CHAPTERS_JSONL) -> list[dict]:
     return [{"book": c.book, "chapter": c.chapter, "title": c.title, "text": c.text} for c in read_chapters(path)]
 
 
-def split_chapters(chapters: Sequence[dict], heldout_per_book: int) -> tuple[list[dict], list[dict]]:
-    """(train, held-out): the last ``heldout_per_book`` chapters of each book are held out."""
-    by_book: dict[str, list[dict]] = {}
-    for ch in chapters:
-        by_book.setdefault(ch["book"], []).append(ch)
-    train, held = [], []
-    for rows in by_book.values():
-        train += rows[: len(rows) - heldout_per_book]
-        held += rows[len(rows) - heldout_per_book:]
-    return train, held
-
-
 # ---------------------------------------------------------------- tokenizer
 def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.PathLike, model_max_length: int = 1 << 20):
     """Train a byte-level BPE tokenizer (Qwen2-like: no BOS, ``<|endoftext|>`` = EOS = PAD) and save it as an
@@ -544,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = DEFAULT_SPEC if args.steps == DEFAULT_SPEC.steps else replace(DEFAULT_SPEC, steps=args.steps)
     if args.update_asset and (spec != DEFAULT_SPEC or not args.build):
         raise InputError("--update-asset goes with --build of the default spec")
+    before = asset_info()  # what the committed asset was, to say whether a rebuild reproduced it
     # stdout carries only the JSON result: libraries imported during a build log to stdout
     with contextlib.redirect_stdout(sys.stderr):
         if args.build:
@@ -559,8 +548,7 @@ def main(argv: list[str] | None = None) -> int:
            "ppl_heldout_random": round(info["ppl_heldout_random"], 2), "copy_loss": info.get("copy_loss"),
            "nocopy_loss": info.get("nocopy_loss"), "recall_rouge_l": info.get("recall_rouge_l"),
            "sha256": info["sha256"][MODEL_FILE]}
-    asset = asset_info()
-    if args.build and asset and asset.get("key") == spec.key():
-        res["identical_to_asset"] = asset["sha256"][MODEL_FILE] == res["sha256"]
+    if args.build and before and before.get("key") == spec.key():
+        res["identical_to_asset"] = before["sha256"][MODEL_FILE] == res["sha256"]
     print(json.dumps(res, ensure_ascii=False))
     return 0

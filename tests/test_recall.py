@@ -103,3 +103,39 @@ def test_cli(tmp_path, tiny_tokenizer_dir, capsys):
     rows = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
     assert {"id", "context", "summary", "book", "tokens", "subset"} <= set(rows[0])
     assert main(["recall", "--tokenizer", str(tiny_tokenizer_dir), "--n", "3", "--out", str(out)]) == 2
+
+
+def test_pair_range_leaves_room_for_prompt_and_answer(tiny_tokenizer):
+    from common import prompts
+    from common.recall import exact_tokens, pair_range
+
+    lo, hi = pair_range(tiny_tokenizer, 896, 1152)
+    prompt = max(exact_tokens(tiny_tokenizer, prompts.render("", k)) for k in ("ft-ie", "ft-ib"))
+    assert lo == 896 - prompt  # the context alone plus the prompt reaches the sample minimum
+    assert 0 < hi - lo < 1152 - 896 - prompt  # and an answer of four long sentences still fits under the maximum
+    with pytest.raises(InputError, match="cannot hold a recall pair"):
+        pair_range(tiny_tokenizer, 100, 120)
+
+
+def test_default_finetune_data_is_packed_recall_pairs(make_tiny_model, tiny_tokenizer, tmp_path):
+    """finetune.py without --data on a small model: recall pairs from the training chapters, one per sample,
+    packed with the F.2 prompts into 7/8-9/8 of twice the original context; the supervised tokens are the answer
+    (the marked sentences of that sample's own input) and EOS."""
+    from data_concat import load_packed
+    from training.data import build_default_data
+
+    _, model_dir = make_tiny_model("qwen2", orig_ctx=512)
+    packed = build_default_data(model_dir, 512, 4096, n_samples=6, cache_dir=tmp_path)
+    rows = load_packed(packed)
+    assert rows and all(896 <= r["length"] <= 1152 for r in rows)
+    for r in rows:
+        ids, labels = list(r["input_ids"]), list(r["labels"])
+        answer = [t for t, lab in zip(ids, labels) if lab != -100]
+        assert answer[-1] == tiny_tokenizer.eos_token_id
+        first = next(i for i, lab in enumerate(labels) if lab != -100)
+        assert labels[first:] == ids[first:]  # labels are the input ids (shifted in the model), the prompt masked
+        text = tiny_tokenizer.decode(ids[:first])
+        for s in _lines(tiny_tokenizer.decode(answer[:-1]).strip()):
+            assert s in text
+    again = build_default_data(model_dir, 512, 4096, n_samples=6, cache_dir=tmp_path)  # cached
+    assert again == packed
