@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 METHODS = ("none", "pi", "ntk", "yarn")
 
 
@@ -74,6 +75,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     out, n, seeds = Path(args.out), str(args.n), range(args.seeds)
     common = ["--n", n, "--threads", str(args.threads), "--tail-chapters", "12"]
+    # suffix-id reads a chapters file: the same held-out chapters (the last 12 of each book)
+    from common.chapters import read_chapters
+    from common.recall import split_part
+
+    out.mkdir(parents=True, exist_ok=True)
+    held = out / "heldout_chapters.jsonl"
+    held.write_text("".join(json.dumps({"book": c.book, "chapter": c.chapter, "title": c.title, "text": c.text},
+                                       ensure_ascii=False) + "\n"
+                            for c in split_part(read_chapters(), "heldout", 12)), encoding="utf-8")
+    sid_common = ["--n", n, "--threads", str(args.threads), "--data", str(held)]
     lengths = [512, 1024, 2048, 3072, 4096]
     sid_lengths = [256, 512, 1024, 2048, 4096]
     md = ["# Probe tables on the tiny default", "",
@@ -97,7 +108,7 @@ def main(argv=None) -> int:
     for m in METHODS:
         per = [cells(probe(out / f"suffix-{m}-s{s}", ["suffix-id", "--variant", "sentence", "--model", "tiny",
                                                        *rope_flags(m), "--lengths", ",".join(map(str, sid_lengths)),
-                                                       "--seed", str(s)] + common))
+                                                       "--seed", str(s)] + sid_common))
                for s in seeds]
         rows.append(row(f"tiny, {m}" + ("" if m == "none" else " x8"), per, sid_lengths, ".3f"))
     md.append(table("suffix-id (sentence variant): accuracy (gold next 128 tokens most likely of 6; chance 0.167) "
