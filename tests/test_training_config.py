@@ -95,7 +95,7 @@ def test_defaults_and_tiny_demo():
     assert a.lora_targets == ["q_proj", "k_proj", "v_proj", "o_proj"] and recipe is None
     a, recipe = parse(["--rope", "ntk", "--scale", "8"])  # the tiny default gets the demo recipe: a few steps
     demo = load_recipe(RECIPES / "tiny_demo.yaml")
-    assert recipe.endswith("tiny_demo.yaml") and a.max_steps == demo["max_steps"] <= 20
+    assert recipe.endswith("tiny_demo.yaml") and a.max_steps == demo["max_steps"] <= 50  # minutes on a CPU
     assert (a.rope.method, a.rope.scale) == ("ntk", 8.0)
 
 
