@@ -7,12 +7,12 @@ Runs (each an ordinary ``python -m probes ...`` command, printed before it runs;
 - suffix-id, sentence variant (Sun et al. 2021 Sec 5): gold next 128 tokens vs 5 same-book spans, prefixes of
   256 .. 4096 tokens, unscaled and every method at scale 8;
 - ppl: loss on the last 10 tokens of an N-token held-out input, N = 512 .. 4096, every method at scale 8;
-- "after": ppl, copy and suffix-id for the demo's fine-tuned models (``runs/demo/train/tiny-*/merged``), when
+- "after": ppl for the demo's fine-tuned models (``runs/demo/train/tiny-*/merged``), when
   they exist (``make demo`` first).
 Each "before" cell is run with ``--seeds`` seeds (different items); the tables give the mean over seeds and the
 spread (min-max of the per-seed means). Writes the markdown to ``--md`` (default docs/probes_tables.md).
 
-    .venv/bin/python scripts/probe_tables.py            # ~1 h on 2 CPU cores
+    .venv/bin/python scripts/probe_tables.py --n 16     # ~25 min on 2 CPU cores
 """
 from __future__ import annotations
 
@@ -132,13 +132,9 @@ def main(argv=None) -> int:
             p = probe(out / f"after-ppl-{m}", ["ppl", "--model", str(d), "--lengths", ",".join(map(str, lengths)),
                                                 "--seed", "0"] + common)
             rows.append(row(f"fine-tuned, {m}" + ("" if m == "none" else " x8"), [cells(p)], lengths, ".3f"))
-            c = probe(out / f"after-copy4096-{m}", ["copy", "--model", str(d), "--length", "4096", "--distances",
-                                                     "0,256,512,1024,2048,3840", "--seed", "0"] + common)
-            crows.append(row(f"fine-tuned, {m}" + ("" if m == "none" else " x8"), [cells(c, "copy")],
-                             [0, 256, 512, 1024, 2048, 3840], ".2f"))
     md.append(table("ppl: loss (nats/token) on the last 10 tokens vs input length N", ["model", *map(str, lengths)],
                     rows))
-    md.append(table("copy, N = 4096: loss on the 128-token target with its copy d tokens before it (seed 0, 32 "
+    md.append(table(f"copy, N = 4096: loss on the 128-token target with its copy d tokens before it (seed 0, {args.n} "
                     "targets)", ["model", *[f"d={d}" for d in (0, 256, 512, 1024, 2048, 3840)]], crows))
     Path(args.md).write_text("\n".join(md), encoding="utf-8")
     print("\n".join(md))
