@@ -132,8 +132,9 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, sc
     lo, hi = int(orig * train_lo), int(orig * train_hi)
     recall = [py, "-m", "data_concat", "recall", "--chapters", chapters, "--tokenizer", str(model_dir),
               "--heldout", str(heldout), "--seed", str(seed)]
-    say(f"step 2/5: data: {pairs} recall pairs packed into samples of {lo}-{hi} tokens ({train_lo:g}x-{train_hi:g}x the context) from "
-        f"the training chapters, packed with the F.2 prompts; eval sets from the held-out chapters")
+    say(f"step 2/5: data: {pairs} recall pairs from the training chapters, packed with the F.2 prompts into "
+        f"samples of {lo}-{hi} tokens ({train_lo:g}x-{train_hi:g}x the context); eval sets from the held-out "
+        f"chapters")
     if not (packed / "train.parquet").is_file():
         from common.recall import pair_range
         from data_concat.tokenizer import load_tokenizer
