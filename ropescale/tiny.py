@@ -174,7 +174,7 @@ class Mixture:
     """The windows the tiny default is pretrained on, drawn with one seeded RNG.
 
     Phase 1 (the first ``short_steps`` steps): ``short_batch`` windows of ``short_len`` tokens: half are random
-    token sequences of 4-16 tokens each repeated 2-4 times (nothing but looking back predicts them), a quarter are
+    token sequences of 4 to a quarter of the window (at most 64) tokens, each repeated 2-4 times (nothing but looking back predicts them), a quarter are
     novel passages repeated after a short gap, a quarter plain text. On short windows the induction heads (attend
     to the token after an earlier occurrence of the current one, copy it) form within a few hundred steps; on
     512-token windows of text they did not form in 1,500 (measured while designing this build).
