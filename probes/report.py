@@ -51,12 +51,13 @@ def load_runs(paths: list[str]) -> list[dict]:
 
 def run_setting(meta: RunMeta) -> str:
     """What tells apart runs of one probe beyond model x rope x scale: the input length N of copy / perturb, the
-    suffix-id variant and heading mode (empty for the defaults)."""
+    suffix-id variant, heading mode and score (empty for the defaults)."""
     st = meta.settings
     if meta.get("probe") in ("copy", "perturb") and meta.get("lengths"):
         return f"N={meta.get('lengths')[0]}"
     if meta.get("probe") == "suffix-id":
-        parts = [p for p in (st.get("variant"), st.get("heading")) if p and p not in ("chapter", "index")]
+        parts = [p for p in (st.get("variant"), st.get("heading"), st.get("score"))
+                 if p and p not in ("chapter", "index", "logprob")]
         return " ".join(parts)
     return ""
 
@@ -96,7 +97,7 @@ def table_rows(summaries: list[dict]) -> tuple[str, list[str], list[list], list[
         lab = [k[0], k[1], f"{k[2]:g}"] + ([k[4]] if has_setting else []) + ([k[3]] if has_group else [])
         body.append(lab + [rows[k].get(c) for c in cols])
         ns.append(lab + [counts[k].get(c) for c in cols])
-    metric = summaries[0].get("metric", "")
+    metric = " / ".join(dict.fromkeys(s.get("metric", "") for s in summaries))  # e.g. logprob and pmi runs
     column = summaries[0].get("column", "")
     title = f"{probe}: {metric}; columns = {column}"
     return title, header, body, ns

@@ -19,6 +19,15 @@ How the heading appears (``--heading``):
 ``--variant sentence``: the suffix-identification test of Sun et al. 2021 (Sec 5): the prefix ends at a full stop,
 the gold suffix is the next 128 tokens, and the five negatives are random 128-token spans of the same book that
 start at a sentence and overlap neither the prefix nor the gold suffix. Works on any documents JSONL.
+
+What is compared (``--score``):
+- ``logprob`` (default, both papers' setting): log P(s|c), the candidate's log-likelihood given the prefix.
+- ``pmi``: log P(s|c) - log P(s|<doc start>), what the prefix adds to each candidate's likelihood (pointwise mutual
+  information; the document-start token is the tokenizer's BOS, else its EOS, which separates documents in
+  pretraining). Raw log-likelihoods of different 128-token spans differ by tens of nats whatever the prefix (a
+  span of dialogue with repeated names is easy anywhere), which buries the prefix's contribution for a small
+  model; PMI takes each candidate's own likelihood out, so what is left is the context effect. An extension, not
+  in the papers: report it beside ``logprob``, not instead of it.
 """
 from __future__ import annotations
 
@@ -35,6 +44,7 @@ from .scorer import score_candidates
 
 N_NEGATIVES = 5
 HEADINGS = ("index", "full", "none")
+SCORES = ("logprob", "pmi")
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,8 @@ class SuffixIdSettings(ProbeSettings):
     heading: str = setting("index", "how the gold's chapter heading is given to every candidate (see above)",
                            choices=HEADINGS)
     suffix_len: int = setting(128, "candidate suffix tokens", check=POSITIVE)
+    score: str = setting("logprob", "what picks the candidate: logprob = log P(s|prefix) (the papers'); pmi = "
+                                    "log P(s|prefix) - log P(s|document start) (see above)", choices=SCORES)
 
 
 def default_suffix_lengths(orig_ctx: int) -> list[int]:
@@ -109,6 +121,37 @@ def chapter_examples(books: dict[str, list[Chapter]], tokenizer, *, n: int, max_
     return out
 
 
+def doc_start_id(tokenizer) -> int:
+    """The token a document starts after: BOS where the tokenizer has one (Llama), else EOS (Qwen: documents are
+    separated by <|endoftext|>)."""
+    for t in (tokenizer.bos_token_id, tokenizer.eos_token_id):
+        if t is not None:
+            return int(t)
+    raise InputError("--score pmi needs a tokenizer with a BOS or EOS token")
+
+
+def priors(loaded, cands: list[list[int]], batch_size: int) -> list[float]:
+    """log P(s|<doc start>) of each candidate: its likelihood without the prefix (the PMI baseline)."""
+    return [x.logprob for x in score_candidates(loaded.model, [doc_start_id(loaded.tokenizer)], cands,
+                                                batch_size=batch_size, pad_id=loaded.pad_id,
+                                                reuse_prefix=_reuse(loaded))]
+
+
+def judge(lps: list[float], prior: list[float] | None) -> dict:
+    """The item's outcome from the gold's (first) and the negatives' log-likelihoods (and, for PMI, their priors):
+    correct when the gold scores strictly highest (a tie is wrong), its rank, and the numbers behind it."""
+    vals = lps if prior is None else [a - b for a, b in zip(lps, prior)]
+    out = {"value": float(all(vals[0] > x for x in vals[1:])), "logprobs": lps,
+           "gold_rank": 1 + sum(x > vals[0] for x in vals[1:])}
+    if prior is not None:
+        out.update(prior_logprobs=prior, pmi=vals)
+    return out
+
+
+METRICS = {"logprob": "accuracy (gold suffix most likely of 6)",
+           "pmi": "accuracy (gold suffix highest PMI with the prefix of 6)"}
+
+
 def _resolved(loaded, settings, fields: dict, variant: str) -> SuffixIdSettings:
     s = probe_settings(SuffixIdSettings, settings, {**fields, "variant": variant} if settings is None else fields)
     return dataclasses.replace(s, lengths=s.lengths or default_suffix_lengths(loaded.orig_ctx))
@@ -119,8 +162,7 @@ def chapter_probe(loaded, books, settings: SuffixIdSettings | None = None, **fie
     accuracy per prefix length."""
     s = _resolved(loaded, settings, fields, "chapter")
     lengths, n, heading, suffix_len, seed, batch_size = s.lengths, s.n, s.heading, s.suffix_len, s.seed, s.batch_size
-    run = ProbeRun("suffix-id", loaded, s, lengths, metric="accuracy (gold suffix most likely of 6)",
-                   column="prefix length (tokens)")
+    run = ProbeRun("suffix-id", loaded, s, lengths, metric=METRICS[s.score], column="prefix length (tokens)")
     tok = loaded.tokenizer
     examples = chapter_examples(books, tok, n=n, max_len=max(lengths), seed=seed)
     for ex in progress(examples, "suffix-id"):
@@ -128,6 +170,7 @@ def chapter_probe(loaded, books, settings: SuffixIdSettings | None = None, **fie
         gold = chs[j]
         cands = [chapter_candidate(chs[c], gold, heading, tok, suffix_len) for c in [j] + ex["negs"]]
         tail = encode(tok, gold.heading + "\n") if heading == "full" else []
+        prior = priors(loaded, cands, batch_size) if s.score == "pmi" else None
         for L in lengths:
             rid = f"{ex['book']}:{gold.chapter}:L{L}"
             if run.done(rid):
@@ -135,11 +178,9 @@ def chapter_probe(loaded, books, settings: SuffixIdSettings | None = None, **fie
             ctx = ex["prefix_ids"][-L:] + tail
             scores = score_candidates(loaded.model, ctx, cands, batch_size=batch_size, pad_id=loaded.pad_id,
                                       reuse_prefix=_reuse(loaded))
-            lps = [s.logprob for s in scores]
-            run.add({"id": rid, "group": "", "col": L, "value": float(all(lps[0] > x for x in lps[1:])),
-                     "book": ex["book"], "gold_chapter": gold.chapter,
-                     "negative_chapters": [chs[c].chapter for c in ex["negs"]], "logprobs": lps,
-                     "gold_rank": 1 + sum(x > lps[0] for x in lps[1:])})
+            run.add({"id": rid, "group": "", "col": L, "book": ex["book"], "gold_chapter": gold.chapter,
+                     "negative_chapters": [chs[c].chapter for c in ex["negs"]],
+                     **judge([x.logprob for x in scores], prior)})
     return run.finish()
 
 
@@ -211,22 +252,20 @@ def sentence_probe(loaded, docs, settings: SuffixIdSettings | None = None, **fie
     """Sun et al. 2021's sentence variant into run dir ``settings.out``; cells: accuracy per prefix length."""
     s = _resolved(loaded, settings, fields, "sentence")
     lengths, n, suffix_len, seed, batch_size = s.lengths, s.n, s.suffix_len, s.seed, s.batch_size
-    run = ProbeRun("suffix-id", loaded, s, lengths, metric="accuracy (gold suffix most likely of 6)",
-                   column="prefix length (tokens)")
+    run = ProbeRun("suffix-id", loaded, s, lengths, metric=METRICS[s.score], column="prefix length (tokens)")
     examples = sentence_examples(docs, loaded.tokenizer, n=n, max_len=max(lengths), suffix_len=suffix_len, seed=seed)
     for ex in progress(examples, "suffix-id"):
         ids, b = ex["ids"], ex["boundary"]
-        cands = [ids[b:b + suffix_len]] + [ids[s:s + suffix_len] for s in ex["negs"]]
+        cands = [ids[b:b + suffix_len]] + [ids[o:o + suffix_len] for o in ex["negs"]]
+        prior = priors(loaded, cands, batch_size) if s.score == "pmi" else None
         for L in lengths:
             rid = f"{ex['book']}@{b}:L{L}"
             if run.done(rid):
                 continue
             scores = score_candidates(loaded.model, ids[b - L:b], cands, batch_size=batch_size,
                                       pad_id=loaded.pad_id, reuse_prefix=_reuse(loaded))
-            lps = [s.logprob for s in scores]
-            run.add({"id": rid, "group": "", "col": L, "value": float(all(lps[0] > x for x in lps[1:])),
-                     "book": ex["book"], "boundary": b, "negative_starts": ex["negs"], "logprobs": lps,
-                     "gold_rank": 1 + sum(x > lps[0] for x in lps[1:])})
+            run.add({"id": rid, "group": "", "col": L, "book": ex["book"], "boundary": b,
+                     "negative_starts": ex["negs"], **judge([x.logprob for x in scores], prior)})
     return run.finish()
 
 

@@ -5,7 +5,8 @@ Runs (each an ordinary ``python -m probes ...`` command, printed before it runs;
 - copy: a 128-token target pasted d tokens before itself, inside the 512-token context (``--length 512``) for the
   unscaled model, and at ``--length 4096`` for every method at scale 8;
 - suffix-id, sentence variant (Sun et al. 2021 Sec 5): gold next 128 tokens vs 5 same-book spans, prefixes of
-  256 .. 4096 tokens, unscaled and every method at scale 8;
+  256 .. 4096 tokens, unscaled and every method at scale 8, scored by log-likelihood (the papers') and by PMI
+  (``--score pmi``: what the prefix adds to each candidate's likelihood);
 - ppl: loss on the last 10 tokens of an N-token held-out input, N = 512 .. 4096, every method at scale 8;
 - "after": ppl for the demo's fine-tuned models (``runs/demo/train/tiny-*/merged``), when
   they exist (``make demo`` first).
@@ -103,16 +104,20 @@ def main(argv=None) -> int:
                     "ending d tokens before it, and without", ["", *[f"d={d}" for d in dists]],
                     [row("copy", per[:args.seeds], dists, ".3f"), row("no copy", per[args.seeds:], dists, ".3f")]))
 
-    # suffix identification
-    rows = []
-    for m in METHODS:
-        per = [cells(probe(out / f"suffix-{m}-s{s}", ["suffix-id", "--variant", "sentence", "--model", "tiny",
-                                                       *rope_flags(m), "--lengths", ",".join(map(str, sid_lengths)),
-                                                       "--seed", str(s)] + sid_common))
-               for s in seeds]
-        rows.append(row(f"tiny, {m}" + ("" if m == "none" else " x8"), per, sid_lengths, ".3f"))
-    md.append(table("suffix-id (sentence variant): accuracy (gold next 128 tokens most likely of 6; chance 0.167) "
-                    "vs prefix length", ["model", *map(str, sid_lengths)], rows))
+    # suffix identification, by log-likelihood and by PMI (the same items: same seeds and data)
+    for score, what in (("logprob", "gold next 128 tokens most likely of 6"),
+                        ("pmi", "gold next 128 tokens highest PMI with the prefix, log P(s|prefix) - "
+                                "log P(s|EOS), of 6")):
+        rows = []
+        for m in METHODS:
+            name = f"suffix-{m}" if score == "logprob" else f"suffix-{score}-{m}"
+            per = [cells(probe(out / f"{name}-s{s}", ["suffix-id", "--variant", "sentence", "--model", "tiny",
+                                                      *rope_flags(m), "--lengths", ",".join(map(str, sid_lengths)),
+                                                      "--score", score, "--seed", str(s)] + sid_common))
+                   for s in seeds]
+            rows.append(row(f"tiny, {m}" + ("" if m == "none" else " x8"), per, sid_lengths, ".3f"))
+        md.append(table(f"suffix-id (sentence variant, --score {score}): accuracy ({what}; chance 0.167) vs prefix "
+                        "length", ["model", *map(str, sid_lengths)], rows))
 
     # ppl and copy at 4096 for every method
     rows, crows = [], []

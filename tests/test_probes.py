@@ -396,3 +396,18 @@ def test_bad_input_exits_2_naming_file_and_line(tmp_path, capsys):
     docs.write_text('{"text": "好。"}\n')
     assert main(["suffix-id", "--data", str(docs), "--out", str(tmp_path / "s")]) == 2
     assert "chapters JSONL" in capsys.readouterr().err
+
+
+def test_suffix_id_judge_by_logprob_and_by_pmi():
+    """The item outcome by hand: by log-likelihood the gold (-10) loses to a negative (-5); by PMI (what the prefix
+    adds: 20, 1, 1) it wins. A tie is wrong; its rank counts only strictly better candidates."""
+    from probes.suffix_id import judge
+
+    lps, prior = [-10.0, -5.0, -20.0], [-30.0, -6.0, -21.0]
+    by_lp = judge(lps, None)
+    assert by_lp["value"] == 0.0 and by_lp["gold_rank"] == 2 and "pmi" not in by_lp
+    by_pmi = judge(lps, prior)
+    assert by_pmi["value"] == 1.0 and by_pmi["gold_rank"] == 1
+    assert by_pmi["pmi"] == [20.0, 1.0, 1.0] and by_pmi["prior_logprobs"] == prior
+    tie = judge([-3.0, -3.0, -9.0], None)
+    assert tie["value"] == 0.0 and tie["gold_rank"] == 1

@@ -136,3 +136,64 @@ def test_rope_flags_reach_the_model_and_run_json(make_tiny_model, short_book, tm
                  "--target-len", "8", "--out", str(tmp_path / "z")]) == 0
     meta = json.loads((tmp_path / "z" / "run.json").read_text())
     assert meta["rope"]["method"] == "yarn" and meta["scale"] == 4.0 and meta["context"] == 256
+
+
+def _direct_logprob(model, prefix: list[int], cont: list[int]) -> float:
+    """sum_t log P(cont_t | prefix, cont_<t) from one plain forward pass (the scorer's independent reference)."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prefix + cont])).logits[0].float()
+    logp = torch.log_softmax(logits[len(prefix) - 1:-1], dim=-1)
+    return float(logp.gather(-1, torch.tensor(cont).unsqueeze(-1)).sum())
+
+
+def test_pmi_score_subtracts_each_candidates_likelihood_at_document_start(memorized, short_book, tmp_path, capsys,
+                                                                          one_thread, tiny_tokenizer):
+    """--score pmi: each recorded candidate score is log P(s|prefix) - log P(s|EOS), recomputed here by plain
+    forward passes, and the item is right exactly when the gold's recomputed PMI is the highest; run.json and the
+    report name the score. (The memorized model also knows each chapter's beginning from its heading alone, so PMI
+    need not pick the gold here: only the arithmetic is checked.)"""
+    from transformers import AutoModelForCausalLM
+
+    from probes.data import load_books
+    from probes.suffix_id import chapter_candidate, chapter_examples
+
+    model_dir, _ = memorized
+    book, _ = short_book
+    out = tmp_path / "pmi"
+    assert main(["suffix-id", "--model", str(model_dir), "--data", str(book), "--out", str(out), "--n", "3",
+                 "--lengths", "40", "--suffix-len", "12", "--score", "pmi", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert "PMI" in summary["metric"]
+    assert json.loads((out / "run.json").read_text())["score"] == "pmi"
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).float().eval()
+    eos = tiny_tokenizer.eos_token_id
+    books = load_books(str(book))
+    exs = {f"{e['book']}:{e['chapters'][e['j']].chapter}": e
+           for e in chapter_examples(books, tiny_tokenizer, n=3, max_len=40, seed=0)}
+    recs = _items(out)
+    assert len(recs) == 3
+    for r in recs:
+        ex = exs[r["id"].rsplit(":", 1)[0]]
+        chs, j = ex["chapters"], ex["j"]
+        cands = [chapter_candidate(chs[c], chs[j], "index", tiny_tokenizer, 12) for c in [j] + ex["negs"]]
+        prefix = ex["prefix_ids"][-40:]
+        ref = [_direct_logprob(model, prefix, c) - _direct_logprob(model, [eos], c) for c in cands]
+        for c, lp, prior, pmi, want in zip(cands, r["logprobs"], r["prior_logprobs"], r["pmi"], ref):
+            assert lp == pytest.approx(_direct_logprob(model, prefix, c), abs=2e-3)
+            assert prior == pytest.approx(_direct_logprob(model, [eos], c), abs=2e-3)
+            assert pmi == pytest.approx(want, abs=4e-3)
+        assert r["value"] == float(ref[0] > max(ref[1:]))
+        assert r["gold_rank"] == 1 + sum(x > ref[0] for x in ref[1:])
+    assert summary["cells"][0]["value"] == pytest.approx(sum(r["value"] for r in recs) / 3)
+    # the report tells the pmi run apart from a logprob run of the same model
+    logp = tmp_path / "logp"
+    assert main(["suffix-id", "--model", str(model_dir), "--data", str(book), "--out", str(logp), "--n", "3",
+                 "--lengths", "40", "--suffix-len", "12"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(out), str(logp)]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("|")]
+    assert any("| pmi |" in " ".join(r.split()) for r in rows)
+    # another score into the same run directory is refused, not recorded over
+    assert main(["suffix-id", "--model", str(model_dir), "--data", str(book), "--out", str(out), "--n", "3",
+                 "--lengths", "40", "--suffix-len", "12"]) == 2
+    assert "score" in capsys.readouterr().err
