@@ -13,7 +13,7 @@ Runs (each an ordinary ``python -m probes ...`` command, printed before it runs;
 Each "before" cell is run with ``--seeds`` seeds (different items); the tables give the mean over seeds and the
 spread (min-max of the per-seed means). Writes the markdown to ``--md`` (default docs/probes_tables.md).
 
-    .venv/bin/python scripts/probe_tables.py --n 16     # ~25 min on 2 CPU cores
+    .venv/bin/python scripts/probe_tables.py --n 16     # ~29 min on 2 CPU cores
 """
 from __future__ import annotations
 
