@@ -105,9 +105,9 @@ def main(argv=None) -> int:
                     [row("copy", per[:args.seeds], dists, ".3f"), row("no copy", per[args.seeds:], dists, ".3f")]))
 
     # suffix identification, by log-likelihood and by PMI (the same items: same seeds and data)
-    for score, what in (("logprob", "gold next 128 tokens most likely of 6"),
-                        ("pmi", "gold next 128 tokens highest PMI with the prefix, log P(s|prefix) - "
-                                "log P(s|EOS), of 6")):
+    from probes.suffix_id import METRICS, SCORES
+
+    for score in SCORES:
         rows = []
         for m in METHODS:
             name = f"suffix-{m}" if score == "logprob" else f"suffix-{score}-{m}"
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
                                                       "--score", score, "--seed", str(s)] + sid_common))
                    for s in seeds]
             rows.append(row(f"tiny, {m}" + ("" if m == "none" else " x8"), per, sid_lengths, ".3f"))
-        md.append(table(f"suffix-id (sentence variant, --score {score}): accuracy ({what}; chance 0.167) vs prefix "
+        md.append(table(f"suffix-id (sentence variant, --score {score}): {METRICS[score]}, chance 0.167, vs prefix "
                         "length", ["model", *map(str, sid_lengths)], rows))
 
     # ppl and copy at 4096 for every method

@@ -177,11 +177,12 @@ def test_pmi_score_subtracts_each_candidates_likelihood_at_document_start(memori
         chs, j = ex["chapters"], ex["j"]
         cands = [chapter_candidate(chs[c], chs[j], "index", tiny_tokenizer, 12) for c in [j] + ex["negs"]]
         prefix = ex["prefix_ids"][-40:]
-        ref = [_direct_logprob(model, prefix, c) - _direct_logprob(model, [eos], c) for c in cands]
-        for c, lp, prior, pmi, want in zip(cands, r["logprobs"], r["prior_logprobs"], r["pmi"], ref):
-            assert lp == pytest.approx(_direct_logprob(model, prefix, c), abs=2e-3)
-            assert prior == pytest.approx(_direct_logprob(model, [eos], c), abs=2e-3)
-            assert pmi == pytest.approx(want, abs=4e-3)
+        ref_lp = [_direct_logprob(model, prefix, c) for c in cands]
+        ref_prior = [_direct_logprob(model, [eos], c) for c in cands]
+        ref = [a - b for a, b in zip(ref_lp, ref_prior)]
+        assert r["logprobs"] == pytest.approx(ref_lp, abs=2e-3)
+        assert r["prior_logprobs"] == pytest.approx(ref_prior, abs=2e-3)
+        assert r["pmi"] == pytest.approx(ref, abs=4e-3)
         assert r["value"] == float(ref[0] > max(ref[1:]))
         assert r["gold_rank"] == 1 + sum(x > ref[0] for x in ref[1:])
     assert summary["cells"][0]["value"] == pytest.approx(sum(r["value"] for r in recs) / 3)
