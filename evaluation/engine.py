@@ -168,7 +168,7 @@ class SlotCache:
         self.keys[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
         self.values[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
 
-    def update(self, key, value, layer_idx: int, cache_kwargs=None):
+    def update(self, key, value, layer_idx: int, *args, **kwargs):  # 5.24 passes kwargs=..., <5.24 cache_kwargs
         if self.keys[layer_idx] is None:
             self._alloc(layer_idx, key)
         self.keys[layer_idx].index_copy_(2, self.col, key)
