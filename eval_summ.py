@@ -6,11 +6,11 @@ import sys
 # long prompts' KV buffers and per-sample prefills fragment the CUDA caching allocator otherwise
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
-from common.cli import quiet_libraries  # noqa: E402
+from ropescale.common.cli import quiet_libraries  # noqa: E402
 
 quiet_libraries()
 
-from evaluation.cli import main  # noqa: E402
+from ropescale.evaluation.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

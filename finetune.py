@@ -1,15 +1,15 @@
-"""LoRA fine-tuning with RoPE scaling (CNNSum Sec 5). See ``python finetune.py --help``; internals in training/."""
+"""LoRA fine-tuning with RoPE scaling (CNNSum Sec 5). See ``python finetune.py --help``; internals in ropescale/training/."""
 import sys
 
-from training.env import setup_env
+from ropescale.training.env import setup_env
 
 setup_env()  # before torch / DeepSpeed are imported: CPU accelerator, rendezvous defaults
 
-from common.cli import quiet_libraries  # noqa: E402
+from ropescale.common.cli import quiet_libraries  # noqa: E402
 
 quiet_libraries()
 
-from training.cli import main  # noqa: E402
+from ropescale.training.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

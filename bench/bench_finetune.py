@@ -6,9 +6,9 @@ from the shared novels (Qwen2 tokens), packed with data_concat into samples of a
 the summaries only, as in training).
 
 1. Peak memory of one training step (forward + backward + AdamW step), each variant in a fresh process:
-   ours (the label-only head, ``training.loss``) vs the naive full-logits loss (``model(labels=...).loss``).
+   ours (the label-only head, ``ropescale.training.loss``) vs the naive full-logits loss (``model(labels=...).loss``).
    Memory = peak RSS during the step minus RSS before it. Goal: ratio <= 0.5.
-2. Training throughput (tokens/s after a warm-up step) of ``finetune``'s trainer (``training.trainer``) vs a
+2. Training throughput (tokens/s after a warm-up step) of ``finetune``'s trainer (``ropescale.training.trainer``) vs a
    plain HF Trainer + PEFT loop (default compute_loss: full logits) on the same model and data. Goal: >= 1.0.
 
     .venv/bin/python bench/bench_finetune.py [--seq 2048] [--steps 4] [--json]
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from training.env import setup_env  # noqa: E402
+from ropescale.training.env import setup_env  # noqa: E402
 
 setup_env()
 
@@ -39,8 +39,8 @@ def build_data(out: Path, seq: int, n_samples: int) -> Path:
     from data_concat.cuts import read_chapters
     from data_concat.pairs import build_pairs
     from data_concat.tokenizer import load_tokenizer
-    from common.paths import CHAPTERS_JSONL, QWEN2_TOKENIZER
-    from common.io import write_jsonl_atomic
+    from ropescale.common.paths import CHAPTERS_JSONL, QWEN2_TOKENIZER
+    from ropescale.common.io import write_jsonl_atomic
 
     tok = load_tokenizer(QWEN2_TOKENIZER)
     chapters = [c for c in read_chapters(CHAPTERS_JSONL) if c.book == "hongloumeng"][:40]
@@ -54,8 +54,8 @@ def build_data(out: Path, seq: int, n_samples: int) -> Path:
 def build_model(model_dir: Path) -> Path:
     from transformers import AutoTokenizer
 
-    from common.paths import QWEN2_TOKENIZER
-    from ropescale.tiny import random_model, tiny_config
+    from ropescale.common.paths import QWEN2_TOKENIZER
+    from ropescale.common.tiny import random_model, tiny_config
 
     tok = AutoTokenizer.from_pretrained(str(QWEN2_TOKENIZER))
     cfg = tiny_config(len(tok), "qwen2", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -69,7 +69,7 @@ def _setup(model_dir: str):
     import torch
     from transformers import AutoModelForCausalLM, set_seed
 
-    from training.model import add_lora
+    from ropescale.training.model import add_lora
 
     set_seed(0)
     m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
@@ -91,7 +91,7 @@ def one_memory(model_dir: str, data: str, variant: str) -> dict:
     import torch
 
     from data_concat import load_packed
-    from training.loss import install_label_only_forward
+    from ropescale.training.loss import install_label_only_forward
 
     row = max(load_packed(data), key=lambda r: r["length"])
     ids = torch.tensor([row["input_ids"]])
@@ -118,9 +118,9 @@ def throughput(model_dir: str, data: str, variant: str, steps: int) -> dict:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from data_concat import load_packed
-    from training.data import Collator, PackedDataset
-    from training.loss import install_label_only_forward
-    from training.trainer import LabelOnlyTrainer
+    from ropescale.training.data import Collator, PackedDataset
+    from ropescale.training.loss import install_label_only_forward
+    from ropescale.training.trainer import LabelOnlyTrainer
 
     rows = load_packed(data)[: steps + 1]
     pm = _setup(model_dir)

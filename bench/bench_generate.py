@@ -67,8 +67,8 @@ def tiny_prompts(n: int, lo: int, hi: int, seed: int):
     tokens."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common import prompts
-    from ropescale.tiny import ensure_tiny, load_chapters
+    from ropescale.common import prompts
+    from ropescale.common.tiny import ensure_tiny, load_chapters
 
     d = ensure_tiny()
     tok = AutoTokenizer.from_pretrained(str(d))
@@ -90,7 +90,7 @@ def tiny_prompts(n: int, lo: int, hi: int, seed: int):
 def run(args) -> dict:
     import torch
 
-    from evaluation.backends import HFBackend, Item, pick_device, pick_dtype
+    from ropescale.evaluation.backends import HFBackend, Item, pick_device, pick_dtype
 
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
@@ -126,7 +126,7 @@ def run(args) -> dict:
     # Streams of work, run interleaved (always the stream with the smallest share done goes next), so a change
     # in machine load during the run hits both sides alike: the baseline = plain model.generate, greedy, batch 1,
     # one prompt a task; ours = the hf backend of eval_summ generate, one of its length-sorted batches a task.
-    from evaluation.backends import plan_batches
+    from ropescale.evaluation.backends import plan_batches
 
     base_out: dict = {}
 

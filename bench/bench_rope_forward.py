@@ -20,14 +20,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rope_scaling import RopeSpec, add_rope_args, apply_rope, spec_from_args  # noqa: E402
-from common.cli import cli_main  # noqa: E402
+from ropescale.common.cli import cli_main  # noqa: E402
 
 ALL = [RopeSpec("pi", 8.0), RopeSpec("ntk", 8.0), RopeSpec("dynamic_ntk", 8.0), RopeSpec("yarn", 8.0),
        RopeSpec("abf", 8.0, rope_base=500000.0)]
 
 
 def build(spec: RopeSpec | None, args):
-    from ropescale.tiny import random_model, tiny_config
+    from ropescale.common.tiny import random_model, tiny_config
 
     cfg = tiny_config(args.vocab, args.arch, hidden_size=args.hidden, num_layers=args.layers, num_heads=4,
                       num_kv_heads=2, intermediate_size=args.hidden * 11 // 4, orig_ctx=args.orig_ctx)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Speed of evaluation.rouge against the reference scorers, on the same real pairs, measured in one run.
+"""Speed of ropescale.common.rouge against the reference scorers, on the same real pairs, measured in one run.
 
 1. cnnsum vs PyPI rouge 1.0.1 (what CNNSum / CLongEval run), on N real model summaries + references from
    ../shared/data/clongeval: metric only (both given the same jieba-joined strings) and end to end (jieba
@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evaluation import rouge as R  # noqa: E402
-from evaluation.rouge_reference import run_big_stack  # noqa: E402
-from common.paths import CHAPTERS_JSONL, DATA_DIR  # noqa: E402
+from ropescale.common import rouge as R  # noqa: E402
+from ropescale.common.rouge_reference import run_big_stack  # noqa: E402
+from ropescale.common.paths import CHAPTERS_JSONL, DATA_DIR  # noqa: E402
 
 
 CPU = {}

@@ -66,7 +66,7 @@ def write_model(shape: str, out: Path) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ropescale import QWEN2_TOKENIZER
+    from ropescale.common.paths import QWEN2_TOKENIZER
 
     marker = out / "bench_model.json"
     if marker.is_file() and json.loads(marker.read_text()).get("shape") == shape:
@@ -194,7 +194,7 @@ def run_group(cmd: list[str], env: dict, timeout: float) -> tuple[int, str, str]
 
 
 def finetune_cmd(a, model_dir: Path, data: Path, run_dir: Path) -> list[str]:
-    from training.env import free_port
+    from ropescale.training.env import free_port
 
     args = ["finetune.py", "--recipe", str(a.recipe), "--model", str(model_dir), "--data", str(data),
             "--output-dir", str(run_dir), "--max-steps", str(a.steps), "--global-batch", "1", "--save-steps",

@@ -2,10 +2,10 @@
 
 The model is Qwen1.5-7B-shaped (hidden 4096, 32 layers, 32 heads, intermediate 11008, vocab 151,936, q/k/v
 bias) with random weights created directly in bf16 on the GPU (no fp32 copy, nothing read from disk). The
-training set-up is finetune.py's own code (``training.model.add_lora``, ``training.loss``,
-``training.trainer.LabelOnlyTrainer``): LoRA r=8 on q,k,v,o + embeddings + every norm trainable (fp32 master
+training set-up is finetune.py's own code (``ropescale.training.model.add_lora``, ``ropescale.training.loss``,
+``ropescale.training.trainer.LabelOnlyTrainer``): LoRA r=8 on q,k,v,o + embeddings + every norm trainable (fp32 master
 copies of the trained tensors, bf16 autocast), SDPA (FlashAttention-2 when installed), gradient checkpointing,
-the label-only LM head, and finetune.py's memory settings for long samples (``training.memory``:
+the label-only LM head, and finetune.py's memory settings for long samples (``ropescale.training.memory``:
 ``--offload-checkpoints`` / ``--tile-mlp``, by default on from 64K tokens on CUDA). Each sample is one packed
 sequence whose labels cover ``--label-share`` of it (the summaries), batch 1 per step.
 
@@ -92,10 +92,10 @@ def one(variant: str, seq: int, warmup: int, steps: int, toy: bool, label_share:
     import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
-    from training.data import Collator, PackedDataset
-    from training.loss import install_label_only_forward
-    from training.model import add_lora, fp32_master, param_counts, resolve_attn, setup_memory
-    from training.trainer import LabelOnlyTrainer
+    from ropescale.training.data import Collator, PackedDataset
+    from ropescale.training.loss import install_label_only_forward
+    from ropescale.training.model import add_lora, fp32_master, param_counts, resolve_attn, setup_memory
+    from ropescale.training.trainer import LabelOnlyTrainer
 
     cuda = torch.cuda.is_available() and not toy
     device = "cuda" if cuda else "cpu"
@@ -110,7 +110,7 @@ def one(variant: str, seq: int, warmup: int, steps: int, toy: bool, label_share:
     if mixed:
         fp32_master(pm, dtype)  # as finetune.py without DeepSpeed: fp32 trained tensors, bf16 autocast forward
     plan = None
-    if variant == "ours":  # finetune.py's memory settings (training.memory): auto = from 64K tokens on CUDA
+    if variant == "ours":  # finetune.py's memory settings (ropescale.training.memory): auto = from 64K tokens on CUDA
         ns = argparse.Namespace(offload_checkpoints=offload, tile_mlp=None if tile == "auto" else int(tile),
                                 gradient_checkpointing=True, micro_batch=1)
         plan = setup_memory(pm, ns, max_len=seq, cuda=cuda, dtype=dtype)
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     ap.add_argument("--toy", action="store_true", help="toy shape on CPU (hidden 64, 2 layers) to test the script")
     ap.add_argument("--bf16", action="store_true", help="with --toy: the GPU's mixed-precision path on CPU")
     ap.add_argument("--offload-checkpoints", default="auto",
-                    help="ours: checkpoints in pinned host memory (training.memory): auto (on CUDA from 65536 "
+                    help="ours: checkpoints in pinned host memory (ropescale.training.memory): auto (on CUDA from 65536 "
                          "tokens), true, false")
     ap.add_argument("--tile-mlp", default="auto", help="ours: MLP over chunks of N tokens: auto (the hidden size on "
                                                        "CUDA from 65536 tokens), N, 0 = off")

@@ -1,7 +1,7 @@
 """python -m data_concat {pack,stats,pairs,sample,recall} ..."""
 import sys
 
-from common.cli import quiet_libraries
+from ropescale.common.cli import quiet_libraries
 
 quiet_libraries()
 

@@ -1,7 +1,7 @@
-"""``python -m data_concat``: pack | stats | pairs | sample | recall, one module each (common.cli's style)."""
+"""``python -m data_concat``: pack | stats | pairs | sample | recall, one module each (ropescale.common.cli's style)."""
 from __future__ import annotations
 
-from common.cli import Tool
+from ropescale.common.cli import Tool
 
 SUBCOMMANDS = ("data_concat.pack", "data_concat.packed", "data_concat.pairs", "data_concat.sampler",
                "data_concat.recall")

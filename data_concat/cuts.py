@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from common.chapters import Chapter, by_book, read_chapters  # noqa: F401  (the one reader, re-exported)
-from common.io import write_json_atomic
-from common.text import sentence_ends
+from ropescale.common.chapters import Chapter, by_book, read_chapters  # noqa: F401  (the one reader, re-exported)
+from ropescale.common.io import write_json_atomic
+from ropescale.common.text import sentence_ends
 
 # How several chapter headings are merged into one summary (a window of chapters -> its headings, in order).
 MERGE_SEP = "；"
@@ -58,7 +58,7 @@ def paragraph_cuts(text: str) -> list[int]:
 
 
 def sentence_cuts(text: str) -> list[int]:
-    """Character positions right after each sentence end (common.text, the splitter the probes use too)."""
+    """Character positions right after each sentence end (ropescale.common.text, the splitter the probes use too)."""
     ends = sentence_ends(text)
     return ends if ends and ends[-1] == len(text) else ends + [len(text)]
 
@@ -88,7 +88,7 @@ def paragraph_token_counts(tok, texts: Sequence[str], *, cache: bool = True) -> 
     """For each text, the token counts of its paragraphs (lines): the text's tokens partitioned by the paragraph
     a token ends in, so they sum to the text's token count exactly. Cached on disk per tokenizer and text
     (``$ROPESCALE_CACHE/data_concat/``) so repeated runs over the same novels skip tokenization."""
-    from common.paths import CACHE_DIR
+    from ropescale.common.paths import CACHE_DIR
 
     fp = _tokenizer_fingerprint(tok) if cache else None
     path = CACHE_DIR / "data_concat" / f"paracounts-{fp}.json" if fp else None

@@ -5,7 +5,7 @@ The paper concatenates ~9,000 novel-summarization pairs of 2K–4K tokens at ran
 
 What a pair becomes (``encode_pairs``)::
 
-    rendered prompt (common.prompts.render(context, "ft-ib"|"ft-ie"))  + summary tokens + EOS
+    rendered prompt (ropescale.common.prompts.render(context, "ft-ib"|"ft-ie"))  + summary tokens + EOS
     labels:  -100 ... -100                                                   summary tokens + EOS
 
 so the loss falls on the summaries only. How pairs become samples (``plan_packing``): the pairs are shuffled
@@ -38,10 +38,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from common import prompts
-from common.cli import add_command, add_json
-from common.io import InputError, check_output_dir, read_jsonl, sha256_file
-from common.settings import add_arguments, check, given, make, resolve, setting
+from ropescale.common import prompts
+from ropescale.common.cli import add_command, add_json
+from ropescale.common.io import InputError, check_output_dir, read_jsonl, sha256_file
+from ropescale.common.settings import add_arguments, check, given, make, resolve, setting
 
 from .packed import (FORMAT, FORMAT_VERSION, IGNORE_INDEX, compute_stats, format_stats, load_meta,  # noqa: F401
                      write_packed)

@@ -5,7 +5,7 @@
     OUT/meta.json      tokenizer, target, min/max, prompt, seed, counts
     OUT/stats.json     length histogram, pairs per sample, supervised-token share, dropped and leftover ids
 
-:func:`write_packed` writes a directory atomically (``common.io.atomic_dir``); :func:`read_packed` reads it into a
+:func:`write_packed` writes a directory atomically (``ropescale.common.io.atomic_dir``); :func:`read_packed` reads it into a
 :class:`PackedSet` (two flat int32 arrays + offsets: a 16K x 1,000-sample set stays ~130 MB per process), which
 training, ``stats`` and the tests all use. Hugging Face ``datasets`` reads OUT as it is:
 ``load_dataset(str(OUT), split="train")``.
@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from common.io import InputError, atomic_dir, write_json_atomic
+from ropescale.common.io import InputError, atomic_dir, write_json_atomic
 
 IGNORE_INDEX = -100
 FORMAT = "ropescale-packed"
@@ -211,7 +211,7 @@ def format_stats(stats: dict, meta: dict | None = None) -> str:
 
 
 def register(sub) -> None:
-    from common.cli import add_command, add_json
+    from ropescale.common.cli import add_command, add_json
 
     p = add_command(sub, "stats", help="print the stats of a packed directory")
     p.add_argument("out", metavar="DIR", help="a directory written by pack")

@@ -1,14 +1,14 @@
 """``python -m data_concat recall``: write the recall task's eval sets and training pairs (the task itself, its
-format and samplers: :mod:`common.recall`)."""
+format and samplers: :mod:`ropescale.common.recall`)."""
 from __future__ import annotations
 
 import argparse
 import json
 
-from common.chapters import read_chapters
-from common.io import InputError, check_output_file, write_jsonl_atomic
-import common.recall as _task
-from common.recall import HELDOUT, MARKS, PARTS, recall_samples, sources, split_part
+from ropescale.common.chapters import read_chapters
+from ropescale.common.io import InputError, check_output_file, write_jsonl_atomic
+import ropescale.common.recall as _task
+from ropescale.common.recall import HELDOUT, MARKS, PARTS, recall_samples, sources, split_part
 
 
 def register(sub) -> None:
@@ -35,7 +35,7 @@ def register(sub) -> None:
 
 
 def cmd_recall(args) -> int:
-    from common.paths import CHAPTERS_JSONL
+    from ropescale.common.paths import CHAPTERS_JSONL
 
     from .tokenizer import load_tokenizer
 

@@ -1,6 +1,6 @@
 """The CNNSum multi-scale sampler (arXiv 2412.02819, Sec 3.2), for any book of chapters.
 
-For a target range R = [T - a, T + 2K] (presets in common.subsets) and a book B = {c_0, ..., c_i}:
+For a target range R = [T - a, T + 2K] (presets in ropescale.common.subsets) and a book B = {c_0, ..., c_i}:
 (1) a sliding window w starts from c_0 and expands chapter by chapter; (2) when w = [c_j, ..., c_k]:
   i.   if len(w) < inf R, expand w with c_{k+1};
   ii.  if len(w) in R, gather w as a data point and set w = [c_{k+1}];
@@ -16,7 +16,7 @@ lengths closer to T: samples are drawn one at a time from the book with the fewe
 the book with fewer candidates, then input order), taking that book's remaining candidate closest to T.
 
 Scaled-down targets (``--target N``, e.g. 2048 for a tiny model) keep the relative range of a preset
-(``common.subsets.scaled``). When T is below the size of a chapter, ``--unit paragraph`` slides the same
+(``ropescale.common.subsets.scaled``). When T is below the size of a chapter, ``--unit paragraph`` slides the same
 window over paragraphs instead of chapters; the summary is then the merged headings of the chapters the window
 touches.
 
@@ -32,9 +32,9 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
-from common import subsets
-from common.cli import add_command, add_json
-from common.io import InputError, check_output_file, write_jsonl_atomic
+from ropescale.common import subsets
+from ropescale.common.cli import add_command, add_json
+from ropescale.common.io import InputError, check_output_file, write_jsonl_atomic
 
 from .cuts import Chapter, by_book, count_tokens, merged_title, paragraph_token_counts, read_chapters
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from common.io import InputError
+from ropescale.common.io import InputError
 
 
 def resolve_tokenizer_dir(name_or_dir: str | os.PathLike) -> Path:
     """``tiny`` -> the cached tiny default model dir (its tokenizer lives beside the model); else a directory."""
     if str(name_or_dir) in ("tiny", ""):
-        from ropescale.tiny import resolve_model
+        from ropescale.common.tiny import resolve_model
 
         return Path(resolve_model("tiny"))
     p = Path(name_or_dir)

@@ -12,7 +12,7 @@ refused unless ``--replace``); ``plan_rope`` says what it will do, for reports.
 - ``hf``: the one adapter that writes a spec into / reads it from an HF config (transformers 4.x and 5.x).
 - ``describe``: ``python -m rope_scaling describe`` explains a setting per rotary dimension pair.
 """
-from common.io import InputError
+from ropescale.common.io import InputError
 
 from .args import add_rope_args, spec_from_args
 from .formulas import FORMULAS, Freqs, frequencies

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from common.cli import Tool
+from ropescale.common.cli import Tool
 
 TOOL = Tool("python -m rope_scaling", "RoPE context extension (PI, NTK, dynamic NTK, YaRN, ABF).",
             ("rope_scaling.describe",))

@@ -1,9 +1,9 @@
-"""The RoPE flags every CLI takes, built from RopeSpec's fields (``common.settings``)."""
+"""The RoPE flags every CLI takes, built from RopeSpec's fields (``ropescale.common.settings``)."""
 from __future__ import annotations
 
 import argparse
 
-from common.settings import add_arguments, build, given
+from ropescale.common.settings import add_arguments, build, given
 
 from .spec import RopeSpec
 

@@ -18,8 +18,8 @@ import math
 import sys
 from pathlib import Path
 
-from common.cli import add_alias, add_command, add_json, cli_main
-from common.io import InputError
+from ropescale.common.cli import add_alias, add_command, add_json, cli_main
+from ropescale.common.io import InputError
 
 from .args import add_rope_args, spec_from_args
 from .hf import apply_rope, extended_context, plan_rope, rope_state
@@ -131,8 +131,8 @@ def format_table(d: dict) -> str:
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    from common.cli import HelpFormatter
-    from common.settings import plain
+    from ropescale.common.cli import HelpFormatter
+    from ropescale.common.settings import plain
 
     p = parser or argparse.ArgumentParser(prog="python -m rope_scaling describe", formatter_class=HelpFormatter,
                                           description=plain(__doc__.split("\n\n", 1)[1].strip()))

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from common.io import InputError
+from ropescale.common.io import InputError
 
 if TYPE_CHECKING:
     from .spec import RopeSpec

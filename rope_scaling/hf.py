@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from common.io import InputError
+from ropescale.common.io import InputError
 
 from .formulas import Freqs, frequencies, hf_entries
 from .spec import RopeSpec

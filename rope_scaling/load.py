@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from common.io import InputError
+from ropescale.common.io import InputError
 
 from .hf import RopeChange, apply_rope, plan_rope
 from .spec import RopeSpec

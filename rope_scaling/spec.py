@@ -1,6 +1,6 @@
 """RopeSpec: what RoPE setting to apply (or what a config carries), validated on construction.
 
-Its fields are settings (``common.settings``): every stage nests it in its own settings, so the same ``--rope
+Its fields are settings (``ropescale.common.settings``): every stage nests it in its own settings, so the same ``--rope
 --scale --rope-base --orig-ctx --yarn-alpha --yarn-beta --yarn-mscale --replace`` flags, recipe keys and run.json
 record come from this one list.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
-from common.io import InputError
-from common.settings import setting
+from ropescale.common.io import InputError
+from ropescale.common.settings import setting
 
 from .formulas import METHODS, NATIVE_METHODS, REGISTRY
 

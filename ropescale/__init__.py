@@ -1,19 +1,8 @@
-"""ropescale: the project's front door -- the ``ropescale`` command (``python -m ropescale``) and the embedded tiny
-default model (``tiny``). What the stages share lives in ``common/``.
+"""ropescale: the project's own package. Its floor, ``ropescale.common``, holds what every stage shares (files,
+settings, run records, prompts, the metric, the embedded tiny default); ``training``, ``evaluation`` and ``probes``
+are the stages behind ``finetune.py``, ``eval_summ.py`` and ``ropescale probes``; ``cli`` is the front door (the
+``ropescale`` command), which only dispatches. ``rope_scaling`` and ``data_concat`` are top-level packages of their
+own (the project's card). Importing this package imports nothing else.
 """
-import importlib
-import sys
 
-from common import __version__  # noqa: F401
-
-# Old import paths (``ropescale.io`` ...), kept for a release: the modules moved to common/ and these names are
-# the very same module objects, not copies.
-_MOVED = ("io", "runs", "prompts", "subsets", "chapters", "text")
-for _name in _MOVED:
-    _mod = importlib.import_module(f"common.{_name}")
-    sys.modules[f"{__name__}.{_name}"] = _mod
-    globals()[_name] = _mod
-from common.paths import (CACHE_DIR, CHAPTERS_JSONL, DATA_DIR, QWEN2_TOKENIZER, REPO_ROOT,  # noqa: E402,F401
-                          SHARED_DIR)
-
-del _name, _mod
+__version__ = "0.2.0"  # the project's version (pyproject.toml reads it from here)

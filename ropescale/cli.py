@@ -4,7 +4,7 @@
     ropescale data pack ...         = python -m data_concat pack ...
     ropescale finetune [train] ...  = python finetune.py ...   (multi-GPU: deepspeed finetune.py ...)
     ropescale eval generate ...     = python eval_summ.py generate ...
-    ropescale probes ppl ...        = python -m probes ppl ...
+    ropescale probes ppl ...        = python -m ropescale.probes ppl ...
     ropescale make-tiny ...         = python -m ropescale make-tiny ...
 """
 from __future__ import annotations
@@ -16,10 +16,10 @@ import sys
 TOOLS = {
     "rope": ("rope_scaling.__main__", "RoPE settings: describe what a method does to each rotary pair"),
     "data": ("data_concat.cli", "data: pack fine-tuning samples, build pairs, sample CNNSum-style eval sets"),
-    "finetune": ("training.cli", "LoRA fine-tuning with RoPE scaling ([train]), merge a run into a model"),
-    "eval": ("evaluation.cli", "CNNSum evaluation: generate, score, report, run"),
-    "probes": ("probes.cli", "long-context probes and their report"),
-    "make-tiny": ("ropescale.tiny", "build (or show) the embedded tiny default model"),
+    "finetune": ("ropescale.training.cli", "LoRA fine-tuning with RoPE scaling ([train]), merge a run into a model"),
+    "eval": ("ropescale.evaluation.cli", "CNNSum evaluation: generate, score, report, run"),
+    "probes": ("ropescale.probes.cli", "long-context probes and their report"),
+    "make-tiny": ("ropescale.common.tiny", "build (or show) the embedded tiny default model"),
 }
 
 
@@ -32,7 +32,7 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from common.cli import quiet_libraries
+    from ropescale.common.cli import quiet_libraries
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -43,13 +43,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{usage()}\n\nerror: unknown tool {name!r}", file=sys.stderr)
         return 2
     if name == "finetune":  # before torch / DeepSpeed are imported (as finetune.py does)
-        from training.env import setup_env
+        from ropescale.training.env import setup_env
 
         setup_env()
     quiet_libraries()
     module = importlib.import_module(TOOLS[name][0])
     if name == "make-tiny":
-        from common.cli import cli_main
+        from ropescale.common.cli import cli_main
 
         return cli_main(module.main)(rest)
     return module.main(rest, prog=f"ropescale {name}")

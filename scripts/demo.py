@@ -91,7 +91,7 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, sc
              chapters: str | None = None, heldout: int | None = None, fresh: bool = False) -> dict:
     from transformers import AutoConfig
 
-    from common.paths import CHAPTERS_JSONL
+    from ropescale.common.paths import CHAPTERS_JSONL
     from rope_scaling import read_rope
 
     py = sys.executable
@@ -119,7 +119,7 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, sc
     if not orig:
         raise SystemExit(f"[demo] cannot tell the original context of {model_dir}")
     if heldout is None:
-        from common.recall import HELDOUT
+        from ropescale.common.recall import HELDOUT
 
         heldout = HELDOUT
     if model == "tiny":
@@ -136,7 +136,7 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, sc
         f"samples of {lo}-{hi} tokens ({train_lo:g}x-{train_hi:g}x the context); eval sets from the held-out "
         f"chapters")
     if not (packed / "train.parquet").is_file():
-        from common.recall import pair_range
+        from ropescale.common.recall import pair_range
         from data_concat.tokenizer import load_tokenizer
 
         ctx_lo, ctx_hi = pair_range(load_tokenizer(str(model_dir)), lo, hi)
@@ -184,7 +184,7 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, sc
         sh([py, "finetune.py", "merge", "--run", str(train_dir), "--out", str(merged[m])])
 
     # 4 ---------------------------------------------------------------- generation
-    from evaluation.cli import main as eval_main
+    from ropescale.evaluation.cli import main as eval_main
 
     series = [("base", "tiny" if model == "tiny" else str(model_dir))]
     series += [(f"ft-{m}" if m == "none" else f"ft-{m}-x{s_txt}", str(merged[m])) for m in methods]
@@ -207,7 +207,7 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, sc
                                                                              "fig3.png")
     say("step 5/5: scoring (CNNSum ROUGE-L) and the report: extrapolation table (ROUGE-L x100 by eval length; rows: "
         "model, RoPE method, scale, training length), Table 2 (IE/IB averages, MSE), failure modes, Fig. 3")
-    from evaluation.report import make_report
+    from ropescale.evaluation.report import make_report
 
     show(["python", "eval_summ.py", "report", str(gen), "--out", str(report), "--plot", str(fig)])
     make_report([gen], out_dir=report, plot=fig)
@@ -237,7 +237,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the fine-tunes, the pairs and the eval samples")
     ap.add_argument("--fresh", action="store_true", help="remove earlier demo outputs first")
     args = ap.parse_args(argv)
-    from common.io import InputError
+    from ropescale.common.io import InputError
 
     try:
         run_demo(args.out, model=args.model, methods=[m for m in args.methods.split(",") if m], scale=args.scale,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The probe tables of README / docs/probes.md on the tiny default, with their spread over seeds.
 
-Runs (each an ordinary ``python -m probes ...`` command, printed before it runs; finished runs are reused):
+Runs (each an ordinary ``ropescale probes ...`` command, printed before it runs; finished runs are reused):
 - copy: a 128-token target pasted d tokens before itself, inside the 512-token context (``--length 512``) for the
   unscaled model, and at ``--length 4096`` for every method at scale 8;
 - suffix-id, sentence variant (Sun et al. 2021 Sec 5): gold next 128 tokens vs 5 same-book spans, prefixes of
@@ -35,9 +35,9 @@ def rope_flags(m: str, scale: int = 8) -> list[str]:
 
 
 def probe(out: Path, argv: list[str]) -> dict:
-    """Run ``python -m probes ARGV --out OUT`` unless OUT holds a finished run; return its summary."""
+    """Run ``ropescale probes ARGV --out OUT`` unless OUT holds a finished run; return its summary."""
     if not (out / "summary.json").is_file():
-        cmd = [sys.executable, "-m", "probes"] + argv + ["--out", str(out)]
+        cmd = [sys.executable, "-m", "ropescale.probes"] + argv + ["--out", str(out)]
         print("  $ " + " ".join(shlex.quote(str(a)) for a in cmd), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
@@ -77,8 +77,8 @@ def main(argv=None) -> int:
     out, n, seeds = Path(args.out), str(args.n), range(args.seeds)
     common = ["--n", n, "--threads", str(args.threads), "--tail-chapters", "12"]
     # suffix-id reads a chapters file: the same held-out chapters (the last 12 of each book)
-    from common.chapters import read_chapters
-    from common.recall import split_part
+    from ropescale.common.chapters import read_chapters
+    from ropescale.common.recall import split_part
 
     out.mkdir(parents=True, exist_ok=True)
     held = out / "heldout_chapters.jsonl"
@@ -105,7 +105,7 @@ def main(argv=None) -> int:
                     [row("copy", per[:args.seeds], dists, ".3f"), row("no copy", per[args.seeds:], dists, ".3f")]))
 
     # suffix identification, by log-likelihood and by PMI (the same items: same seeds and data)
-    from probes.suffix_id import METRICS, SCORES
+    from ropescale.probes.suffix_id import METRICS, SCORES
 
     for score in SCORES:
         rows = []

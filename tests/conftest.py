@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from common.paths import CHAPTERS_JSONL, QWEN2_TOKENIZER  # noqa: E402
+from ropescale.common.paths import CHAPTERS_JSONL, QWEN2_TOKENIZER  # noqa: E402
 
 _skipped: list[str] = []
 
@@ -41,7 +41,7 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.fixture(scope="session")
 def chapters():
     """All chapters of the shared novels: [{book, chapter, title, text}]."""
-    from ropescale.tiny import load_chapters
+    from ropescale.common.tiny import load_chapters
 
     assert CHAPTERS_JSONL.is_file(), f"shared novels missing at {CHAPTERS_JSONL}"
     return load_chapters(CHAPTERS_JSONL)
@@ -58,7 +58,7 @@ def qwen2_tokenizer():
 @pytest.fixture(scope="session")
 def tiny_tokenizer_dir(tmp_path_factory, chapters):
     """A small byte-level BPE tokenizer (1,000 tokens) trained on ~150K chars of the novels (about a second)."""
-    from ropescale.tiny import train_tokenizer
+    from ropescale.common.tiny import train_tokenizer
 
     d = tmp_path_factory.mktemp("tiny_tok")
     texts, n = [], 0
@@ -87,7 +87,7 @@ def make_tiny_model(tmp_path_factory, tiny_tokenizer_dir):
     """
     import shutil
 
-    from ropescale.tiny import random_model, tiny_config
+    from ropescale.common.tiny import random_model, tiny_config
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))

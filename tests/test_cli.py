@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("common", "rope_scaling", "data_concat", "training", "evaluation", "probes", "ropescale")
+PACKAGES = ("rope_scaling", "data_concat", "ropescale")
 
 
 def _tools():
     from data_concat.cli import TOOL as data
-    from evaluation.cli import TOOL as evaluation
-    from probes.cli import TOOL as probes
+    from ropescale.evaluation.cli import TOOL as evaluation
+    from ropescale.probes.cli import TOOL as probes
     from rope_scaling.__main__ import TOOL as rope
-    from training.cli import TOOL as finetune
+    from ropescale.training.cli import TOOL as finetune
 
     return {"finetune": finetune, "eval": evaluation, "data": data, "probes": probes, "rope": rope}
 
@@ -89,7 +89,7 @@ def test_old_spellings_still_work(argv, check):
     ap = tool.parser()
     args = ap.parse_args(argv[1:] if argv[0] != "finetune" else ["train", *argv[1:]])
     if argv[0] == "finetune":
-        from training.config import settings_from_args
+        from ropescale.training.config import settings_from_args
 
         settings = settings_from_args(args)[0]
     elif argv[0] == "data":
@@ -97,7 +97,7 @@ def test_old_spellings_still_work(argv, check):
 
         settings = settings_from_args(args)
     else:
-        from evaluation.generate import settings_from_args
+        from ropescale.evaluation.generate import settings_from_args
 
         settings = settings_from_args(args)
     assert check(settings)
@@ -106,7 +106,7 @@ def test_old_spellings_still_work(argv, check):
 
 
 def test_report_format_md_and_describe_base_are_accepted():
-    from evaluation.cli import build_parser
+    from ropescale.evaluation.cli import build_parser
     from rope_scaling.describe import build_parser as describe_parser
 
     assert build_parser().parse_args(["report", "--format", "md"]).format == "markdown"

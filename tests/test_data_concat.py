@@ -13,9 +13,9 @@ from data_concat import load_meta, load_packed, pack, plan_packing, resolve_rang
 from data_concat.cuts import MERGE_SEP, Chapter
 from data_concat.cli import main as cli_main
 from data_concat.pairs import build_pairs
-from common.paths import QWEN2_TOKENIZER
-from common import prompts
-from common.io import InputError
+from ropescale.common.paths import QWEN2_TOKENIZER
+from ropescale.common import prompts
+from ropescale.common.io import InputError
 
 K = 1024
 
@@ -24,7 +24,7 @@ K = 1024
 @pytest.fixture(scope="module")
 def chapter_objs():
     """The first 14 chapters of 红楼梦 and 12 of 三国演义 (a few hundred K tokens)."""
-    from common.chapters import by_book, read_chapters
+    from ropescale.common.chapters import by_book, read_chapters
 
     books = by_book(read_chapters())
     return books["hongloumeng"][:14] + books["sanguo_yanyi"][:12]
@@ -311,8 +311,8 @@ def test_cli_pairs_end_to_end(chapters, tmp_path, capsys):
 
 
 def test_books_filter_and_unknown_book(tmp_path):
-    """--books (pairs and sample) goes through common.chapters.read_chapters: order kept, unknown names named."""
-    from common.chapters import read_chapters
+    """--books (pairs and sample) goes through ropescale.common.chapters.read_chapters: order kept, unknown names named."""
+    from ropescale.common.chapters import read_chapters
 
     p = tmp_path / "ch.jsonl"
     rows = [{"book": b, "chapter": i, "title": f"{b}{i}", "text": "正文。"} for b in ("a", "b", "c") for i in (1, 2)]

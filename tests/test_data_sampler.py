@@ -8,8 +8,8 @@ import pytest
 from data_concat.cuts import MERGE_SEP, Chapter
 from data_concat.cli import main as cli_main
 from data_concat.sampler import balance, sample, sliding_windows
-from common.paths import CHAPTERS_JSONL, QWEN2_TOKENIZER
-from common import subsets
+from ropescale.common.paths import CHAPTERS_JSONL, QWEN2_TOKENIZER
+from ropescale.common import subsets
 
 K = 1024
 
@@ -17,7 +17,7 @@ K = 1024
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
     """Token-count cache in a temp dir, not the repo's .cache."""
-    from common import paths
+    from ropescale.common import paths
 
     monkeypatch.setattr(paths, "CACHE_DIR", tmp_path_factory.getbasetemp() / "cache")
 

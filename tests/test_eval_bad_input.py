@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.cli import main
-from common.runs import RunDir
+from ropescale.evaluation.cli import main
+from ropescale.common.runs import RunDir
 
 
 def one_line_error(capsys, rc, *what):
@@ -90,7 +90,7 @@ def test_out_is_an_existing_regular_file(model_dir, chapters, tmp_path, capsys, 
 
 
 def test_report_out_is_an_existing_regular_file(model_dir, chapters, tmp_path, capsys):
-    from evaluation.generate import generate
+    from ropescale.evaluation.generate import generate
 
     run = tmp_path / "runs" / "a"
     generate(str(model_dir), data_file(tmp_path, chapters), "ie", run, max_new_tokens=3, progress=False,

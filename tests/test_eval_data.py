@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from common.io import InputError
+from ropescale.common.io import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,7 +53,7 @@ def ds_cache(tmp_path, monkeypatch):
 # ------------------------------------------------------------------ 15.1: the subset travels with the data
 def test_subset_from_the_records_of_a_data_concat_file(model_dir, chapters, tmp_path):
     """The README pipeline: data_concat sample --subset L --out cnnsum_L.jsonl, then generate without --subset."""
-    from evaluation.generate import generate
+    from ropescale.evaluation.generate import generate
 
     d = write_jsonl(tmp_path / "cnnsum_L.jsonl", rows(chapters, 2, subset="L"))
     generate(str(model_dir), d, "ie", tmp_path / "a", limit=1, progress=False)  # no --subset, no --max-new-tokens
@@ -68,8 +68,8 @@ def test_subset_from_the_records_of_a_data_concat_file(model_dir, chapters, tmp_
 
 
 def test_subset_precedence_flag_records_filename(chapters, tmp_path):
-    from evaluation.data import load_samples
-    from evaluation.generate import resolve_subset
+    from ropescale.evaluation.data import load_samples
+    from ropescale.evaluation.generate import resolve_subset
 
     recs = load_samples(write_jsonl(tmp_path / "cnnsum_XL_32k.jsonl", rows(chapters, 3, subset="XXL")))
     assert resolve_subset(None, "cnnsum_XL_32k.jsonl", recs).name == "2XL"  # records beat the file name
@@ -88,7 +88,7 @@ def test_subset_precedence_flag_records_filename(chapters, tmp_path):
 ])
 def test_records_that_disagree_name_the_first_disagreeing_line(model_dir, chapters, tmp_path, capsys, subs, line,
                                                                what):
-    from evaluation.cli import main
+    from ropescale.evaluation.cli import main
 
     recs = rows(chapters, len(subs))
     for r, s in zip(recs, subs):
@@ -111,7 +111,7 @@ def test_records_that_disagree_name_the_first_disagreeing_line(model_dir, chapte
 def test_save_to_disk_dir_and_parquet_folder_give_the_jsonl_predictions(model_dir, chapters, tmp_path, ds_cache):
     import datasets
 
-    from evaluation.generate import generate
+    from ropescale.evaluation.generate import generate
 
     recs = rows(chapters, 4, subset="T512")
     jsonl = write_jsonl(tmp_path / "eval.jsonl", recs)
@@ -138,7 +138,7 @@ def test_save_to_disk_dir_and_parquet_folder_give_the_jsonl_predictions(model_di
 def test_dataset_splits_and_data_files(model_dir, chapters, tmp_path, ds_cache):
     import datasets
 
-    from evaluation.data import CNNSUM_HUB_ID, load_samples, open_source
+    from ropescale.evaluation.data import CNNSUM_HUB_ID, load_samples, open_source
 
     a, b = rows(chapters, 3), rows(chapters, 2, base=90)
     dd = datasets.DatasetDict({"test": datasets.Dataset.from_list(a), "dev": datasets.Dataset.from_list(b)})
@@ -155,7 +155,7 @@ def test_dataset_splits_and_data_files(model_dir, chapters, tmp_path, ds_cache):
     write_jsonl(rel / "cnnsum_XL_32k.jsonl", b)
     src = open_source(rel, data_files="cnnsum_XL_32k.jsonl")
     assert len(load_samples(None, source=src)) == 2 and src.file_name == "cnnsum_XL_32k.jsonl"
-    from evaluation.data import subset_from_filename
+    from ropescale.evaluation.data import subset_from_filename
 
     assert subset_from_filename(src.file_name).name == "XL"
     assert open_source(CNNSUM_HUB_ID).kind == "datasets"  # a name goes to datasets.load_dataset
@@ -164,7 +164,7 @@ def test_dataset_splits_and_data_files(model_dir, chapters, tmp_path, ds_cache):
 def test_bad_datasets_sources_are_one_line(model_dir, tmp_path, ds_cache, capsys):
     import datasets
 
-    from evaluation.cli import main
+    from ropescale.evaluation.cli import main
 
     datasets.Dataset.from_list([{"text": "甲", "summary": "乙"}]).save_to_disk(str(tmp_path / "nocontext"))
     cases = [
@@ -183,7 +183,7 @@ def test_bad_datasets_sources_are_one_line(model_dir, tmp_path, ds_cache, capsys
 
 def test_jsonl_does_not_import_datasets(tmp_path, chapters):
     p = write_jsonl(tmp_path / "eval.jsonl", rows(chapters, 2))
-    code = ("import sys; from evaluation.data import load_samples; "
+    code = ("import sys; from ropescale.evaluation.data import load_samples; "
             f"assert len(load_samples({str(p)!r})) == 2; print('datasets' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

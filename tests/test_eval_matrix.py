@@ -28,8 +28,8 @@ def model_dir(make_tiny_model):
 
 
 def test_find_release_files_spellings_and_gaps(tmp_path, chapters):
-    from evaluation.data import find_release_files
-    from common.io import InputError
+    from ropescale.evaluation.data import find_release_files
+    from ropescale.common.io import InputError
 
     d = write_release(tmp_path / "rel", chapters)
     (d / "notes.jsonl").write_text("{}\n")
@@ -48,8 +48,8 @@ def test_find_release_files_spellings_and_gaps(tmp_path, chapters):
 
 
 def test_one_call_runs_every_subset_and_prompt(model_dir, chapters, tmp_path, capsys, monkeypatch):
-    from evaluation import backends
-    from evaluation.cli import main
+    from ropescale.evaluation import backends
+    from ropescale.evaluation.cli import main
 
     loads = []
     init = backends.HFBackend.__init__
@@ -93,7 +93,7 @@ def test_one_call_runs_every_subset_and_prompt(model_dir, chapters, tmp_path, ca
 
 
 def test_missing_subsets_are_reported_and_skipped(model_dir, chapters, tmp_path, capsys):
-    from evaluation.cli import main
+    from ropescale.evaluation.cli import main
 
     data = write_release(tmp_path / "release", chapters, {"XL": "cnnsum_XL_32k.jsonl"}, n=1)
     out = tmp_path / "eval"
@@ -117,7 +117,7 @@ def test_missing_subsets_are_reported_and_skipped(model_dir, chapters, tmp_path,
     ([], "--data FILE (one run) or --data-dir DIR"),
 ])
 def test_matrix_bad_input_is_one_line(model_dir, chapters, tmp_path, capsys, extra, what):
-    from evaluation.cli import main
+    from ropescale.evaluation.cli import main
 
     rel = write_release(tmp_path / "rel", chapters, n=1)
     (tmp_path / "empty").mkdir()

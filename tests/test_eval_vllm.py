@@ -3,7 +3,7 @@
 vLLM precomputes a cos/sin cache when it loads a model and indexes it by position; VLLM_ALLOW_LONG_MAX_MODEL_LEN
 only skips its length check. The cache lengths below are transcribed from vLLM's
 ``model_executor/layers/rotary_embedding`` (base.py, linear_scaling_rope.py, dynamic_ntk_scaling_rope.py,
-yarn_scaling_rope.py, get_rope in __init__.py), independently of evaluation.backends."""
+yarn_scaling_rope.py, get_rope in __init__.py), independently of ropescale.evaluation.backends."""
 from __future__ import annotations
 
 import importlib.util
@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from common.io import InputError
+from ropescale.common.io import InputError
 
 
 def vllm_rotary_cache_len(cfg: dict) -> int:
@@ -48,7 +48,7 @@ def base_dir(make_tiny_model):
 
 
 def scaled(base_dir, **spec):
-    from evaluation.generate import prepare_config
+    from ropescale.evaluation.generate import prepare_config
     from rope_scaling import RopeSpec
 
     config, eff, overrides = prepare_config(base_dir, RopeSpec(**spec) if spec else None)
@@ -65,7 +65,7 @@ def test_vllm_is_absent_here():
     ({"method": "pi", "scale": 2.0}, 256, 700),
 ])
 def test_default_and_linear_rope_get_a_rotary_cache_covering_max_model_len(base_dir, spec, want, need):
-    from evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends import vllm_settings
 
     config, overrides = scaled(base_dir, **spec)
     before = config.to_dict()
@@ -81,7 +81,7 @@ def test_default_and_linear_rope_get_a_rotary_cache_covering_max_model_len(base_
 
 
 def test_linear_raises_max_positions_by_what_the_factor_does_not_cover(base_dir):
-    from evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends import vllm_settings
 
     config, overrides = scaled(base_dir, method="pi", scale=4.0)  # max_position_embeddings 256, cache 1024
     assert vllm_settings(config, overrides, need=300, want=1024)[0].get("max_position_embeddings", 256) == 256
@@ -90,7 +90,7 @@ def test_linear_raises_max_positions_by_what_the_factor_does_not_cover(base_dir)
 
 @pytest.mark.parametrize("mscale", [None, 1.5])
 def test_yarn_attention_factor_reaches_every_vllm_version(base_dir, mscale):
-    from evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends import vllm_settings
 
     config, overrides = scaled(base_dir, method="yarn", scale=4.0, yarn_mscale=mscale)
     hf_overrides, mml = vllm_settings(config, overrides, need=200, want=512)
@@ -102,7 +102,7 @@ def test_yarn_attention_factor_reaches_every_vllm_version(base_dir, mscale):
 
 
 def test_yarn_past_vllms_rotary_cache_is_refused(base_dir):
-    from evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends import vllm_settings
 
     config, overrides = scaled(base_dir, method="yarn", scale=4.0)
     with pytest.raises(InputError, match=r"257 tokens, past vLLM's YaRN rotary cache of 256 .*--backend hf"):
@@ -110,7 +110,7 @@ def test_yarn_past_vllms_rotary_cache_is_refused(base_dir):
 
 
 def test_dynamic_ntk_is_refused_on_vllm(base_dir):
-    from evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends import vllm_settings
 
     config, overrides = scaled(base_dir, method="dynamic_ntk", scale=4.0)
     with pytest.raises(InputError, match=r"dynamic NTK.*static NTK base.*--backend hf"):
@@ -119,7 +119,7 @@ def test_dynamic_ntk_is_refused_on_vllm(base_dir):
 
 def test_generate_refuses_before_looking_for_vllm(base_dir, chapters, tmp_path, capsys):
     """The rope refusal comes first (it holds on a GPU machine with vLLM too), and nothing is written."""
-    from evaluation.cli import main
+    from ropescale.evaluation.cli import main
 
     data = tmp_path / "cnnsum_L_16k.jsonl"
     data.write_text(json.dumps({"context": chapters[0]["text"][:100], "summary": "x"}, ensure_ascii=False) + "\n",

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ft_helpers import ROOT, packed, run, train_log
-from training.env import free_port
+from ropescale.training.env import free_port
 
 STEPS = 3
 
@@ -78,7 +78,7 @@ def test_merged_model_logits_equal_independent_reconstruction(ds_run, tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from training.cli import main
+    from ropescale.training.cli import main
 
     merged_dir = tmp_path / "merged"
     assert main(["merge", "--run", str(ds_run["run"]), "--out", str(merged_dir)]) == 0

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ft_helpers import finetune_cmd, packed, run, train_log
-from training.cli import main
+from ropescale.training.cli import main
 
 
 def _err(capsys, argv):

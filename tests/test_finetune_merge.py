@@ -7,15 +7,15 @@ import json
 import pytest
 import torch
 
-from training.cli import main
+from ropescale.training.cli import main
 
 
 @pytest.fixture(scope="module")
 def exported(make_tiny_model, tmp_path_factory):
-    """A run directory with a final export (LoRA on a tiny model, ntk x8), written by training.saving.export."""
+    """A run directory with a final export (LoRA on a tiny model, ntk x8), written by ropescale.training.saving.export."""
     from rope_scaling import RopeSpec, read_rope
-    from training.model import add_lora, load_config, load_model
-    from training.saving import export
+    from ropescale.training.model import add_lora, load_config, load_model
+    from ropescale.training.saving import export
 
     _, model_dir = make_tiny_model(orig_ctx=64)
     config, _ = load_config(model_dir, RopeSpec("ntk", 8))
@@ -80,7 +80,7 @@ def test_out_empty_dir_then_replace_a_merged_model(exported, capsys, tmp_path):
 
 
 def test_a_failing_merge_leaves_no_temp_dir_and_keeps_the_old_model(exported, tmp_path, monkeypatch):
-    from training import saving
+    from ropescale.training import saving
 
     out = tmp_path / "merged"
     saving.merge(exported["run"] / "final", out)
@@ -99,7 +99,7 @@ def test_a_failing_merge_leaves_no_temp_dir_and_keeps_the_old_model(exported, tm
 
 
 def test_a_failing_export_leaves_no_temp_dir(exported, tmp_path, monkeypatch):
-    from training import saving
+    from ropescale.training import saving
 
     kw = dict(extra_names=exported["extra"], base_model=str(exported["model"]), config=exported["config"],
               rope={}, step=1, tokenizer_dir=None)

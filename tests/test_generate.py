@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from common.io import InputError
+from ropescale.common.io import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,7 +64,7 @@ def read_preds(out) -> list[dict]:
 
 # ------------------------------------------------------------------ batching changes nothing but speed
 def test_plan_batches_by_token_budget():
-    from evaluation.backends import plan_batches
+    from ropescale.evaluation.backends import plan_batches
 
     # lengths 100, 90, 50, 40, 10 with 10 new tokens and a 300-token budget: longest first;
     # [100, 90] costs 2*110 = 220 (a third would cost 330); [50, 40, 10] costs 3*60 = 180.
@@ -79,7 +79,7 @@ def test_plan_batches_by_token_budget():
 def test_batched_greedy_equals_plain_batch1_generate(make_tiny_model, tiny_tokenizer, chapters, arch, cache, slots):
     import torch
 
-    from evaluation.backends import HFBackend, Item
+    from ropescale.evaluation.backends import HFBackend, Item
 
     model, d = varied(make_tiny_model, arch, orig_ctx=64, seed=3)
     texts = [chapters[i]["text"][: 40 + 37 * i] for i in range(5)]
@@ -123,7 +123,7 @@ def test_batched_greedy_equals_plain_batch1_generate(make_tiny_model, tiny_token
 @pytest.mark.parametrize("prompt,style,template", [("ie", "release", RELEASE_IE), ("ib", "paper", PAPER_IB),
                                                    ("ft-ie", "release", FT_IE)])
 def test_prompt_selection(model, data, tiny_tokenizer, tmp_path, prompt, style, template):
-    from evaluation.generate import generate, load_samples
+    from ropescale.evaluation.generate import generate, load_samples
 
     out = tmp_path / "run"
     generate(str(model[1]), data, prompt, out, prompt_style=style, max_new_tokens=10, limit=3, progress=False)
@@ -138,7 +138,7 @@ def test_prompt_selection(model, data, tiny_tokenizer, tmp_path, prompt, style, 
 
 
 def test_tokenize_renders_the_quoted_prompt(tiny_tokenizer):
-    from evaluation.generate import Tokenize
+    from ropescale.evaluation.generate import Tokenize
 
     ids = Tokenize(tiny_tokenizer, "ie", "release", False).ids("正文")
     assert tiny_tokenizer.decode(ids) == RELEASE_IE.replace("{}", "正文")
@@ -147,7 +147,7 @@ def test_tokenize_renders_the_quoted_prompt(tiny_tokenizer):
 
 
 def test_subset_detection_and_max_new_tokens(model, chapters, tmp_path):
-    from evaluation.generate import default_max_new_tokens, generate, resolve_subset
+    from ropescale.evaluation.generate import default_max_new_tokens, generate, resolve_subset
 
     assert resolve_subset(None, "x/cnnsum_L_16k.jsonl").name == "L"
     assert resolve_subset(None, "cnnsum_XXL_64k.jsonl").name == "2XL"
@@ -176,7 +176,7 @@ def test_subset_detection_and_max_new_tokens(model, chapters, tmp_path):
 def test_run_json_contents_and_train_length(make_tiny_model, data, tmp_path):
     import shutil
 
-    from evaluation.generate import generate
+    from ropescale.evaluation.generate import generate
 
     _, d = make_tiny_model("qwen2", orig_ctx=64)
     train = tmp_path / "train" / "tiny-ntk-x4"
@@ -204,7 +204,7 @@ def test_run_json_contents_and_train_length(make_tiny_model, data, tmp_path):
 def test_rope_flags_vs_saved_scaling(make_tiny_model, data, tmp_path):
     from transformers import AutoConfig
 
-    from evaluation.generate import generate
+    from ropescale.evaluation.generate import generate
     from rope_scaling import RopeSpec, apply_rope
 
     _, d = varied(make_tiny_model, "qwen2", orig_ctx=64, seed=1)
@@ -236,7 +236,7 @@ def test_rope_flags_vs_saved_scaling(make_tiny_model, data, tmp_path):
 
 # ------------------------------------------------------------------ long inputs
 def test_middle_truncation(model, data, tiny_tokenizer, tmp_path):
-    from evaluation.generate import generate, load_samples
+    from ropescale.evaluation.generate import generate, load_samples
 
     out = tmp_path / "t"
     generate(str(model[1]), data, "ie", out, max_new_tokens=10, truncate="middle", max_input_tokens=250,
@@ -251,7 +251,7 @@ def test_middle_truncation(model, data, tiny_tokenizer, tmp_path):
     meta = json.loads((out / "run.json").read_text())
     assert meta["counts"]["truncated"] == sum(n > 250 for n in lens.values())
     # the kept text = the prompt head + the context's head ... tail + the prompt tail
-    from evaluation.generate import Tokenize
+    from ropescale.evaluation.generate import Tokenize
 
     s = max(load_samples(data), key=lambda s: len(s["context"]))
     ids, cut = Tokenize(tiny_tokenizer, "ie", "release", False).middle_truncated(s["context"], 250)
@@ -264,8 +264,8 @@ def test_middle_truncation(model, data, tiny_tokenizer, tmp_path):
 
 # ------------------------------------------------------------------ bad input
 def test_bad_input_names_file_and_line(model, tmp_path, capsys):
-    from evaluation.cli import main
-    from evaluation.generate import load_samples
+    from ropescale.evaluation.cli import main
+    from ropescale.evaluation.generate import load_samples
 
     p = tmp_path / "bad.jsonl"
     p.write_text('{"context": "甲", "summary": "乙"}\n{"context": "甲"\n', encoding="utf-8")
@@ -287,7 +287,7 @@ def test_bad_input_names_file_and_line(model, tmp_path, capsys):
 
 
 def test_ids_default_to_line_numbers(model, chapters, tmp_path):
-    from evaluation.generate import load_samples
+    from ropescale.evaluation.generate import load_samples
 
     p = write_data(tmp_path / "noid.jsonl", chapters, 3, with_id=False)
     assert [s["id"] for s in load_samples(p)] == [1, 2, 3]
@@ -296,7 +296,7 @@ def test_ids_default_to_line_numbers(model, chapters, tmp_path):
 def test_vllm_backend_absent_is_a_clear_error(model, data, tmp_path):
     import importlib.util
 
-    from evaluation.generate import generate
+    from ropescale.evaluation.generate import generate
 
     assert importlib.util.find_spec("vllm") is None  # this environment has no vllm (a GPU extra)
     with pytest.raises(InputError, match="vllm"):
@@ -306,7 +306,7 @@ def test_vllm_backend_absent_is_a_clear_error(model, data, tmp_path):
 
 # ------------------------------------------------------------------ resume after kill -9
 def test_resume_after_kill9_no_duplicates_same_predictions(make_tiny_model, chapters, tmp_path):
-    from evaluation.generate import generate
+    from ropescale.evaluation.generate import generate
 
     _, d = varied(make_tiny_model, "qwen2", orig_ctx=64, seed=2)
     data = write_data(tmp_path / "eval.jsonl", chapters, 16, base=30, step=9)
@@ -352,8 +352,8 @@ def test_slot_decoder_frees_its_buffers_without_gc(make_tiny_model, tiny_tokeniz
     import gc
     import weakref
 
-    from evaluation import engine
-    from evaluation.backends import HFBackend, Item
+    from ropescale.evaluation import engine
+    from ropescale.evaluation.backends import HFBackend, Item
 
     model, d = make_tiny_model("qwen2", orig_ctx=64, seed=1)
     refs = []
@@ -388,7 +388,7 @@ def test_dynamic_ntk_each_sample_as_batch1_generate_on_a_fresh_model(make_tiny_m
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from evaluation.backends import HFBackend, Item
+    from ropescale.evaluation.backends import HFBackend, Item
     from rope_scaling import RopeSpec, apply_rope
 
     _, d = varied(make_tiny_model, "qwen2", orig_ctx=64, seed=5)

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from common.io import InputError
-from ropescale.tiny import check_model_dir, resolve_model
+from ropescale.common.io import InputError
+from ropescale.common.tiny import check_model_dir, resolve_model
 
 
 def test_model_dir_without_weights(tmp_path):

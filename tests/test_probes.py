@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from probes.common import Loaded, summarize
-from probes.copy import copy_probe, paste
-from probes.data import Doc, chapter_index, chinese_numeral, load_docs, split_sentences
-from probes.perturb import perturb_prefix, perturb_probe
-from probes.report import load_runs, plot, render
-from probes.scorer import score_candidates, score_continuations, score_document, window_starts
-from probes.shuffle import block_shuffle, shuffle_probe
-from probes.suffix_id import chapter_candidate, chapter_examples
-from common.io import InputError
+from ropescale.probes.common import Loaded, summarize
+from ropescale.probes.copy import copy_probe, paste
+from ropescale.probes.data import Doc, chapter_index, chinese_numeral, load_docs, split_sentences
+from ropescale.probes.perturb import perturb_prefix, perturb_probe
+from ropescale.probes.report import load_runs, plot, render
+from ropescale.probes.scorer import score_candidates, score_continuations, score_document, window_starts
+from ropescale.probes.shuffle import block_shuffle, shuffle_probe
+from ropescale.probes.suffix_id import chapter_candidate, chapter_examples
+from ropescale.common.io import InputError
 
 
 # ---------------------------------------------------------------- the oracle LM
@@ -157,8 +157,8 @@ def test_token_drop_drops_only_tokens_whose_next_appearance_is_the_target():
 def test_probe_target_lengths_follow_the_papers():
     """ppl (Sun et al. 2021 Sec 2.2: k = 10) and perturb (the same token-level setup, Sec 4) default to 10 target
     tokens; suffix identification keeps 128-token suffixes, copy its 128-token pasted sequence."""
-    from probes.cli import build_parser
-    from probes.command import settings_from_args
+    from ropescale.probes.cli import build_parser
+    from ropescale.probes.command import settings_from_args
 
     ap = build_parser()
 
@@ -309,7 +309,7 @@ def test_shuffling_a_repeated_pattern_lowers_likelihood(tmp_path):
 
 # ---------------------------------------------------------------- ChapterBreak construction on the real novels
 def test_negatives_are_later_chapters_of_the_same_book_with_the_gold_heading(chapters, tiny_tokenizer):
-    from probes.data import Chapter
+    from ropescale.probes.data import Chapter
 
     books = {}
     for c in chapters:
@@ -381,7 +381,7 @@ def test_summarize_groups_and_orders_columns():
 
 
 def test_bad_input_exits_2_naming_file_and_line(tmp_path, capsys):
-    from probes.cli import main
+    from ropescale.probes.cli import main
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "好。"}\n{"text": \n')
@@ -401,7 +401,7 @@ def test_bad_input_exits_2_naming_file_and_line(tmp_path, capsys):
 def test_suffix_id_judge_by_logprob_and_by_pmi():
     """The item outcome by hand: by log-likelihood the gold (-10) loses to a negative (-5); by PMI (what the prefix
     adds: 20, 1, 1) it wins. A tie is wrong; its rank counts only strictly better candidates."""
-    from probes.suffix_id import judge
+    from ropescale.probes.suffix_id import judge
 
     lps, prior = [-10.0, -5.0, -20.0], [-30.0, -6.0, -21.0]
     by_lp = judge(lps, None)

@@ -10,7 +10,7 @@ import stat
 import pytest
 import torch
 
-from probes.cli import main
+from ropescale.probes.cli import main
 
 
 @pytest.fixture(scope="module")

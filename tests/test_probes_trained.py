@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from probes.cli import main
+from ropescale.probes.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def short_book(chapters, tmp_path_factory):
 @pytest.fixture(scope="module")
 def memorized(make_tiny_model, short_book, tiny_tokenizer, one_thread):
     """A tiny model trained until it reproduces the short book as printed (headings included)."""
-    from probes.data import Chapter, render_chapter
+    from ropescale.probes.data import Chapter, render_chapter
 
     _, rows = short_book
     ids = []
@@ -91,7 +91,7 @@ def test_memorized_model_identifies_the_suffix_after_a_full_stop(memorized, shor
                                                                  one_thread):
     model_dir, _ = memorized
     _, rows = short_book
-    from probes.data import Chapter, render_chapter
+    from ropescale.probes.data import Chapter, render_chapter
 
     docs = tmp_path / "docs.jsonl"
     text = "".join(render_chapter(Chapter(r["book"], r["chapter"], r["title"], r["text"])) for r in rows)
@@ -154,8 +154,8 @@ def test_pmi_score_subtracts_each_candidates_likelihood_at_document_start(memori
     need not pick the gold here: only the arithmetic is checked.)"""
     from transformers import AutoModelForCausalLM
 
-    from probes.data import load_books
-    from probes.suffix_id import chapter_candidate, chapter_examples
+    from ropescale.probes.data import load_books
+    from ropescale.probes.suffix_id import chapter_candidate, chapter_examples
 
     model_dir, _ = memorized
     book, _ = short_book

@@ -5,13 +5,13 @@ import re
 
 import pytest
 
-from common.recall import MARK, build, recall_samples, sources, split_part
-from common.io import InputError
+from ropescale.common.recall import MARK, build, recall_samples, sources, split_part
+from ropescale.common.io import InputError
 
 
 @pytest.fixture(scope="module")
 def heldout_sources(tiny_tokenizer):
-    from common.chapters import read_chapters
+    from ropescale.common.chapters import read_chapters
 
     return sources(split_part(read_chapters(), "heldout", 3), tiny_tokenizer)
 
@@ -75,7 +75,7 @@ def test_training_pairs_have_lengths_in_range(heldout_sources, tiny_tokenizer):
 def test_build_gives_none_without_markable_sentences(tiny_tokenizer):
     import random
 
-    from common.recall import Source
+    from ropescale.common.recall import Source
 
     src = Source("x", ["这是一句非常非常非常非常非常非常非常非常非常非常非常非常非常非常非常非常长的句子而且没有结束。"] * 20,
                  [40] * 20, [1] * 20)
@@ -106,8 +106,8 @@ def test_cli(tmp_path, tiny_tokenizer_dir, capsys):
 
 
 def test_pair_range_leaves_room_for_prompt_and_answer(tiny_tokenizer):
-    from common import prompts
-    from common.recall import exact_tokens, pair_range
+    from ropescale.common import prompts
+    from ropescale.common.recall import exact_tokens, pair_range
 
     lo, hi = pair_range(tiny_tokenizer, 896, 1152)
     prompt = max(exact_tokens(tiny_tokenizer, prompts.render("", k)) for k in ("ft-ie", "ft-ib"))
@@ -122,7 +122,7 @@ def test_default_finetune_data_is_packed_recall_pairs(make_tiny_model, tiny_toke
     packed with the F.2 prompts into 7/8-9/8 of twice the original context; the supervised tokens are the answer
     (the marked sentences of that sample's own input) and EOS."""
     from data_concat import load_packed
-    from training.data import build_default_data
+    from ropescale.training.data import build_default_data
 
     _, model_dir = make_tiny_model("qwen2", orig_ctx=512)
     packed = build_default_data(model_dir, 512, 4096, n_samples=6, cache_dir=tmp_path)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from evaluation import report as RP
-from evaluation import score as SC
-from evaluation.cli import main as cli
-from evaluation.plot import moving_median
-from common.runs import RunDir
+from ropescale.evaluation import report as RP
+from ropescale.evaluation import score as SC
+from ropescale.evaluation.cli import main as cli
+from ropescale.evaluation.plot import moving_median
+from ropescale.common.runs import RunDir
 
 DATA = Path(__file__).parent / "data"
 TABLE7 = DATA / "cnnsum_table7.csv"  # CNNSum Appendix C, Table 7 (gray = Prompt-IE, white = Prompt-IB)
@@ -359,7 +359,7 @@ def test_model_paths_and_generate_style_ids(tmp_path):
 
 def test_report_on_real_generate_output(make_tiny_model, chapters, tmp_path, capsys):
     """The run directories `eval_summ.py generate` writes (a tiny random model) go straight into score/report."""
-    from evaluation.generate import generate
+    from ropescale.evaluation.generate import generate
 
     _, model_dir = make_tiny_model(orig_ctx=256)
     data = tmp_path / "eval.jsonl"

@@ -1,9 +1,9 @@
 """One rule for --rope on a model whose config already carries RoPE scaling (issue 15.8), at every entry point:
 the same spec again is a no-op, a different spec is refused (InputError) unless --replace, which replaces it.
 
-Entry points: eval_summ generate (evaluation.generate.prepare_config, and generate itself), the probes'
-model loader (probes.common.load_model), ``python -m rope_scaling describe --config DIR`` and finetune's config
-loading (training.model.load_config)."""
+Entry points: eval_summ generate (ropescale.evaluation.generate.prepare_config, and generate itself), the probes'
+model loader (ropescale.probes.common.load_model), ``python -m rope_scaling describe --config DIR`` and finetune's config
+loading (ropescale.training.model.load_config)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from common.io import InputError
+from ropescale.common.io import InputError
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +51,14 @@ def _flags(kind: str) -> list[str]:
 
 
 def via_generate(d, kind):
-    from evaluation.generate import prepare_config
+    from ropescale.evaluation.generate import prepare_config
 
     _, eff, _ = prepare_config(d, _spec(kind))
     return eff.method, eff.scale
 
 
 def via_probes(d, kind):
-    from probes.common import load_model
+    from ropescale.probes.common import load_model
 
     loaded = load_model(str(d), _spec(kind))
     return loaded.rope["method"], loaded.rope["scale"]
@@ -82,7 +82,7 @@ def via_describe(d, kind):
 
 def via_finetune(d, kind):
     from rope_scaling import read_rope
-    from training.model import load_config
+    from ropescale.training.model import load_config
 
     cfg = load_config(d, _spec(kind))
     if isinstance(cfg, tuple):  # (config, rope_scaling.RopeChange)
@@ -105,7 +105,7 @@ def test_same_spec_is_a_no_op_other_refused_replace_accepted(scaled_dir, entry):
 
 def test_generate_runs_the_saved_spec_again_with_a_note(scaled_dir, chapters, tmp_path):
     """Before issue 15, generate refused even the exact spec the config carries."""
-    from evaluation.generate import generate
+    from ropescale.evaluation.generate import generate
 
     data = tmp_path / "eval.jsonl"
     data.write_text(json.dumps({"context": chapters[0]["text"][:80], "summary": "x"}, ensure_ascii=False) + "\n",

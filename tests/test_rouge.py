@@ -1,4 +1,4 @@
-"""evaluation.rouge against the real scorers: PyPI rouge==1.0.1 (CNNSum/CLongEval) and rouge-score (standard).
+"""ropescale.common.rouge against the real scorers: PyPI rouge==1.0.1 (CNNSum/CLongEval) and rouge-score (standard).
 
 The reference packages are test-only dependencies. rouge 1.0.1 reconstructs its LCS recursively, so it runs
 in a thread with a 512 MB stack and a raised recursion limit.
@@ -15,9 +15,9 @@ from rouge import Rouge
 from rouge import rouge_score as pkg_rouge_score
 from rouge_score import rouge_scorer
 
-from evaluation import rouge as R
-from evaluation.rouge_reference import run_big_stack
-from common.paths import DATA_DIR
+from ropescale.common import rouge as R
+from ropescale.common.rouge_reference import run_big_stack
+from ropescale.common.paths import DATA_DIR
 
 CLONGEVAL = sorted((DATA_DIR / "clongeval").glob("*.jsonl"))
 
@@ -241,7 +241,7 @@ def test_jieba_loaded_once(monkeypatch):
 
 
 def test_unknown_metric_is_an_input_error():
-    from common.io import InputError
+    from ropescale.common.io import InputError
 
     with pytest.raises(InputError):
         R.rouge_l("a", "b", "rouge-2")

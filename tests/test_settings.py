@@ -1,4 +1,4 @@
-"""common.settings: one dataclass -> flags (each default once, old spellings hidden), recipe (file:line errors),
+"""ropescale.common.settings: one dataclass -> flags (each default once, old spellings hidden), recipe (file:line errors),
 precedence (defaults < recipe < flags), run.json record and resume diff; the RoPE spec nested and flattened."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from common.io import InputError
-from common.settings import (add_arguments, build, diff, from_record, given, nested, read_recipe, resolve, setting,
+from ropescale.common.io import InputError
+from ropescale.common.settings import (add_arguments, build, diff, from_record, given, nested, read_recipe, resolve, setting,
                              to_record)
 from rope_scaling import RopeSpec
 

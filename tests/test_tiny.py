@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from common.io import InputError, sha256_file
-import ropescale.tiny as tiny
+from ropescale.common.io import InputError, sha256_file
+import ropescale.common.tiny as tiny
 
 
 MINI = tiny.TinySpec(vocab_size=1000, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
@@ -43,8 +43,8 @@ def test_build_is_deterministic(tmp_path, small_chapters):
 
 
 def test_mixture_phases(small_chapters, tiny_tokenizer):
-    from common.chapters import read_chapters
-    from common.recall import sources, split_part
+    from ropescale.common.chapters import read_chapters
+    from ropescale.common.recall import sources, split_part
 
     chs = split_part(read_chapters(small_chapters), "train", 3)
     ids = tiny_tokenizer("".join(c.text for c in chs), add_special_tokens=False)["input_ids"]

@@ -7,12 +7,12 @@ import re
 
 import pytest
 
-from common.paths import REPO_ROOT
-from common.io import InputError
-from common.settings import build, spec_by_key
-from training.cli import TOOL, main
-from training.config import TrainSettings, load_recipe, settings_from_args
-from training.run import default_output_dir, ds_config_dict
+from ropescale.common.paths import REPO_ROOT
+from ropescale.common.io import InputError
+from ropescale.common.settings import build, spec_by_key
+from ropescale.training.cli import TOOL, main
+from ropescale.training.config import TrainSettings, load_recipe, settings_from_args
+from ropescale.training.run import default_output_dir, ds_config_dict
 
 RECIPES = REPO_ROOT / "recipes"
 K = 1024

@@ -26,8 +26,8 @@ def test_gpu_script_toy_bf16_ours_vs_baseline():
 
 
 def test_fp32_master_keeps_the_residual_stream_in_bf16(make_tiny_model):
-    from training.loss import label_only_loss
-    from training.model import add_lora, fp32_master
+    from ropescale.training.loss import label_only_loss
+    from ropescale.training.model import add_lora, fp32_master
 
     model, _ = make_tiny_model(save=False)
     model = model.to(torch.bfloat16)

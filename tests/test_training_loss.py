@@ -1,10 +1,10 @@
-"""The label-only loss (training.loss) against transformers' own full-logits causal-LM loss."""
+"""The label-only loss (ropescale.training.loss) against transformers' own full-logits causal-LM loss."""
 from __future__ import annotations
 
 import torch
 
-from training.loss import head_loss_sum, install_label_only_forward, label_only_loss
-from training.model import add_lora
+from ropescale.training.loss import head_loss_sum, install_label_only_forward, label_only_loss
+from ropescale.training.model import add_lora
 
 
 def _batch(vocab, B=2, T=48, seed=0):
@@ -75,7 +75,7 @@ def test_packed_dataset_matches_data_concat_rows(tmp_path, chapters, tiny_tokeni
     from data_concat import load_packed
     from ft_helpers import packed
 
-    from training.data import PackedDataset, check_rows, load_rows
+    from ropescale.training.data import PackedDataset, check_rows, load_rows
 
     d = packed(chapters, tiny_tokenizer_dir, tmp_path / "p", 300, 480, n=12)
     ref = load_packed(d)  # data_concat's own reader: the reference

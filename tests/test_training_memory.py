@@ -1,7 +1,7 @@
-"""training.memory on toy Qwen2 / Llama models in fp32: checkpoints offloaded to host memory, the tiled MLP and
+"""ropescale.training.memory on toy Qwen2 / Llama models in fp32: checkpoints offloaded to host memory, the tiled MLP and
 both give the loss and every trained gradient of the plain gradient-checkpointed path (to 1e-5), on plain and
-PEFT LoRA models; the host-memory refusal; the settings' auto rules; the CUDA allocator setting (training.env);
-the trainer's per-step / steady rates (training.trainer); the ZeRO-3 path; bench/bench_train_path.py's toy mode.
+PEFT LoRA models; the host-memory refusal; the settings' auto rules; the CUDA allocator setting (ropescale.training.env);
+the trainer's per-step / steady rates (ropescale.training.trainer); the ZeRO-3 path; bench/bench_train_path.py's toy mode.
 On a machine with CUDA the equality tests also run on the GPU (pinned pages, the side stream)."""
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import weakref
 import pytest
 import torch
 
-from ropescale.io import InputError
-from training import memory
-from training.loss import label_only_loss
-from training.model import add_lora
+from ropescale.common.io import InputError
+from ropescale.training import memory
+from ropescale.training.loss import label_only_loss
+from ropescale.training.model import add_lora
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 # CUDA too where there is one (pinned pages, the side stream, events): the same tests, no skips on a CPU
@@ -241,9 +241,9 @@ def test_available_host_bytes_without_psutil(monkeypatch):
     assert isinstance(n, int) and n > 2**20
 
 
-# ---------------------------------------------------------------- the allocator setting (training.env)
+# ---------------------------------------------------------------- the allocator setting (ropescale.training.env)
 def test_expandable_segments_on_cuda_unless_the_user_chose():
-    from training.env import setup_env
+    from ropescale.training.env import setup_env
 
     env = {}
     assert setup_env(env, cuda=True)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
@@ -260,9 +260,9 @@ def test_expandable_segments_on_cuda_unless_the_user_chose():
     assert env["DS_ACCELERATOR"] == "cpu"
 
 
-# ---------------------------------------------------------------- per-step rates (training.trainer)
+# ---------------------------------------------------------------- per-step rates (ropescale.training.trainer)
 def test_step_clock_reports_last_step_steady_and_running_rates():
-    from training.trainer import StepClock
+    from ropescale.training.trainer import StepClock
 
     now = [0.0]
     c = StepClock(clock=lambda: now[0])
@@ -291,9 +291,9 @@ def test_trainer_log_with_offload_and_tiling_matches_plain_training(tmp_path, ma
 
     from transformers import TrainingArguments
 
-    from training.data import Collator, PackedDataset
-    from training.loss import install_label_only_forward
-    from training.trainer import LabelOnlyTrainer, ProgressCallback
+    from ropescale.training.data import Collator, PackedDataset
+    from ropescale.training.loss import install_label_only_forward
+    from ropescale.training.trainer import LabelOnlyTrainer, ProgressCallback
 
     g = torch.Generator().manual_seed(0)
     rows = []
@@ -335,14 +335,14 @@ def test_trainer_log_with_offload_and_tiling_matches_plain_training(tmp_path, ma
 # ---------------------------------------------------------------- under DeepSpeed ZeRO-3 (CPU)
 ZERO3_SCRIPT = r"""
 import json, sys, argparse
-from training.env import setup_env
+from ropescale.training.env import setup_env
 setup_env()
 import torch, deepspeed
 from deepspeed.utils import safe_get_full_grad
 from transformers import AutoModelForCausalLM
 from transformers.integrations import HfDeepSpeedConfig
-from training.loss import install_label_only_forward
-from training.model import add_lora, setup_memory
+from ropescale.training.loss import install_label_only_forward
+from ropescale.training.model import add_lora, setup_memory
 
 model_dir, with_plan, out = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
 deepspeed.init_distributed(dist_backend="gloo")
@@ -431,7 +431,7 @@ def test_bench_train_path_toy_runs_deepspeed_finetune_and_reports(tmp_path):
     assert r["path"] == "finetune" and r["rc"] == 0 and r["seq"] == 200 and r["steps_done"] == 3
     assert r["steady_steps"] == 1 and r["tokens_per_s_steady"] > 0 and r["tokens_per_s_running"] > 0
     assert r["host_peak_rss_gib"] > 0 and "peak_gpu_gib" not in r  # no GPU here
-    from training.data import load_rows
+    from ropescale.training.data import load_rows
 
     rows = load_rows(work / "data" / "packed-200")
     assert len(rows) == 3 and set(rows.lengths().tolist()) == {200}

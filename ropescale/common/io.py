@@ -1,0 +1,226 @@
+"""Input/output conventions shared by every CLI: clear input errors, JSONL reading, atomic writes.
+
+- Bad input raises :class:`InputError` naming ``file:line``; ``ropescale.common.cli.cli_main`` turns it into one line on
+  stderr and exit code 2.
+- Every output file is written to a temporary file in the same directory and renamed into place, so a reader
+  never sees a half-written file. It gets the mode a plain ``open(path, "w")`` would give it (an existing file's
+  mode, else ``0o666 & ~umask``; directories ``0o777 & ~umask``), not the 0600 / 0700 of ``tempfile``.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+
+class InputError(Exception):
+    """Bad user input. ``str(err)`` is one line: ``FILE:LINE: what is wrong`` (or ``FILE: ...``)."""
+
+    def __init__(self, message: str, path: str | os.PathLike | None = None, line: int | None = None):
+        self.path = None if path is None else str(path)
+        self.line = line
+        self.message = message
+        where = ""
+        if self.path is not None:
+            where = f"{self.path}:{line}: " if line is not None else f"{self.path}: "
+        super().__init__(where + message)
+
+
+def read_jsonl(path: str | os.PathLike, required: Iterable[str] = (), *, aliases: dict[str, str] | None = None,
+               skip_bad: bool = False, on_skip: Callable[[InputError], None] | None = None) -> Iterator[dict]:
+    """Yield one dict per non-empty line of a UTF-8 JSONL file.
+
+    ``required`` names fields that must be present; ``aliases`` maps an accepted alternative name to the
+    canonical one (e.g. ``{"summary": "reference"}``), applied before the check. Malformed JSON, non-UTF-8 bytes,
+    a non-object line or a missing field raise :class:`InputError` with file and line, unless ``skip_bad`` is set,
+    in which case ``on_skip(err)`` is called and the line is skipped.
+    """
+    path = Path(path)
+    check_input_file(path)
+    aliases = aliases or {}
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise InputError(f"not valid UTF-8 (byte {e.start})", path, lineno) from None
+                if not text.strip():
+                    continue
+                try:
+                    obj = json.loads(text)
+                except json.JSONDecodeError as e:
+                    raise InputError(f"malformed JSON: {e.msg} (column {e.colno})", path, lineno) from None
+                if not isinstance(obj, dict):
+                    raise InputError(f"expected a JSON object, got {type(obj).__name__}", path, lineno)
+                for alt, canon in aliases.items():
+                    if canon not in obj and alt in obj:
+                        obj[canon] = obj[alt]
+                missing = [k for k in required if k not in obj]
+                if missing:
+                    raise InputError(f"missing field(s) {', '.join(map(repr, missing))}", path, lineno)
+                obj.setdefault("_line", lineno)
+                yield obj
+            except InputError as err:
+                if not skip_bad:
+                    raise
+                if on_skip is not None:
+                    on_skip(err)
+
+
+def check_input_file(path: str | os.PathLike) -> Path:
+    """``path`` must be an existing regular file (a directory or a missing path is an :class:`InputError`)."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError("is a directory, expected a file", path)
+    if not path.is_file():
+        raise InputError("no such file", path)
+    return path
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS allows (Linux: /proc/self/status)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def default_file_mode(path: str | os.PathLike | None = None) -> int:
+    """The mode ``open(path, "w")`` leaves a file with: an existing file keeps its mode, a new one gets
+    ``0o666 & ~umask``."""
+    if path is not None:
+        try:
+            st = os.stat(path)
+            if stat.S_ISREG(st.st_mode):
+                return stat.S_IMODE(st.st_mode)
+        except OSError:
+            pass
+    return 0o666 & ~current_umask()
+
+
+def default_dir_mode() -> int:
+    """The mode ``os.mkdir(path)`` gives a new directory: ``0o777 & ~umask``."""
+    return 0o777 & ~current_umask()
+
+
+def _check_parents(path: Path, what: str) -> None:
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(f"{what}cannot be created: {parent} is not a directory", path)
+            break
+
+
+def check_output_file(path: str | os.PathLike, what: str | None = None) -> Path:
+    """``path`` may be written as a file: it is not an existing directory and no parent of it is a file. ``what``
+    (e.g. ``--out``) names the flag in the error."""
+    path = Path(path)
+    pre = f"{what}: " if what else ""
+    if path.is_dir():
+        raise InputError(f"{pre}output is an existing directory, expected a file path", path)
+    _check_parents(path, pre or "the output ")
+    return path
+
+
+def check_output_dir(path: str | os.PathLike, what: str | None = None) -> Path:
+    """``path`` may be written as a directory: it is not an existing file and no parent of it is a file. ``what``
+    (e.g. ``--out``) names the flag in the error."""
+    path = Path(path)
+    pre = f"{what}: " if what else ""
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{pre}output exists and is not a directory", path)
+    _check_parents(path, pre or "the output directory ")
+    return path
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8"):
+    """Open a temp file beside ``path``; on success fsync + rename it to ``path``, on error remove it. The file
+    gets the mode ``open(path, "w")`` would give it (:func:`default_file_mode`)."""
+    path = check_output_file(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, default_file_mode(path))
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike):
+    """Build a directory in a temp dir beside ``path`` (yielded); on success give it (and the files in it) the
+    modes a plain mkdir / open would, and swap it into place (an existing ``path`` is replaced only once the new
+    one is complete); on error -- the final rename included -- remove the temp dir and leave ``path`` as it was.
+    The one way every command writes a directory (packed sets, exports, merged models)."""
+    path = check_output_dir(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        fmode, dmode = default_file_mode(), default_dir_mode()
+        for root, dirs, files in os.walk(tmp):
+            for d in dirs:
+                os.chmod(os.path.join(root, d), dmode)
+            for f in files:
+                os.chmod(os.path.join(root, f), fmode)
+        os.chmod(tmp, dmode)
+        old = None
+        if path.exists():
+            old = path.parent / f".{path.name}.old-{os.getpid()}-{time.monotonic_ns()}"
+            os.rename(path, old)
+        try:
+            os.rename(tmp, path)
+        except BaseException:
+            if old is not None:
+                os.rename(old, path)  # the old directory back in place
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    with atomic_open(path, "w") as f:
+        f.write(text)
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, ensure_ascii=False, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def write_jsonl_atomic(path: str | os.PathLike, rows: Iterable[dict]) -> None:
+    with atomic_open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file's bytes (read in 1 MiB blocks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

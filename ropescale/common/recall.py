@@ -1,0 +1,224 @@
+"""The recall task: the demo's long-range task, a stand-in for CNNSum's human-written summaries that a tiny model can do.
+
+A sample is an excerpt of a novel (consecutive sentences of the shared novels) in which ``K`` sentences, one in
+each of ``K`` equal stretches of the excerpt, are marked ``【1】`` ... ``【K】`` where they stand; its reference
+"summary" is the marked sentences in order, one a line, each with its mark:
+
+    context:  ...行者笑道：“……”【1】那怪闻言，急回头看。……【2】三藏在马上……        (T tokens)
+    summary:  【1】那怪闻言，急回头看。\\n【2】三藏在马上……\\n【3】……\\n【4】……
+
+Every line of the reference is copied verbatim from the input (a model that can copy and look things up by their
+mark can write it) and the marks are spread evenly over the whole input, so a model that cannot attend past some
+position loses the lines before it: its ROUGE-L falls in proportion to what it cannot reach. CNNSum's real
+summaries are human-written plot summaries, which a model of a few million parameters cannot write; the real
+CNNSum path (Appendix F prompts, the release files, ``data_concat sample``) is unchanged. Samples are rendered with
+the same prompts (``ft-ie`` / ``ft-ib``, Appendix F.2) and scored with the same ROUGE-L as CNNSum.
+
+The tiny default (``ropescale.common.tiny``) is pretrained with these samples inside its 512-token context; the demo
+fine-tunes on longer ones and evaluates at 1x-8x the original context. Held-out text: the last ``--heldout``
+chapters of each book (the tiny default never trains on them).
+
+The task's format and samplers live here (the tiny default's build and ``python -m data_concat recall`` both use
+them); the command writes them to JSONL:
+
+    python -m data_concat recall --target 2048 --n 24 --part heldout --out recall_T2048.jsonl
+    python -m data_concat recall --min-tokens 1024 --max-tokens 2048 --n 400 --part train --out pairs.jsonl
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+from .chapters import Chapter, by_book
+from .io import InputError
+from .text import split_sentences
+
+MARK = "【{}】"
+MARKS = 4  # marked sentences per sample
+MIN_CHARS, MAX_CHARS = 6, 40  # length of a sentence that may be marked (characters, without its line break)
+PARTS = ("train", "heldout", "all")
+HELDOUT = 12  # last chapters of each book held out (ropescale.common.tiny.TinySpec.heldout_per_book is this value)
+
+
+def mark(k: int) -> str:
+    """The mark of the k-th sentence (1-based): 【k】."""
+    return MARK.format(k)
+
+
+def reference(sentences: Sequence[str]) -> str:
+    """The reference summary for the marked sentences, in order."""
+    return "\n".join(mark(k) + s.strip() for k, s in enumerate(sentences, 1))
+
+
+@dataclass
+class Source:
+    """One book's text (the chosen chapters) as sentences with their token counts and chapter numbers."""
+
+    book: str
+    sentences: list[str]
+    tokens: list[int]
+    chapter: list[int]
+
+    def __len__(self) -> int:
+        return len(self.sentences)
+
+
+def split_part(chapters: Sequence[Chapter], part: str, heldout: int = HELDOUT) -> list[Chapter]:
+    """The chapters of ``part``: train (all but the last ``heldout`` of each book), heldout (those), or all."""
+    if part not in PARTS:
+        raise InputError(f"unknown --part {part!r} (choose from {', '.join(PARTS)})")
+    if heldout < 0:
+        raise InputError(f"--heldout must be >= 0, got {heldout}")
+    out = []
+    for chs in by_book(chapters).values():
+        cut = max(0, len(chs) - heldout)
+        out += {"train": chs[:cut], "heldout": chs[cut:], "all": chs}[part]
+    return out
+
+
+def sources(chapters: Sequence[Chapter], tok) -> list[Source]:
+    """The chapters as one :class:`Source` per book, in file order."""
+    out = []
+    for book, chs in by_book(chapters).items():
+        sents, chap = [], []
+        for c in chs:
+            s = split_sentences(c.text.strip() + "\n")
+            sents += s
+            chap += [c.chapter] * len(s)
+        counts = [len(x) for x in tok(sents, add_special_tokens=False)["input_ids"]] if sents else []
+        out.append(Source(book, sents, counts, chap))
+    return out
+
+
+def _markable(s: str) -> bool:
+    t = s.strip()
+    return MIN_CHARS <= len(t) <= MAX_CHARS and "【" not in t and "】" not in t
+
+
+def build(src: Source, start: int, n_tokens: int, rng: random.Random, marks: int = MARKS,
+          mark_tokens: int = 3) -> dict | None:
+    """A sample of about ``n_tokens`` context tokens from ``src`` starting at sentence ``start``: the sentences
+    that fit (with ``mark_tokens`` per mark), cut into ``marks`` stretches of equal token count, one markable
+    sentence drawn from each. None when the text runs out or a stretch has no markable sentence."""
+    budget = n_tokens - marks * mark_tokens
+    end, total = start, 0
+    while end < len(src) and total + src.tokens[end] <= budget:
+        total += src.tokens[end]
+        end += 1
+    if end >= len(src) and total < budget * 0.9 or end - start < marks:
+        return None
+    stretch: list[list[int]] = [[] for _ in range(marks)]
+    acc = 0
+    for i in range(start, end):
+        stretch[min(marks - 1, marks * acc // max(total, 1))].append(i)
+        acc += src.tokens[i]
+    picks = []
+    for group in stretch:
+        cand = [i for i in group if _markable(src.sentences[i])]
+        if not cand:
+            return None
+        picks.append(rng.choice(cand))
+    parts = []
+    for i in range(start, end):
+        s = src.sentences[i]
+        parts.append(mark(picks.index(i) + 1) + s if i in picks else s)
+    context = "".join(parts).strip()
+    return {"context": context, "summary": reference([src.sentences[i] for i in picks]), "book": src.book,
+            "chapters": [src.chapter[start], src.chapter[end - 1]], "start": start, "marked": picks}
+
+
+def exact_tokens(tok, text: str) -> int:
+    return len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+# a marked sentence of the longest kind (MAX_CHARS characters), to size the answer in a given tokenizer
+_LONG_SENTENCE = "那行者在半空中看得分明，即将金箍棒变作一条铁索，把那妖精的两腿锁住了。"[:MAX_CHARS]
+
+
+def pair_range(tok, lo: int, hi: int, marks: int = MARKS) -> tuple[int, int]:
+    """Context-token range of recall pairs that pack into samples of ``lo``-``hi`` tokens: the longer F.2 prompt
+    (``ft-ie`` / ``ft-ib``) and an answer of ``marks`` long sentences + EOS are taken off. A pair whose answer is
+    longer still is skipped by ``pack --on-bad skip`` (and counted). InputError when nothing fits."""
+    from . import prompts
+
+    overhead = max(exact_tokens(tok, prompts.render("", k)) for k in ("ft-ie", "ft-ib"))
+    answer = exact_tokens(tok, reference([_LONG_SENTENCE] * marks)) + 1
+    ctx_lo, ctx_hi = lo - overhead, hi - overhead - answer
+    if ctx_hi < max(ctx_lo, 8 * marks):
+        raise InputError(f"samples of {lo}-{hi} tokens cannot hold a recall pair beside the {overhead}-token prompt "
+                         f"and a ~{answer}-token answer: use longer samples")
+    return max(ctx_lo, 8 * marks), ctx_hi
+
+
+def recall_samples(srcs: Sequence[Source], tok, *, n: int, target: int | None = None, min_tokens: int | None = None,
+                   max_tokens: int | None = None, marks: int = MARKS, seed: int = 0) -> list[dict]:
+    """``n`` samples. With ``target``: every context has at most ``target`` tokens (within a few sentences of it),
+    starts are spread evenly over the books' text (round robin over books, windows never overlap) — an eval set.
+    With ``min_tokens``/``max_tokens``: lengths uniform in that range, random starts — training pairs."""
+    if n <= 0:
+        raise InputError(f"--n must be positive, got {n}")
+    if marks < 1:
+        raise InputError(f"--marks must be >= 1, got {marks}")
+    if target is None and (min_tokens is None or max_tokens is None):
+        raise InputError("give --target, or --min-tokens and --max-tokens")
+    if target is not None and target < 8 * marks:
+        raise InputError(f"--target {target} is too short for {marks} marked sentences")
+    if target is None and not 8 * marks <= min_tokens <= max_tokens:
+        raise InputError(f"bad token range [{min_tokens}, {max_tokens}] (need {8 * marks} <= min <= max)")
+    srcs = [s for s in srcs if len(s)]
+    if not srcs:
+        raise InputError("no text to sample from")
+    rng = random.Random(seed)
+    out: list[dict] = []
+    if target is not None:
+        # evenly spaced, non-overlapping windows per book; books take turns
+        per_book = -(-n // len(srcs))
+        queues = []
+        for src in srcs:
+            total = sum(src.tokens)
+            k = max(1, min(per_book, total // target))
+            step = total / k
+            starts, acc, want = [], 0, 0.0
+            for i, t in enumerate(src.tokens):
+                if acc >= want and len(starts) < k:
+                    starts.append(i)
+                    want += step
+                acc += t
+            queues.append((src, starts))
+        i = 0
+        while len(out) < n and any(q[1] for q in queues):
+            src, starts = queues[i % len(queues)]
+            i += 1
+            if not starts:
+                continue
+            start = starts.pop(0)
+            for attempt in range(8):  # a stretch without a markable sentence: move the window a little
+                ex = build(src, min(start + attempt * 3, len(src) - 1), target, rng, marks)
+                if ex and exact_tokens(tok, ex["context"]) <= target:
+                    out.append(ex)
+                    break
+        if len(out) < n:
+            raise InputError(f"only {len(out)} of {n} samples of {target} tokens fit in the chosen text "
+                             f"(use fewer --n, a shorter --target or more chapters)")
+    else:
+        tries = 0
+        while len(out) < n:
+            tries += 1
+            if tries > 50 * n:
+                raise InputError(f"could not build {n} samples of {min_tokens}-{max_tokens} tokens from the text")
+            src = srcs[rng.randrange(len(srcs))]
+            length = rng.randint(min_tokens, max_tokens)
+            if len(src) < 2:
+                continue
+            ex = build(src, rng.randrange(len(src)), length, rng, marks)
+            if ex:
+                out.append(ex)
+    for j, ex in enumerate(out):
+        ex["tokens"] = exact_tokens(tok, ex["context"])
+        ex["id"] = f"recall:{ex['book']}:{ex['chapters'][0]}:{ex['start']}:{j}"
+        ex["task"] = "recall"
+        if target is not None:
+            ex["subset"] = f"T{target}"
+        del ex["start"], ex["marked"]
+    return out

@@ -1,0 +1,523 @@
+"""Generation backends for ``eval_summ generate``: ``hf`` (transformers, CPU or GPU) and ``vllm`` (GPU only).
+
+Both take token ids (tokenized once by :mod:`ropescale.evaluation.generate`, so ``input_tokens`` means the same thing for
+both) and return, per sample, the greedy continuation's token ids cut at the first EOS. Settings are the paper's
+(Sec 4.2 / Appendix B.1): greedy decoding, at least ``min_new_tokens`` (10) new tokens, at most
+``max_new_tokens``.
+
+hf backend, ``cache="slots"`` (the default; :mod:`ropescale.evaluation.engine`): ropescale's own greedy loop over a fixed
+slot cache — each sample prefilled alone (no padding, SDPA's causal flash path), continuous batching (a finished
+slot is refilled from the length-sorted queue), and on CUDA a decode step captured once as a CUDA graph. The slot
+count comes from a token budget: slots x (longest prompt + 2 x max new tokens) <= ``batch_tokens`` (default 32K
+tokens on CPU, at most a quarter of the RAM; on CUDA what 90% of the free memory holds after one prefill's
+activations). On an H100 with a 7B
+shape at 12-17K prompts this is 12.4x plain batch-1 ``generate`` (README). It needs transformers 5.x and SDPA;
+otherwise the backend falls back to ``static`` with a note.
+
+hf backend, ``cache="static"`` / ``"dynamic"``: transformers ``generate`` on length-sorted, left-padded batches
+whose size is set by a token budget (batch x (longest input + max new tokens) <= budget; CUDA: 70% of the free
+memory counting KV cache, prefill activations and the padding mask), with transformers' ``StaticCache`` (written
+in place; ``compile=True`` lets transformers compile its decode step) or its dynamic cache (concatenated every
+step). SDPA attention (FlashAttention-2 when ``flash_attn`` is importable, on CUDA, in half precision).
+
+Every path: fp32 on CPU, bf16 on GPU; logits for the last position only during prefill, so a 16K prompt never
+materialises 16K x vocab logits; on a CUDA out-of-memory error the slot count / batch is halved and the
+unfinished samples retried.
+
+Batching changes nothing but speed: greedy outputs equal those of plain batch-1 ``model.generate`` in fp32 (tested
+token for token on tiny random Qwen2 / Llama models on CPU, for every cache; on CUDA by ``bench_generate.py --toy
+--dtype float32``). In bf16 the attention kernels round differently (masked vs causal SDPA), and with flat
+random-weight logits an argmax flips after a few tokens.
+
+With dynamic NTK, transformers' rotary module keeps the largest base it has computed; every prefill (slots) or
+batch (static / dynamic) starts from the original base again (:func:`ropescale.evaluation.engine.reset_dynamic_rope`), and the
+slot decoder gives each slot its own frequencies, so each sample is decoded as batch-1 ``generate`` on a fresh
+model decodes it. (A padded batch of ``generate`` still shares one base: the longest row's.)
+
+vllm backend: imported lazily (``pip install vllm`` on a CUDA machine); ``max_model_len`` is the paper's rule,
+twice the subset's target length, raised if needed so the longest prompt + generation fits; the RoPE setting is
+passed as ``hf_overrides`` (the config fields :func:`rope_scaling.apply_rope` wrote: ``rope_scaling.load``), plus what
+:func:`vllm_settings` adds so that vLLM's precomputed rotary cache covers ``max_model_len`` and YaRN's attention
+factor reaches it; settings vLLM would compute differently from transformers are refused there (dynamic NTK, and
+YaRN past its rotary cache), pointing to ``--backend hf``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from ropescale.common.io import InputError
+from ropescale.common.settings import setting
+
+from .engine import cut_at_eos
+
+BACKENDS = ("hf", "vllm")
+CACHES = ("slots", "static", "dynamic")  # hf backend: our slot decoder, or transformers generate with that cache
+GROUP = "backend (how predictions are computed; never part of what a resumed run must match)"
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """How generation runs (nested in ``ropescale.evaluation.generate.GenerateSettings``; the same flags on generate/run)."""
+
+    backend: str = setting("hf", "hf (CPU or GPU) or vllm (GPU; imported only then)", choices=BACKENDS, group=GROUP)
+    device: str = setting("auto", "hf backend: auto, cpu or cuda[:N]", group=GROUP)
+    dtype: str = setting("auto", "auto (fp32 on CPU, bf16 on GPU), float32, bfloat16 or float16", group=GROUP)
+    batch_tokens: int | None = setting(None, "hf backend: token budget of a batch, i.e. slots x (longest prompt + 2 x "
+                                             "max new tokens) with --cache slots; default: 32K on CPU with slots, "
+                                             "else 8K; from free memory on GPU", check=(lambda v: v >= 1, ">= 1"),
+                                       group=GROUP)
+    max_batch: int = setting(64, "hf backend: most samples per batch", check=(lambda v: v >= 1, ">= 1"), group=GROUP)
+    cache: str = setting("slots", "hf backend decoder: slots (ropescale's slot decoder: per-sample prefill, "
+                                  "continuous batching, a CUDA-graph decode step on GPU; needs transformers 5.x + "
+                                  "SDPA, else falls back to static), or transformers generate on length-sorted "
+                                  "padded batches with a static (written in place) or dynamic (concatenated every "
+                                  "step) KV cache", choices=CACHES, group=GROUP)
+    compile: bool = setting(False, "hf backend, --cache static: let transformers compile the decode step (CUDA)",
+                            group=GROUP)
+    cuda_graph: bool = setting(True, "hf backend, --cache slots: capture the decode step as a CUDA graph (false: "
+                                     "eager steps, for debugging)", negative="--no-cuda-graph", group=GROUP)
+
+
+@dataclass
+class Item:
+    """One prepared sample: its id and the prompt's token ids."""
+
+    id: object
+    input_ids: list[int]
+    extra: dict = field(default_factory=dict)
+
+
+OnDone = Callable[[Item, list[int]], None]
+
+
+def eos_ids_of(model_dir, config, tokenizer) -> list[int]:
+    """EOS ids from the model's generation_config.json, else its config, else the tokenizer."""
+    eos = None
+    try:
+        from transformers import GenerationConfig
+
+        eos = GenerationConfig.from_pretrained(str(model_dir)).eos_token_id
+    except (OSError, ValueError):
+        eos = None
+    return _as_list(eos) or _as_list(getattr(config, "eos_token_id", None)) or _as_list(tokenizer.eos_token_id)
+
+
+def _as_list(x) -> list[int]:
+    if x is None:
+        return []
+    return [int(v) for v in x] if isinstance(x, (list, tuple)) else [int(x)]
+
+
+def plan_batches(lengths: Sequence[int], max_new_tokens: int, budget: int, max_batch: int) -> list[list[int]]:
+    """Indices grouped into batches, longest inputs first: a batch holds as many samples as fit in ``budget``
+    tokens (batch size x (its longest input + max_new_tokens)), at most ``max_batch``, at least one."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        longest = lengths[cur[0]] if cur else lengths[i]
+        if cur and (len(cur) >= max_batch or (len(cur) + 1) * (longest + max_new_tokens) > budget):
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def pick_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError("--device cuda asked for, but torch sees no CUDA device")
+    return device
+
+
+def pick_dtype(dtype: str, device: str):
+    import torch
+
+    if dtype == "auto":
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    try:
+        return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+                "float16": torch.float16, "fp16": torch.float16}[dtype]
+    except KeyError:
+        raise InputError(f"unknown --dtype {dtype!r} (auto, float32, bfloat16, float16)") from None
+
+
+def attn_implementation(device: str, dtype) -> str:
+    """FlashAttention-2 where it can run (importable, CUDA, half precision), else PyTorch SDPA."""
+    import torch
+
+    if device.startswith("cuda") and dtype in (torch.bfloat16, torch.float16):
+        try:
+            import flash_attn  # noqa: F401
+
+            return "flash_attention_2"
+        except Exception:
+            pass
+    return "sdpa"
+
+
+class HFBackend:
+    """transformers ``generate`` on length-sorted, left-padded batches (see module doc)."""
+
+    name = "hf"
+
+    def __init__(self, model_dir, config, tokenizer, settings: BackendSettings | None = None, *, model=None, log=None,
+                 **fields):
+        """``settings`` (or its fields as keywords, e.g. ``cache="static"``) as :class:`BackendSettings`; ``model``:
+        an already-loaded model (tests, benchmarks)."""
+        st = dataclasses.replace(settings or BackendSettings(), **fields)
+        self.log = log or (lambda m: print(m, file=sys.stderr))
+        self.device = pick_device(st.device)
+        self.dtype = pick_dtype(st.dtype, self.device)
+        self.tokenizer = tokenizer
+        if st.cache not in CACHES:
+            raise InputError(f"unknown --cache {st.cache!r} ({', '.join(CACHES)})")
+        self.cache = st.cache
+        self.compile = bool(st.compile)
+        self.cuda_graph = bool(st.cuda_graph)
+        batch_tokens, max_batch = st.batch_tokens, st.max_batch
+        if model is None:
+            from rope_scaling.load import load_model
+
+            self.attn = attn_implementation(self.device, self.dtype)
+            model = load_model(model_dir, config, dtype=self.dtype, attn=self.attn).to(self.device)
+        else:
+            self.attn = getattr(model.config, "_attn_implementation", None) or "sdpa"
+        self.model = model.eval()
+        self.eos = eos_ids_of(model_dir, config, tokenizer)
+        if not self.eos:
+            raise InputError("the model defines no EOS token (generation_config / config / tokenizer)", model_dir)
+        pad = tokenizer.pad_token_id
+        self.pad = int(pad) if pad is not None else self.eos[0]
+        self.max_batch = max(1, int(max_batch))
+        self.batch_tokens = batch_tokens
+        if self.cache == "slots":
+            from .engine import supported
+
+            why = supported(self.model)
+            if why:
+                self.log(f"[generate] --cache slots not available ({why}); using transformers generate with a "
+                         "static cache")
+                self.cache = "static"
+        self.graph_used = None
+
+    def describe(self) -> dict:
+        d = {"backend": "hf", "device": self.device, "dtype": str(self.dtype).replace("torch.", ""),
+             "attn_implementation": self.attn, "cache": self.cache, "batch_tokens": self.batch_tokens,
+             "max_batch": self.max_batch}
+        if self.cache == "slots":
+            d["cuda_graph"] = self.cuda_graph and self.device.startswith("cuda")
+        else:
+            d["compile"] = self.compile
+        return d
+
+    def _auto_budget(self, max_new_tokens: int, longest: int) -> int:
+        """Token budget for a batch: on CPU a fixed 8K tokens (measured on the tiny model: a CPU decode step costs
+        about linearly in the batch, and a padded prefill runs SDPA's slower masked path, so the gain comes from
+        amortising per-step overhead over a few samples, not from big batches); on CUDA what 70% of the free memory
+        holds, counting per token the KV cache plus prefill activations and one row of the padding mask."""
+        import torch
+
+        from .engine import slot_bytes_per_token
+
+        if not self.device.startswith("cuda"):
+            return 8192
+        cfg = self.model.config
+        b = torch.finfo(self.dtype).bits // 8
+        kv_bytes = slot_bytes_per_token(cfg, self.dtype)
+        act_bytes = (6 * cfg.hidden_size + 3 * cfg.intermediate_size) * b + (longest + max_new_tokens)
+        free, _ = torch.cuda.mem_get_info(torch.device(self.device))
+        return max(longest + max_new_tokens, int(0.7 * free / (kv_bytes + act_bytes)))
+
+    def _generate_batch(self, seqs: list[list[int]], max_new_tokens: int, min_new_tokens: int) -> list[list[int]]:
+        import torch
+        from transformers import GenerationConfig
+
+        longest = max(map(len, seqs))
+        ids = torch.full((len(seqs), longest), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(seqs), longest), dtype=torch.long)
+        for r, s in enumerate(seqs):  # left padding: the last prompt token of every row sits at the same column
+            ids[r, longest - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[r, longest - len(s):] = 1
+        gc = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
+                              min_new_tokens=min(min_new_tokens, max_new_tokens), eos_token_id=self.eos,
+                              pad_token_id=self.pad, use_cache=True,
+                              cache_implementation="static" if self.cache == "static" else None,
+                              disable_compile=not self.compile)
+        from .engine import reset_dynamic_rope
+
+        reset_dynamic_rope(self.model)  # dynamic NTK: start each batch from the original base, not the last one's
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                      generation_config=gc)
+        new = out[:, longest:].tolist()
+        eos = set(self.eos)
+        return [cut_at_eos(row, eos) for row in new]
+
+    def _slots(self, max_new_tokens: int, longest: int) -> int:
+        """How many slots the slot decoder gets: what the token budget holds at ``longest + 2 x max_new_tokens``
+        tokens a slot (its buffer length); on CUDA the budget is 90% of the free memory less one prefill of the
+        longest prompt, counted as KV bytes per token."""
+        import torch
+
+        from .engine import slot_bytes_per_token
+
+        per_slot = longest + 2 * max_new_tokens
+        if self.batch_tokens:
+            budget = self.batch_tokens
+        elif not self.device.startswith("cuda"):
+            # CPU: a decode step is bound by reading the slots' caches, plus a fixed per-step cost that more slots
+            # share (tiny default, 2K prompts, 400 new tokens: 2 slots 2.0x, 12 slots 2.7x plain generate); at
+            # most a quarter of the RAM
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            budget = min(32768, int(ram / 4 / slot_bytes_per_token(self.model.config, self.dtype)))
+        else:
+            cfg = self.model.config
+            b = torch.finfo(self.dtype).bits // 8
+            # one prefill's activations (hidden-size and MLP-width tensors of the longest prompt, x1.5 for the
+            # allocator's slack; measured peak at 17K on a 7B shape: ~3.5 GiB) and 1 GiB for the decode graph
+            prefill = 1.5 * longest * (8 * cfg.hidden_size + 4 * cfg.intermediate_size) * b + 2 ** 30
+            torch.cuda.empty_cache()  # cached blocks from earlier work count as free
+            free, _ = torch.cuda.mem_get_info(torch.device(self.device))
+            budget = int((0.9 * free - prefill) / slot_bytes_per_token(cfg, self.dtype))
+        return max(1, min(self.max_batch, budget // per_slot))
+
+    def _generate_slots(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int,
+                        on_done: OnDone) -> None:
+        import torch
+
+        from .engine import SlotDecoder
+
+        todo = {id(it): it for it in items}
+
+        def done(it, ids):
+            todo.pop(id(it), None)
+            on_done(it, ids)
+
+        slots = self._slots(max_new_tokens, max(len(it.input_ids) for it in items))
+        while todo:
+            oom = False
+            dec = SlotDecoder(self.model, slots=slots, eos=self.eos, device=self.device,
+                              cuda_graph=self.cuda_graph, log=self.log)
+            try:
+                dec.run(list(todo.values()), max_new_tokens, min_new_tokens, done)
+                self.graph_used = dec.graph_used
+                self.compactions = dec.compactions
+            except torch.OutOfMemoryError:
+                if slots == 1:
+                    raise
+                oom = True
+            del dec  # outside the except block: its traceback no longer pins the slot buffers
+            if oom:
+                torch.cuda.empty_cache()
+                slots = max(1, slots // 2)
+                self.log(f"[generate] out of memory; retrying the {len(todo)} unfinished samples with {slots} "
+                         "slots")
+
+    def generate(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int, on_done: OnDone) -> None:
+        import torch
+
+        if not items:
+            return
+        if self.cache == "slots":
+            return self._generate_slots(items, max_new_tokens, min_new_tokens, on_done)
+        lengths = [len(it.input_ids) for it in items]
+        budget = self.batch_tokens or self._auto_budget(max_new_tokens, max(lengths))
+        cap = self.max_batch
+        queue = [[items[i] for i in b] for b in plan_batches(lengths, max_new_tokens, budget, cap)]
+        while queue:
+            batch = queue.pop(0)
+            if len(batch) > cap:  # an earlier OOM lowered the cap
+                queue.insert(0, batch[cap:])
+                batch = batch[:cap]
+            try:
+                outs = self._generate_batch([it.input_ids for it in batch], max_new_tokens, min_new_tokens)
+            except torch.OutOfMemoryError:
+                if len(batch) == 1:
+                    raise
+                torch.cuda.empty_cache()
+                cap = max(1, len(batch) // 2)
+                self.log(f"[generate] out of memory with a batch of {len(batch)}; retrying with {cap}")
+                queue.insert(0, batch)
+                continue
+            for it, o in zip(batch, outs):
+                on_done(it, o)
+
+
+class VLLMBackend:
+    """vLLM offline inference (GPU only; imported lazily). ``hf_overrides`` and ``max_model_len`` come from
+    :func:`vllm_settings` (see there for what vLLM's rotary cache needs)."""
+
+    name = "vllm"
+
+    def __init__(self, model_dir, config, tokenizer, *, hf_overrides: dict, max_model_len: int,
+                 dtype: str = "auto", gpu_memory_utilization: float = 0.9, chunk: int = 64, log=None, **_ignored):
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            raise InputError("the vllm backend needs the vllm package (pip install vllm, on a CUDA machine); "
+                             "use --backend hf otherwise") from None
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputError("the vllm backend needs a CUDA GPU (torch sees none); use --backend hf")
+        from vllm import LLM
+
+        self.log = log or (lambda m: print(m, file=sys.stderr))
+        self.tokenizer = tokenizer
+        self.eos = eos_ids_of(model_dir, config, tokenizer)
+        self.max_model_len = int(max_model_len)
+        self.overrides = dict(hf_overrides)
+        # vllm_settings made the rotary cache cover max_model_len; vLLM's own length check reads more config keys
+        # than the rotary cache (seq_length, model_max_length, ...), so it is skipped. (The variable alone would not
+        # do: it skips the check, and positions past the cache then read garbage.)
+        os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+        self.chunk = chunk
+        self.dtype = "bfloat16" if dtype == "auto" else dtype
+        self.llm = LLM(model=str(model_dir), tokenizer=str(model_dir), dtype=self.dtype,
+                       max_model_len=self.max_model_len, hf_overrides=self.overrides or None,
+                       gpu_memory_utilization=gpu_memory_utilization, seed=0)
+
+    def describe(self) -> dict:
+        import importlib.metadata as md
+
+        return {"backend": "vllm", "vllm": md.version("vllm"), "max_model_len": self.max_model_len,
+                "hf_overrides": self.overrides, "dtype": self.dtype}
+
+    def generate(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int, on_done: OnDone) -> None:
+        from vllm import SamplingParams
+
+        sp = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, min_tokens=min(min_new_tokens, max_new_tokens),
+                            stop_token_ids=self.eos, skip_special_tokens=True)
+        eos = set(self.eos)
+        order = sorted(items, key=lambda it: -len(it.input_ids))
+        for s in range(0, len(order), self.chunk):  # chunks, so results are saved as they come
+            part = order[s:s + self.chunk]
+            outs = self.llm.generate([{"prompt_token_ids": it.input_ids} for it in part], sp, use_tqdm=False)
+            for it, o in zip(part, outs):
+                on_done(it, cut_at_eos(o.outputs[0].token_ids, eos))
+
+
+# ---------------------------------------------------------------- what vLLM is told
+def _rope_entries(cfg: dict) -> tuple[str, dict]:
+    """(the config key holding the rope dict, that dict as a flat 5.x-style dict with rope_type) of a config dict:
+    ``rope_parameters`` (transformers 5.x) or ``rope_scaling`` (4.x, rope_theta beside it)."""
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, dict) and rp:
+        key, e = "rope_parameters", dict(rp)
+    else:
+        key, e = "rope_scaling", dict(cfg.get("rope_scaling") or {})
+    e["rope_type"] = e.get("rope_type") or e.get("type") or "default"
+    return key, e
+
+
+def _yarn_mscale(s: float) -> float:
+    """0.1 ln(s) + 1 (1 for s <= 1): YaRN's default attention factor, in transformers and vLLM alike."""
+    return 1.0 if s <= 1 else 0.1 * math.log(s) + 1.0
+
+
+def vllm_settings(config, overrides: dict, *, need: int, want: int) -> tuple[dict, int]:
+    """(hf_overrides, max_model_len) for vLLM, or an InputError where vLLM would compute something else than HF.
+
+    ``config`` is the effective HF config (RoPE applied), ``overrides`` the fields the RoPE flags changed, ``need``
+    the longest prompt + max new tokens, ``want`` the max_model_len asked for (the paper's 2x the subset's target).
+
+    vLLM precomputes a cos/sin cache at load time and indexes it by position; ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``
+    only skips its length check, so a position past the cache reads garbage. Its length (vLLM source,
+    ``model_executor/layers/rotary_embedding``) is ``max_position_embeddings`` for default (plain, ntk, abf) and
+    llama3 rope, ``max_position_embeddings x factor`` for linear (pi) and dynamic,
+    ``original_max_position_embeddings x factor`` for yarn. Hence:
+
+    - default / llama3 / linear: ``max_position_embeddings`` is raised through ``hf_overrides`` until the cache
+      covers ``max_model_len`` (the frequencies do not depend on it for these types);
+    - yarn: the cache cannot be moved without changing the frequencies in some vLLM versions, so prompt + new
+      tokens beyond it are refused (``--backend hf`` computes any position), and ``max_model_len`` is capped to it;
+      the attention factor is passed both as HF's ``attention_factor`` (read by recent vLLM) and as vLLM's
+      ``attn_factor`` multiplier (older vLLM reads only that, and drops ``attention_factor``), so that vLLM
+      scales cos/sin exactly as transformers does;
+    - dynamic (``--rope dynamic_ntk``): refused; vLLM's "dynamic" is a static NTK base for the full factor, not
+      transformers' base recomputed from the current length.
+    """
+    cfg = config if isinstance(config, dict) else config.to_dict()
+    key, e = _rope_entries(cfg)
+    t = e["rope_type"]
+    out = dict(overrides)
+    max_pos = int(cfg.get("max_position_embeddings") or 0)
+    mml = max(int(want), int(need))
+    if t == "dynamic":
+        raise InputError("--backend vllm cannot run dynamic NTK: vLLM's 'dynamic' rope is a static NTK base for the "
+                         "full factor, not transformers' base recomputed from the current length; use --backend hf")
+    if t in ("default", "llama3", "linear"):
+        factor = float(e.get("factor") or 1.0) if t == "linear" else 1.0
+        if max_pos * factor < mml:
+            out["max_position_embeddings"] = int(math.ceil(mml / factor))
+        return out, mml
+    if t == "yarn":
+        factor = float(e["factor"])
+        orig = int(e.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+                   or max_pos)
+        cache = int(math.ceil(orig * factor))
+        if need > cache:
+            raise InputError(f"--backend vllm: prompt + new tokens reach {need} tokens, past vLLM's YaRN rotary cache "
+                             f"of {cache} positions (original_max_position_embeddings {orig} x factor {factor:g}), "
+                             f"where it would read garbage; use --backend hf, or a larger --scale")
+        if e.get("mscale") or e.get("mscale_all_dim"):
+            raise InputError("--backend vllm: yarn with mscale / mscale_all_dim is not supported; use --backend hf")
+        af = e.get("attention_factor")
+        af = float(af) if af is not None else _yarn_mscale(factor)  # transformers' default
+        rope = {**e, "attention_factor": af, "attn_factor": af / _yarn_mscale(factor)}
+        if key == "rope_scaling":
+            rope.setdefault("type", t)
+        if rope != cfg.get(key):
+            out[key] = rope
+        return out, min(mml, cache)
+    raise InputError(f"--backend vllm: rope type {t!r} is not supported here; use --backend hf")
+
+
+def make_backend(settings: BackendSettings, model_dir, config, tokenizer, *, model=None, rope_overrides=None,
+                 max_model_len: int | None = None, need_len: int | None = None, log=None, reuse: dict | None = None):
+    """The backend ``settings`` ask for (``rope_overrides`` / ``max_model_len`` / ``need_len`` matter to vllm only;
+    ``model``: a loaded model for hf). ``reuse`` (a dict the caller keeps across calls) returns the backend an
+    earlier call built when the settings are the same; a different one is dropped first (GPU memory)."""
+    if settings.backend == "hf":
+        key = ("hf", str(model_dir), settings, id(model))
+
+        def factory():
+            return HFBackend(model_dir, config, tokenizer, settings, model=model, log=log)
+    elif settings.backend == "vllm":
+        ov, mml = vllm_settings(config, rope_overrides or {}, need=int(need_len), want=int(max_model_len or need_len))
+        key = ("vllm", str(model_dir), settings, repr(sorted(ov.items())), mml)
+
+        def factory():
+            return VLLMBackend(model_dir, config, tokenizer, hf_overrides=ov, max_model_len=mml, dtype=settings.dtype,
+                               log=log)
+    else:
+        raise InputError(f"unknown backend {settings.backend!r} (choose from {', '.join(BACKENDS)})")
+    if reuse is None:
+        return factory()
+    if key in reuse:
+        return reuse[key]
+    if reuse:
+        import gc
+
+        reuse.clear()
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
+    reuse[key] = be = factory()
+    return be

@@ -1,0 +1,11 @@
+"""eval_summ's command line: one subcommand per module (ropescale.common.cli's style)."""
+from __future__ import annotations
+
+from ropescale.common.cli import Tool
+
+# subcommand modules, in --help order
+SUBCOMMANDS = tuple(f"ropescale.evaluation.{m}" for m in ("generate", "score", "report", "run_all"))
+TOOL = Tool("eval_summ.py", "CNNSum-exact long-context summarization evaluation: generate predictions, score them "
+                            "with the official jieba ROUGE-L, and report Table-2 / extrapolation views.", SUBCOMMANDS)
+build_parser = TOOL.parser
+main = TOOL.entry()

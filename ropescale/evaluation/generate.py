@@ -1,0 +1,376 @@
+"""``eval_summ generate``: greedy summaries for CNNSum-format data, the paper's way (Sec 4.2, Appendix B.1).
+
+    python eval_summ.py generate --model PATH|tiny --data FILE.jsonl|DIR|NAME --prompt ie|ib|ft-ie|ft-ib --out DIR
+                                 [--prompt-style release|paper] [--rope ntk --scale 8 ...] [--backend hf|vllm]
+
+Input: records with ``context`` and ``summary`` (the reference); ``id`` is optional (default: the line number),
+``subset`` too. ``--data`` is a JSONL file, or (read with HF ``datasets``, imported only then) a Parquet file, a
+``save_to_disk`` directory, a folder of JSONL/Parquet files, or a dataset name such as the CNNSum release
+``CxsGHost/CNNSum`` (``--data-files cnnsum_L_16k.jsonl`` picks one of its four files); see
+:mod:`ropescale.evaluation.data`. Prompts come from :mod:`ropescale.common.prompts` (baseline IE/IB in the release or paper
+wording, or the fine-tuning F.2 prompts for fine-tuned models); no chat template unless ``--chat-template``.
+Decoding: greedy, at least 10 new tokens, at most 400 (L, XL) / 500 (2XL, 3XL) or ``--max-new-tokens``; the
+subset comes from ``--subset``, else the records' ``subset`` field (``data_concat sample`` writes it; all
+records must agree), else the release file name (``cnnsum_XXL_64k.jsonl`` -> 2XL).
+
+RoPE: ``--rope/--scale/...`` follow :func:`rope_scaling.apply_rope`'s rule, as every ropescale command does: on an
+unscaled model they apply the method; on a model whose config already carries scaling, the same setting is a
+no-op (noted on stderr), a different one is refused unless ``--replace``. Without flags the model runs as saved.
+
+Long inputs (``--truncate``): by default nothing is cut (``none``), as in the paper, whose point is to measure how
+models behave on inputs longer than their context window: HF computes rotary positions for any length, and the
+vllm backend gets ``max_model_len`` = 2x the subset's target (the paper's rule), raised to fit the longest prompt
+plus generation, with its precomputed rotary cache made to cover it (``max_position_embeddings`` raised for
+plain / ntk / abf / pi rope); vLLM's dynamic NTK, and YaRN past vLLM's rotary cache, are refused (use the hf
+backend there): see :func:`ropescale.evaluation.backends.vllm_settings`. ``--truncate middle`` instead keeps the head and tail of the *context* (LongBench-style middle
+truncation; the instructions around it are kept whole) so the prompt is at most ``--max-input-tokens`` tokens
+(default: the model's extended context minus the max new tokens). run.json counts ``truncated`` samples and
+``over_context`` samples (prompt + max new tokens beyond the extended context, i.e. extrapolated).
+
+Output (a run directory, see :mod:`ropescale.common.runs`): ``DIR/predictions.jsonl`` — one record per sample
+(id, subset, prompt, input_tokens, truncated, new_tokens, prediction, reference), appended and fsynced as each
+sample finishes — and ``DIR/run.json`` (model, rope spec, train_length, prompt, prompt_style, subset, backend,
+versions, counts). Re-running the same command resumes: finished ids are skipped, a killed run loses at most
+the samples in flight (one per slot / batch row) and never duplicates a record; re-running with different
+settings into the same DIR is an error.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ropescale.common import prompts, subsets
+from ropescale.common.cli import add_command, add_json
+from ropescale.common.io import InputError
+from ropescale.common.runs import RunDir, RunMeta, versions
+from ropescale.common.settings import (add_arguments, diff, from_record, given, nested, recorded_keys, resolve, setting,
+                             to_record)
+from rope_scaling import RopeSpec
+
+from .backends import BackendSettings, Item, make_backend
+from .data import (CNNSUM_HUB_ID, load_samples, open_source, parse_subset, records_subset,  # noqa: F401
+                   subset_from_filename)
+
+TRUNCATE = ("none", "middle")
+DATA_HELP = ("CNNSum-format data (context, summary[, id][, subset]): a JSONL file, a Parquet file, a directory "
+             "(datasets save_to_disk, or a folder of JSONL/Parquet files), or a datasets name, e.g. the CNNSum "
+             f"release {CNNSUM_HUB_ID} with --data-files cnnsum_L_16k.jsonl")
+
+
+@dataclass(frozen=True)
+class GenerateSettings:
+    """Every setting of ``eval_summ generate`` (and of ``run``, which generates). A run directory may be resumed
+    only with the same settings, except those marked ``resume="ignore"`` (and the backend's)."""
+
+    model: str = setting("tiny", "HF model directory, or 'tiny' (the embedded default)")
+    data: str | None = setting(None, DATA_HELP, metavar="DATA")
+    prompt: str | None = setting(None, "ie / ib: the baseline prompts (Appendix F.1); ft-ie / ft-ib: the "
+                                       "fine-tuning prompts (F.2), for models fine-tuned with them",
+                                 choices=prompts.PROMPT_TYPES, metavar="|".join(prompts.PROMPT_TYPES))
+    out: str | None = setting(None, "run directory (resumed when it holds a run with the same settings)",
+                              metavar="DIR", resume="ignore")
+    data_files: str | None = setting(None, "with a directory or datasets name: which file(s) to load (datasets' "
+                                           "data_files)", metavar="PATTERN")
+    data_split: str | None = setting(None, "the split to read when the data has several", metavar="SPLIT")
+    prompt_style: str | None = setting("release", "wording of ie/ib: the official release's strings or the "
+                                                  "paper's Appendix F.1", choices=prompts.STYLES)
+    subset: str | None = setting(None, "L, XL, 2XL, 3XL (or T<tokens> for a scaled-down subset); default: the "
+                                       "records' 'subset' field, else the release file name")
+    max_new_tokens: int | None = setting(None, "default: 400 for L/XL, 500 for 2XL/3XL (paper Sec 4.2)",
+                                         check=(lambda v: v >= 1, ">= 1"), metavar="N")
+    min_new_tokens: int = setting(subsets.MIN_NEW_TOKENS, "at least this many new tokens (EOS suppressed before)",
+                                  check=(lambda v: v >= 0, ">= 0"), metavar="N")
+    chat_template: bool = setting(False, "wrap the prompt in the tokenizer's chat template")
+    truncate: str = setting("none", "none (the paper's extrapolation setting) or middle (cut the context's middle "
+                                    "to --max-input-tokens)", choices=TRUNCATE)
+    max_input_tokens: int | None = setting(None, "with --truncate middle; default: the extended context minus the max "
+                                                 "new tokens", check=(lambda v: v >= 1, ">= 1"), metavar="N")
+    limit: int | None = setting(None, "only the first N samples", check=(lambda v: v >= 1, ">= 1"), metavar="N",
+                                resume="ignore")
+    rope: RopeSpec = nested(RopeSpec, resume="ignore")  # resume compares the rope the model runs with
+    backend: BackendSettings = nested(BackendSettings, resume="ignore")
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- inputs
+def resolve_subset(name: str | None, data_path, samples: list[dict] | None = None,
+                   label: str | None = None) -> subsets.Subset | None:
+    """--subset (L, XL, 2XL, 3XL, or T<tokens> for a scaled-down subset), else the records' ``subset`` field (all
+    records must agree; ``label`` names the data in that error), else the release file name, else None."""
+    if name:
+        return parse_subset(name)
+    if samples:
+        sub = records_subset(samples, label or str(data_path))
+        if sub is not None:
+            return sub
+    return subset_from_filename(data_path)
+
+
+def default_max_new_tokens(sub: subsets.Subset | None, data_path=None) -> int:
+    """The subset's max new tokens (400 for L/XL, 500 for 2XL/3XL: paper Sec 4.2)."""
+    if sub is None:
+        raise InputError("cannot tell the subset: no --subset, the records carry no 'subset' field, and the file "
+                         "name is not a release name (cnnsum_L_16k, cnnsum_XL_32k, cnnsum_XXL_64k, "
+                         "cnnsum_XXXL_128k): pass --subset or --max-new-tokens", data_path)
+    return sub.max_new_tokens
+
+
+def check_out_dir(out) -> Path:
+    """``--out`` must be a directory or not exist yet (it is created when the first file is written)."""
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise InputError("exists and is not a directory (--out takes a run directory)", p)
+    return p
+
+
+def find_train_length(model_dir: Path) -> int | None:
+    """The training length of a fine-tuned model: ``train_length`` of the finetune run.json in the model dir or
+    its parent (``finetune.py merge`` writes the merged model inside the run dir), else None."""
+    for d in (model_dir, model_dir.parent):
+        meta = RunMeta.find(d)
+        if meta is not None and (meta.kind or "finetune") == "finetune" and meta.train_length is not None:
+            return meta.train_length
+    return None
+
+
+def prepare_config(model_dir: Path, spec=None, log=None):
+    """(config, effective RopeSpec, hf_overrides): the saved config with ``spec`` applied by the one loader
+    (:func:`rope_scaling.load.load_config`, whose rule every entry point follows: method none or the spec the config
+    already carries is a no-op, noted on ``log``; a different spec on a scaled config is refused unless
+    ``spec.replace``)."""
+    from rope_scaling import read_rope
+    from rope_scaling.load import load_config, rope_fields
+
+    config, change = load_config(model_dir, spec)
+    if change.action in ("unchanged", "replaced", "removed") and log is not None:
+        log(f"[generate] note: {change.message()}")
+    return config, read_rope(config), rope_fields(config, change)
+
+
+class Tokenize:
+    """Prompt rendering + tokenization (+ optional chat template and middle truncation) for one model."""
+
+    def __init__(self, tokenizer, prompt: str, style: str, chat_template: bool):
+        self.tok = tokenizer
+        self.prompt = prompt
+        self.style = style
+        self.chat = chat_template
+        prompts.template(prompt, style)  # validates prompt/style
+        if chat_template and not getattr(tokenizer, "chat_template", None):
+            raise InputError("--chat-template: the tokenizer has no chat template")
+
+    def ids(self, context: str) -> list[int]:
+        text = prompts.render(context, self.prompt, self.style)
+        if self.chat:
+            text = self.tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                add_generation_prompt=True)
+            return self.tok(text, add_special_tokens=False)["input_ids"]
+        return self.tok(text)["input_ids"]
+
+    def middle_truncated(self, context: str, limit: int) -> tuple[list[int], bool]:
+        """The prompt's ids with the context's middle cut so that at most ``limit`` tokens remain."""
+        ids = self.ids(context)
+        if len(ids) <= limit:
+            return ids, False
+        ctx = self.tok(context, add_special_tokens=False)["input_ids"]
+        keep = len(ctx) - (len(ids) - limit)
+        while True:
+            if keep <= 0:
+                raise InputError(f"--max-input-tokens {limit} leaves no room for the context (the prompt alone "
+                                 f"is {len(self.ids(''))} tokens)")
+            head = keep // 2
+            text = self.tok.decode(ctx[:head]) + self.tok.decode(ctx[len(ctx) - (keep - head):])
+            ids = self.ids(text)
+            if len(ids) <= limit:
+                return ids, True
+            keep -= len(ids) - limit  # re-tokenization at the cut can add a token or two
+
+
+# ---------------------------------------------------------------- the command
+POSITIONAL = ("model", "data", "prompt", "out")
+
+
+def generate(settings: GenerateSettings | None = None, *args, progress: bool = True, log=_log, hf_model=None,
+             backends: dict | None = None, **fields) -> dict:
+    """Generate predictions into the run directory ``settings.out`` (see module doc); returns a summary dict.
+
+    ``generate(GenerateSettings(...))``, or the settings spelled out: ``generate(model, data, prompt, out,
+    max_new_tokens=10, rope=RopeSpec("ntk", 8), cache="static", ...)`` (any :class:`GenerateSettings` key).
+    ``hf_model`` lets a caller pass an already-loaded model for the hf backend (tests, benchmarks); ``backends`` (a
+    dict the caller keeps) lets consecutive calls reuse a loaded backend when its settings are the same (``run
+    --data-dir``).
+    """
+    from ropescale.common.settings import check, make
+
+    if not isinstance(settings, GenerateSettings):
+        fields.update(zip(POSITIONAL, (settings,) + args))
+        fields = {k: v for k, v in fields.items() if not (k in POSITIONAL and v is None)}
+        settings = make(GenerateSettings, **fields)
+    elif fields or args:
+        settings = make(GenerateSettings, settings, **fields)
+    check(settings)
+    return _generate(settings, progress=progress, log=log, hf_model=hf_model, backends=backends)
+
+
+def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict:
+    from transformers import AutoTokenizer
+    from tqdm import tqdm
+
+    from rope_scaling import extended_context
+    from ropescale.common.tiny import resolve_model
+
+    if s.data is None or s.out is None:
+        raise InputError("generate needs --data FILE.jsonl and --out DIR")
+    if s.prompt is None:
+        raise InputError("generate needs --prompt (ie, ib, ft-ie or ft-ib)")
+    out = check_out_dir(s.out)
+    prompt = s.prompt.lower()
+    prompts.template(prompt, s.prompt_style or "release")
+    src = open_source(s.data, s.data_files, s.data_split)
+    samples = load_samples(None, s.limit, source=src)
+    sub = resolve_subset(s.subset, src.file_name, samples, src.label)
+    max_new_tokens = s.max_new_tokens or default_max_new_tokens(sub, src.label)
+    model_dir = resolve_model(s.model)
+    config, eff_rope, overrides = prepare_config(model_dir, s.rope, log=log)
+    ext_ctx = int(extended_context(config))
+    max_input_tokens = s.max_input_tokens
+    if s.truncate == "middle":
+        max_input_tokens = max_input_tokens or ext_ctx - max_new_tokens
+        if max_input_tokens < 1:
+            raise InputError(f"the extended context ({ext_ctx}) leaves no room for the input after "
+                             f"{max_new_tokens} new tokens; pass --max-input-tokens")
+    elif max_input_tokens is not None:
+        raise InputError("--max-input-tokens needs --truncate middle")
+
+    # the settings as resolved (what a resume must match): the model and data as found, subset, token limits
+    model_id = str(s.model) if str(s.model) in ("tiny", "") else str(Path(s.model).resolve())
+    resolved = dataclasses.replace(
+        s, model=model_id, data=src.label, data_files=src.data_files, data_split=src.split, prompt=prompt,
+        prompt_style=s.prompt_style if prompt in ("ie", "ib") else None, subset=sub.name if sub else None,
+        max_new_tokens=int(max_new_tokens), max_input_tokens=max_input_tokens, out=str(out))
+    run = RunDir(out)
+    if run.exists():
+        check_resume(RunMeta.read(out), resolved, eff_rope)
+    predictions = run.log("predictions.jsonl")
+    todo = [x for x in samples if x["id"] not in predictions]
+    name = Path(src.label).name if src.path else src.label
+    style = "" if resolved.prompt_style is None else "/" + resolved.prompt_style
+    log(f"[generate] {name}: {len(samples)} samples, {len(samples) - len(todo)} already done, {len(todo)} to go; "
+        f"prompt {prompt}{style}, subset {resolved.subset}, max new tokens {max_new_tokens}, "
+        f"rope {eff_rope.describe()}, extended context {ext_ctx}")
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tk = Tokenize(tokenizer, prompt, s.prompt_style or "release", s.chat_template)
+    items = []
+    for x in todo:
+        if s.truncate == "middle":
+            ids, cut = tk.middle_truncated(x["context"], max_input_tokens)
+        else:
+            ids, cut = tk.ids(x["context"]), False
+        items.append(Item(x["id"], ids, {"reference": x["reference"], "truncated": cut}))
+
+    meta = {**to_record(resolved, without=("rope",)), "kind": "generate", "rope": eff_rope.to_dict(),
+            "model_dir": str(model_dir), "train_length": find_train_length(model_dir), "extended_context": ext_ctx,
+            "n_samples": len(samples), "status": "running", "versions": versions()}
+    be = None
+    if items:  # the backend first: a backend that cannot start (no vllm, no GPU) leaves no run directory behind
+        need = max(len(it.input_ids) for it in items) + int(max_new_tokens)
+        want = max(2 * sub.target if sub else 0, need)  # vllm: the paper's max_model_len, 2x the subset's target
+        be = make_backend(s.backend, model_dir, config, tokenizer, model=hf_model, rope_overrides=overrides,
+                          max_model_len=want, need_len=need, log=log, reuse=backends)
+        meta.update(backend_info=be.describe())
+    if run.exists():  # resuming: keep what the earlier run recorded (created...)
+        meta = {**run.read_meta(), **meta}
+    run.write_meta(meta)
+
+    t0 = time.time()
+    if be is not None:
+        bar = tqdm(total=len(items), desc=f"generate {prompt}", unit="sample", file=sys.stderr,
+                   disable=not progress, dynamic_ncols=True)
+        new_tok = [0]
+
+        def on_done(it: Item, out_ids: list[int]) -> None:
+            predictions.append({
+                "id": it.id, "subset": resolved.subset, "prompt": prompt, "input_tokens": len(it.input_ids),
+                "truncated": it.extra["truncated"], "new_tokens": len(out_ids),
+                "prediction": tokenizer.decode(out_ids, skip_special_tokens=True),
+                "reference": it.extra["reference"]})
+            new_tok[0] += len(out_ids)
+            bar.update(1)
+            bar.set_postfix(tok_s=f"{new_tok[0] / max(time.time() - t0, 1e-9):.1f}")
+
+        be.generate(items, int(max_new_tokens), int(s.min_new_tokens), on_done)
+        bar.close()
+    seconds = time.time() - t0
+    recs = predictions.records()
+    ids = {x["id"] for x in samples}
+    done = [r for r in recs if r["id"] in ids]
+    counts = {
+        "done": len(done), "truncated": sum(bool(r.get("truncated")) for r in done),
+        "over_context": sum(r["input_tokens"] + max_new_tokens > ext_ctx for r in done),
+        "hit_max_new_tokens": sum(r.get("new_tokens", 0) >= max_new_tokens for r in done),
+    }
+    meta.update(status="complete" if len(done) == len(samples) else "partial", counts=counts,
+                last_seconds=round(seconds, 2),
+                last_samples_per_hour=round(len(items) * 3600 / seconds, 1) if items and seconds > 0 else None)
+    run.write_meta(meta)
+    log(f"[generate] wrote {len(done)} predictions to {run.path / 'predictions.jsonl'} "
+        f"({len(items)} new in {seconds:.1f}s; {counts['truncated']} truncated, {counts['over_context']} beyond "
+        f"the extended context)")
+    return {"out": str(run.path), "samples": len(samples), "generated": len(items), "seconds": round(seconds, 2),
+            **counts}
+
+
+def check_resume(old: RunMeta, new: GenerateSettings, rope: RopeSpec) -> None:
+    """A run directory is resumed only by the settings that made it (resolved alike; see GenerateSettings)."""
+    was_rope = RopeSpec.from_record(old.rope, old.meta_path)
+    diffs = [] if was_rope.same_rope(rope) else [f"rope {was_rope.describe()} -> {rope.describe()}"]
+    was = from_record(GenerateSettings, old.settings, where=old.meta_path, without=("rope",))
+    diffs += diff(was, new, only=recorded_keys(GenerateSettings, old.settings))
+    if diffs:
+        raise InputError(f"holds a run with different settings ({', '.join(diffs)}); use another --out or remove it",
+                         old.meta_path)
+
+
+# ---------------------------------------------------------------- CLI
+def add_generate_args(p) -> None:
+    """The generation flags, built from GenerateSettings (shared with ``eval_summ run``)."""
+    add_arguments(p, GenerateSettings)
+    p.add_argument("--recipe", metavar="FILE", help="YAML file of these settings (flags override it)")
+
+
+def settings_from_args(args) -> GenerateSettings:
+    """defaults < --recipe < the flags given."""
+    return resolve(GenerateSettings, given(args, GenerateSettings), getattr(args, "recipe", None))
+
+
+def generate_kwargs(args) -> dict:
+    """Old spelling (kept for a release): ``generate(**generate_kwargs(args))`` is ``generate(settings_from_args(
+    args))``."""
+    return {"settings": settings_from_args(args)}
+
+
+def _main(args) -> int:
+    res = generate(settings_from_args(args))
+    if args.json:
+        print(json.dumps(res, ensure_ascii=False))
+    else:
+        print(f"{res['out']}: {res['done']} of {res['samples']} predictions ({res['generated']} new in "
+              f"{res['seconds']:.1f}s; {res['truncated']} truncated, {res['over_context']} beyond the extended "
+              f"context)")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = add_command(subparsers, "generate", help="greedy summaries for CNNSum-format data (hf or vllm backend), "
+                                                 "resumable", description=__doc__)
+    add_generate_args(p)
+    add_json(p, "the summary (out, samples, generated, seconds, counts)")
+    p.set_defaults(func=_main)

@@ -1,0 +1,112 @@
+"""``eval_summ.py report``: the command (flags, checks before anything is written, the files it writes)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from ropescale.common.cli import add_command, add_format
+from ropescale.common.io import InputError
+
+from ropescale.common.rouge import DEFAULT_METRIC, METRICS
+from .intake import build_report, save_fresh_scores
+from .model import Report, parse_buckets
+from .render import VIEWS, render, write_report
+
+EXAMPLES = """\
+examples:
+  eval_summ.py report --scores scores.csv                   # Table 2 + Table 7 views (markdown)
+  eval_summ.py report --scores scores.csv --json            # {model: {avg: {subset: v}, mse: v}}
+  eval_summ.py report runs/ --plot fig3.png --out tables/   # every view + Fig. 3 from run dirs
+  eval_summ.py report runs/ --buckets 1024,2048,4096 --view extrapolation --format csv"""
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    from . import __doc__ as doc
+
+    p = add_command(subparsers, "report", help="Table 2 / Table 7 / extrapolation / failure-mode tables (+ Fig. 3 PNG)",
+                    description=doc.split("Importable:")[0], epilog=EXAMPLES)
+    p.add_argument("paths", nargs="*", metavar="RUN_DIR|FILE.csv",
+                   help="run directories (or folders holding them) and/or scores CSV files")
+    p.add_argument("--scores", action="append", default=[], metavar="FILE.csv",
+                   help="CSV with columns model,prompt,subset,rouge_l (repeatable)")
+    add_format(p)
+    p.add_argument("--view", choices=VIEWS, default=None,
+                   help="which table to print; default: all for markdown, table2 for csv and json")
+    p.add_argument("--buckets", metavar="EDGES", default=None,
+                   help="extrapolation columns by input length: comma-separated token edges, e.g. 512,1024,2048")
+    p.add_argument("--metric", choices=METRICS, default=DEFAULT_METRIC,
+                   help="metric for runs that must be scored (default: cnnsum)")
+    p.add_argument("--plot", metavar="FILE.png", default=None,
+                   help="write the Fig. 3 plot: per-sample ROUGE-L vs input length, moving median")
+    p.add_argument("--window", type=int, default=15, help="moving-median window of --plot (default: 15)")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="also write every view as DIR/<view>.{md,csv,json}")
+    p.add_argument("--no-save-scores", action="store_true",
+                   help="do not write scores.json / sample_scores.jsonl into runs scored on the fly")
+    p.set_defaults(func=main)
+    return p
+
+
+def plot_report(rep: Report, path: str | os.PathLike, window: int = 15) -> Path:
+    """The Fig. 3 PNG of the report's runs (per-sample ROUGE-L vs input length, moving median)."""
+    from ..plot import plot_fig3, series_from_runs
+
+    if not rep.runs:
+        raise InputError("--plot needs run directories (per-sample scores with input lengths)")
+    return plot_fig3(series_from_runs(rep.runs), path, window=window)
+
+
+
+
+def check_report_out(out_dir=None, plot=None) -> None:
+    """Where the report goes must be usable before anything is written: ``out_dir`` a directory or nothing yet,
+    ``plot`` a file path, not a directory."""
+    if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise InputError("exists and is not a directory (the report's tables go there)", out_dir)
+    if plot is not None and Path(plot).is_dir():
+        raise InputError("is a directory (--plot takes a .png file path)", plot)
+
+
+def make_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.PathLike] = (),
+                metric: str = DEFAULT_METRIC, buckets: Optional[Sequence[int]] = None, fmt: str = "markdown",
+                view: Optional[str] = None, out_dir: Optional[str | os.PathLike] = None,
+                plot: Optional[str | os.PathLike] = None, window: int = 15, save_scores: bool = True) -> str:
+    """Everything ``eval_summ.py report`` does, as one call (``eval_summ.py run`` uses it): build the views,
+    validate every input, then save recomputed run scores, write ``out_dir`` tables and the ``plot`` PNG, and
+    return the text to print. Bad input raises InputError before anything is written."""
+    if window < 1:
+        raise InputError("--window must be >= 1")
+    check_report_out(out_dir, plot)
+    rep = build_report(sources, scores_csv=scores_csv, metric=metric, buckets=buckets)
+    if buckets and not rep.runs:
+        raise InputError("--buckets needs run directories (per-sample input lengths)")
+    if plot:
+        from ..plot import series_from_runs
+
+        if not rep.runs:
+            raise InputError("--plot needs run directories (per-sample scores with input lengths)")
+        if not series_from_runs(rep.runs):
+            raise InputError("--plot: no sample of these runs has input_tokens")
+    view = view or ("all" if fmt == "markdown" else "table2")
+    text = render(rep, fmt, view)  # every check before the first write
+    if save_scores:
+        save_fresh_scores(rep)
+    if out_dir:
+        for p in write_report(rep, out_dir):
+            print(f"wrote {p}", file=sys.stderr)
+    if plot:
+        print(f"wrote {plot_report(rep, plot, window)}", file=sys.stderr)
+    return text
+
+
+def main(args: argparse.Namespace) -> int:
+    text = make_report(args.paths, scores_csv=args.scores, metric=args.metric,
+                       buckets=parse_buckets(args.buckets) if args.buckets else None, fmt=args.format,
+                       view=args.view, out_dir=args.out, plot=args.plot, window=args.window,
+                       save_scores=not args.no_save_scores)
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return 0

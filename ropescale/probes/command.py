@@ -1,0 +1,49 @@
+"""A probe's command: its settings' flags, a --recipe and --json; read the data, load the model, run, print.
+
+Each probe module registers itself with :func:`register_probe`, naming how its data is read and how it runs; the
+command (:func:`main`) is the same for all of them.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+from ropescale.common.cli import add_command, add_json
+from ropescale.common.io import check_output_dir
+from ropescale.common.settings import add_arguments, given, resolve
+
+from .common import ProbeSettings, load_model, set_threads
+from .report import print_summary
+
+
+def register_probe(sub, name: str, cls, *, help: str, description: str, load: Callable[[ProbeSettings], object],
+                   run: Callable) -> argparse.ArgumentParser:
+    """A probe's subcommand: ``load(settings)`` reads its data, ``run(loaded, data, settings)`` returns the summary."""
+    ap = add_command(sub, name, help=help, description=description)
+    add_arguments(ap, cls)
+    ap.add_argument("--recipe", metavar="FILE", help="YAML file of these settings (flags override it)")
+    add_json(ap, "the summary")
+    ap.set_defaults(func=main, settings_class=cls, load=load, run=run)
+    return ap
+
+
+def settings_from_args(args: argparse.Namespace):
+    """defaults < --recipe < the flags given, for the probe's own settings class."""
+    cls = args.settings_class
+    return resolve(cls, given(args, cls), getattr(args, "recipe", None))
+
+
+def prepare(s: ProbeSettings, load_data):
+    """Check ``--out``, set the thread count, read the data (``load_data()``, first, so a bad file fails before a
+    model loads) and load the model with the RoPE flags. Returns (data, Loaded)."""
+    check_output_dir(s.out)
+    set_threads(s.threads)
+    data = load_data()
+    return data, load_model(s.model, s.rope)
+
+
+def main(args: argparse.Namespace) -> int:
+    s = settings_from_args(args)
+    data, loaded = prepare(s, lambda: args.load(s))
+    print_summary(args.run(loaded, data, s), args.json)
+    return 0

@@ -1,0 +1,232 @@
+"""What every probe shares: model loading with the rope flags, the common CLI flags, and the run directory.
+
+Every probe's settings are a :class:`ProbeSettings` (model, output, data, sizes, seed, the RoPE spec nested) plus
+its own fields, declared beside the probe: the flags, a ``--recipe``, the run.json record and the resume check
+come from them (``ropescale.common.settings``).
+
+A probe run directory has the same shape as generation's (ropescale.common.runs): ``run.json`` (the settings as resolved,
+kind "probe", probe name, model, rope spec dict, scale, lengths, versions), ``items.jsonl`` (one record per scored
+item, each with ``id``, ``group``, ``col`` and ``value``: the report's row group, column bucket and cell metric)
+and ``summary.json`` (the cells: mean value and count per group x column). Re-running into the same directory
+with the same settings resumes: items already in ``items.jsonl`` are skipped. The directory and its run.json are written
+with the first result: a run that fails before producing one (bad lengths, too-short data, ...) leaves nothing
+behind, so the corrected command can use the same ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from ropescale.common.io import InputError, check_output_dir
+from ropescale.common.paths import CHAPTERS_JSONL
+from ropescale.common.runs import RunDir, RunMeta, now
+from ropescale.common.settings import check, diff, from_record, make, nested, recorded_keys, setting, to_record
+from rope_scaling import RopeSpec
+
+ITEMS = "items.jsonl"
+SUMMARY = "summary.json"
+
+
+# ---------------------------------------------------------------- model
+@dataclass
+class Loaded:
+    model: Any
+    tokenizer: Any
+    path: Path
+    name: str  # what the user passed (``tiny`` or a path)
+    rope: dict  # the effective rope spec dict (read back from the config after applying the flags)
+    scale: float
+    orig_ctx: int
+    context: int  # the context the (scaled) config is meant for
+
+    @property
+    def pad_id(self) -> int:
+        t = self.tokenizer
+        for v in (t.pad_token_id, t.eos_token_id, 0):
+            if v is not None:
+                return int(v)
+        return 0
+
+
+def load_model(name: str | os.PathLike | None, spec=None) -> Loaded:
+    """Resolve ``name`` (``tiny`` or an HF model dir), apply the rope spec to its config, then load the model
+    (fp32, eval, CPU) and tokenizer -- through rope_scaling.load, as every stage (a config that already carries
+    rope scaling plus a scaling flag needs ``--replace``)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from rope_scaling import extended_context, read_rope, rope_state
+    from rope_scaling.load import load_config, load_model as load_lm
+    from ropescale.common.tiny import resolve_model
+
+    path = resolve_model(name)
+    config, _ = load_config(path, spec)
+    eff = read_rope(config)
+    model = load_lm(path, config, dtype=torch.float32, attn="sdpa")
+    model.float().eval()
+    tok = AutoTokenizer.from_pretrained(str(path))
+    orig = int(rope_state(config).orig_ctx)
+    return Loaded(model, tok, Path(path), str(name or "tiny"), eff.to_dict(), float(eff.scale or 1.0), orig,
+                  int(extended_context(config)))
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+# ---------------------------------------------------------------- settings and CLI
+POSITIVE = (lambda v: v > 0, "positive")
+NOT_NEGATIVE = (lambda v: v >= 0, "not be negative")
+DOCS_HELP = "documents JSONL ({text} or {context}) or chapters JSONL (one document per book)"
+
+
+def data_setting(help: str):
+    """The ``--data`` setting with a probe's own description of what it reads."""
+    return setting(str(CHAPTERS_JSONL), help + "; default: the shared novels", metavar="FILE", show_default=False)
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """What every probe takes; a probe's own settings subclass it (``class PplSettings(ProbeSettings)``)."""
+
+    model: str = setting("tiny", "HF model directory, or 'tiny' (the embedded default)", resume="path")
+    out: str | None = setting(None, "run directory to write (resumed when it holds a run with the same settings)",
+                              metavar="DIR", required=True, resume="ignore")
+    data: str = data_setting(DOCS_HELP)
+    n: int = setting(8, "number of items (examples) per column", check=POSITIVE)
+    seed: int = setting(0, "random seed: the run is deterministic given it")
+    batch_size: int = setting(4, "sequences per forward pass", check=POSITIVE, resume="ignore")
+    threads: int = setting(0, "torch CPU threads (0: torch's default)", check=NOT_NEGATIVE, resume="ignore")
+    rope: RopeSpec = nested(RopeSpec, resume="ignore")  # resume compares the rope the model runs with
+
+
+def probe_settings(cls, settings=None, fields: dict | None = None):
+    """A probe's settings from Python: an instance, or its fields as keywords (``copy_probe(loaded, docs,
+    length=200, n=2, out=...)``); checked."""
+    fields = dict(fields or {})
+    out = settings if settings is not None and not fields else make(cls, settings, **fields)
+    check(out)
+    return out
+
+
+def int_list(s: str) -> list[int]:
+    try:
+        vals = [int(x) for x in s.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {s!r}") from None
+    if not vals or any(v < 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {s!r}")
+    return vals
+
+
+def default_lengths(orig_ctx: int) -> list[int]:
+    """1x .. 8x the original context: orig, 2*orig, ..., 8*orig."""
+    return [orig_ctx * i for i in range(1, 9)]
+
+
+def rng_for(seed: int, *parts: Any) -> random.Random:
+    """A deterministic RNG for one item (independent of iteration order)."""
+    return random.Random("|".join(map(str, (seed,) + parts)))
+
+
+# ---------------------------------------------------------------- run dir
+class ProbeRun:
+    """A probe's run directory: meta, resumable item log, summary. Creating one only checks ``out`` (a directory
+    or nothing; an existing run must have the same settings); the directory and run.json are written with the
+    first result (:meth:`add`) or at :meth:`finish`, so a run that fails before its first result leaves nothing.
+    ``settings``: the probe's settings as resolved (defaults that depend on the model filled in)."""
+
+    def __init__(self, probe: str, loaded: Loaded, settings: ProbeSettings, lengths: list[int], *, metric: str = "",
+                 column: str = ""):
+        self.dir = RunDir(check_output_dir(settings.out))
+        settings = dataclasses.replace(settings, model=loaded.name)  # the model as loaded (name or path given)
+        meta = {**to_record(settings, without=("rope",)), "kind": "probe", "probe": probe,
+                "model_path": str(loaded.path), "rope": loaded.rope, "scale": loaded.scale,
+                "orig_ctx": loaded.orig_ctx, "context": loaded.context, "train_length": None, "lengths": lengths,
+                "metric": metric, "column": column}
+        if self.dir.exists():
+            old = RunMeta.read(self.dir.path)
+            diffs = [] if old.get("probe") == probe else [f"probe {old.get('probe')} -> {probe}"]
+            was_rope, rope = RopeSpec.from_record(old.rope, old.meta_path), RopeSpec.from_record(loaded.rope)
+            if not was_rope.same_rope(rope):
+                diffs.append(f"rope {was_rope.describe()} -> {rope.describe()}")
+            cls = type(settings)
+            was = from_record(cls, old.settings, where=old.meta_path, without=("rope",))
+            diffs += diff(was, settings, only=recorded_keys(cls, old.settings))
+            if diffs:
+                raise InputError(f"run directory holds a run with different settings ({', '.join(diffs)}); "
+                                 f"use a new --out", self.dir.meta_path)
+            meta["created"] = old.get("created", now())
+        self.meta = meta
+        self.log = self.dir.log(ITEMS)
+        self._started = False
+
+    def start(self) -> None:
+        """Create the directory and write run.json (once): called with the first result."""
+        if not self._started:
+            self.dir.path.mkdir(parents=True, exist_ok=True)
+            self.dir.write_meta(self.meta)
+            self._started = True
+
+    def done(self, rid: str) -> bool:
+        return rid in self.log
+
+    def add(self, record: dict) -> None:
+        self.start()
+        self.log.append(record)
+
+    def finish(self, extra: dict | None = None) -> dict:
+        self.start()
+        summary = summarize(self.log.records())
+        summary.update({"probe": self.meta["probe"], "metric": self.meta["metric"],
+                        "column": self.meta["column"], "model": self.meta["model"], "rope": self.meta["rope"],
+                        "scale": self.meta["scale"]})
+        if extra:
+            summary.update(extra)
+        self.dir.write_json(SUMMARY, summary)
+        self.dir.update_meta(finished=now(), items=len(self.log))
+        return summary
+
+
+def summarize(records: Iterable[dict]) -> dict:
+    """Mean ``value`` and count per (group, col), in first-seen group order and ascending column order."""
+    acc: dict[tuple, list[float]] = {}
+    groups: list = []
+    for r in records:
+        key = (r.get("group", ""), r["col"])
+        if key[0] not in groups:
+            groups.append(key[0])
+        acc.setdefault(key, []).append(float(r["value"]))
+    cells = []
+    for g in groups:
+        cols = sorted({c for (gg, c) in acc if gg == g}, key=_col_key)
+        for c in cols:
+            vals = acc[(g, c)]
+            cells.append({"group": g, "col": c, "value": sum(vals) / len(vals), "n": len(vals)})
+    return {"cells": cells}
+
+
+def _col_key(c):
+    return (0, c) if isinstance(c, (int, float)) else (1, str(c))
+
+
+def set_threads(n: int) -> None:
+    if n and n > 0:
+        import torch
+
+        torch.set_num_threads(n)
+
+
+def progress(iterable, desc: str, total: int | None = None):
+    from tqdm import tqdm
+
+    return tqdm(iterable, desc=desc, total=total, file=sys.stderr, unit="item", leave=False)
+
+
+RunFn = Callable[[argparse.Namespace], int]

@@ -1,0 +1,159 @@
+"""Training settings: one dataclass, :class:`TrainSettings` (the RoPE spec nested), and what is built from it.
+
+Its fields are the flags of ``finetune.py`` (help, defaults, checks), the keys of a recipe, the ``settings``
+record of run.json and what ``--resume`` compares (``ropescale.common.settings``). Precedence: built-in defaults < recipe
+(``--recipe FILE``; for the tiny default model without a recipe, ``recipes/tiny_demo.yaml``) < flags given on the
+command line. A recipe key that is not a setting, or a value of the wrong type or out of range, is an error naming
+the file and line; the resolved settings are checked again (naming the flag) before any work.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from ropescale.common.io import InputError
+from ropescale.common.paths import DS_CONFIGS_DIR, RECIPES_DIR
+from ropescale.common.settings import add_arguments, given, nested, read_recipe, resolve, setting
+from rope_scaling import RopeSpec
+
+TINY_DEMO_RECIPE = RECIPES_DIR / "tiny_demo.yaml"
+
+
+def _at_least(n):
+    return (lambda v: v >= n, f">= {n}")
+
+
+def _positive():
+    return (lambda v: v > 0, "> 0")
+
+
+DATA, LORA, OPTIM, HOW = ("what to train on", "LoRA and what else is trained",
+                          "optimization (CNNSum Appendix B.2)", "how it runs")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Every setting of a fine-tuning run (see module doc)."""
+
+    # what to train on
+    model: str = setting("tiny", "HF model directory, or 'tiny' for the embedded tiny default", resume="path",
+                         group=DATA)
+    data: str | None = setting(None, "packed dataset directory (python -m data_concat pack); default: one built from "
+                                     "the shared novels and cached, sized for the model (tiny default only)",
+                               resume="path", group=DATA)
+    out: str | None = setting(None, "run directory; default: runs/train/<model>-<rope>-x<scale>",
+                              aliases=("--output-dir",), resume="ignore", group=DATA)
+    init_from: str | None = setting(None, "start from the adapter + trained tensors of another finetune run (e.g. "
+                                          "the 16K run for a 32K continuation)", resume="path", group=DATA)
+    init_step: int | None = setting(None, "with --init-from: that run's checkpoint of this step; default: its final "
+                                          "export", check=_at_least(0), group=DATA)
+    allow_extrapolation: bool = setting(False, "allow samples longer than the RoPE-extended context (e.g. Yi-6B "
+                                               "trained at 16K without scaling, Table 8)", group=DATA)
+    rope: RopeSpec = nested(RopeSpec, resume="ignore")  # resume compares the rope the model trains with
+    # LoRA and what else is trained
+    lora_r: int = setting(8, "LoRA rank (Sec 5)", check=_at_least(1), group=LORA)
+    lora_alpha: int = setting(16, "LoRA alpha", check=_positive(), group=LORA)
+    lora_dropout: float = setting(0.05, "LoRA dropout", check=(lambda v: 0 <= v < 1, ">= 0 and < 1"), group=LORA)
+    lora_targets: list[str] = setting(["q_proj", "k_proj", "v_proj", "o_proj"], "module names LoRA is applied to "
+                                      "(comma-separated)", group=LORA)
+    train_embeddings: bool = setting(True, "train the input embeddings (LongLoRA; requires_grad, not "
+                                           "modules_to_save)", group=LORA)
+    train_norms: bool = setting(True, "train every normalization layer", group=LORA)
+    # optimization (Appendix B.2)
+    lr: float = setting(2e-5, "AdamW learning rate", check=_positive(), group=OPTIM)
+    warmup_steps: int = setting(30, "linear warm-up steps", check=_at_least(0), group=OPTIM)
+    lr_scheduler: str = setting("constant_with_warmup", "HF scheduler name after warm-up", group=OPTIM)
+    weight_decay: float = setting(0.0, "AdamW weight decay", check=_at_least(0), group=OPTIM)
+    max_grad_norm: float = setting(1.0, "gradient clipping", check=(lambda v: v >= 0, ">= 0 (0: no clipping)"),
+                                   group=OPTIM)
+    global_batch: int | None = setting(None, "global batch size in samples; default: 16 for data up to 24K tokens, "
+                                             "8 above (B.2: 16 at 16K, 8 at 32K)", check=_at_least(1), group=OPTIM)
+    micro_batch: int = setting(1, "samples per device per forward pass", check=_at_least(1), group=OPTIM)
+    max_steps: int = setting(500, "optimizer steps (the one setting a resume may raise)", check=_at_least(1),
+                             resume="grow", group=OPTIM)
+    save_steps: int = setting(50, "checkpoint every N steps", check=_at_least(1), group=OPTIM)
+    save_total_limit: int | None = setting(None, "keep at most N checkpoints; default: all", check=_at_least(1),
+                                           group=OPTIM)
+    logging_steps: int = setting(1, "log every N steps", check=_at_least(1), group=OPTIM)
+    seed: int = setting(42, "seed (data order, LoRA init, dropout)", group=OPTIM)
+    deterministic: bool = setting(False, "deterministic kernels (torch.use_deterministic_algorithms; slower): "
+                                         "bit-identical reruns", group=OPTIM)
+    # how
+    deepspeed: str | None = setting(None, "DeepSpeed config: a JSON file or a name in ds_configs/ (zero2, "
+                                          "zero2_offload, zero3, zero3_offload); default: none (plain PyTorch)",
+                                    resume="path", group=HOW)
+    ds_cpu_adam: str = setting("auto", "with an offloading DeepSpeed config: DeepSpeedCPUAdam (true), torch AdamW "
+                                       "(false) or auto (CPUAdam on CUDA machines; torch AdamW on CPU, where "
+                                       "building the op takes minutes)", choices=("auto", "true", "false"),
+                               group=HOW)
+    dtype: str = setting("auto", "auto (bf16 on CUDA, fp32 on CPU), bf16, fp16 or fp32", group=HOW)
+    attn: str = setting("auto", "attention: auto (flash_attention_2 when importable on CUDA, else sdpa), sdpa, "
+                                "eager or flash_attention_2", group=HOW)
+    gradient_checkpointing: bool = setting(True, "recompute activations in backward", group=HOW)
+    offload_checkpoints: str = setting("auto", "copy each decoder layer's gradient checkpoint (its input) to pinned "
+                                               "CPU memory on a side stream after its forward and prefetch it back "
+                                               "before its recompute: true, false or auto (on CUDA with gradient "
+                                               "checkpointing when micro_batch x sample length >= 65536 tokens); "
+                                               "refused when host memory cannot hold the checkpoints",
+                                       choices=("auto", "true", "false"), resume="ignore", group=HOW)
+    tile_mlp: int | None = setting(None, "compute each decoder layer's MLP over sequence chunks of N tokens, each "
+                                         "chunk recomputed in backward, so the MLP's intermediate activations "
+                                         "never exist for the whole sequence: N, 0 = off, or auto (default: the "
+                                         "model's hidden size on CUDA when micro_batch x sample length >= 65536 "
+                                         "tokens)", check=(lambda v: v >= 0, ">= 0 (0: off)"), resume="ignore",
+                                   group=HOW)
+    head_chunk: int = setting(4096, "label positions per LM-head chunk (each chunk's logits are recomputed in "
+                                    "backward, so at most one chunk of logits is alive)", check=_at_least(1),
+                              group=HOW)
+    default_data_factor: float = setting(2.0, "tiny default data: target sample length = factor x the model's "
+                                              "original context (capped by the extended context)",
+                                         check=_positive(), group=HOW)
+    num_workers: int = setting(0, "data loader workers", check=_at_least(0), group=HOW)
+
+
+def add_train_args(parser: argparse.ArgumentParser) -> None:
+    """Every TrainSettings flag (absent from the namespace unless given, so they override a recipe)."""
+    add_arguments(parser, TrainSettings)
+
+
+def load_recipe(path: str | Path) -> dict:
+    """A recipe's values (checked; unknown keys and wrong types are errors naming file:line). A bare name is
+    looked up in recipes/."""
+    return read_recipe(path, TrainSettings, search=RECIPES_DIR)
+
+
+def recipe_for(flags: dict, recipe: str | None) -> str | None:
+    """The recipe a run uses: ``--recipe``, else the tiny demo's for the tiny default model (no --model given)."""
+    from ropescale.common.tiny import TINY_NAMES
+
+    if recipe is None and "model" not in flags and str(TrainSettings.model) in TINY_NAMES \
+            and TINY_DEMO_RECIPE.is_file():
+        return str(TINY_DEMO_RECIPE)
+    return recipe
+
+
+def settings_from_args(args: argparse.Namespace) -> tuple[TrainSettings, str | None]:
+    """(the settings a parsed command line asks for, the recipe used): defaults < recipe < the flags given."""
+    flags = given(args, TrainSettings)
+    recipe = recipe_for(flags, getattr(args, "recipe", None))
+    return resolve(TrainSettings, flags, recipe, search=RECIPES_DIR), recipe
+
+
+def resolve_ds_config(name: str | None) -> Path | None:
+    """A DeepSpeed config path from a path or a name in ds_configs/."""
+    if not name:
+        return None
+    p = Path(name)
+    if p.is_file():
+        return p
+    alt = DS_CONFIGS_DIR / (name if name.endswith(".json") else f"{name}.json")
+    if alt.is_file():
+        return alt
+    raise InputError(f"no such DeepSpeed config (a JSON file, or one of "
+                     f"{', '.join(sorted(x.stem for x in DS_CONFIGS_DIR.glob('*.json')))})", name)
+
+
+def default_global_batch(max_len: int) -> int:
+    """Appendix B.2: global batch 16 for ~16K samples, 8 for ~32K samples (split at 24K tokens)."""
+    return 16 if max_len <= 24 * 1024 else 8

@@ -1,0 +1,369 @@
+"""One fine-tuning run, top to bottom: settings -> model + RoPE -> data checks -> LoRA -> Trainer -> exports.
+
+Every input problem (model path, numeric settings, data length vs the RoPE-extended context, recipe key, resume
+with other settings, --init-from a run of another RoPE setting, batch arithmetic, an --out that cannot be
+a directory) raises InputError before the first training step, and before run.json is touched.
+
+Resume (``--resume auto|CHECKPOINT``) continues exactly the run in --out: every resolved setting (after the
+recipe), the model, the RoPE setting and the data (path and content: its length stats) must be those recorded in
+run.json; only ``--max-steps`` may grow (:func:`resume_diff`, which compares two :class:`TrainSettings`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+import time
+import weakref
+from pathlib import Path
+
+from ropescale.common.io import InputError, check_output_dir
+from ropescale.common.paths import REPO_ROOT
+from ropescale.common.runs import RunDir, RunMeta
+from ropescale.common.settings import check, diff, fmt, from_record, recorded_keys, to_record
+from rope_scaling import RopeSpec
+
+from . import env
+from .config import TrainSettings, default_global_batch, resolve_ds_config
+
+RUNS_DIR = REPO_ROOT / "runs" / "train"
+
+
+def log(msg: str) -> None:
+    if env.is_main():
+        print(msg, file=sys.stderr, flush=True)
+
+
+def model_name(model_arg: str) -> str:
+    from ropescale.common.tiny import TINY_NAMES
+
+    return "tiny" if str(model_arg) in TINY_NAMES else Path(str(model_arg).rstrip("/")).name
+
+
+def default_output_dir(model_arg: str, spec) -> Path:
+    """runs/train/<model>-<rope>-x<scale> ("-none" without scaling)."""
+    name = model_name(model_arg)
+    if spec.method == "none":
+        return RUNS_DIR / f"{name}-none"
+    return RUNS_DIR / f"{name}-{spec.method}-x{spec.scale:g}"
+
+
+def resume_diff(old: RunMeta, new: TrainSettings, *, rope: RopeSpec) -> list[str]:
+    """What differs between the run recorded in ``old`` (its run.json) and the resolved settings ``new`` of a
+    resume (model directory, DeepSpeed config file, dtype and attention as found on this machine), as ``key old ->
+    new`` items; empty when the run may be resumed. The rope compared is the one the model trains with; the
+    settings by their resume rules (only ``max_steps`` may grow; paths compare resolved). A resume without
+    ``--data`` uses the run's data; an unset global batch is the default for the recorded train length."""
+    diffs = []
+    was_rope = RopeSpec.from_record(old.rope, old.meta_path)
+    if not was_rope.same_rope(rope):
+        diffs.append(f"rope {was_rope.describe()} -> {rope.describe()}")
+    was = from_record(TrainSettings, old.settings, where=old.meta_path, without=("rope",))
+    batch = new.global_batch
+    if batch is None and old.train_length:
+        batch = default_global_batch(old.train_length)
+    now = dataclasses.replace(new, data=new.data or was.data, global_batch=batch)
+    return diffs + diff(was, now, only=recorded_keys(TrainSettings, old.settings))
+
+
+def refuse_resume(diffs: list[str], meta_path: Path) -> InputError:
+    return InputError(f"--resume: this run was made with other settings: {', '.join(diffs)} (only --max-steps may "
+                      f"grow); use a new --out or --overwrite", meta_path)
+
+
+def check_init_rope(init_export: Path, rope: RopeSpec) -> None:
+    """--init-from continues training of another run (the 16K -> 32K recipes): it must have the same RoPE."""
+    from .saving import EXPORT_JSON
+
+    f = init_export / EXPORT_JSON
+    try:
+        info = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"--init-from: unreadable export record: {e}", f) from None
+    if not isinstance(info, dict):
+        raise InputError("--init-from: unreadable export record (not a JSON object)", f)
+    old = RopeSpec.from_record(info.get("rope"), f)
+    if not old.same_rope(rope):
+        raise InputError(f"--init-from: that run was trained with RoPE {old.describe()}, this run asks for "
+                         f"{rope.describe()}; pass the same RoPE flags as that run", f)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    cps = [(int(m.group(1)), p) for p in run_dir.glob("checkpoint-*")
+           if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)) and (p / "trainer_state.json").is_file()]
+    return max(cps)[1] if cps else None
+
+
+def ds_config_dict(path: Path, *, cuda: bool, cpu_adam: str) -> dict:
+    """The DeepSpeed JSON with what this machine needs: no pinned memory on CPU; with optimizer offload either
+    DeepSpeedCPUAdam (an ``optimizer`` section, "auto" values from HF) or torch AdamW
+    (``zero_force_ds_cpu_optimizer: false``)."""
+    try:
+        cfg = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise InputError(f"malformed DeepSpeed JSON: {e.msg}", path, e.lineno) from None
+    zo = cfg.get("zero_optimization", {})
+    offload = zo.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
+    if not cuda:
+        for k in ("offload_optimizer", "offload_param"):
+            if isinstance(zo.get(k), dict):
+                zo[k]["pin_memory"] = False
+    use_cpu_adam = {"auto": cuda, "true": True, "false": False}.get(str(cpu_adam).lower())
+    if use_cpu_adam is None:
+        raise InputError(f"--ds-cpu-adam must be auto, true or false, not {cpu_adam!r}")
+    if offload and use_cpu_adam:
+        cfg.setdefault("optimizer", {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                                "weight_decay": "auto"}})
+    elif offload:
+        cfg.pop("optimizer", None)
+        cfg["zero_force_ds_cpu_optimizer"] = False
+    return cfg
+
+
+def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None = None,
+          overwrite: bool = False) -> dict | None:
+    """Run (or resume: ``resume`` "auto" or a checkpoint directory) a fine-tuning run with the settings ``args``;
+    returns a summary ({run, steps, seconds, final}) on the main process, None on the others."""
+    check(args)  # before any work
+    env.setup_env()
+    env.disable_shm_comm()
+    import torch
+
+    from rope_scaling import extended_context, read_rope
+    from ropescale.common.tiny import resolve_model
+
+    from .data import Collator, PackedDataset, build_default_data, check_rows, load_rows
+    from .model import (add_lora, fp32_master, load_config, load_model, param_counts, resolve_attn, setup_memory,
+                        resolve_dtype)
+    from .saving import export, find_export, load_export_into
+
+    t_start = time.time()
+    cuda = torch.cuda.is_available()
+    world = env.world_size()
+    main = env.is_main()
+    model_dir = resolve_model(args.model)
+    config, change = load_config(model_dir, args.rope)
+    extended = extended_context(config)
+    effective = read_rope(config)  # what the model trains with (flags, or what its config already carries)
+    rope_desc = "no RoPE scaling" if effective.method == "none" else f"RoPE {effective.describe()}"
+    log(f"[finetune] model {model_dir} ({config.model_type}), {change.message()}: context {extended} tokens")
+
+    # ---- run directory, resume
+    run_dir = Path(args.out) if args.out else default_output_dir(args.model, effective)
+    check_output_dir(run_dir, what="--out")
+    rd = RunDir(run_dir)
+    resume_from = None
+    old = None  # the run being resumed
+    ds_path = resolve_ds_config(args.deepspeed)
+    dtype = resolve_dtype(args.dtype, cuda)
+    attn = resolve_attn(args.attn, cuda)
+    # the settings as this run resolves them (what run.json records and a resume compares)
+    resolved = dataclasses.replace(args, model=str(model_dir), out=str(run_dir), attn=attn,
+                                   deepspeed=str(ds_path) if ds_path else None,
+                                   dtype=str(dtype).replace("torch.", ""))
+    if resume:
+        if not rd.exists():
+            raise InputError("--resume: not a finetune run directory (no run.json)", run_dir)
+        old = RunMeta.read(run_dir)
+        diffs = resume_diff(old, resolved, rope=effective)
+        if diffs:
+            raise refuse_resume(diffs, rd.meta_path)
+        resume_from = latest_checkpoint(run_dir) if resume == "auto" else Path(resume)
+        if resume_from is not None and not (resume_from / "trainer_state.json").is_file():
+            raise InputError("--resume: not a checkpoint directory", resume_from)
+    elif latest_checkpoint(run_dir) is not None or (run_dir / "final").exists():
+        if not args.out and model_name(args.model) == "tiny" and not overwrite:
+            overwrite = True  # the tiny demo's default run dir: a rerun replaces it (30 s to recreate)
+            log(f"[finetune] replacing the previous tiny demo run in {run_dir}")
+    if not resume and not overwrite and (latest_checkpoint(run_dir) is not None
+                                                   or (run_dir / "final").exists()):
+        raise InputError("the run directory already holds a run: pass --resume auto to continue it, "
+                         "--overwrite to start over, or another --out", run_dir)
+    if args.init_from:
+        init_export = find_export(args.init_from, args.init_step)
+        check_init_rope(init_export, effective)
+
+    if world > 1:  # join the process group first (DeepSpeed sizes its batch from it)
+        _init_dist(cuda)
+
+    # ---- data
+    if args.data:
+        data_dir = Path(args.data)
+    elif old is not None and old.get("data") and (Path(old.get("data")) / "train.parquet").is_file():
+        data_dir = Path(old.get("data"))  # a resume continues on the run's own data
+    else:
+        orig = read_rope(config).orig_ctx or extended
+        sized = from_record(TrainSettings, old.settings, without=("rope",)) if old is not None else args
+        data_dir = build_default_data(model_dir, orig, extended, factor=args.default_data_factor,  # as the run began
+                                      n_samples=max(8, sized.max_steps * (sized.global_batch or 1)),
+                                      seed=args.seed) if main else None
+        if world > 1:  # other ranks wait for rank 0 to build it
+            data_dir = _broadcast_path(data_dir)
+    rows = load_rows(data_dir)
+    stats = check_rows(rows, vocab_size=config.vocab_size, extended=extended,
+                       allow_extrapolation=args.allow_extrapolation, where=data_dir, rope_desc=rope_desc)
+    if old is not None:  # the same path must still hold the same data
+        was = old.get("data_stats") or {}
+        diffs = [f"data {k} {fmt(was[k])} -> {fmt(stats[k])}" for k in ("samples", "tokens", "supervised", "min",
+                                                                          "max") if k in was and was[k] != stats[k]]
+        if diffs:
+            raise refuse_resume(diffs, rd.meta_path)
+    log(f"[finetune] data {data_dir}: {stats['samples']} samples, {stats['min']}-{stats['max']} tokens "
+        f"(mean {stats['mean']:.0f}), {stats['supervised']} labelled tokens")
+
+    # ---- batch arithmetic (B.2)
+    global_batch = args.global_batch or default_global_batch(stats["max"])
+    per_step = args.micro_batch * world
+    if global_batch % per_step:
+        raise InputError(f"global batch {global_batch} is not a multiple of micro batch {args.micro_batch} x "
+                         f"{world} processes")
+    grad_accum = global_batch // per_step
+
+    # ---- DeepSpeed + TrainingArguments (before the model: ZeRO-3 partitions while loading)
+    from transformers import TrainingArguments
+
+    ds_cfg = ds_config_dict(ds_path, cuda=cuda, cpu_adam=args.ds_cpu_adam) if ds_path else None
+    targs = TrainingArguments(
+        output_dir=str(run_dir), max_steps=args.max_steps, per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=grad_accum, learning_rate=args.lr, warmup_steps=args.warmup_steps,
+        lr_scheduler_type=args.lr_scheduler, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+        logging_steps=args.logging_steps, save_strategy="steps", save_steps=args.save_steps,
+        save_total_limit=args.save_total_limit, seed=args.seed, data_seed=args.seed,
+        full_determinism=args.deterministic,
+        bf16=dtype == torch.bfloat16 and cuda, fp16=dtype == torch.float16 and cuda, use_cpu=not cuda,
+        deepspeed=ds_cfg, report_to=[], remove_unused_columns=False, dataloader_num_workers=args.num_workers,
+        gradient_checkpointing=False, disable_tqdm=True, log_level="warning",
+        optim="adamw_torch_fused" if cuda else "adamw_torch", save_only_model=False,
+        ddp_find_unused_parameters=False,  # every trained tensor (LoRA, embeddings, norms) gets a gradient each step
+    )
+
+    from ropescale.common.cli import logs_to_stderr
+
+    logs_to_stderr()  # DeepSpeed (imported by now when used) logs to stdout: results only there, also per rank
+
+    # ---- model, LoRA
+    from transformers import set_seed
+
+    set_seed(args.seed)  # LoRA A is initialised randomly when the adapter is added (before the Trainer seeds)
+    model = load_model(model_dir, config, dtype, attn)
+    peft_model, extra_names = add_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout,
+                                       targets=args.lora_targets, embeddings=args.train_embeddings,
+                                       norms=args.train_norms, gradient_checkpointing=args.gradient_checkpointing)
+    if args.init_from:
+        load_export_into(peft_model, init_export)
+        log(f"[finetune] initialised adapter + trained tensors from {init_export}")
+    if ds_cfg is None and cuda and dtype != torch.float32:
+        fp32_master(peft_model, dtype)  # fp32 trained tensors; the forward runs under autocast
+    # how activations are kept (offloaded checkpoints, tiled MLP): never what is trained, so resume may change it
+    setup_memory(peft_model, args, max_len=stats["max"], cuda=cuda, dtype=dtype, ds_config=ds_cfg)
+    trainable, total = param_counts(peft_model)
+    log(f"[finetune] trainable params: {trainable:,} of {total:,} ({100 * trainable / max(total, 1):.3f}%): "
+        f"LoRA r={args.lora_r} on {','.join(args.lora_targets)} + {len(extra_names)} embedding/norm tensors; "
+        f"attention {attn}, {str(dtype).replace('torch.', '')}, "
+        f"{'DeepSpeed ' + ds_path.stem if ds_path else 'no DeepSpeed'}, {world} process(es), "
+        f"global batch {global_batch} = {args.micro_batch} x {world} x {grad_accum} accumulation")
+
+    from .loss import install_label_only_forward
+
+    install_label_only_forward(peft_model, args.head_chunk)
+
+    # ---- run.json (every check has passed: now the run directory may change)
+    if main:
+        if resume:
+            log(f"[finetune] resuming from {resume_from or 'the start (no checkpoint yet)'}")
+            _cut_log(run_dir / "train_log.jsonl", _checkpoint_step(resume_from))
+        elif overwrite:
+            _clear_run(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        meta = rd.read_meta() if (resume and rd.exists()) else {}
+        meta.pop("args", None)  # older runs kept their settings there
+        resolved = dataclasses.replace(resolved, data=str(data_dir), global_batch=global_batch)
+        meta.update({**to_record(resolved, without=("rope",)), "kind": "finetune", "rope": effective.to_dict(),
+                     "train_length": stats["max"], "data_stats": stats, "recipe": recipe, "grad_accum": grad_accum,
+                     "world_size": world, "trainable_params": trainable, "total_params": total,
+                     "extra_trained": extra_names, "status": "running"})
+        rd.write_meta(meta)
+        config.save_pretrained(str(run_dir))  # the rope setting next to the run, readable at once
+
+    # ---- train
+    from .trainer import ExportCallback, LabelOnlyTrainer, ProgressCallback
+
+    tok_dir = model_dir
+    export_kw = dict(extra_names=extra_names, base_model=str(model_dir), config=config, rope=effective.to_dict(),
+                     tokenizer_dir=tok_dir)
+    collator = Collator(pad_id=config.pad_token_id if config.pad_token_id is not None else
+                        (config.eos_token_id if isinstance(config.eos_token_id, int) else 0))
+    trainer = LabelOnlyTrainer(model=peft_model, args=targs, train_dataset=PackedDataset(rows),
+                               data_collator=collator)
+    ref = weakref.ref(trainer)
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback as HFProgress
+
+    for cb in (PrinterCallback, HFProgress):  # they print log dicts to stdout; ours go to stderr
+        trainer.remove_callback(cb)
+    trainer.add_callback(ProgressCallback(ref, run_dir / "train_log.jsonl" if main else None, main, world))
+    trainer.add_callback(ExportCallback(ref, export_kw, main))
+    if resume_from is not None and ds_cfg is None:
+        # HF restores only the PEFT adapter of a PEFT model; the trained embeddings/norms come from our export
+        # (under DeepSpeed its checkpoint holds every trainable tensor and restores them itself)
+        load_export_into(peft_model, resume_from / "export")
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    out = export(trainer.model, run_dir / "final", step=trainer.state.global_step, is_main=main, **export_kw)
+    if not main:
+        return None
+    seconds = round(time.time() - t_start, 1)
+    rd.update_meta(status="done", steps=trainer.state.global_step, seconds=seconds, final=str(out))
+    return {"run": str(run_dir), "steps": trainer.state.global_step, "seconds": seconds, "final": str(out)}
+
+
+def _clear_run(run_dir: Path) -> None:
+    """--overwrite: remove what a previous run wrote (only the files finetune writes)."""
+    import shutil
+
+    for p in list(run_dir.glob("checkpoint-*")) + [run_dir / "final"]:
+        shutil.rmtree(p, ignore_errors=True)
+    for name in ("train_log.jsonl", "run.json", "config.json"):
+        (run_dir / name).unlink(missing_ok=True)
+
+
+def _checkpoint_step(ckpt: Path | None) -> int:
+    if ckpt is None:
+        return 0
+    return int(json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))["global_step"])
+
+
+def _cut_log(path: Path, step: int) -> None:
+    """Drop log records after the checkpoint a resumed run restarts from (they are logged again)."""
+    if not path.is_file():
+        return
+    from ropescale.common.io import write_text_atomic
+
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                keep.append(line)
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue  # a torn last line of a killed run
+    write_text_atomic(path, "".join(x + "\n" for x in keep))
+
+
+def _init_dist(cuda: bool) -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    try:
+        import deepspeed
+    except ImportError:
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+        return
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+
+
+def _broadcast_path(p):
+    import torch.distributed as dist
+
+    obj = [str(p) if p is not None else None]
+    dist.broadcast_object_list(obj, src=0)
+    return Path(obj[0])

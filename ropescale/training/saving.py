@@ -1,0 +1,207 @@
+"""Saving what was trained (ZeRO-aware) and merging it into a full model.
+
+An export directory holds:
+- ``adapter_config.json`` + ``adapter_model.safetensors``: the LoRA adapter (PEFT format);
+- ``trained_tensors.safetensors``: the trained embedding and norm weights, named as in the base causal LM;
+- ``config.json``: the base model's config with the RoPE setting applied (what inference must use);
+- the tokenizer files; ``export.json``: base model path, rope spec, step, the extra tensor names.
+
+Under DeepSpeed ZeRO-3 every rank holds a slice of each parameter (``p.numel() == 0`` outside a gather); the
+tensors are gathered with ``deepspeed.zero.GatheredParameters`` (all ranks take part) and written by rank 0.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from ropescale.common.io import InputError, atomic_dir, check_output_dir, write_json_atomic
+
+ADAPTER_FILE = "adapter_model.safetensors"
+TRAINED_FILE = "trained_tensors.safetensors"
+EXPORT_JSON = "export.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "tokenizer.model", "added_tokens.json", "chat_template.jinja", "generation_config.json")
+
+
+def _is_zero3_param(p) -> bool:
+    return hasattr(p, "ds_id")
+
+
+def gather_trainable(model) -> dict[str, torch.Tensor]:
+    """Full CPU copies of every trainable parameter of ``model`` (a PEFT model), by name; under ZeRO-3 all ranks
+    must call this (collective gather)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    z3 = [p for _, p in named if _is_zero3_param(p)]
+    out: dict[str, torch.Tensor] = {}
+    if z3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(z3, modifier_rank=None):
+            for n, p in named:
+                out[n] = p.detach().to("cpu", copy=True).contiguous()
+    else:
+        for n, p in named:
+            out[n] = p.detach().to("cpu", copy=True).contiguous()
+    for n, t in out.items():
+        if t.numel() == 0:
+            raise RuntimeError(f"gathered parameter {n} is empty (ZeRO-3 gather failed)")
+    return out
+
+
+def split_trainable(state: dict[str, torch.Tensor], extra_names: list[str]) -> tuple[dict, dict]:
+    """(LoRA tensors with PEFT's full names, extra tensors named relative to the causal LM)."""
+    prefix = "base_model.model."
+    extra_set = set(extra_names)
+    lora, extra = {}, {}
+    for n, t in state.items():
+        rel = n[len(prefix):] if n.startswith(prefix) else n
+        if rel in extra_set:
+            extra[rel] = t
+        else:
+            lora[n] = t
+    missing = extra_set - set(extra)
+    if missing:
+        raise RuntimeError(f"trained tensors missing from the model: {sorted(missing)[:5]}")
+    return lora, extra
+
+
+def export(model, out_dir: str | os.PathLike, *, extra_names: list[str], base_model: str, config, rope: dict,
+           step: int | None, tokenizer_dir: str | os.PathLike | None, is_main: bool = True) -> Path | None:
+    """Write the export directory (see module doc) atomically; collective under ZeRO-3 (call on all ranks)."""
+    from safetensors.torch import save_file
+
+    state = gather_trainable(model)
+    if not is_main:
+        return None
+    lora, extra = split_trainable(state, extra_names)
+    out = Path(out_dir)
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(str(tmp), state_dict=lora, safe_serialization=True)
+        save_file({k: v.clone() for k, v in extra.items()}, str(tmp / TRAINED_FILE), metadata={"format": "pt"})
+        config.save_pretrained(str(tmp))
+        if tokenizer_dir is not None:
+            for name in TOKENIZER_FILES:
+                f = Path(tokenizer_dir) / name
+                if f.is_file():
+                    shutil.copy(f, tmp / name)
+        write_json_atomic(tmp / EXPORT_JSON, {"base_model": str(base_model), "rope": rope, "step": step,
+                                              "trained_tensors": sorted(extra), "lora_tensors": len(lora)})
+    return out
+
+
+def check_merge_out(out: Path, *, protect: dict[str, Path]) -> None:
+    """``merge --out``: a new path, an empty directory, or a model directory (replaced); never a file, another
+    directory, or one of the inputs (``protect``: what -> path). Checked before any work."""
+    from ropescale.common.tiny import check_model_dir
+
+    for what, p in protect.items():
+        if p is not None and out.resolve() == Path(p).resolve():
+            raise InputError(f"--out is {what}; merging would replace it: pick another --out", out)
+    if out.exists() or out.is_symlink():
+        if not out.is_dir():
+            raise InputError("--out exists and is not a directory (a file): pick another --out", out)
+        if any(out.iterdir()):
+            try:
+                check_model_dir(out)
+            except InputError:
+                raise InputError("--out is an existing directory that is not a model directory (it would be "
+                                 "replaced): pick a new or empty directory, or a merged model to replace", out) \
+                    from None
+    check_output_dir(out, "--out")
+
+
+def find_export(run_dir: str | os.PathLike, step: int | None = None) -> Path:
+    """The export of a finetune run: the final one, or that of checkpoint ``step``."""
+    run = Path(run_dir)
+    cand = run / "final" if step is None else run / f"checkpoint-{step}" / "export"
+    if not (cand / EXPORT_JSON).is_file():
+        if step is None and (run / EXPORT_JSON).is_file():
+            return run
+        have = sorted(int(p.parent.parent.name.split("-")[1])
+                      for p in run.glob("checkpoint-*/export/" + EXPORT_JSON))
+        raise InputError(f"no {'final export' if step is None else f'export of step {step}'} "
+                         f"(checkpoints with exports: {have or 'none'})", run)
+    return cand
+
+
+def load_export_into(peft_model, export_dir: str | os.PathLike) -> None:
+    """Initialise a freshly wrapped PEFT model from an export (LoRA + extra tensors): for continued training."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    d = Path(export_dir)
+    adapter = load_file(str(d / ADAPTER_FILE))
+    res = set_peft_model_state_dict(peft_model, adapter)
+    unexpected = getattr(res, "unexpected_keys", [])
+    if unexpected:
+        raise InputError(f"adapter does not fit the model (unexpected {unexpected[:3]})", d)
+    extra = load_file(str(d / TRAINED_FILE))
+    params = dict(peft_model.get_base_model().named_parameters())
+    for n in extra:
+        if n not in params:
+            raise InputError(f"trained tensor {n} is not in the model", d / TRAINED_FILE)
+    z3 = [params[n] for n in extra if _is_zero3_param(params[n])]
+    if z3:  # partitioned by ZeRO-3 while loading: gather, write, re-partition (all ranks call this)
+        import deepspeed
+
+        ctx = deepspeed.zero.GatheredParameters(z3, modifier_rank=0)
+    else:
+        ctx = contextlib.nullcontext()
+    with ctx, torch.no_grad():
+        for n, t in extra.items():
+            params[n].copy_(t.to(params[n].dtype))
+
+
+def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_model: str | None = None,
+          dtype: str = "auto") -> Path:
+    """Base model + trained tensors + LoRA merged into a plain HF model (safetensors) whose config carries the
+    RoPE setting; written atomically. ``out_dir`` is checked first (:func:`check_merge_out`): a file, a directory
+    that is not a model, the run, its export or the base model are refused before any work."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from rope_scaling.load import load_config, load_model
+
+    d = Path(export_dir)
+    out = Path(out_dir)
+    protect = {"the export being merged": d, "the run directory": d.parent if d.name == "final" else None}
+    check_merge_out(out, protect=protect)
+    try:
+        info = json.loads((d / EXPORT_JSON).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"unreadable export record: {e}", d / EXPORT_JSON) from None
+    base = Path(base_model or info["base_model"])
+    check_merge_out(out, protect={**protect, "the base model": base})
+    if not (base / "config.json").is_file():
+        raise InputError("base model of the run not found (pass --base-model)", base)
+    config, _ = load_config(d)  # the trained config: rope applied
+    if dtype == "auto":
+        torch_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+        if isinstance(torch_dtype, str):
+            torch_dtype = getattr(torch, torch_dtype)
+    else:
+        from .model import resolve_dtype
+
+        torch_dtype = resolve_dtype(dtype, False)
+    model = load_model(base, config, dtype=torch_dtype)
+    extra = load_file(str(d / TRAINED_FILE))
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for n, t in extra.items():
+            if n not in params:
+                raise InputError(f"trained tensor {n} is not in the base model", d / TRAINED_FILE)
+            params[n].copy_(t.to(params[n].dtype))
+    model = PeftModel.from_pretrained(model, str(d), autocast_adapter_dtype=False)
+    model = model.merge_and_unload()
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        for name in TOKENIZER_FILES:
+            f = d / name
+            if f.is_file():
+                shutil.copy(f, tmp / name)
+        write_json_atomic(tmp / "merged_from.json", {"export": str(d), "base_model": str(base), **info})
+    return out

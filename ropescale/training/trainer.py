@@ -1,0 +1,216 @@
+"""The HF Trainer with the label-only loss, progress lines (loss, per-step and steady tokens/s, peak memory) and
+exports at saves."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import Trainer, TrainerCallback
+
+from .saving import export
+
+
+def peak_memory_mb() -> float:
+    """Peak memory of this process: CUDA allocator peak on GPU, max RSS on CPU."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return host_peak_rss_mb()
+
+
+def host_peak_rss_mb() -> float:
+    """Peak resident host memory of this process (ru_maxrss)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def host_rss_mb() -> float | None:
+    """Resident host memory of this process now (pinned pages included), from /proc/self/statm."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            pages = int(f.read().split()[1])
+        import os
+
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def memory_record() -> dict:
+    """Memory figures of a training-log record: device peak (allocated; reserved on CUDA) and host memory."""
+    rec = {"peak_mem_mb": round(peak_memory_mb(), 1)}
+    if torch.cuda.is_available():
+        rec["peak_reserved_mb"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
+    rss = host_rss_mb()
+    if rss is not None:
+        rec["host_rss_mb"] = round(rss, 1)
+    rec["host_peak_rss_mb"] = round(host_peak_rss_mb(), 1)
+    return rec
+
+
+class StepClock:
+    """Per-optimizer-step rates: each step's tokens over its wall time (from on_step_begin to on_step_end, with
+    the device synchronised, so the data fetch before a step and the saves after it are not counted), the steady
+    rate over the steps after the first :attr:`warmup` of this process (compilation, allocator growth, pinned
+    buffers and ZeRO's first gathers happen there) and the running rate since training began (all included)."""
+
+    warmup = 2
+
+    def __init__(self, clock=time.perf_counter):
+        self.clock = clock
+        self.t0 = None
+        self.tok0 = 0
+        self.steps = 0
+        self.step_t = None
+        self.step_tok = 0
+        self.last_seconds = None
+        self.last_tokens = 0
+        self.steady_seconds = 0.0
+        self.steady_tokens = 0
+        self.steady_steps = 0
+
+    def begin_train(self, tokens: int) -> None:
+        self.t0 = self.clock()
+        self.tok0 = tokens
+
+    def begin_step(self, tokens: int) -> None:
+        self.step_t = self.clock()
+        self.step_tok = tokens
+
+    def end_step(self, tokens: int) -> None:
+        if self.step_t is None:
+            return
+        self.last_seconds = max(self.clock() - self.step_t, 1e-9)
+        self.last_tokens = tokens - self.step_tok
+        self.steps += 1
+        self.step_t = None
+        if self.steps > self.warmup:
+            self.steady_seconds += self.last_seconds
+            self.steady_tokens += self.last_tokens
+            self.steady_steps += 1
+
+    def record(self, tokens: int, world: int = 1) -> dict:
+        """``tokens_per_s``: the last step's rate; ``tokens_per_s_steady``: over the steps after warm-up (absent
+        before); ``tokens_per_s_running``: since training began; ``step_seconds``; ``seconds`` since the start."""
+        dt = max(self.clock() - self.t0, 1e-9) if self.t0 is not None else 1e-9
+        rec = {}
+        if self.last_seconds is not None:
+            rec["tokens_per_s"] = round(self.last_tokens * world / self.last_seconds, 1)
+            rec["step_seconds"] = round(self.last_seconds, 3)
+        if self.steady_steps:
+            rec["tokens_per_s_steady"] = round(self.steady_tokens * world / self.steady_seconds, 1)
+            rec["steady_steps"] = self.steady_steps
+        rec["tokens_per_s_running"] = round((tokens - self.tok0) * world / dt, 1)
+        rec.setdefault("tokens_per_s", rec["tokens_per_s_running"])
+        rec["seconds"] = round(dt, 2)
+        return rec
+
+
+class LabelOnlyTrainer(Trainer):
+    """compute_loss: the model's forward is :func:`ropescale.training.loss.label_only_forward` (sum of CE over labelled
+    positions + count); the sum is normalised by the number of labelled tokens of the whole optimizer step
+    (``num_items_in_batch``: all micro-batches and ranks), i.e. the token mean over the global batch."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.model_accepts_loss_kwargs = True  # we normalise by num_items_in_batch ourselves
+        self.tokens_seen = 0
+        self.label_tokens_seen = 0
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        out = model(input_ids=inputs["input_ids"], labels=inputs["labels"],
+                    attention_mask=inputs.get("attention_mask"))
+        self.tokens_seen += int(inputs["input_ids"].numel()) if "attention_mask" not in inputs else \
+            int(inputs["attention_mask"].sum())
+        self.label_tokens_seen += int(out["n_tokens"])
+        if num_items_in_batch is None:
+            loss = out["loss_sum"] / out["n_tokens"].clamp(min=1)
+        else:
+            loss = out["loss_sum"] / num_items_in_batch
+            if self.args.average_tokens_across_devices and self.accelerator.num_processes > 1:
+                loss = loss * self.accelerator.num_processes
+        return (loss, out) if return_outputs else loss
+
+
+class ProgressCallback(TrainerCallback):
+    """One line per logging step on stderr (rank 0): step, loss, lr, tokens/s (the last step's, and the steady
+    rate once past warm-up: :class:`StepClock`), peak memory; also appended to RUN/train_log.jsonl with the running
+    rate, host memory and the memory plan (:mod:`ropescale.training.memory`) when one is set."""
+
+    def __init__(self, trainer_ref, log_path: Path | None, is_main: bool, world: int):
+        self.trainer_ref = trainer_ref
+        self.log_path = log_path
+        self.is_main = is_main
+        self.world = world
+        self.clock = StepClock()
+        self.bar = None
+
+    def on_train_begin(self, args, state, control, **kw):
+        self.clock.begin_train(self.trainer_ref().tokens_seen)
+        if self.is_main:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc="finetune", unit="step",
+                            file=sys.stderr, dynamic_ncols=True)
+
+    def on_step_begin(self, args, state, control, **kw):
+        self.clock.begin_step(self.trainer_ref().tokens_seen)
+
+    def on_step_end(self, args, state, control, **kw):
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # the step's kernels are done: its wall time is its own
+        self.clock.end_step(self.trainer_ref().tokens_seen)
+        if self.bar is not None:
+            self.bar.update(state.global_step - self.bar.n)
+
+    def on_train_end(self, args, state, control, **kw):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        if not logs or "loss" not in logs:
+            return
+        tr = self.trainer_ref()
+        rec = {"step": state.global_step, "loss": round(float(logs["loss"]), 5),
+               "lr": float(logs.get("learning_rate", 0.0))}
+        rec.update(self.clock.record(tr.tokens_seen, self.world))
+        rec.update(memory_record())
+        plan = getattr(tr.model, "_ropescale_memory", None)
+        if plan is not None and hasattr(plan, "record"):
+            rec.update(plan.record())
+        if "grad_norm" in logs:
+            rec["grad_norm"] = round(float(logs["grad_norm"]), 5)
+        if self.is_main:
+            line = (f"step {rec['step']}/{state.max_steps}  loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  "
+                    f"{rec['tokens_per_s']:.0f} tok/s")
+            if "tokens_per_s_steady" in rec:
+                line += f" (steady {rec['tokens_per_s_steady']:.0f})"
+            line += f"  peak mem {rec['peak_mem_mb']:.0f} MB"
+            if torch.cuda.is_available() and "host_rss_mb" in rec:
+                line += f"  host {rec['host_rss_mb'] / 1024:.1f} GiB"
+            if self.bar is not None:
+                self.bar.write(line, file=sys.stderr)
+            else:
+                print(line, file=sys.stderr, flush=True)
+            if self.log_path is not None:
+                with open(self.log_path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(rec) + "\n")
+                    f.flush()
+
+
+class ExportCallback(TrainerCallback):
+    """After each checkpoint: write the export (adapter + trained tensors + config) into checkpoint-N/export."""
+
+    def __init__(self, trainer_ref, export_kw: dict, is_main: bool):
+        self.trainer_ref = trainer_ref
+        self.export_kw = export_kw
+        self.is_main = is_main
+
+    def on_save(self, args, state, control, **kw):
+        tr = self.trainer_ref()
+        d = Path(args.output_dir) / f"checkpoint-{state.global_step}" / "export"
+        export(tr.model, d, step=state.global_step, is_main=self.is_main, **self.export_kw)
