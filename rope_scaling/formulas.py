@@ -12,12 +12,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import Callable, NamedTuple, Protocol
 
 from ropescale.common.io import InputError
 
-if TYPE_CHECKING:
-    from .spec import RopeSpec
+
+class RopeSpec(Protocol):
+    """The fields of a RoPE setting the formulas read (``rope_scaling.spec.RopeSpec`` has them): declared here, so
+    the formulas depend on nothing in this package and the spec depends on the formulas, not both ways."""
+
+    method: str
+    scale: float
+    rope_base: float | None
+    orig_ctx: int | None
+    yarn_alpha: float
+    yarn_beta: float
+    yarn_mscale: float | None
+    llama3_low: float
+    llama3_high: float
 
 
 class Freqs(NamedTuple):

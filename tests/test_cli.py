@@ -116,17 +116,11 @@ def test_report_format_md_and_describe_base_are_accepted():
 
 
 def _imports(path: Path, mod: str) -> set[str]:
-    """Project modules ``mod`` imports anywhere in its file (function bodies too; TYPE_CHECKING blocks not)."""
+    """Project modules ``mod`` imports anywhere in its file (function bodies and TYPE_CHECKING blocks too)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skip = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip |= {id(n) for b in node.body for n in ast.walk(b)}
     pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
     out = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -141,7 +135,7 @@ def _imports(path: Path, mod: str) -> set[str]:
     return out
 
 
-def test_no_import_circles():
+def _module_graph() -> dict[str, set[str]]:
     modules = {}
     for pkg in PACKAGES:
         for f in (ROOT / pkg).rglob("*.py"):
@@ -150,8 +144,40 @@ def test_no_import_circles():
             modules[name] = f
     graph = {m: {i for i in _imports(f, m) if i in modules and i != m} for m, f in modules.items()}
     # a package's __init__ that only re-exports its own modules is not an edge back up (x.y -> x)
-    for m in graph:
-        graph[m] = {i for i in graph[m] if not m.startswith(i + ".")}
+    return {m: {i for i in deps if not m.startswith(i + ".")} for m, deps in graph.items()}
+
+
+# The floors, bottom up (issue 26): a module may import its own room and rooms on lower floors, never higher ones.
+LAYERS = (("ropescale", "ropescale.common"),  # the floor: files, settings, records, prompts, metric, tiny default
+          ("rope_scaling",),
+          ("data_concat",),
+          ("ropescale.training", "ropescale.evaluation", "ropescale.probes"),  # the stages
+          ("ropescale.cli", "ropescale.__main__"))  # the front door: only dispatches
+
+
+def _room(module: str) -> str:
+    return max((r for layer in LAYERS for r in layer if module == r or module.startswith(r + ".")), key=len)
+
+
+def _floor(room: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if room in layer)
+
+
+def test_imports_only_go_down_the_floors():
+    graph = _module_graph()
+    up = sorted(f"{m} -> {i}" for m, deps in graph.items() for i in deps
+                if _floor(_room(i)) > _floor(_room(m)))
+    assert up == [], up
+    # rooms on the same floor do not lean on each other both ways
+    rooms = {}
+    for m, deps in graph.items():
+        rooms.setdefault(_room(m), set()).update(_room(i) for i in deps if _room(i) != _room(m))
+    both = sorted(f"{a} <-> {b}" for a in rooms for b in rooms[a] if a in rooms.get(b, ()) and a < b)
+    assert both == [], both
+
+
+def test_no_import_circles():
+    graph = _module_graph()
     index, low, stack, on, cycles = {}, {}, [], set(), []
 
     def strong(v):

@@ -23,13 +23,15 @@ def log(msg: str) -> None:
 # ---------------------------------------------------------------- the default data (tiny model)
 def default_data_range(orig_ctx: int, extended: int, factor: float = 2.0) -> tuple[int, int, int]:
     """(target, min, max) of the default packed data: target = factor x the original context, in the paper's
-    proportions (14K-18K around 16K: min = 7/8 target, max = 9/8 target), lowered so max fits the extended
-    context."""
+    proportions (14K-18K around 16K: min = 7/8 target, max = 9/8 target). Where that does not fit the extended
+    context (no RoPE scaling, or a small scale), the samples fill the context itself instead: half of it to all of
+    it (the unscaled tiny default: 256-512 tokens), so a run without --rope trains inside the model's context."""
     from data_concat.pack import parse_target
 
     target = int(round(factor * orig_ctx))
     if target * 9 // 8 > extended:
-        target = extended * 8 // 9
+        lo, hi = extended // 2, extended
+        return (lo + hi) // 2, lo, hi
     _, lo, hi = parse_target(target)  # the 16k preset's proportions, as ``pack --target N``
     return target, lo, hi
 

@@ -16,7 +16,9 @@ import re
 import sys
 import time
 import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ropescale.common.io import InputError, check_output_dir
 from ropescale.common.paths import REPO_ROOT
@@ -121,47 +123,93 @@ def ds_config_dict(path: Path, *, cuda: bool, cpu_adam: str) -> dict:
     return cfg
 
 
+@dataclass
+class Run:
+    """One run as its phases build it up: :func:`plan_run` fills the first block (nothing written yet),
+    :func:`prepare_data` the data and batch, :func:`build_model` the model; the later phases only read it."""
+
+    settings: TrainSettings  # as resolved on this machine (model dir, out, attention, DeepSpeed file, dtype)
+    recipe: str | None
+    model_dir: Path
+    config: Any
+    rope: RopeSpec  # what the model trains with (the flags, or what its config already carries)
+    extended: int  # the RoPE-extended context
+    run_dir: Path
+    rd: RunDir
+    old: RunMeta | None  # the run being resumed
+    resume: str | None
+    resume_from: Path | None
+    overwrite: bool
+    init_export: Path | None
+    cuda: bool
+    world: int
+    main: bool
+    dtype: Any
+    t_start: float
+    ds_path: Path | None
+    # prepare_data
+    data_dir: Path | None = None
+    rows: Any = None
+    stats: dict = field(default_factory=dict)
+    global_batch: int = 0
+    grad_accum: int = 0
+    # build_model
+    extra_names: list = field(default_factory=list)
+    trainable: int = 0
+    total: int = 0
+
+
 def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None = None,
           overwrite: bool = False) -> dict | None:
     """Run (or resume: ``resume`` "auto" or a checkpoint directory) a fine-tuning run with the settings ``args``;
-    returns a summary ({run, steps, seconds, final}) on the main process, None on the others."""
+    returns a summary ({run, steps, seconds, final}) on the main process, None on the others. The phases, in
+    order: settings -> data -> trainer arguments -> model -> run record -> trainer -> fit and export."""
     check(args)  # before any work
     env.setup_env()
     env.disable_shm_comm()
+    run = plan_run(args, recipe=recipe, resume=resume, overwrite=overwrite)
+    if run.world > 1:  # join the process group first (DeepSpeed sizes its batch from it)
+        _init_dist(run.cuda)
+    prepare_data(run)
+    targs, ds_cfg = training_arguments(run)
+    from ropescale.common.cli import logs_to_stderr
+
+    logs_to_stderr()  # DeepSpeed (imported by now when used) logs to stdout: results only there, also per rank
+    model = build_model(run, ds_cfg)
+    if run.main:
+        start_record(run)
+    trainer = build_trainer(run, targs, model)
+    return fit(run, trainer)
+
+
+def plan_run(args: TrainSettings, *, recipe: str | None, resume: str | None, overwrite: bool) -> Run:
+    """Phase 1, settings: the model's config with the RoPE rule applied, the run directory and what a resume or
+    --init-from may continue. Every check that needs no data; nothing is written."""
     import torch
 
     from rope_scaling import extended_context, read_rope
     from ropescale.common.tiny import resolve_model
 
-    from .data import Collator, PackedDataset, build_default_data, check_rows, load_rows
-    from .model import (add_lora, fp32_master, load_config, load_model, param_counts, resolve_attn, setup_memory,
-                        resolve_dtype)
-    from .saving import export, find_export, load_export_into
+    from .model import load_config, resolve_attn, resolve_dtype
+    from .saving import find_export
 
     t_start = time.time()
     cuda = torch.cuda.is_available()
-    world = env.world_size()
-    main = env.is_main()
     model_dir = resolve_model(args.model)
     config, change = load_config(model_dir, args.rope)
     extended = extended_context(config)
-    effective = read_rope(config)  # what the model trains with (flags, or what its config already carries)
-    rope_desc = "no RoPE scaling" if effective.method == "none" else f"RoPE {effective.describe()}"
+    effective = read_rope(config)
     log(f"[finetune] model {model_dir} ({config.model_type}), {change.message()}: context {extended} tokens")
 
-    # ---- run directory, resume
     run_dir = Path(args.out) if args.out else default_output_dir(args.model, effective)
     check_output_dir(run_dir, what="--out")
     rd = RunDir(run_dir)
-    resume_from = None
-    old = None  # the run being resumed
     ds_path = resolve_ds_config(args.deepspeed)
     dtype = resolve_dtype(args.dtype, cuda)
-    attn = resolve_attn(args.attn, cuda)
-    # the settings as this run resolves them (what run.json records and a resume compares)
-    resolved = dataclasses.replace(args, model=str(model_dir), out=str(run_dir), attn=attn,
+    resolved = dataclasses.replace(args, model=str(model_dir), out=str(run_dir), attn=resolve_attn(args.attn, cuda),
                                    deepspeed=str(ds_path) if ds_path else None,
                                    dtype=str(dtype).replace("torch.", ""))
+    old = resume_from = None
     if resume:
         if not rd.exists():
             raise InputError("--resume: not a finetune run directory (no run.json)", run_dir)
@@ -176,144 +224,188 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
         if not args.out and model_name(args.model) == "tiny" and not overwrite:
             overwrite = True  # the tiny demo's default run dir: a rerun replaces it (30 s to recreate)
             log(f"[finetune] replacing the previous tiny demo run in {run_dir}")
-    if not resume and not overwrite and (latest_checkpoint(run_dir) is not None
-                                                   or (run_dir / "final").exists()):
-        raise InputError("the run directory already holds a run: pass --resume auto to continue it, "
-                         "--overwrite to start over, or another --out", run_dir)
+        if not overwrite:
+            raise InputError("the run directory already holds a run: pass --resume auto to continue it, "
+                             "--overwrite to start over, or another --out", run_dir)
+    init_export = None
     if args.init_from:
         init_export = find_export(args.init_from, args.init_step)
         check_init_rope(init_export, effective)
+    return Run(settings=resolved, recipe=recipe, model_dir=model_dir, config=config, rope=effective,
+               extended=extended, run_dir=run_dir, rd=rd, old=old, resume=resume, resume_from=resume_from,
+               overwrite=overwrite, init_export=init_export, cuda=cuda, world=env.world_size(), main=env.is_main(),
+               dtype=dtype, t_start=t_start, ds_path=ds_path)
 
-    if world > 1:  # join the process group first (DeepSpeed sizes its batch from it)
-        _init_dist(cuda)
 
-    # ---- data
+def prepare_data(run: Run) -> None:
+    """Phase 2, data: the packed set (--data, the resumed run's, or the default one built for the tiny model),
+    checked against the model (vocabulary, the extended context) and, on resume, against the recorded stats; the
+    batch arithmetic (Appendix B.2)."""
+    from rope_scaling import read_rope
+
+    from .data import build_default_data, check_rows, load_rows
+
+    args, old = run.settings, run.old
+    rope_desc = "no RoPE scaling" if run.rope.method == "none" else f"RoPE {run.rope.describe()}"
     if args.data:
         data_dir = Path(args.data)
     elif old is not None and old.get("data") and (Path(old.get("data")) / "train.parquet").is_file():
         data_dir = Path(old.get("data"))  # a resume continues on the run's own data
     else:
-        orig = read_rope(config).orig_ctx or extended
+        orig = read_rope(run.config).orig_ctx or run.extended
+        if run.rope.method == "none":
+            log(f"[finetune] no RoPE scaling (--rope none): training inside the model's own {run.extended}-token "
+                f"context; --rope yarn --scale 8 (or pi, ntk, ...) extends it")
         sized = from_record(TrainSettings, old.settings, without=("rope",)) if old is not None else args
-        data_dir = build_default_data(model_dir, orig, extended, factor=args.default_data_factor,  # as the run began
-                                      n_samples=max(8, sized.max_steps * (sized.global_batch or 1)),
-                                      seed=args.seed) if main else None
-        if world > 1:  # other ranks wait for rank 0 to build it
+        data_dir = build_default_data(run.model_dir, orig, run.extended, factor=args.default_data_factor,
+                                      n_samples=max(8, sized.max_steps * (sized.global_batch or 1)),  # as begun
+                                      seed=args.seed) if run.main else None
+        if run.world > 1:  # other ranks wait for rank 0 to build it
             data_dir = _broadcast_path(data_dir)
     rows = load_rows(data_dir)
-    stats = check_rows(rows, vocab_size=config.vocab_size, extended=extended,
+    stats = check_rows(rows, vocab_size=run.config.vocab_size, extended=run.extended,
                        allow_extrapolation=args.allow_extrapolation, where=data_dir, rope_desc=rope_desc)
     if old is not None:  # the same path must still hold the same data
         was = old.get("data_stats") or {}
         diffs = [f"data {k} {fmt(was[k])} -> {fmt(stats[k])}" for k in ("samples", "tokens", "supervised", "min",
                                                                           "max") if k in was and was[k] != stats[k]]
         if diffs:
-            raise refuse_resume(diffs, rd.meta_path)
+            raise refuse_resume(diffs, run.rd.meta_path)
     log(f"[finetune] data {data_dir}: {stats['samples']} samples, {stats['min']}-{stats['max']} tokens "
         f"(mean {stats['mean']:.0f}), {stats['supervised']} labelled tokens")
-
-    # ---- batch arithmetic (B.2)
     global_batch = args.global_batch or default_global_batch(stats["max"])
-    per_step = args.micro_batch * world
+    per_step = args.micro_batch * run.world
     if global_batch % per_step:
         raise InputError(f"global batch {global_batch} is not a multiple of micro batch {args.micro_batch} x "
-                         f"{world} processes")
-    grad_accum = global_batch // per_step
+                         f"{run.world} processes")
+    run.data_dir, run.rows, run.stats = data_dir, rows, stats
+    run.global_batch, run.grad_accum = global_batch, global_batch // per_step
+    run.settings = dataclasses.replace(args, data=str(data_dir), global_batch=global_batch)
 
-    # ---- DeepSpeed + TrainingArguments (before the model: ZeRO-3 partitions while loading)
+
+def training_arguments(run: Run):
+    """Phase 3, the HF TrainingArguments and the DeepSpeed config this machine runs (before the model: ZeRO-3
+    partitions while loading)."""
+    import torch
     from transformers import TrainingArguments
 
-    ds_cfg = ds_config_dict(ds_path, cuda=cuda, cpu_adam=args.ds_cpu_adam) if ds_path else None
+    args, cuda = run.settings, run.cuda
+    ds_cfg = ds_config_dict(run.ds_path, cuda=cuda, cpu_adam=args.ds_cpu_adam) if run.ds_path else None
     targs = TrainingArguments(
-        output_dir=str(run_dir), max_steps=args.max_steps, per_device_train_batch_size=args.micro_batch,
-        gradient_accumulation_steps=grad_accum, learning_rate=args.lr, warmup_steps=args.warmup_steps,
+        output_dir=str(run.run_dir), max_steps=args.max_steps, per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=run.grad_accum, learning_rate=args.lr, warmup_steps=args.warmup_steps,
         lr_scheduler_type=args.lr_scheduler, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
         logging_steps=args.logging_steps, save_strategy="steps", save_steps=args.save_steps,
         save_total_limit=args.save_total_limit, seed=args.seed, data_seed=args.seed,
         full_determinism=args.deterministic,
-        bf16=dtype == torch.bfloat16 and cuda, fp16=dtype == torch.float16 and cuda, use_cpu=not cuda,
+        bf16=run.dtype == torch.bfloat16 and cuda, fp16=run.dtype == torch.float16 and cuda, use_cpu=not cuda,
         deepspeed=ds_cfg, report_to=[], remove_unused_columns=False, dataloader_num_workers=args.num_workers,
         gradient_checkpointing=False, disable_tqdm=True, log_level="warning",
         optim="adamw_torch_fused" if cuda else "adamw_torch", save_only_model=False,
         ddp_find_unused_parameters=False,  # every trained tensor (LoRA, embeddings, norms) gets a gradient each step
     )
+    return targs, ds_cfg
 
-    from ropescale.common.cli import logs_to_stderr
 
-    logs_to_stderr()  # DeepSpeed (imported by now when used) logs to stdout: results only there, also per rank
-
-    # ---- model, LoRA
+def build_model(run: Run, ds_cfg: dict | None):
+    """Phase 4, the model: loaded with the RoPE setting, LoRA + trainable embeddings/norms, --init-from, the memory
+    plan (how activations are kept: never what is trained, so a resume may change it), the label-only head."""
+    import torch
     from transformers import set_seed
 
+    from .loss import install_label_only_forward
+    from .model import add_lora, fp32_master, load_model, param_counts, setup_memory
+    from .saving import load_export_into
+
+    args = run.settings
     set_seed(args.seed)  # LoRA A is initialised randomly when the adapter is added (before the Trainer seeds)
-    model = load_model(model_dir, config, dtype, attn)
+    model = load_model(run.model_dir, run.config, run.dtype, args.attn)
     peft_model, extra_names = add_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout,
                                        targets=args.lora_targets, embeddings=args.train_embeddings,
                                        norms=args.train_norms, gradient_checkpointing=args.gradient_checkpointing)
-    if args.init_from:
-        load_export_into(peft_model, init_export)
-        log(f"[finetune] initialised adapter + trained tensors from {init_export}")
-    if ds_cfg is None and cuda and dtype != torch.float32:
-        fp32_master(peft_model, dtype)  # fp32 trained tensors; the forward runs under autocast
-    # how activations are kept (offloaded checkpoints, tiled MLP): never what is trained, so resume may change it
-    setup_memory(peft_model, args, max_len=stats["max"], cuda=cuda, dtype=dtype, ds_config=ds_cfg)
-    trainable, total = param_counts(peft_model)
-    log(f"[finetune] trainable params: {trainable:,} of {total:,} ({100 * trainable / max(total, 1):.3f}%): "
-        f"LoRA r={args.lora_r} on {','.join(args.lora_targets)} + {len(extra_names)} embedding/norm tensors; "
-        f"attention {attn}, {str(dtype).replace('torch.', '')}, "
-        f"{'DeepSpeed ' + ds_path.stem if ds_path else 'no DeepSpeed'}, {world} process(es), "
-        f"global batch {global_batch} = {args.micro_batch} x {world} x {grad_accum} accumulation")
-
-    from .loss import install_label_only_forward
-
+    if run.init_export is not None:
+        load_export_into(peft_model, run.init_export)
+        log(f"[finetune] initialised adapter + trained tensors from {run.init_export}")
+    if ds_cfg is None and run.cuda and run.dtype != torch.float32:
+        fp32_master(peft_model, run.dtype)  # fp32 trained tensors; the forward runs under autocast
+    setup_memory(peft_model, args, max_len=run.stats["max"], cuda=run.cuda, dtype=run.dtype, ds_config=ds_cfg)
+    run.trainable, run.total = param_counts(peft_model)
+    run.extra_names = extra_names
+    log(f"[finetune] trainable params: {run.trainable:,} of {run.total:,} "
+        f"({100 * run.trainable / max(run.total, 1):.3f}%): LoRA r={args.lora_r} on {','.join(args.lora_targets)} + "
+        f"{len(extra_names)} embedding/norm tensors; attention {args.attn}, {args.dtype}, "
+        f"{'DeepSpeed ' + run.ds_path.stem if run.ds_path else 'no DeepSpeed'}, {run.world} process(es), "
+        f"global batch {run.global_batch} = {args.micro_batch} x {run.world} x {run.grad_accum} accumulation")
     install_label_only_forward(peft_model, args.head_chunk)
+    return peft_model
 
-    # ---- run.json (every check has passed: now the run directory may change)
-    if main:
-        if resume:
-            log(f"[finetune] resuming from {resume_from or 'the start (no checkpoint yet)'}")
-            _cut_log(run_dir / "train_log.jsonl", _checkpoint_step(resume_from))
-        elif overwrite:
-            _clear_run(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        meta = rd.read_meta() if (resume and rd.exists()) else {}
-        meta.pop("args", None)  # older runs kept their settings there
-        resolved = dataclasses.replace(resolved, data=str(data_dir), global_batch=global_batch)
-        meta.update({**to_record(resolved, without=("rope",)), "kind": "finetune", "rope": effective.to_dict(),
-                     "train_length": stats["max"], "data_stats": stats, "recipe": recipe, "grad_accum": grad_accum,
-                     "world_size": world, "trainable_params": trainable, "total_params": total,
-                     "extra_trained": extra_names, "status": "running"})
-        rd.write_meta(meta)
-        config.save_pretrained(str(run_dir))  # the rope setting next to the run, readable at once
 
-    # ---- train
-    from .trainer import ExportCallback, LabelOnlyTrainer, ProgressCallback
+def start_record(run: Run) -> None:
+    """Phase 5 (main process), the run record: every check has passed, so now the run directory may change:
+    run.json (the resolved settings, the RoPE spec, the data), the log cut back to a resumed checkpoint."""
+    run_dir, rd = run.run_dir, run.rd
+    if run.resume:
+        log(f"[finetune] resuming from {run.resume_from or 'the start (no checkpoint yet)'}")
+        _cut_log(run_dir / "train_log.jsonl", _checkpoint_step(run.resume_from))
+    elif run.overwrite:
+        _clear_run(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    meta = rd.read_meta() if (run.resume and rd.exists()) else {}
+    meta.pop("args", None)  # older runs kept their settings there
+    meta.update({**to_record(run.settings, without=("rope",)), "kind": "finetune", "rope": run.rope.to_dict(),
+                 "train_length": run.stats["max"], "data_stats": run.stats, "recipe": run.recipe,
+                 "grad_accum": run.grad_accum, "world_size": run.world, "trainable_params": run.trainable,
+                 "total_params": run.total, "extra_trained": run.extra_names, "status": "running"})
+    rd.write_meta(meta)
+    run.config.save_pretrained(str(run_dir))  # the rope setting next to the run, readable at once
 
-    tok_dir = model_dir
-    export_kw = dict(extra_names=extra_names, base_model=str(model_dir), config=config, rope=effective.to_dict(),
-                     tokenizer_dir=tok_dir)
-    collator = Collator(pad_id=config.pad_token_id if config.pad_token_id is not None else
-                        (config.eos_token_id if isinstance(config.eos_token_id, int) else 0))
-    trainer = LabelOnlyTrainer(model=peft_model, args=targs, train_dataset=PackedDataset(rows),
-                               data_collator=collator)
-    ref = weakref.ref(trainer)
+
+def export_kwargs(run: Run) -> dict:
+    """What every export of this run (checkpoints' and the final one) records beside the tensors."""
+    return dict(extra_names=run.extra_names, base_model=str(run.model_dir), config=run.config,
+                rope=run.rope.to_dict(), tokenizer_dir=run.model_dir)
+
+
+def build_trainer(run: Run, targs, model):
+    """Phase 6, the trainer: the label-only Trainer on the packed rows, our progress log and exports in place of
+    HF's printers; on a resume without DeepSpeed, the trained embeddings/norms of the checkpoint's export."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback as HFProgress
 
+    from .data import Collator, PackedDataset
+    from .saving import load_export_into
+    from .trainer import ExportCallback, LabelOnlyTrainer, ProgressCallback
+
+    config = run.config
+    collator = Collator(pad_id=config.pad_token_id if config.pad_token_id is not None else
+                        (config.eos_token_id if isinstance(config.eos_token_id, int) else 0))
+    trainer = LabelOnlyTrainer(model=model, args=targs, train_dataset=PackedDataset(run.rows),
+                               data_collator=collator)
+    ref = weakref.ref(trainer)
     for cb in (PrinterCallback, HFProgress):  # they print log dicts to stdout; ours go to stderr
         trainer.remove_callback(cb)
-    trainer.add_callback(ProgressCallback(ref, run_dir / "train_log.jsonl" if main else None, main, world))
-    trainer.add_callback(ExportCallback(ref, export_kw, main))
-    if resume_from is not None and ds_cfg is None:
+    trainer.add_callback(ProgressCallback(ref, run.run_dir / "train_log.jsonl" if run.main else None, run.main,
+                                          run.world))
+    trainer.add_callback(ExportCallback(ref, export_kwargs(run), run.main))
+    if run.resume_from is not None and not run.settings.deepspeed:
         # HF restores only the PEFT adapter of a PEFT model; the trained embeddings/norms come from our export
         # (under DeepSpeed its checkpoint holds every trainable tensor and restores them itself)
-        load_export_into(peft_model, resume_from / "export")
+        load_export_into(model, run.resume_from / "export")
+    return trainer
+
+
+def fit(run: Run, trainer) -> dict | None:
+    """Phase 7, train and export: the final export in ``final/`` and the run record closed (main process)."""
+    from .saving import export
+
+    resume_from = run.resume_from
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    out = export(trainer.model, run_dir / "final", step=trainer.state.global_step, is_main=main, **export_kw)
-    if not main:
+    out = export(trainer.model, run.run_dir / "final", step=trainer.state.global_step, is_main=run.main,
+                 **export_kwargs(run))
+    if not run.main:
         return None
-    seconds = round(time.time() - t_start, 1)
-    rd.update_meta(status="done", steps=trainer.state.global_step, seconds=seconds, final=str(out))
-    return {"run": str(run_dir), "steps": trainer.state.global_step, "seconds": seconds, "final": str(out)}
+    seconds = round(time.time() - run.t_start, 1)
+    run.rd.update_meta(status="done", steps=trainer.state.global_step, seconds=seconds, final=str(out))
+    return {"run": str(run.run_dir), "steps": trainer.state.global_step, "seconds": seconds, "final": str(out)}
 
 
 def _clear_run(run_dir: Path) -> None:

@@ -120,6 +120,15 @@ class LabelOnlyTrainer(Trainer):
         self.tokens_seen = 0
         self.label_tokens_seen = 0
 
+    def create_accelerator_and_postprocess(self):
+        super().create_accelerator_and_postprocess()
+        if self.is_deepspeed_enabled:
+            # The Trainer accumulates gradients itself and gives accelerate 1 step, while the DeepSpeed config it
+            # fills says args.gradient_accumulation_steps; accelerate >= 1.9 then warns ("Gradient accumulation
+            # steps mismatch") and takes DeepSpeed's value. Give accelerate that value up front: the same end state,
+            # from our settings, and no warning a user cannot act on.
+            self.accelerator.gradient_accumulation_steps = self.args.gradient_accumulation_steps
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         out = model(input_ids=inputs["input_ids"], labels=inputs["labels"],
                     attention_mask=inputs.get("attention_mask"))
