@@ -8,6 +8,11 @@ For every pair i: its wavelength in tokens (2*pi / inv_freq), the original and s
 kind -- ``extrapolated`` (frequency unchanged), ``interpolated`` (divided by exactly s) or ``mixed`` (anything else),
 all at relative tolerance 1e-6. "Original" is the model's own RoPE (its own base, no scaling); "scaled" is what the
 model computes after the spec is applied through the same adapter that writes real configs.
+
+The predicted reach (``rope_scaling.formulas.reach``) is the longest context in which every pair stays inside the
+angles it turned through over the original context: only pairs whose wavelength exceeds the original context
+(they never completed a turn in pre-training) bound it, each at orig-ctx x its ratio; the first of them to leave
+its range sets the reach. It counts angles only: a fine-tune can teach a model more, attention may fail sooner.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ from ropescale.common.io import InputError
 
 from .args import add_rope_args, spec_from_args
 from .hf import apply_rope, extended_context, plan_rope, rope_state
-from .formulas import yarn_correction_range
+from .formulas import reach, yarn_correction_range
 from .spec import RopeSpec
 
 REL_TOL = 1e-6
@@ -94,12 +99,18 @@ def describe(cfg, spec: RopeSpec | None = None, seq_len: int | None = None) -> d
     for i, (a, b) in enumerate(zip(orig.inv_freq, new.inv_freq)):
         kind = classify(a, b, sp.scale)
         counts[kind] += 1
+        pair_reach = reach(st.orig_ctx, [a], [b])  # inf: the pair turned full circles in pre-training
         dims.append({"index": i, "wavelength": 2 * math.pi / a, "wavelength_scaled": 2 * math.pi / b,
-                     "inv_freq": a, "inv_freq_scaled": b, "ratio": a / b, "kind": kind})
+                     "inv_freq": a, "inv_freq_scaled": b, "ratio": a / b, "kind": kind,
+                     "reach": None if math.isinf(pair_reach) else pair_reach})
+    total = reach(st.orig_ctx, orig.inv_freq, new.inv_freq)
+    bounded = [r["index"] for r in dims if r["reach"] is not None]
     out = {"rope": sp.method, "scale": sp.scale, "base": st.base, "rope_base": sp.rope_base,
            "effective_base": new.base, "attention_factor": new.attention_factor, "head_dim": st.rotary_dim,
            "orig_ctx": st.orig_ctx, "extended_context": ext, "seq_len": seq_len, "counts": counts,
-           "rope_change": change.to_dict()}
+           "reach": None if math.isinf(total) else total,
+           "reach_pair": min(bounded, key=lambda i: dims[i]["reach"]) if bounded else None,
+           "bounded_pairs": bounded, "rope_change": change.to_dict()}
     if sp.method == "yarn":
         b = sp.rope_base if sp.rope_base is not None else st.base
         low, high = yarn_correction_range(st.rotary_dim, b, st.orig_ctx, sp.yarn_beta, sp.yarn_alpha)
@@ -122,12 +133,26 @@ def format_table(d: dict) -> str:
     c = d["counts"]
     lines.append(f"pairs: {c['extrapolated']} extrapolated (unchanged), {c['mixed']} mixed, "
                  f"{c['interpolated']} interpolated (/ s)")
+    lines.append(reach_line(d))
     lines.append("")
-    lines.append(f"{'pair':>4}  {'wavelength':>12}  {'inv_freq':>12}  {'scaled':>12}  {'ratio':>9}  kind")
+    lines.append(f"{'pair':>4}  {'wavelength':>12}  {'inv_freq':>12}  {'scaled':>12}  {'ratio':>9}  {'reach':>9}  kind")
     for r in d["dims"]:
+        pr = "-" if r["reach"] is None else f"{r['reach']:.0f}"
         lines.append(f"{r['index']:>4}  {r['wavelength']:>12.1f}  {r['inv_freq']:>12.6g}  {r['inv_freq_scaled']:>12.6g}"
-                     f"  {r['ratio']:>9.4f}  {r['kind']}")
+                     f"  {r['ratio']:>9.4f}  {pr:>9}  {r['kind']}")
     return "\n".join(lines)
+
+
+def reach_line(d: dict) -> str:
+    """The predicted reach in words (for the table)."""
+    b = d["bounded_pairs"]
+    if d["reach"] is None:
+        return (f"predicted reach: unbounded (every pair turned a full circle within the original context of "
+                f"{d['orig_ctx']})")
+    at = f" (dynamic NTK: its frequencies at seq_len {d['seq_len']})" if d["rope"] == "dynamic_ntk" else ""
+    return (f"predicted reach: {d['reach']:.0f} tokens{at}: pairs {b[0]}-{b[-1]} (wavelength > {d['orig_ctx']}) never "
+            f"turned a full circle in pre-training; pair {d['reach_pair']} is the first to leave the angles it saw "
+            f"(orig-ctx x its ratio)")
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Protocol
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 from ropescale.common.io import InputError
 
@@ -65,6 +65,24 @@ def yarn_correction_range(d: int, base: float, orig_ctx: int, beta_fast: float, 
 def yarn_attention_factor(s: float) -> float:
     """sqrt(1/t) = 0.1 * ln(s) + 1 (1 for s <= 1) -- YaRN arXiv 2309.00071 Sec 3.4."""
     return 1.0 if s <= 1 else 0.1 * math.log(s) + 1.0
+
+
+def reach(orig_ctx: float, inv_freq: Sequence[float], scaled_inv_freq: Sequence[float]) -> float:
+    """Predicted reach: the longest context N in which every rotary pair stays inside the angles it saw in
+    pre-training, N = orig_ctx * min(theta_i / theta'_i) over the pairs with orig_ctx * theta_i < 2*pi (wavelength
+    longer than orig_ctx: they never completed a turn, so only [0, orig_ctx * theta_i] was seen; the others saw
+    every angle and bound nothing); inf when no pair is bounded.
+
+    Derived here from the angles (pair i at distance m turns m * theta'_i; inside the pre-training range while
+    m * theta'_i <= orig_ctx * theta_i; positions treated as continuous). The bounded pairs are the "critical
+    dimensions for extrapolation" of Liu et al. 2023, "Scaling Laws of RoPE-based Extrapolation" (arXiv
+    2310.05209), which names them as the origin of RoPE's extrapolation limit; their closed form for a changed
+    base is not reproduced here. The angle range is all this counts: not attention temperature, not what a
+    fine-tune teaches the model."""
+    if len(inv_freq) != len(scaled_inv_freq):
+        raise ValueError("inv_freq and scaled_inv_freq must have the same length")
+    bounded = [a / b for a, b in zip(inv_freq, scaled_inv_freq) if orig_ctx * a < 2 * math.pi]
+    return orig_ctx * min(bounded) if bounded else math.inf
 
 
 # ---------------------------------------------------------------- one function per method

@@ -258,7 +258,7 @@ def test_describe_table_and_config_dir(capsys, make_tiny_model, tmp_path):
     cfg.save_pretrained(tmp_path)
     assert describe_main(["--config", str(tmp_path)]) == 0  # the scaled model dir describes what it carries
     out = capsys.readouterr().out
-    assert "rope ntk" in out and "kind" in out and len(out.splitlines()) == 6 + D // 2
+    assert "rope ntk" in out and "kind" in out and len(out.splitlines()) == 7 + D // 2  # + the reach line
     assert f"effective base {10000 * 4 ** (16 / 14):.6g}" in out
     assert "the config carries ntk s=4" in out
 
