@@ -17,8 +17,9 @@ def register(sub) -> None:
     p.add_argument("--chapters", default=None, help="chapters JSONL {book, chapter, title, text} "
                                                     "(default: the shared novels)")
     p.add_argument("--tokenizer", default="tiny", help="tokenizer directory, or 'tiny' (default)")
-    p.add_argument("--target", type=int, help="eval set: every context up to this many tokens, windows spread "
-                                              "evenly and never overlapping; records name subset T<target>")
+    p.add_argument("--target", type=int, help="eval set: every context up to this many tokens, one window in each "
+                                              "of equal stretches of a book, never overlapping; records name "
+                                              "subset T<target>")
     p.add_argument("--min-tokens", type=int, help="training pairs: context lengths drawn from this ...")
     p.add_argument("--max-tokens", type=int, help="... to this many tokens, at random places")
     p.add_argument("--n", type=int, default=24, help="number of samples (default 24)")
@@ -28,7 +29,9 @@ def register(sub) -> None:
     p.add_argument("--heldout", type=int, default=HELDOUT,
                    help=f"chapters held out at the end of each book (default {HELDOUT}, as the tiny default)")
     p.add_argument("--books", help="comma-separated book names (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="seed for the marked sentences and random starts")
+    p.add_argument("--seed", type=int, default=0, help="seed for where the windows start (eval sets: a seeded place "
+                                                         "in each stretch; training pairs: anywhere) and which "
+                                                         "sentences are marked")
     p.add_argument("--out", required=True, help="output JSONL {id, context, summary, book, chapters, tokens[, subset]}")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_recall)

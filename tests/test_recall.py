@@ -65,6 +65,49 @@ def test_eval_windows_do_not_overlap_and_are_deterministic(heldout_sources, tiny
     assert len({r["book"] for r in a}) > 1  # books take turns
 
 
+def _windows(rows, src_by_book):
+    """(book, first sentence index, last sentence index + 1) of each eval window, found in the book's text."""
+    out = []
+    for r in rows:
+        src = src_by_book[r["book"]]
+        text = "".join(src.sentences)
+        plain = re.sub(r"【\d+】", "", r["context"])
+        at = text.index(plain)
+        acc, first, last = 0, None, None
+        for i, s in enumerate(src.sentences):
+            if first is None and acc + len(s) > at:
+                first = i
+            acc += len(s)
+            if acc >= at + len(plain):
+                last = i + 1
+                break
+        out.append((r["book"], first, last))
+    return out
+
+
+def test_the_seed_moves_the_eval_windows(heldout_sources, tiny_tokenizer):
+    """Seeds 0 and 1 give other passages (not only other marked sentences); within a seed windows never overlap
+    and fall one per stratum, so they still cover each book from start to end."""
+    by_book = {s.book: s for s in heldout_sources}
+    sets = {seed: recall_samples(heldout_sources, tiny_tokenizer, n=8, target=400, seed=seed) for seed in (0, 1)}
+    w0, w1 = (_windows(sets[s], by_book) for s in (0, 1))
+    assert len(set(w0) & set(w1)) <= 1, (w0, w1)  # other passages, not the same ones re-marked
+    assert {r["context"] for r in sets[0]}.isdisjoint({r["context"] for r in sets[1]})
+    for ws in (w0, w1):
+        per_book: dict = {}
+        for book, a, b in ws:
+            per_book.setdefault(book, []).append((a, b))
+        for book, spans in per_book.items():
+            spans.sort()
+            assert all(b1 <= a2 for (_, b1), (a2, _) in zip(spans, spans[1:])), spans  # no overlap
+            total = sum(by_book[book].tokens)
+            k = len(spans)
+            # stratum j of the book's tokens holds window j's start
+            for j, (a, _) in enumerate(spans):
+                pos = sum(by_book[book].tokens[:a])
+                assert j * total / k <= pos < (j + 1) * total / k, (book, j, pos, total)
+
+
 def test_training_pairs_have_lengths_in_range(heldout_sources, tiny_tokenizer):
     rows = recall_samples(heldout_sources, tiny_tokenizer, n=10, min_tokens=200, max_tokens=400, seed=3)
     assert all(100 <= r["tokens"] <= 400 for r in rows)

@@ -125,7 +125,7 @@ def build(src: Source, start: int, n_tokens: int, rng: random.Random, marks: int
         parts.append(mark(picks.index(i) + 1) + s if i in picks else s)
     context = "".join(parts).strip()
     return {"context": context, "summary": reference([src.sentences[i] for i in picks]), "book": src.book,
-            "chapters": [src.chapter[start], src.chapter[end - 1]], "start": start, "marked": picks}
+            "chapters": [src.chapter[start], src.chapter[end - 1]], "start": start, "end": end, "marked": picks}
 
 
 def exact_tokens(tok, text: str) -> int:
@@ -151,10 +151,30 @@ def pair_range(tok, lo: int, hi: int, marks: int = MARKS) -> tuple[int, int]:
     return max(ctx_lo, 8 * marks), ctx_hi
 
 
+def window_starts(src: Source, target: int, k: int, seed: int) -> list[int]:
+    """Sentence indices where ``k`` eval windows of ``target`` tokens start in ``src`` (fewer when the text holds
+    fewer): the text is cut into ``k`` equal strata (by tokens) and each window starts at a seeded place inside its
+    stratum, early enough to end inside it, so windows never overlap, cover the whole book, and move with the seed
+    (a stratum with no room for a window starts at its beginning)."""
+    total = sum(src.tokens)
+    k = max(1, min(k, total // target))
+    step = total / k
+    rng = random.Random(f"{seed}|windows|{src.book}")
+    wants = [j * step + rng.uniform(0, max(0.0, step - target)) for j in range(k)]
+    starts, acc, j = [], 0, 0
+    for i, t in enumerate(src.tokens):
+        if j < k and acc >= wants[j]:
+            starts.append(i)
+            j += 1
+        acc += t
+    return starts
+
+
 def recall_samples(srcs: Sequence[Source], tok, *, n: int, target: int | None = None, min_tokens: int | None = None,
                    max_tokens: int | None = None, marks: int = MARKS, seed: int = 0) -> list[dict]:
     """``n`` samples. With ``target``: every context has at most ``target`` tokens (within a few sentences of it),
-    starts are spread evenly over the books' text (round robin over books, windows never overlap) — an eval set.
+    one window in each of equal strata of a book's text, at a place the seed picks (:func:`window_starts`; round
+    robin over books, windows never overlap) — an eval set.
     With ``min_tokens``/``max_tokens``: lengths uniform in that range, random starts — training pairs."""
     if n <= 0:
         raise InputError(f"--n must be positive, got {n}")
@@ -172,20 +192,8 @@ def recall_samples(srcs: Sequence[Source], tok, *, n: int, target: int | None = 
     rng = random.Random(seed)
     out: list[dict] = []
     if target is not None:
-        # evenly spaced, non-overlapping windows per book; books take turns
-        per_book = -(-n // len(srcs))
-        queues = []
-        for src in srcs:
-            total = sum(src.tokens)
-            k = max(1, min(per_book, total // target))
-            step = total / k
-            starts, acc, want = [], 0, 0.0
-            for i, t in enumerate(src.tokens):
-                if acc >= want and len(starts) < k:
-                    starts.append(i)
-                    want += step
-                acc += t
-            queues.append((src, starts))
+        # non-overlapping windows spread over each book; books take turns
+        queues = [(src, window_starts(src, target, -(-n // len(srcs)), seed)) for src in srcs]
         i = 0
         while len(out) < n and any(q[1] for q in queues):
             src, starts = queues[i % len(queues)]
@@ -193,9 +201,11 @@ def recall_samples(srcs: Sequence[Source], tok, *, n: int, target: int | None = 
             if not starts:
                 continue
             start = starts.pop(0)
+            taken = [(e["start"], e["end"]) for e in out if e["book"] == src.book]
             for attempt in range(8):  # a stretch without a markable sentence: move the window a little
                 ex = build(src, min(start + attempt * 3, len(src) - 1), target, rng, marks)
-                if ex and exact_tokens(tok, ex["context"]) <= target:
+                if ex and not any(ex["start"] < b and a < ex["end"] for a, b in taken) \
+                        and exact_tokens(tok, ex["context"]) <= target:
                     out.append(ex)
                     break
         if len(out) < n:
@@ -220,5 +230,5 @@ def recall_samples(srcs: Sequence[Source], tok, *, n: int, target: int | None = 
         ex["task"] = "recall"
         if target is not None:
             ex["subset"] = f"T{target}"
-        del ex["start"], ex["marked"]
+        del ex["start"], ex["end"], ex["marked"]
     return out
