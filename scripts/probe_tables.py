@@ -75,17 +75,13 @@ def main(argv=None) -> int:
     ap.add_argument("--md", default="docs/probes_tables.md")
     args = ap.parse_args(argv)
     out, n, seeds = Path(args.out), str(args.n), range(args.seeds)
-    common = ["--n", n, "--threads", str(args.threads), "--tail-chapters", "12"]
-    # suffix-id reads a chapters file: the same held-out chapters (the last 12 of each book)
-    from ropescale.common.chapters import read_chapters
-    from ropescale.common.recall import split_part
+    # every probe reads the chapters the tiny build held out (the last 12 of each book; what `--model tiny` reads
+    # by default), the fine-tuned models too (explicit --data: they are not tiny builds)
+    from ropescale.probes.data import tiny_heldout_file
 
     out.mkdir(parents=True, exist_ok=True)
-    held = out / "heldout_chapters.jsonl"
-    held.write_text("".join(json.dumps({"book": c.book, "chapter": c.chapter, "title": c.title, "text": c.text},
-                                       ensure_ascii=False) + "\n"
-                            for c in split_part(read_chapters(), "heldout", 12)), encoding="utf-8")
-    sid_common = ["--n", n, "--threads", str(args.threads), "--data", str(held)]
+    held = tiny_heldout_file("tiny")
+    common = sid_common = ["--n", n, "--threads", str(args.threads), "--data", str(held)]
     lengths = [512, 1024, 2048, 3072, 4096]
     sid_lengths = [256, 512, 1024, 2048, 4096]
     md = ["# Probe tables on the tiny default", "",

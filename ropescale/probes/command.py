@@ -13,6 +13,7 @@ from ropescale.common.io import check_output_dir
 from ropescale.common.settings import add_arguments, given, resolve
 
 from .common import ProbeSettings, load_model, set_threads
+from .data import heldout_default
 from .report import print_summary
 
 
@@ -28,9 +29,11 @@ def register_probe(sub, name: str, cls, *, help: str, description: str, load: Ca
 
 
 def settings_from_args(args: argparse.Namespace):
-    """defaults < --recipe < the flags given, for the probe's own settings class."""
+    """defaults < --recipe < the flags given, for the probe's own settings class; without --data, a tiny build
+    reads the chapters it held out (:func:`.data.heldout_default`)."""
     cls = args.settings_class
-    return resolve(cls, given(args, cls), getattr(args, "recipe", None))
+    flags = given(args, cls)
+    return heldout_default(resolve(cls, flags, getattr(args, "recipe", None)), "data" in flags)
 
 
 def prepare(s: ProbeSettings, load_data):

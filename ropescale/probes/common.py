@@ -88,7 +88,8 @@ DOCS_HELP = "documents JSONL ({text} or {context}) or chapters JSONL (one docume
 
 def data_setting(help: str):
     """The ``--data`` setting with a probe's own description of what it reads."""
-    return setting(str(CHAPTERS_JSONL), help + "; default: the shared novels", metavar="FILE", show_default=False)
+    return setting(str(CHAPTERS_JSONL), help + "; default: the shared novels (with --model tiny: only the chapters "
+                                               "its build held out from training)", metavar="FILE", show_default=False)
 
 
 @dataclass(frozen=True)

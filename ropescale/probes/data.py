@@ -6,16 +6,24 @@
 - Documents JSONL: one document a line with ``text`` (or ``context``); optional ``id`` and ``book`` (documents
   with the same ``book`` count as one book for "same-book" negatives; without it each document is its own book).
   A chapters file is read as documents too: one document per book (headings included).
+
+With ``--model tiny`` (a tiny build: a model directory holding ``tiny.json``) and no ``--data``, every probe reads
+the chapters that build held out (``tiny.json``'s ``heldout_chapters``, the last 12 of each book for the committed
+default): the shared novels' other chapters are its training text. :func:`heldout_default` makes that choice.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ropescale.common.chapters import (Chapter, by_book, chapter_heading, chapter_index,  # noqa: F401  (re-exported)
                                 chinese_numeral, read_chapters)
-from ropescale.common.io import InputError, read_jsonl
+from ropescale.common.io import InputError, read_jsonl, write_jsonl_atomic
+from ropescale.common.paths import CACHE_DIR, CHAPTERS_JSONL
 from ropescale.common.text import split_sentences  # noqa: F401  (the one sentence splitter, re-exported for the probes)
 
 @dataclass
@@ -75,3 +83,45 @@ def load_docs(path: str | os.PathLike, tail_chapters: int = 0) -> list[Doc]:
     return docs
 
 
+
+
+def tiny_heldout_file(model: str | os.PathLike) -> Path | None:
+    """A chapters JSONL of the chapters a tiny build held out from its training (its ``tiny.json``
+    ``heldout_chapters``, taken from the shared novels in file order; written once under the cache), or None
+    when ``model`` is not a tiny build."""
+    from ropescale.common.tiny import TINY_NAMES, resolve_model
+
+    d = resolve_model(model) if str(model) in TINY_NAMES else Path(model)
+    info = d / "tiny.json"
+    if not info.is_file():
+        return None
+    meta = json.loads(info.read_text(encoding="utf-8"))
+    names = meta.get("heldout_chapters")
+    if not names:
+        return None
+    out = CACHE_DIR / "probes" / f"tiny-{meta.get('key', 'build')}-heldout.jsonl"
+    if not out.is_file():
+        keep = set(names)
+        chs = [c for c in read_chapters(CHAPTERS_JSONL) if f"{c.book}:{c.chapter}" in keep]
+        if len(chs) != len(keep):
+            raise InputError(f"{len(keep) - len(chs)} of the chapters its build held out are not in the shared "
+                             f"novels", info)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_jsonl_atomic(out, ({"book": c.book, "chapter": c.chapter, "title": c.title, "text": c.text}
+                                 for c in chs))
+    return out
+
+
+def heldout_default(settings, data_given: bool, log=None):
+    """``settings`` with ``data`` pointed at the tiny build's held-out chapters (:func:`tiny_heldout_file`) when
+    the model is a tiny build and ``--data`` was left at its default (the shared novels, the build's training
+    text); unchanged otherwise."""
+    if data_given or Path(settings.data) != Path(CHAPTERS_JSONL):
+        return settings
+    held = tiny_heldout_file(settings.model)
+    if held is None:
+        return settings
+    (log or (lambda m: print(m, file=sys.stderr)))(
+        f"[probes] --model {settings.model}: reading the chapters its build held out from training ({held}); "
+        f"--data chooses other text")
+    return dataclasses.replace(settings, data=str(held))
