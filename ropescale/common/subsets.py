@@ -1,8 +1,9 @@
-"""CNNSum subset presets (the paper's Sec 3.2 and Sec 4 / Appendix B.1), in one place.
+"""CNNSum subset presets (the paper's Sec 3.2 and Sec 4.2), in one place.
 
 Sampling range of a subset with target T is [T - a, T + 2K] (K = 1024 tokens):
-L = 16K [-4K], XL = 32K [-6K], 2XL = 64K [-10K], 3XL = 128K [-16K].
-Generation: greedy, at least 10 new tokens, at most 400 for L/XL and 500 for 2XL/3XL.
+L = 16K [-4K], XL = 32K [-6K], 2XL = 64K [-10K], 3XL = 128K [-16K] (Sec 3.2).
+Generation: greedy, at most 400 new tokens for L/XL and 500 for 2XL/3XL (Sec 4.2), at least 10 (not in the paper:
+the official release's Inference.py, ``SamplingParams(min_tokens=10)``, github.com/CxsGhost/CNNSum at 994a7f9).
 The official release names its files cnnsum_L_16k, cnnsum_XL_32k, cnnsum_XXL_64k, cnnsum_XXXL_128k.
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ SUBSETS: dict[str, Subset] = {
     "3XL": Subset("3XL", 128 * K, 16 * K, 2 * K, 500, "cnnsum_XXXL_128k"),
 }
 ORDER = ("L", "XL", "2XL", "3XL")
-MIN_NEW_TOKENS = 10
+MIN_NEW_TOKENS = 10  # the release's Inference.py (min_tokens=10); the paper gives only the maxima
 _ALIASES = {"XXL": "2XL", "XXXL": "3XL"}
 
 

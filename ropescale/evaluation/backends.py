@@ -34,8 +34,10 @@ batch (static / dynamic) starts from the original base again (:func:`ropescale.e
 slot decoder gives each slot its own frequencies, so each sample is decoded as batch-1 ``generate`` on a fresh
 model decodes it. (A padded batch of ``generate`` still shares one base: the longest row's.)
 
-vllm backend: imported lazily (``pip install vllm`` on a CUDA machine); ``max_model_len`` is the paper's rule,
-twice the subset's target length, raised if needed so the longest prompt + generation fits; the RoPE setting is
+vllm backend: imported lazily (``pip install vllm`` on a CUDA machine); ``max_model_len`` is twice the subset's
+target length (not in the paper: the official release's Inference.py sets ``default_max_len`` = 32K / 64K / 128K /
+256K for L / XL / 2XL / 3XL and builds one vLLM with the largest of the subsets run; here, per run, the run's
+subset), raised if needed so the longest prompt + generation fits; the RoPE setting is
 passed as ``hf_overrides`` (the config fields :func:`rope_scaling.apply_rope` wrote: ``rope_scaling.load``), plus what
 :func:`vllm_settings` adds so that vLLM's precomputed rotary cache covers ``max_model_len`` and YaRN's attention
 factor reaches it; settings vLLM would compute differently from transformers are refused there (dynamic NTK, and
@@ -430,7 +432,8 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int) -> tuple[dic
     """(hf_overrides, max_model_len) for vLLM, or an InputError where vLLM would compute something else than HF.
 
     ``config`` is the effective HF config (RoPE applied), ``overrides`` the fields the RoPE flags changed, ``need``
-    the longest prompt + max new tokens, ``want`` the max_model_len asked for (the paper's 2x the subset's target).
+    the longest prompt + max new tokens, ``want`` the max_model_len asked for (2x the subset's target, as the
+    official release's Inference.py sizes it; the paper gives no max_model_len).
 
     vLLM precomputes a cos/sin cache at load time and indexes it by position; ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``
     only skips its length check, so a position past the cache reads garbage. Its length (vLLM source,

@@ -9,7 +9,8 @@ Input: records with ``context`` and ``summary`` (the reference); ``id`` is optio
 ``CxsGHost/CNNSum`` (``--data-files cnnsum_L_16k.jsonl`` picks one of its four files); see
 :mod:`ropescale.evaluation.data`. Prompts come from :mod:`ropescale.common.prompts` (baseline IE/IB in the release or paper
 wording, or the fine-tuning F.2 prompts for fine-tuned models); no chat template unless ``--chat-template``.
-Decoding: greedy, at least 10 new tokens, at most 400 (L, XL) / 500 (2XL, 3XL) or ``--max-new-tokens``; the
+Decoding: greedy, at most 400 (L, XL) / 500 (2XL, 3XL) new tokens (paper Sec 4.2) or ``--max-new-tokens``, at least
+10 (the official release's Inference.py, ``min_tokens=10``; not in the paper) or ``--min-new-tokens``; the
 subset comes from ``--subset``, else the records' ``subset`` field (``data_concat sample`` writes it; all
 records must agree), else the release file name (``cnnsum_XXL_64k.jsonl`` -> 2XL).
 
@@ -19,7 +20,8 @@ no-op (noted on stderr), a different one is refused unless ``--replace``. Withou
 
 Long inputs (``--truncate``): by default nothing is cut (``none``), as in the paper, whose point is to measure how
 models behave on inputs longer than their context window: HF computes rotary positions for any length, and the
-vllm backend gets ``max_model_len`` = 2x the subset's target (the paper's rule), raised to fit the longest prompt
+vllm backend gets ``max_model_len`` = 2x the subset's target (the release's Inference.py sizing; not in the
+paper), raised to fit the longest prompt
 plus generation, with its precomputed rotary cache made to cover it (``max_position_embeddings`` raised for
 plain / ntk / abf / pi rope); vLLM's dynamic NTK, and YaRN past vLLM's rotary cache, are refused (use the hf
 backend there): see :func:`ropescale.evaluation.backends.vllm_settings`. ``--truncate middle`` instead keeps the head and tail of the *context* (LongBench-style middle
@@ -282,7 +284,7 @@ def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict
     be = None
     if items:  # the backend first: a backend that cannot start (no vllm, no GPU) leaves no run directory behind
         need = max(len(it.input_ids) for it in items) + int(max_new_tokens)
-        want = max(2 * sub.target if sub else 0, need)  # vllm: the paper's max_model_len, 2x the subset's target
+        want = max(2 * sub.target if sub else 0, need)  # vllm: 2x the subset's target (the release's Inference.py)
         be = make_backend(s.backend, model_dir, config, tokenizer, model=hf_model, rope_overrides=overrides,
                           max_model_len=want, need_len=need, log=log, reuse=backends)
         meta.update(backend_info=be.describe())
