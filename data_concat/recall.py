@@ -20,6 +20,9 @@ def register(sub) -> None:
     p.add_argument("--target", type=int, help="eval set: every context up to this many tokens, one window in each "
                                               "of equal stretches of a book, never overlapping; records name "
                                               "subset T<target>")
+    p.add_argument("--max-answer-tokens", type=int, metavar="N",
+                   help="eval set: every reference plus EOS fits in N tokens (windows whose marked sentences are "
+                        "longer are moved), so generating N new tokens can hold the whole answer")
     p.add_argument("--min-tokens", type=int, help="training pairs: context lengths drawn from this ...")
     p.add_argument("--max-tokens", type=int, help="... to this many tokens, at random places")
     p.add_argument("--n", type=int, default=24, help="number of samples (default 24)")
@@ -45,10 +48,13 @@ def cmd_recall(args) -> int:
     check_output_file(args.out)
     if (args.target is None) == (args.min_tokens is None and args.max_tokens is None):
         raise InputError("give either --target (an eval set) or --min-tokens and --max-tokens (training pairs)")
+    if args.max_answer_tokens is not None and args.target is None:
+        raise InputError("--max-answer-tokens goes with --target (an eval set)")
     chs = split_part(read_chapters(args.chapters or CHAPTERS_JSONL, books=args.books), args.part, args.heldout)
     tok = load_tokenizer(args.tokenizer)
     rows = recall_samples(sources(chs, tok), tok, n=args.n, target=args.target, min_tokens=args.min_tokens,
-                          max_tokens=args.max_tokens, marks=args.marks, seed=args.seed)
+                          max_tokens=args.max_tokens, marks=args.marks, seed=args.seed,
+                          max_answer=args.max_answer_tokens)
     write_jsonl_atomic(args.out, rows)
     lens = [r["tokens"] for r in rows]
     rep = {"samples": len(rows), "part": args.part, "marks": args.marks, "min": min(lens), "max": max(lens),

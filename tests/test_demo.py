@@ -1,6 +1,7 @@
 """A miniature of the demo (scripts/demo.py), end to end on CPU: a tiny random model from a config (64-token
-context) instead of the tiny default, two methods (none and NTK x8), two eval lengths, two samples each, 2-step
-fine-tunes without the DeepSpeed launcher. Every artifact is checked."""
+context) instead of the tiny default, two fine-tuned methods (none and NTK x8), one training-free one (NTK x8 at
+load time), the base model with the F.1 baseline prompts, two eval lengths, two samples each, 2-step fine-tunes
+without the DeepSpeed launcher. Every artifact is checked."""
 from __future__ import annotations
 
 import json
@@ -21,14 +22,14 @@ def test_demo_miniature(make_tiny_model, tiny_tokenizer, tmp_path, capsys):
 
     _, model_dir = make_tiny_model("qwen2", orig_ctx=64)
     out = tmp_path / "demo"
-    res = run_demo(str(out), model=str(model_dir), methods=("none", "ntk"), scale=8, factors=(2, 4), samples=2,
-                   max_new_tokens=12, pairs=12, heldout=4, launcher="python", train_lo=4, train_hi=8,
+    res = run_demo(str(out), model=str(model_dir), methods=("none", "ntk"), free=("ntk",), scale=8, factors=(4, 8),
+                   samples=2, max_new_tokens=160, pairs=12, heldout=4, launcher="python", train_lo=4, train_hi=8,
                    finetune_args=["--max-steps", "2", "--global-batch", "1", "--save-steps", "2"])
     printed = capsys.readouterr().out
-    for k in range(1, 6):
-        assert f"step {k}/5" in printed
+    for k in range(1, 7):
+        assert f"step {k}/6" in printed
     assert "$ python eval_summ.py generate --model" in printed  # every step shows its command
-    assert "data_concat recall" in printed
+    assert "data_concat recall" in printed and "python finetune.py merge" in printed
 
     # fine-tuning data: packed recall samples of 4x-8x the 64-token context
     rows = load_packed(res["packed"])
@@ -40,7 +41,6 @@ def test_demo_miniature(make_tiny_model, tiny_tokenizer, tmp_path, capsys):
         ft = json.loads((run / "run.json").read_text())
         assert ft["kind"] == "finetune" and ft["rope"]["method"] == want
         train_length[m] = ft["train_length"]
-        assert train_length[m] == max(r["length"] for r in rows)
         merged = read_rope(AutoConfig.from_pretrained(res["merged"][m]))
         assert merged.method == want and (want == "none" or (merged.scale, merged.orig_ctx) == (8.0, 64))
 
@@ -54,39 +54,72 @@ def test_demo_miniature(make_tiny_model, tiny_tokenizer, tmp_path, capsys):
             for line in r["summary"].split("\n"):
                 assert line in r["context"]
 
-    # generation: 3 models x 2 prompts x 2 lengths, each complete, with the right rope and prompt
-    gen = Path(res["gen"])
-    runs = sorted(p.parent for p in gen.glob("*/run.json"))
-    assert len(runs) == 12
-    expect = {"base": ("none", None), "ft-none": ("none", train_length["none"]),
-              "ft-ntk-x8": ("ntk", train_length["ntk"])}
+    # generation: 4 settings (base, NTK x8 at load time, two fine-tunes) x 2 F.2 prompts x 2 lengths, and the base
+    # model with the two F.1 prompts in a folder of its own; each complete, with the right rope and prompt
+    expect = {"base": ("none", None, ("ft-ie", "ft-ib")), "free-ntk-x8": ("ntk", None, ("ft-ie", "ft-ib")),
+              "ft-none": ("none", train_length["none"], ("ft-ie", "ft-ib")),
+              "ft-ntk-x8": ("ntk", train_length["ntk"], ("ft-ie", "ft-ib"))}
     means: dict = {}
-    for rd in runs:
-        name, prompt, sub = re.fullmatch(r"(.+)_(ft-ie|ft-ib)_(T\d+)", rd.name).groups()
-        meta = json.loads((rd / "run.json").read_text())
-        method, tl = expect[name]
-        assert meta["status"] == "complete"
-        assert meta["rope"]["method"] == method and meta["prompt"] == prompt
-        assert meta["subset"] == sub and meta["train_length"] == tl
-        preds = [json.loads(x) for x in (rd / "predictions.jsonl").read_text(encoding="utf-8").splitlines()]
-        assert len(preds) == 2 and all(p["new_tokens"] <= 12 for p in preds)
-        scores = json.loads((rd / "scores.json").read_text())  # scored by the report step
-        assert scores["n"] == 2
-        means.setdefault((name, sub), []).append(scores["rouge_l"])
+    for gen, n_runs, names in ((Path(res["gen"]), 16, expect), (Path(res["gen_f1"]), 4, {"base": ("none", None,
+                                                                                                      ("ie", "ib"))})):
+        runs = sorted(p.parent for p in gen.glob("*/run.json"))
+        assert len(runs) == n_runs
+        for rd in runs:
+            name, prompt, sub = re.fullmatch(r"(.+)_(ft-ie|ft-ib|ie|ib)_(T\d+)", rd.name).groups()
+            meta = json.loads((rd / "run.json").read_text())
+            method, tl, prompts = names[name]
+            assert meta["status"] == "complete" and prompt in prompts
+            assert meta["rope"]["method"] == method and meta["prompt"] == prompt
+            assert meta["subset"] == sub and meta["train_length"] == tl
+            if name == "free-ntk-x8":  # applied at load time to the base model: no fine-tune
+                assert meta["model"] == str(model_dir) and meta["rope"]["scale"] == 8.0
+            preds = [json.loads(x) for x in (rd / "predictions.jsonl").read_text(encoding="utf-8").splitlines()]
+            assert len(preds) == 2 and all(p["new_tokens"] <= 160 for p in preds)
+            scores = json.loads((rd / "scores.json").read_text())  # scored by the report step
+            assert scores["n"] == 2
+            means.setdefault((gen.name, name, sub), []).append(scores["rouge_l"])
 
-    # the extrapolation table: one row per model, a cell = the mean of its two prompts' run means (x100)
+    # the extrapolation table: one row per F.2 setting, a cell = the mean of its two prompts' run means (x100)
     table = (Path(res["report"]) / "extrapolation.md").read_text(encoding="utf-8")
     assert table.strip() in printed
     lines = [ln for ln in table.splitlines() if ln.startswith("|") and not ln.startswith("|---")]
     header, body = [c.strip() for c in lines[0].strip("|").split("|")], lines[1:]
-    assert header[-2:] == ["T128", "T256"] and len(body) == 3
+    assert header[-2:] == ["T256", "T512"] and len(body) == 4
     cells_seen = sorted(tuple(c.strip() for c in ln.strip("|").split("|"))[-2:] for ln in body)
-    want = sorted(tuple(f"{sum(means[(n, s)]) / 2:.2f}" for s in ("T128", "T256")) for n in expect)
-    assert len(cells_seen) == len(want)
+    want = sorted(tuple(f"{sum(means[('gen', n, s)]) / 2:.2f}" for s in ("T256", "T512")) for n in expect)
     for got, exp in zip(cells_seen, want):
         for g, e in zip(got, exp):
             assert abs(float(g) - float(e)) < 0.006
     for view in ("table2", "table7", "failure_modes"):
         assert (Path(res["report"]) / f"{view}.md").is_file()
+    assert (Path(res["report"]) / "baseline_prompts" / "table2.md").is_file()  # the F.1 runs: a report of their own
     png = Path(res["fig"]).read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+    # the demo table: floor, then one row per setting (+ the F.1 row), with reach, losses and the same cells
+    demo = json.loads((Path(res["report"]) / "demo.json").read_text(encoding="utf-8"))
+    assert (Path(res["report"]) / "demo.md").read_text(encoding="utf-8").strip().splitlines()[-1] in printed
+    by_key = {r.get("key", "floor"): r for r in demo["rows"]}
+    assert list(by_key) == ["floor", "base", "base-f1", "free-ntk-x8", "ft-none", "ft-ntk-x8"]
+    for key in expect:
+        for s in ("T256", "T512"):
+            assert abs(by_key[key]["cells"][s] - sum(means[("gen", key, s)]) / 2) < 1e-6
+    for s in ("T256", "T512"):
+        assert abs(by_key["base-f1"]["cells"][s] - sum(means[("gen_f1", "base", s)]) / 2) < 1e-6
+    # predicted reach: 64 for the unscaled model; NTK x8 on head_dim 16 / base 1e4 / 64 tokens: pairs with
+    # wavelength 2*pi*1e4^(i/8) > 64 are i >= 3 (i = 2: 62.8); the reach is 64 * 8^(2*3/14) (see test_rope_reach)
+    assert by_key["base"]["predicted_reach"] == 64 and by_key["ft-none"]["predicted_reach"] == 64
+    for key in ("free-ntk-x8", "ft-ntk-x8"):
+        assert abs(by_key[key]["predicted_reach"] - 64 * 8 ** (6 / 14)) < 1e-6
+    # the fine-tunes' losses come from their train logs; 2 steps of a random model: under-trained
+    for key, m in (("ft-none", "none"), ("ft-ntk-x8", "ntk")):
+        log = [json.loads(x) for x in (Path(res["merged"][m]).parent / "train_log.jsonl").read_text().splitlines()]
+        assert by_key[key]["loss_step1"] == log[0]["loss"] and by_key[key]["steps"] == 2
+        assert by_key[key]["under_trained"] is True
+    # the floor: an answer of the four marks alone, scored against each eval set's references
+    from ropescale.common.rouge import rouge_l
+
+    for t, p in res["evals"].items():
+        refs = [json.loads(x)["summary"] for x in Path(p).read_text(encoding="utf-8").splitlines()]
+        want_floor = 100 * sum(rouge_l("【1】\n【2】\n【3】\n【4】", r) for r in refs) / len(refs)
+        assert abs(by_key["floor"]["cells"][f"T{t}"] - want_floor) < 1e-9 and want_floor > 5

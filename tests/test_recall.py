@@ -108,6 +108,19 @@ def test_the_seed_moves_the_eval_windows(heldout_sources, tiny_tokenizer):
                 assert j * total / k <= pos < (j + 1) * total / k, (book, j, pos, total)
 
 
+def test_max_answer_keeps_every_reference_within_the_generation_budget(heldout_sources, tiny_tokenizer):
+    def answer_tokens(rows):
+        return [len(tiny_tokenizer(r["summary"], add_special_tokens=False)["input_ids"]) + 1 for r in rows]
+
+    free = answer_tokens(recall_samples(heldout_sources, tiny_tokenizer, n=12, target=600, seed=0))
+    cap = sorted(free)[len(free) // 2]  # half of the unconstrained answers are longer than this
+    assert max(free) > cap
+    rows = recall_samples(heldout_sources, tiny_tokenizer, n=12, target=600, seed=0, max_answer=cap)
+    assert len(rows) == 12 and max(answer_tokens(rows)) <= cap
+    with pytest.raises(InputError, match="too short"):
+        recall_samples(heldout_sources, tiny_tokenizer, n=2, target=600, max_answer=10)
+
+
 def test_training_pairs_have_lengths_in_range(heldout_sources, tiny_tokenizer):
     rows = recall_samples(heldout_sources, tiny_tokenizer, n=10, min_tokens=200, max_tokens=400, seed=3)
     assert all(100 <= r["tokens"] <= 400 for r in rows)

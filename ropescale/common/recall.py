@@ -171,10 +171,13 @@ def window_starts(src: Source, target: int, k: int, seed: int) -> list[int]:
 
 
 def recall_samples(srcs: Sequence[Source], tok, *, n: int, target: int | None = None, min_tokens: int | None = None,
-                   max_tokens: int | None = None, marks: int = MARKS, seed: int = 0) -> list[dict]:
+                   max_tokens: int | None = None, marks: int = MARKS, seed: int = 0,
+                   max_answer: int | None = None) -> list[dict]:
     """``n`` samples. With ``target``: every context has at most ``target`` tokens (within a few sentences of it),
     one window in each of equal strata of a book's text, at a place the seed picks (:func:`window_starts`; round
-    robin over books, windows never overlap) — an eval set.
+    robin over books, windows never overlap) — an eval set; with ``max_answer`` too, every reference plus an EOS
+    fits in that many tokens (a window whose marked sentences are longer is moved and its marks drawn again), so
+    a generation of ``max_answer`` new tokens can hold the whole answer.
     With ``min_tokens``/``max_tokens``: lengths uniform in that range, random starts — training pairs."""
     if n <= 0:
         raise InputError(f"--n must be positive, got {n}")
@@ -182,6 +185,8 @@ def recall_samples(srcs: Sequence[Source], tok, *, n: int, target: int | None = 
         raise InputError(f"--marks must be >= 1, got {marks}")
     if target is None and (min_tokens is None or max_tokens is None):
         raise InputError("give --target, or --min-tokens and --max-tokens")
+    if max_answer is not None and max_answer < 8 * marks:
+        raise InputError(f"--max-answer-tokens {max_answer} is too short for {marks} marked sentences")
     if target is not None and target < 8 * marks:
         raise InputError(f"--target {target} is too short for {marks} marked sentences")
     if target is None and not 8 * marks <= min_tokens <= max_tokens:
@@ -202,10 +207,14 @@ def recall_samples(srcs: Sequence[Source], tok, *, n: int, target: int | None = 
                 continue
             start = starts.pop(0)
             taken = [(e["start"], e["end"]) for e in out if e["book"] == src.book]
-            for attempt in range(8):  # a stretch without a markable sentence: move the window a little
-                ex = build(src, min(start + attempt * 3, len(src) - 1), target, rng, marks)
+            # a stretch without a markable sentence, or the text running out: move the window a little
+            for shift in (0, *(d for k in range(1, 13) for d in (k, -k))):
+                if not 0 <= start + shift < len(src):
+                    continue
+                ex = build(src, start + shift, target, rng, marks)
                 if ex and not any(ex["start"] < b and a < ex["end"] for a, b in taken) \
-                        and exact_tokens(tok, ex["context"]) <= target:
+                        and exact_tokens(tok, ex["context"]) <= target \
+                        and (max_answer is None or exact_tokens(tok, ex["summary"]) + 1 <= max_answer):
                     out.append(ex)
                     break
         if len(out) < n:
