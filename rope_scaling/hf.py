@@ -252,7 +252,7 @@ def plan_rope(cfg, spec: RopeSpec) -> RopeChange:
         raise TypeError(f"apply_rope needs a RopeSpec, got {type(spec).__name__}")
     st = rope_state(cfg)
     cur = st.spec
-    target = dataclasses.replace(spec, orig_ctx=spec.orig_ctx or st.orig_ctx, replace=False)
+    target = dataclasses.replace(spec, orig_ctx=spec.orig_ctx or st.orig_ctx, replace=False)  # checks the context
     if spec.method == "none" and (not spec.replace or cur.method == "none"):
         return RopeChange("kept", cur, spec)
     if cur.method == "none":

@@ -15,6 +15,9 @@ from ropescale.common.settings import setting
 from .formulas import METHODS, NATIVE_METHODS, REGISTRY
 
 GROUP = "RoPE scaling (written into the model's config as plain transformers entries)"
+# The longest context a setting may ask for (2**24 = 16,777,216 tokens): past anything these code paths can run
+# (the longest published fine-tune, ALST's 15M tokens, needed 32 GPUs); a larger orig_ctx x scale is a typo.
+MAX_CONTEXT = 1 << 24
 
 
 def _method_help() -> str:
@@ -66,6 +69,10 @@ class RopeSpec:
                 raise InputError(f"{k} must be a finite number, got {v!r}")
         if self.scale < 1:
             raise InputError(f"scale must be >= 1 (the context extension factor), got {self.scale:g}")
+        if self.scale > MAX_CONTEXT or (self.orig_ctx is not None and isinstance(self.orig_ctx, int)
+                                        and self.orig_ctx * self.scale > MAX_CONTEXT):
+            raise InputError(f"scale {self.scale:g} asks for a context beyond {MAX_CONTEXT:,} tokens "
+                             f"(rope_scaling.spec.MAX_CONTEXT): a typo?")
         if self.rope_base is not None and not (isinstance(self.rope_base, (int, float)) and self.rope_base > 1
                                                and math.isfinite(self.rope_base)):
             raise InputError(f"rope base must be a number > 1, got {self.rope_base!r}")

@@ -101,10 +101,9 @@ def ds_config_dict(path: Path, *, cuda: bool, cpu_adam: str) -> dict:
     """The DeepSpeed JSON with what this machine needs: no pinned memory on CPU; with optimizer offload either
     DeepSpeedCPUAdam (an ``optimizer`` section, "auto" values from HF) or torch AdamW
     (``zero_force_ds_cpu_optimizer: false``)."""
-    try:
-        cfg = json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise InputError(f"malformed DeepSpeed JSON: {e.msg}", path, e.lineno) from None
+    from ropescale.common.io import read_json
+
+    cfg = read_json(path, "DeepSpeed config")
     zo = cfg.get("zero_optimization", {})
     offload = zo.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
     if not cuda:

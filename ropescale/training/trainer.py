@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback
 
+from ropescale.common.io import share_private_files
+
 from .saving import export
 
 
@@ -221,5 +223,7 @@ class ExportCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kw):
         tr = self.trainer_ref()
-        d = Path(args.output_dir) / f"checkpoint-{state.global_step}" / "export"
-        export(tr.model, d, step=state.global_step, is_main=self.is_main, **self.export_kw)
+        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        export(tr.model, ckpt / "export", step=state.global_step, is_main=self.is_main, **self.export_kw)
+        if self.is_main:  # HF writes the adapter through safetensors, which makes it 0600: the umask's mode instead
+            share_private_files(ckpt)
