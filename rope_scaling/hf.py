@@ -31,12 +31,12 @@ import math
 
 from ropescale.common.io import InputError
 
-from .formulas import Freqs, frequencies, hf_entries
+from .formulas import HF_READERS, Freqs, frequencies, hf_entries
 from .spec import RopeSpec
 
 RECORD_KEY = "ropescale_rope"
 DEFAULT_THETA = 10000.0  # transformers' default_theta when a config names no base
-_SUPPORTED_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+_SUPPORTED_TYPES = tuple(HF_READERS)  # the HF rope types a config may carry (formulas.REGISTRY: Method.reads)
 
 
 # ---------------------------------------------------------------- config access (object or dict)
@@ -139,27 +139,22 @@ def _record(cfg, entries: dict) -> dict | None:
 
 
 def _from_entries(cfg, e: dict) -> RopeSpec:
-    """A spec from HF rope entries alone (configs not written here, e.g. a model's native scaling)."""
+    """A spec from HF rope entries alone (configs not written here, e.g. a model's native scaling): the registry
+    method that reads the entry's rope_type (``formulas.HF_READERS``)."""
     t, max_pos = e["rope_type"], _get(cfg, "max_position_embeddings")
-    orig = e.get("original_max_position_embeddings") or _get(cfg, "original_max_position_embeddings") or max_pos
-    if t not in _SUPPORTED_TYPES:
+    orig = e.get("original_max_position_embeddings") or _get(cfg, "original_max_position_embeddings")
+    if t not in HF_READERS:
         raise InputError(f"rope type {t!r} is not supported (supported: {', '.join(_SUPPORTED_TYPES)})")
-    if t == "default":
-        return RopeSpec("none", orig_ctx=max_pos)
-    factor = e.get("factor")
-    if factor is None:
+    if t != "default" and e.get("factor") is None:
         raise InputError(f"rope type {t!r} without a factor")
-    if t == "linear":
-        return RopeSpec("pi", scale=factor, orig_ctx=orig)
-    if t == "dynamic":  # transformers' dynamic NTK takes max_position_embeddings as the original context
-        return RopeSpec("dynamic_ntk", scale=factor, orig_ctx=max_pos)
-    if t == "yarn":
-        if e.get("mscale") or e.get("mscale_all_dim") or e.get("truncate") is False:
-            raise InputError("yarn with mscale / mscale_all_dim / truncate=false is not supported")
-        return RopeSpec("yarn", scale=factor, orig_ctx=orig, yarn_alpha=e.get("beta_slow") or 1.0,
-                        yarn_beta=e.get("beta_fast") or 32.0, yarn_mscale=e.get("attention_factor"))
-    return RopeSpec("llama3", scale=factor, orig_ctx=orig, llama3_low=e["low_freq_factor"],
-                    llama3_high=e["high_freq_factor"])
+    return RopeSpec(**HF_READERS[t].from_hf(e, orig, max_pos))
+
+
+def rope_entries(cfg) -> tuple[str, dict]:
+    """(the config key that holds the rope dict: ``rope_parameters`` on 5.x, ``rope_scaling`` on 4.x, that dict's
+    entries flattened 5.x-style with rope_type and rope_theta): what a writer of another format (vLLM's
+    hf_overrides) starts from."""
+    return ("rope_parameters" if _style(cfg) == "5" else "rope_scaling"), _entries(cfg)
 
 
 @dataclasses.dataclass(frozen=True)

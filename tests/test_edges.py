@@ -110,7 +110,7 @@ def test_json_errors_name_line_and_column(tmp_path):
     g.write_text('{\n  "a": 1,\n  "b": 2\n  "c": 3\n}\n')  # missing comma: the parser stops at line 4, column 3
     with pytest.raises(InputError) as e:
         read_json(g, "config.json")
-    assert str(e.value) == f"{g}:4: config.json: malformed JSON: Expecting ',' delimiter (column 3)"
+    assert str(e.value) == f"{g}:4: malformed JSON: Expecting ',' delimiter (column 3)"
     g.write_text("[1, 2]")
     with pytest.raises(InputError, match="expected a JSON object, got list"):
         read_json(g, "config.json")

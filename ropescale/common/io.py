@@ -91,8 +91,7 @@ def read_json(path: str | os.PathLike, what: str = "JSON", *, obj: bool = True) 
     except UnicodeDecodeError as e:
         raise InputError(f"{what} is not valid UTF-8 (byte {e.start})", path) from None
     except json.JSONDecodeError as e:
-        err = json_error(e, path)
-        raise InputError(f"{what}: {err.message}", path, err.line) from None
+        raise json_error(e, path) from None
     if obj and not isinstance(value, dict):
         raise InputError(f"{what}: expected a JSON object, got {type(value).__name__}", path)
     return value
