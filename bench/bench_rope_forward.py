@@ -15,9 +15,11 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ropescale.common.cli import prepare_process  # noqa: E402
+
+prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 
 from rope_scaling import RopeSpec, add_rope_args, apply_rope, spec_from_args  # noqa: E402
 from ropescale.common.cli import cli_main  # noqa: E402
