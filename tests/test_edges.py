@@ -174,3 +174,13 @@ def test_launcher_json_is_json_and_checkpoints_follow_the_umask(make_tiny_model,
     private = [str(p) for p in out.rglob("*") if p.is_file() and stat.S_IMODE(p.stat().st_mode) & 0o077 == 0]
     assert private == [], private
     assert (out / "checkpoint-1" / "adapter_model.safetensors").is_file()
+
+
+def test_a_line_cut_short_names_its_own_line_and_last_column(tmp_path):
+    """The issue's case: an error at the end of line 2 was reported as line 2 (or 3), column 1."""
+    f = tmp_path / "pred.jsonl"
+    f.write_text('{"prediction": "a", "reference": "b"}\n{"prediction": "a", "reference": \n')
+    with pytest.raises(InputError) as e:
+        list(read_jsonl(f))
+    assert str(e.value) == f"{f}:2: malformed JSON: Expecting value (column 34)"
+    assert len('{"prediction": "a", "reference": ') + 1 == 34  # just past the line's last character

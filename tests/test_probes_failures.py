@@ -8,17 +8,8 @@ import os
 import stat
 
 import pytest
-import torch
 
 from ropescale.probes.cli import main
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -14,14 +14,6 @@ from ropescale.probes.cli import main
 
 
 @pytest.fixture(scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models on shared cores: one thread is several times faster
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
 def short_book(chapters, tmp_path_factory):
     """The first 9 chapters of 三国演义, each body cut to its first sentence, as a chapters JSONL."""
     rows = [dict(c) for c in chapters if c["book"] == "sanguo_yanyi"][:9]

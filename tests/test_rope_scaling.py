@@ -29,12 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny forwards run ~20x faster on one thread than fighting over the shared cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread):
+    """Tiny forwards run ~20x faster on one thread than fighting over the shared cores (conftest.one_thread)."""
 
 
 # ---------------------------------------------------------------- independent reference

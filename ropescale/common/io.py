@@ -54,8 +54,8 @@ def read_jsonl(path: str | os.PathLike, required: Iterable[str] = (), *, aliases
                     raise InputError(f"not valid UTF-8 (byte {e.start})", path, lineno) from None
                 if not text.strip():
                     continue
-                try:
-                    obj = json.loads(text)
+                try:  # without its line break, so an error at the end of the line is at its last column
+                    obj = json.loads(text.rstrip("\r\n"))
                 except json.JSONDecodeError as e:
                     raise json_error(e, path, lineno - 1) from None
                 if not isinstance(obj, dict):

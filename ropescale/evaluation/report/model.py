@@ -3,13 +3,12 @@ the paper's formulas over them (Table 2 average and MSE, Table 7, extrapolation 
 failure modes). Nothing here reads files or prints."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ropescale.common.io import InputError
-from ropescale.common.subsets import ORDER
+from ropescale.common import subsets
 
 KINDS = ("IE", "IB")
 NO_SUBSET = "all"  # the column of runs generated without a subset (``generate --max-new-tokens`` only)
@@ -159,14 +158,7 @@ def _run_subsets(r: RunResult) -> str:
     return ",".join(subs) if subs else "-"
 
 
-def subset_key(name: str) -> tuple:
-    """Order: L, XL, 2XL, 3XL, then scaled subsets T<n> by n, then anything else by name."""
-    if name in ORDER:
-        return (0, ORDER.index(name), "")
-    m = re.fullmatch(r"T(\d+)", name)
-    if m:
-        return (1, int(m.group(1)), "")
-    return (2, 0, name)
+subset_key = subsets.order_key  # L, XL, 2XL, 3XL, then T<n> by n (common.subsets)
 
 
 def parse_buckets(spec: str) -> list[int]:
