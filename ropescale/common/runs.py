@@ -45,7 +45,6 @@ from .io import InputError, write_json_atomic
 
 RUN_JSON = "run.json"
 TRAIN_JSON = "ropescale_train.json"  # a merged model's training record
-KINDS = ("finetune", "generate", "probe")
 
 
 def versions() -> dict[str, str]:
@@ -93,9 +92,6 @@ class RunRecord:
 
 
 RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(RunRecord))
-# keys of older layouts that are record facts under another name (never settings)
-_LEGACY_FACTS = ("model_dir", "model_path", "extended_context", "train_length", "args", "scale", "orig_ctx",
-                 "last_seconds", "last_samples_per_hour")
 
 
 # ---------------------------------------------------------------- training length and the training record
@@ -147,7 +143,7 @@ class TrainLength:
 
 def length_of(stats: dict) -> dict:
     """A training record's ``length`` from a packed set's stats (``training.data.check_rows``)."""
-    return TrainLength.of(stats).to_dict() if TrainLength.of(stats) else {"mean": None, "min": None, "max": None}
+    return (TrainLength.of(stats) or TrainLength()).to_dict()
 
 
 def train_key(train: dict | None) -> str | None:
@@ -342,17 +338,6 @@ class RunDir:
         rec.versions = rec.versions or versions()
         write_json_atomic(self.meta_path, rec.to_json())
         return rec
-
-    def update_record(self, *, info: dict | None = None, **fields: Any) -> dict:
-        """Change record fields of run.json (``info`` is merged into the recorded info)."""
-        meta = self.read_meta() if self.exists() else {}
-        meta.update(fields)
-        if info:
-            meta["info"] = {**(meta.get("info") or {}), **info}
-        self.write_meta(meta)
-        return meta
-
-    update_meta = update_record
 
     def log(self, name: str = "predictions.jsonl", key: str = "id") -> RecordLog:
         return RecordLog(self.path / name, key=key)
