@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         r = bench_pair(base_model, build(sp, args), ids, args.repeats, args.warmup)
         results.append({"rope": sp.method, "scale": sp.scale, "seq_len": seq, **r})
         if not args.json:
-            print(f"{sp.describe():<28} seq {seq:>5}  unscaled {r['unscaled_s'] * 1e3:7.1f} ms  scaled "
+            print(f"{sp.label():<28} seq {seq:>5}  unscaled {r['unscaled_s'] * 1e3:7.1f} ms  scaled "
                   f"{r['scaled_s'] * 1e3:7.1f} ms  ratio {r['ratio']:.3f}", flush=True)
     worst = max(r["ratio"] for r in results)
     if args.json:

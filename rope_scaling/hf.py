@@ -223,20 +223,20 @@ class RopeChange:
     target: RopeSpec | None = None  # what is written (applied / replaced), orig_ctx resolved
 
     def message(self) -> str:
-        cur = self.carried.describe()
+        cur = self.carried.label()
         if self.action == "kept":
             return ("the config carries no RoPE scaling" if self.carried.method == "none" else
                     f"the config carries {cur} (no --rope asked: used as it is)")
         if self.action == "unchanged":
             return f"the config already carries {cur}: unchanged (the same setting again is a no-op)"
         if self.action == "replaced":
-            return f"replaced {cur} by {self.target.describe()} (--replace)"
+            return f"replaced {cur} by {self.target.label()} (--replace)"
         if self.action == "removed":
             return f"removed {cur} (--rope none --replace)"
-        return f"applied {self.target.describe()} to the unscaled config"
+        return f"applied {self.target.label()} to the unscaled config"
 
     def to_dict(self) -> dict:
-        return {"action": self.action, "carried": self.carried.describe(), "requested": self.requested.describe(),
+        return {"action": self.action, "carried": self.carried.label(), "requested": self.requested.label(),
                 "message": self.message()}
 
 
@@ -255,7 +255,7 @@ def plan_rope(cfg, spec: RopeSpec) -> RopeChange:
     if cur.same_rope(target):
         return RopeChange("unchanged", cur, spec)
     if not spec.replace:
-        raise InputError(f"config already carries {cur.describe()} RoPE scaling; stacking {spec.describe()} on "
+        raise InputError(f"config already carries {cur.label()} RoPE scaling; stacking {spec.label()} on "
                          f"top is not supported (pass --replace to replace it)")
     return RopeChange("removed" if spec.method == "none" else "replaced", cur, spec, target)
 

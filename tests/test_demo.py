@@ -39,8 +39,9 @@ def test_demo_miniature(make_tiny_model, tiny_tokenizer, tmp_path, capsys):
         run = Path(res["merged"][m]).parent
         ft = json.loads((run / "run.json").read_text())
         assert ft["kind"] == "finetune" and ft["rope"]["method"] == want
-        train_length[m] = ft["train_length"]
-        assert train_length[m] == max(r["length"] for r in rows)
+        train_length[m] = ft["train"]["length"]  # the paper's Train Len.: the mean, with the range
+        lens = [r["length"] for r in rows]
+        assert train_length[m] == {"mean": round(sum(lens) / len(lens), 1), "min": min(lens), "max": max(lens)}
         merged = read_rope(AutoConfig.from_pretrained(res["merged"][m]))
         assert merged.method == want and (want == "none" or (merged.scale, merged.orig_ctx) == (8.0, 64))
 
@@ -66,8 +67,8 @@ def test_demo_miniature(make_tiny_model, tiny_tokenizer, tmp_path, capsys):
         meta = json.loads((rd / "run.json").read_text())
         method, tl = expect[name]
         assert meta["status"] == "complete"
-        assert meta["rope"]["method"] == method and meta["prompt"] == prompt
-        assert meta["subset"] == sub and meta["train_length"] == tl
+        assert meta["rope"]["method"] == method and meta["settings"]["prompt"] == prompt
+        assert meta["settings"]["subset"] == sub and (meta["train"] or {}).get("length") == tl
         preds = [json.loads(x) for x in (rd / "predictions.jsonl").read_text(encoding="utf-8").splitlines()]
         assert len(preds) == 2 and all(p["new_tokens"] <= 12 for p in preds)
         scores = json.loads((rd / "scores.json").read_text())  # scored by the report step

@@ -4,7 +4,13 @@ An export directory holds:
 - ``adapter_config.json`` + ``adapter_model.safetensors``: the LoRA adapter (PEFT format);
 - ``trained_tensors.safetensors``: the trained embedding and norm weights, named as in the base causal LM;
 - ``config.json``: the base model's config with the RoPE setting applied (what inference must use);
-- the tokenizer files; ``export.json``: base model path, rope spec, step, the extra tensor names.
+- the tokenizer files; ``export.json``: base model path, rope spec, step, the extra tensor names, and the run's
+  training record (``train``: ``ropescale.common.runs``).
+
+A merged model directory (:func:`merge`) is a plain HF model whose config carries the RoPE setting, with the
+training record in ``ropescale_train.json`` (``runs.TRAIN_JSON``: the run's id, the step, the RoPE spec, the data
+and its length mean/min/max, the steps, the base model and its id), written inside the same atomic rename as the
+weights: every run that reads the model records it, wherever the model is moved.
 
 Under DeepSpeed ZeRO-3 every rank holds a slice of each parameter (``p.numel() == 0`` outside a gather); the
 tensors are gathered with ``deepspeed.zero.GatheredParameters`` (all ranks take part) and written by rank 0.
@@ -20,6 +26,7 @@ from pathlib import Path
 import torch
 
 from ropescale.common.io import InputError, atomic_dir, check_output_dir, write_json_atomic
+from ropescale.common.runs import TRAIN_JSON, RunMeta
 
 ADAPTER_FILE = "adapter_model.safetensors"
 TRAINED_FILE = "trained_tensors.safetensors"
@@ -71,7 +78,8 @@ def split_trainable(state: dict[str, torch.Tensor], extra_names: list[str]) -> t
 
 
 def export(model, out_dir: str | os.PathLike, *, extra_names: list[str], base_model: str, config, rope: dict,
-           step: int | None, tokenizer_dir: str | os.PathLike | None, is_main: bool = True) -> Path | None:
+           step: int | None, tokenizer_dir: str | os.PathLike | None, is_main: bool = True,
+           train: dict | None = None) -> Path | None:
     """Write the export directory (see module doc) atomically; collective under ZeRO-3 (call on all ranks)."""
     from safetensors.torch import save_file
 
@@ -90,13 +98,15 @@ def export(model, out_dir: str | os.PathLike, *, extra_names: list[str], base_mo
                 if f.is_file():
                     shutil.copy(f, tmp / name)
         write_json_atomic(tmp / EXPORT_JSON, {"base_model": str(base_model), "rope": rope, "step": step,
-                                              "trained_tensors": sorted(extra), "lora_tensors": len(lora)})
+                                              "trained_tensors": sorted(extra), "lora_tensors": len(lora),
+                                              "train": None if train is None else {**train, "step": step}})
     return out
 
 
-def check_merge_out(out: Path, *, protect: dict[str, Path]) -> None:
-    """``merge --out``: a new path, an empty directory, or a model directory (replaced); never a file, another
-    directory, or one of the inputs (``protect``: what -> path). Checked before any work."""
+def check_merge_out(out: Path, *, protect: dict[str, Path], overwrite: bool = False) -> None:
+    """``merge --out``: a new path or an empty directory; an existing model directory only with ``overwrite``
+    (then replaced atomically); never a file, another directory, or one of the inputs (``protect``: what -> path).
+    Checked before any work."""
     from ropescale.common.tiny import check_model_dir
 
     for what, p in protect.items():
@@ -110,8 +120,10 @@ def check_merge_out(out: Path, *, protect: dict[str, Path]) -> None:
                 check_model_dir(out)
             except InputError:
                 raise InputError("--out is an existing directory that is not a model directory (it would be "
-                                 "replaced): pick a new or empty directory, or a merged model to replace", out) \
-                    from None
+                                 "replaced): pick a new or empty directory", out) from None
+            if not overwrite:
+                raise InputError("--out is an existing model directory: pass --overwrite to replace it, or pick a "
+                                 "new --out", out)
     check_output_dir(out, "--out")
 
 
@@ -157,11 +169,31 @@ def load_export_into(peft_model, export_dir: str | os.PathLike) -> None:
             params[n].copy_(t.to(params[n].dtype))
 
 
+def training_record(export_dir: Path, info: dict) -> dict:
+    """The training record a merge of ``export_dir`` carries: the one its export.json holds, or for an export
+    written by an older version, what its run's run.json says (the run is ``final/``'s or ``checkpoint-N/export``'s
+    parent); its id is then a hash of export.json (the same export always gets the same id)."""
+    import hashlib
+
+    rec = info.get("train")
+    if not isinstance(rec, dict):
+        run = export_dir.parent if export_dir.name == "final" else export_dir.parent.parent
+        meta = RunMeta.find(run)
+        rec = dict(meta.train or {}) if meta is not None and meta.kind == "finetune" else {}
+        for k in ("rope", "base_model"):
+            if rec.get(k) is None:
+                rec[k] = info.get(k)
+    if not rec.get("id"):
+        rec["id"] = hashlib.sha256((export_dir / EXPORT_JSON).read_bytes()).hexdigest()[:16]
+    return {**rec, "step": info.get("step")}
+
+
 def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_model: str | None = None,
-          dtype: str = "auto") -> Path:
+          dtype: str = "auto", overwrite: bool = False) -> Path:
     """Base model + trained tensors + LoRA merged into a plain HF model (safetensors) whose config carries the
-    RoPE setting; written atomically. ``out_dir`` is checked first (:func:`check_merge_out`): a file, a directory
-    that is not a model, the run, its export or the base model are refused before any work."""
+    RoPE setting, and the training record (``ropescale_train.json``); written atomically. ``out_dir`` is checked
+    first (:func:`check_merge_out`): a file, a directory that is not a model, an existing model without
+    ``overwrite``, the run, its export or the base model are refused before any work."""
     from peft import PeftModel
     from safetensors.torch import load_file
     from rope_scaling.load import load_config, load_model
@@ -169,13 +201,13 @@ def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_mod
     d = Path(export_dir)
     out = Path(out_dir)
     protect = {"the export being merged": d, "the run directory": d.parent if d.name == "final" else None}
-    check_merge_out(out, protect=protect)
+    check_merge_out(out, protect=protect, overwrite=overwrite)
     try:
         info = json.loads((d / EXPORT_JSON).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InputError(f"unreadable export record: {e}", d / EXPORT_JSON) from None
     base = Path(base_model or info["base_model"])
-    check_merge_out(out, protect={**protect, "the base model": base})
+    check_merge_out(out, protect={**protect, "the base model": base}, overwrite=overwrite)
     if not (base / "config.json").is_file():
         raise InputError("base model of the run not found (pass --base-model)", base)
     config, _ = load_config(d)  # the trained config: rope applied
@@ -195,6 +227,7 @@ def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_mod
             if n not in params:
                 raise InputError(f"trained tensor {n} is not in the base model", d / TRAINED_FILE)
             params[n].copy_(t.to(params[n].dtype))
+    train = training_record(d, info)
     model = PeftModel.from_pretrained(model, str(d), autocast_adapter_dtype=False)
     model = model.merge_and_unload()
     with atomic_dir(out) as tmp:
@@ -203,5 +236,6 @@ def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_mod
             f = d / name
             if f.is_file():
                 shutil.copy(f, tmp / name)
-        write_json_atomic(tmp / "merged_from.json", {"export": str(d), "base_model": str(base), **info})
+        write_json_atomic(tmp / TRAIN_JSON, {**train, "merged": {"export": str(d.resolve()),
+                                                                 "base_model": str(base.resolve()), "dtype": dtype}})
     return out
