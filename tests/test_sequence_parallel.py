@@ -106,6 +106,7 @@ def test_sp2_matches_one_process(runs, rope):
     dirs, logs = runs
     one, two = dirs[rope]
     assert "sequence parallel 2 (Ulysses): 1 group(s) of 2 processes" in logs[rope]
+    assert "[finetune] memory estimate for 2" in logs[rope]  # the memory model's line, before training
     meta = json.loads((two / "run.json").read_text())
     assert meta["sequence_parallel"] == 2 and meta["world_size"] == 2 and meta["rope"]["method"] == rope
     assert meta["status"] == "done" and meta["steps"] == STEPS

@@ -318,6 +318,7 @@ def build_model(run: Run, ds_cfg: dict | None):
     from transformers import set_seed
 
     from .loss import install_label_only_forward
+    from .memory_model import estimate_run
     from .model import add_lora, fp32_master, load_model, param_counts, setup_memory
     from .saving import load_export_into
 
@@ -336,7 +337,12 @@ def build_model(run: Run, ds_cfg: dict | None):
     if ds_cfg is None and run.cuda and run.dtype != torch.float32:
         fp32_master(peft_model, run.dtype)  # fp32 trained tensors; the forward runs under autocast
     local_len = -(-run.stats["max"] // args.sequence_parallel)  # the tokens of a sample one process holds
-    setup_memory(peft_model, args, max_len=local_len, cuda=run.cuda, dtype=run.dtype, ds_config=ds_cfg)
+    plan = setup_memory(peft_model, args, max_len=local_len, cuda=run.cuda, dtype=run.dtype, ds_config=ds_cfg)
+    est = estimate_run(run.config, args, length=run.stats["max"], world=run.world, ds_config=ds_cfg, plan=plan,
+                       label_share=run.stats["supervised"] / max(run.stats["tokens"], 1),
+                       dtype_bytes=torch.empty((), dtype=run.dtype).element_size())
+    log(f"[finetune] memory estimate for {run.stats['max']:,}-token samples (a model, not a measurement: "
+        f"ropescale/training/memory_model.py): {est.describe()}")
     run.trainable, run.total = param_counts(peft_model)
     run.extra_names = extra_names
     log(f"[finetune] trainable params: {run.trainable:,} of {run.total:,} "
