@@ -97,7 +97,8 @@ def check_settings(k: int, *, config, world: int, deepspeed, attn: str) -> None:
 
 # ---------------------------------------------------------------- the model
 def register_attention(model, layout: Layout, micro_batch: int):
-    """deepspeed 0.19.8 (ALST, >= 0.18.1): ``UlyssesSPAttentionHF.register_with_transformers`` builds the sequence
+    """deepspeed 0.19.8 (ALST, >= 0.18.1), transformers 5.24 (``config._attn_implementation``):
+    ``UlyssesSPAttentionHF.register_with_transformers`` builds the sequence
     groups (``deepspeed.runtime.sequence_parallel.parallel_state_sp``: ranks gK .. gK+K-1) and puts its all-to-all
     wrapper in place of the model's attention function in transformers' ``ALL_ATTENTION_FUNCTIONS`` (for the whole
     process). Call it on the plain HF model, before ``get_peft_model`` (DeepSpeed #7729). Returns DeepSpeed's
@@ -120,7 +121,9 @@ def rotary_modules(model) -> list:
 
 
 def install_global_rope(model) -> int:
-    """Let each rotary module of ``model`` rotate a shard as part of the whole sample: inside
+    """transformers 5.24 (rotary modules named ``*RotaryEmbedding``, ``forward(x, position_ids)`` returning cos, sin
+    of shape (..., T, head_dim), length-dependent rules updated from ``max(position_ids) + 1``): let each rotary
+    module of ``model`` rotate a shard as part of the whole sample: inside
     :func:`global_rope_length` (``max_position`` = the sample's last position), its positions are extended by one
     column holding ``max_position`` (and pads past it clamped to it) before the module's own forward runs, and that
     column is dropped from the result. A rule that reads the length from the positions (transformers'
@@ -179,7 +182,8 @@ def shard_batch(batch: dict, k: int, rank: int, pad_id: int, rows: int = 0) -> d
     shifted by one BEFORE the split (``shift_labels[t]`` = the target of position t), global ``position_ids``
     (0 .. T'-1 over the padded length), ``attention_mask`` (1 on real tokens: what the trainer counts; the model runs
     without a mask) and ``max_position`` = the unpadded length - 1 (what the model sees as the sample's last
-    position)."""
+    position). transformers 5.24: the Trainer counts ``num_items_in_batch`` on ``shift_labels`` when a batch has
+    them (``Trainer._get_num_items_in_batch``), so each labelled target is counted once, on the rank scoring it."""
     import torch
     import torch.nn.functional as F
 
