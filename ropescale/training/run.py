@@ -35,7 +35,7 @@ from ropescale.common.runs import (RunDir, RunMeta, RunRecord, check_resume, cla
 from ropescale.common.settings import check, fmt, from_record
 from rope_scaling import RopeSpec
 
-from . import env
+from . import env, sequence_parallel
 from .config import TrainSettings, default_global_batch, resolve_ds_config
 
 RUNS_DIR = Path("runs") / "train"  # under the current directory, never inside the checkout from elsewhere
@@ -212,6 +212,8 @@ def plan_run(args: TrainSettings, *, recipe: str | None, resume: str | None, ove
     resolved = dataclasses.replace(args, model=model_ref(args.model, model_dir), out=str(run_dir),
                                    attn=resolve_attn(args.attn, cuda), deepspeed=str(ds_path) if ds_path else None,
                                    dtype=str(dtype).replace("torch.", ""))
+    sequence_parallel.check_settings(args.sequence_parallel, config=config, world=env.world_size(),
+                                     deepspeed=ds_path, attn=resolved.attn)
     resume_from = None
     if resume:
         if old is None:
@@ -273,10 +275,11 @@ def prepare_data(run: Run) -> None:
     log(f"[finetune] data {data_dir}: {stats['samples']} samples, {stats['min']}-{stats['max']} tokens "
         f"(mean {stats['mean']:.0f}), {stats['supervised']} labelled tokens")
     global_batch = args.global_batch or default_global_batch(stats["max"])
-    per_step = args.micro_batch * run.world
+    groups = run.world // args.sequence_parallel  # data-parallel ranks (a sequence group draws one batch)
+    per_step = args.micro_batch * groups
     if global_batch % per_step:
         raise InputError(f"global batch {global_batch} is not a multiple of micro batch {args.micro_batch} x "
-                         f"{run.world} processes")
+                         f"{groups} {'sequence groups' if args.sequence_parallel > 1 else 'processes'}")
     run.data_dir, run.rows, run.stats = data_dir, rows, stats
     run.global_batch, run.grad_accum = global_batch, global_batch // per_step
     run.settings = dataclasses.replace(args, data=str(data_dir), global_batch=global_batch)
@@ -294,6 +297,7 @@ def training_arguments(run: Run):
         output_dir=str(run.run_dir), max_steps=args.max_steps, per_device_train_batch_size=args.micro_batch,
         gradient_accumulation_steps=run.grad_accum, learning_rate=args.lr, warmup_steps=args.warmup_steps,
         lr_scheduler_type=args.lr_scheduler, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+        adam_epsilon=args.adam_eps,
         logging_steps=args.logging_steps, save_strategy="steps", save_steps=args.save_steps,
         save_total_limit=args.save_total_limit, seed=args.seed, data_seed=args.seed,
         full_determinism=args.deterministic,
@@ -313,12 +317,16 @@ def build_model(run: Run, ds_cfg: dict | None):
     from transformers import set_seed
 
     from .loss import install_label_only_forward
+    from .memory_model import estimate_run
     from .model import add_lora, fp32_master, load_model, param_counts, setup_memory
     from .saving import load_export_into
 
     args = run.settings
     set_seed(args.seed)  # LoRA A is initialised randomly when the adapter is added (before the Trainer seeds)
     model = load_model(run.model_dir, run.config, run.dtype, args.attn)
+    layout = sequence_layout(run)
+    if layout is not None:  # before PEFT wraps the model (DeepSpeed #7729)
+        sequence_parallel.setup_model(model, layout, args.micro_batch)
     peft_model, extra_names = add_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout,
                                        targets=args.lora_targets, embeddings=args.train_embeddings,
                                        norms=args.train_norms, gradient_checkpointing=args.gradient_checkpointing)
@@ -327,14 +335,21 @@ def build_model(run: Run, ds_cfg: dict | None):
         log(f"[finetune] initialised adapter + trained tensors from {run.init_export}")
     if ds_cfg is None and run.cuda and run.dtype != torch.float32:
         fp32_master(peft_model, run.dtype)  # fp32 trained tensors; the forward runs under autocast
-    setup_memory(peft_model, args, max_len=run.stats["max"], cuda=run.cuda, dtype=run.dtype, ds_config=ds_cfg)
+    local_len = -(-run.stats["max"] // args.sequence_parallel)  # the tokens of a sample one process holds
+    plan = setup_memory(peft_model, args, max_len=local_len, cuda=run.cuda, dtype=run.dtype, ds_config=ds_cfg)
+    est = estimate_run(run.config, args, length=run.stats["max"], world=run.world, ds_config=ds_cfg, plan=plan,
+                       label_share=run.stats["supervised"] / max(run.stats["tokens"], 1),
+                       dtype_bytes=torch.empty((), dtype=run.dtype).element_size())
+    log(f"[finetune] memory estimate for {run.stats['max']:,}-token samples (a model, not a measurement: "
+        f"ropescale/training/memory_model.py): {est.describe()}")
     run.trainable, run.total = param_counts(peft_model)
     run.extra_names = extra_names
     log(f"[finetune] trainable params: {run.trainable:,} of {run.total:,} "
         f"({100 * run.trainable / max(run.total, 1):.3f}%): LoRA r={args.lora_r} on {','.join(args.lora_targets)} + "
         f"{len(extra_names)} embedding/norm tensors; attention {args.attn}, {args.dtype}, "
         f"{'DeepSpeed ' + run.ds_path.stem if run.ds_path else 'no DeepSpeed'}, {run.world} process(es), "
-        f"global batch {run.global_batch} = {args.micro_batch} x {run.world} x {run.grad_accum} accumulation")
+        f"global batch {run.global_batch} = {args.micro_batch} x {run.world // args.sequence_parallel} x "
+        f"{run.grad_accum} accumulation" + (f"; {sequence_parallel.describe(layout)}" if layout else ""))
     install_label_only_forward(peft_model, args.head_chunk)
     return peft_model
 
@@ -409,10 +424,14 @@ def build_trainer(run: Run, targs, model):
     from .trainer import ExportCallback, LabelOnlyTrainer, ProgressCallback
 
     config = run.config
-    collator = Collator(pad_id=config.pad_token_id if config.pad_token_id is not None else
-                        (config.eos_token_id if isinstance(config.eos_token_id, int) else 0))
+    pad_id = config.pad_token_id if config.pad_token_id is not None else \
+        (config.eos_token_id if isinstance(config.eos_token_id, int) else 0)
+    collator = Collator(pad_id=pad_id)
+    layout = sequence_layout(run)
+    if layout is not None:  # each rank gets its slice of the group's batch
+        collator = sequence_parallel.ShardCollator(collator, layout, pad_id, run.settings.micro_batch)
     trainer = LabelOnlyTrainer(model=model, args=targs, train_dataset=PackedDataset(run.rows),
-                               data_collator=collator)
+                               data_collator=collator, sequence_layout=layout)
     ref = weakref.ref(trainer)
     for cb in (PrinterCallback, HFProgress):  # they print log dicts to stdout; ours go to stderr
         trainer.remove_callback(cb)
@@ -440,6 +459,12 @@ def fit(run: Run, trainer) -> dict | None:
         return None
     rec = _close_record(run, trainer.state.global_step, "done", final=str(out))
     return {"run": str(run.run_dir), "steps": trainer.state.global_step, "seconds": rec.seconds, "final": str(out)}
+
+
+def sequence_layout(run: Run):
+    """Where this process sits under ``--sequence-parallel K`` (``sequence_parallel.Layout``); None for K = 1."""
+    k = run.settings.sequence_parallel
+    return sequence_parallel.Layout(k, run.world, env.rank()) if k > 1 else None
 
 
 def _clear_run(run_dir: Path) -> None:

@@ -13,6 +13,7 @@ from transformers import Trainer, TrainerCallback
 from ropescale.common.io import share_private_files
 
 from .saving import export
+from .sequence_parallel import SHARD_KEYS
 
 
 def peak_memory_mb() -> float:
@@ -116,8 +117,9 @@ class LabelOnlyTrainer(Trainer):
     positions + count); the sum is normalised by the number of labelled tokens of the whole optimizer step
     (``num_items_in_batch``: all micro-batches and ranks), i.e. the token mean over the global batch."""
 
-    def __init__(self, *a, **kw):
+    def __init__(self, *a, sequence_layout=None, **kw):
         super().__init__(*a, **kw)
+        self.sequence_layout = sequence_layout  # sequence parallelism (ropescale.training.sequence_parallel)
         self.model_accepts_loss_kwargs = True  # we normalise by num_items_in_batch ourselves
         self.tokens_seen = 0
         self.label_tokens_seen = 0
@@ -131,9 +133,18 @@ class LabelOnlyTrainer(Trainer):
             # from our settings, and no warning a user cannot act on.
             self.accelerator.gradient_accumulation_steps = self.args.gradient_accumulation_steps
 
+    def get_train_dataloader(self):
+        dl = super().get_train_dataloader()
+        if self.sequence_layout is not None:  # every rank of a sequence group draws the group's batches
+            from .sequence_parallel import shard_data_over_groups
+
+            shard_data_over_groups(dl, self.sequence_layout)
+        return dl
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        shard = {k: inputs[k] for k in SHARD_KEYS if k in inputs}  # a sequence-parallel shard's extra keys
         out = model(input_ids=inputs["input_ids"], labels=inputs["labels"],
-                    attention_mask=inputs.get("attention_mask"))
+                    attention_mask=inputs.get("attention_mask"), **shard)
         self.tokens_seen += int(inputs["input_ids"].numel()) if "attention_mask" not in inputs else \
             int(inputs["attention_mask"].sum())
         self.label_tokens_seen += int(out["n_tokens"])
@@ -186,7 +197,7 @@ class ProgressCallback(TrainerCallback):
         if not logs or "loss" not in logs:
             return
         tr = self.trainer_ref()
-        rec = {"step": state.global_step, "loss": round(float(logs["loss"]), 5),
+        rec = {"step": state.global_step, "loss": round(float(logs["loss"]), 7),
                "lr": float(logs.get("learning_rate", 0.0))}
         rec.update(self.clock.record(tr.tokens_seen, self.world))
         rec.update(memory_record())
@@ -194,7 +205,7 @@ class ProgressCallback(TrainerCallback):
         if plan is not None and hasattr(plan, "record"):
             rec.update(plan.record())
         if "grad_norm" in logs:
-            rec["grad_norm"] = round(float(logs["grad_norm"]), 5)
+            rec["grad_norm"] = round(float(logs["grad_norm"]), 7)
         if self.is_main:
             line = (f"step {rec['step']}/{state.max_steps}  loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  "
                     f"{rec['tokens_per_s']:.0f} tok/s")
