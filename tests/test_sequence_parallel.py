@@ -108,8 +108,8 @@ def test_sp2_matches_one_process(runs, rope):
     assert "sequence parallel 2 (Ulysses): 1 group(s) of 2 processes" in logs[rope]
     assert "[finetune] memory estimate for 2" in logs[rope]  # the memory model's line, before training
     meta = json.loads((two / "run.json").read_text())
-    assert meta["sequence_parallel"] == 2 and meta["world_size"] == 2 and meta["rope"]["method"] == rope
-    assert meta["status"] == "done" and meta["steps"] == STEPS
+    assert meta["settings"]["sequence_parallel"] == 2 and meta["info"]["world_size"] == 2
+    assert meta["rope"]["method"] == rope and meta["status"] == "done" and meta["train"]["steps"] == STEPS
     la, lb = train_log(one), train_log(two)
     assert [r["step"] for r in la] == [r["step"] for r in lb] == list(range(1, STEPS + 1))
     dloss = max(abs(a["loss"] - b["loss"]) for a, b in zip(la, lb))
