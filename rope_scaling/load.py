@@ -49,5 +49,7 @@ def load_model(model_dir: str | os.PathLike, config, *, dtype, attn: str | None 
     ``attn``. Under an active ZeRO-3 DeepSpeed config transformers partitions the weights while loading."""
     from transformers import AutoModelForCausalLM
 
+    from ropescale.common.compat import dtype_kwargs
+
     kw = {"attn_implementation": attn} if attn else {}
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, dtype=dtype, **kw)
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, **dtype_kwargs(dtype), **kw)

@@ -50,6 +50,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from ropescale.common import compat
 from ropescale.common.io import InputError
 from ropescale.common.settings import setting
 
@@ -192,7 +193,7 @@ class HFBackend:
             self.attn = attn_implementation(self.device, self.dtype)
             model = load_model(model_dir, config, dtype=self.dtype, attn=self.attn).to(self.device)
         else:
-            self.attn = getattr(model.config, "_attn_implementation", None) or "sdpa"
+            self.attn = compat.attn_implementation(model.config)
         self.model = model.eval()
         self.eos = eos_ids_of(model_dir, config, tokenizer)
         if not self.eos:
@@ -412,11 +413,8 @@ class VLLMBackend:
 def _rope_entries(cfg: dict) -> tuple[str, dict]:
     """(the config key holding the rope dict, that dict as a flat 5.x-style dict with rope_type) of a config dict:
     ``rope_parameters`` (transformers 5.x) or ``rope_scaling`` (4.x, rope_theta beside it)."""
-    rp = cfg.get("rope_parameters")
-    if isinstance(rp, dict) and rp:
-        key, e = "rope_parameters", dict(rp)
-    else:
-        key, e = "rope_scaling", dict(cfg.get("rope_scaling") or {})
+    key = compat.rope_key(cfg)
+    e = dict(cfg.get(key) or {})
     e["rope_type"] = e.get("rope_type") or e.get("type") or "default"
     return key, e
 

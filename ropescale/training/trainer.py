@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback
 
+from ropescale.common import compat
+
 from .saving import export
 
 
@@ -116,7 +118,7 @@ class LabelOnlyTrainer(Trainer):
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
-        self.model_accepts_loss_kwargs = True  # we normalise by num_items_in_batch ourselves
+        compat.trainer_takes_token_sums(self)  # we normalise by num_items_in_batch ourselves
         self.tokens_seen = 0
         self.label_tokens_seen = 0
 
@@ -129,9 +131,7 @@ class LabelOnlyTrainer(Trainer):
         if num_items_in_batch is None:
             loss = out["loss_sum"] / out["n_tokens"].clamp(min=1)
         else:
-            loss = out["loss_sum"] / num_items_in_batch
-            if self.args.average_tokens_across_devices and self.accelerator.num_processes > 1:
-                loss = loss * self.accelerator.num_processes
+            loss = out["loss_sum"] / num_items_in_batch * compat.token_mean_world_factor(self)
         return (loss, out) if return_outputs else loss
 
 
