@@ -39,7 +39,8 @@ def side_pins(side: str, extra: list[str]) -> list[str]:
         for n in LOWEST:
             lo = envbuild.lower_bound(n)
             if lo is None:
-                raise SystemExit(f"[compat] {n} has no lower bound (>=X) in pyproject.toml / requirements-deepspeed.txt")
+                raise SystemExit(f"[compat] {n} has no lower bound (>=X) in pyproject.toml or "
+                                 "requirements-deepspeed.txt")
             pins[n] = f"{n}=={lo}"
     for p in extra:
         pins[envbuild.canon(p.split("=")[0].split("<")[0].split(">")[0].strip())] = p

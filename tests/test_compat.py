@@ -165,8 +165,8 @@ def test_duck_cache_with_a_prepared_mask_decodes_as_the_full_forward():
             out = model(input_ids=IDS[:, t:t + 1], position_ids=torch.tensor([[t]]), attention_mask=mask,
                         past_key_values=cache, use_cache=True)
             got.append(out.logits[0, -1])
-    assert cache.calls == [0, 1] * n, changed("transformers", f"how attention layers call the cache ({cache.calls[:6]})",
-                                              "DuckCache")
+    assert cache.calls == [0, 1] * n, \
+        changed("transformers", f"how attention layers call the cache ({cache.calls[:6]})", "DuckCache")
     assert torch.allclose(torch.stack(got), ref, atol=1e-4), \
         changed("transformers", "the use of a prepared 4D mask or of the (key, value) the cache returns",
                 "DuckCache / prepared_mask_blocker")
@@ -208,7 +208,8 @@ def test_dynamic_ntk_rotary_internals():
                 "rope_frequencies")
     want_inv, want_scaling = compat.rope_frequencies_for_length(m, torch.device("cpu"), 40)
     assert torch.allclose(want_inv, inv) and want_scaling == scaling, \
-        changed("transformers", "ROPE_INIT_FUNCTIONS[rope_type](config, device, seq_len=)", "rope_frequencies_for_length")
+        changed("transformers", "ROPE_INIT_FUNCTIONS[rope_type](config, device, seq_len=)",
+                "rope_frequencies_for_length")
     # the undecorated forward uses the frequencies it is given, and does not update them
     x = torch.zeros(1, 3, 32)
     pos = torch.tensor([[37, 38, 39]])
@@ -310,8 +311,8 @@ def test_trainer_takes_token_sums_gives_the_token_mean_of_the_step(tmp_path):
     tr.train()
     n = sum(int((y != -100).sum()) for y in labels)
     grad = sum(float((2 * x ** 2 * (y != -100)).sum()) for x, y in zip(xs, labels)) / n  # d/dw at w = 1
-    assert [s if s is None else int(s) for s in tr.seen] == [n, n], changed("transformers", f"num_items_in_batch ({tr.seen})",
-                                                        "trainer_takes_token_sums")
+    assert [s if s is None else int(s) for s in tr.seen] == [n, n], \
+        changed("transformers", f"num_items_in_batch ({tr.seen})", "trainer_takes_token_sums")
     assert model.w.item() == pytest.approx(1.0 - grad, rel=1e-5), \
         changed("transformers", f"the Trainer's loss scaling under gradient accumulation (w {model.w.item():.5f}, "
                 f"token mean expects {1.0 - grad:.5f})", "trainer_takes_token_sums / token_mean_world_factor")
@@ -379,7 +380,8 @@ def test_deepspeed_zero3_marks_gathering_shm_op_and_stdout_logger(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["zero3"] and out["numel"][0] == 30 and out["numel"][1] < 30, \
-        changed("deepspeed", f"how ZeRO-3 marks partitioned parameters ({out['numel']})", "is_zero3_param / param_numel")
+        changed("deepspeed", f"how ZeRO-3 marks partitioned parameters ({out['numel']})",
+                "is_zero3_param / param_numel")
     assert out["gathered_numel"] == 30 and out["kept"] == 60.0, \
         changed("deepspeed", "GatheredParameters(params, modifier_rank=)", "zero3_gathered")
     assert out["plain"] == [False, 3]

@@ -13,9 +13,9 @@ transformers
   (rope_scaling/hf.py; evaluation/backends.py's vLLM overrides): :func:`rope_layout`, :func:`read_rope_entries`,
   :func:`write_rope_entries`, :func:`rope_key`. The library must be 5.13+ (pyproject.toml says why), but config.json
   files and config dicts in the 4.x layout are still read and written in their own layout.
-- the dtype field, ``dtype`` (5.x) vs ``torch_dtype`` (4.x, and 4.x-era config.json files), on configs and ``from_pretrained``
-  (rope_scaling/load.py, training/saving.py merge, common/tiny.py): :func:`config_dtype`, :func:`set_config_dtype`,
-  :func:`dtype_kwargs`
+- the dtype field, ``dtype`` (5.x) vs ``torch_dtype`` (4.x, and 4.x-era config.json files), on configs and in
+  ``from_pretrained`` (rope_scaling/load.py, training/saving.py merge, common/tiny.py): :func:`config_dtype`,
+  :func:`set_config_dtype`, :func:`dtype_kwargs`
 - ``forward(logits_to_keep=)`` (``num_logits_to_keep`` before 4.50; engine.py prefill, probes/scorer.py):
   :func:`last_logits_kwargs`
 - the attention implementation lives in the private ``config._attn_implementation``; attention functions are
@@ -59,9 +59,11 @@ deepspeed
 accelerate
 - the ``OMP_NUM_THREADS/MKL_NUM_THREADS unset`` warning (common/cli.quiet_libraries): :data:`QUIET_WARNINGS`
 
-Not here: vLLM's rope fields (evaluation/backends.vllm_settings: vLLM is optional and GPU-only; tests/test_eval_vllm.py
-covers the versions seen), torch's private allocator setter (training/env.py; torch is pinned), bench/ and tests/
-(they use the shims above or public APIs).
+Not here: vLLM's rope fields (evaluation/backends.vllm_settings: vLLM is optional and GPU-only;
+tests/test_eval_vllm.py covers the versions seen), torch's private allocator setter (training/env.py; torch is
+pinned), training/run.py (above), bench/ (public APIs only) and tests/, which read some of these internals directly as
+independent references (ROPE_INIT_FUNCTIONS in test_rope_scaling, _gradient_checkpointing_func in
+test_training_memory).
 """
 from __future__ import annotations
 
@@ -160,8 +162,9 @@ def write_rope_entries(cfg, entries: dict, max_pos: int) -> None:
         t = rest["rope_type"]
         config_set(cfg, "rope_scaling", None if t == "default" else {**rest, "type": t})
     config_set(cfg, "max_position_embeddings", int(max_pos))
-    if config_get(cfg, "original_max_position_embeddings") is not None and "original_max_position_embeddings" in entries:
-        config_set(cfg, "original_max_position_embeddings", entries["original_max_position_embeddings"])
+    key = "original_max_position_embeddings"
+    if config_get(cfg, key) is not None and key in entries:
+        config_set(cfg, key, entries[key])
 
 
 # ================================================================ transformers: dtype
