@@ -1,7 +1,7 @@
 """`make compat`: pyproject.toml's ranges tested at both ends, before the lock is refreshed.
 
-Two throw-away venvs under .cache/compat/ (ignored; rebuilt each time, scripts/envbuild.py: torch pinned to the
-CPU wheel, deepspeed without build isolation, pip check):
+Two throw-away venvs under .cache/compat/ (ignored; built afresh each time and removed afterwards unless --keep;
+scripts/envbuild.py: torch pinned to the CPU wheel, deepspeed without build isolation, pip check):
 
 - newest: the newest releases the ranges allow (what `make lock` would freeze today);
 - lowest: transformers, peft, accelerate, deepspeed and datasets at their declared minimums (``>=X``), the rest
@@ -9,8 +9,8 @@ CPU wheel, deepspeed without build isolation, pip check):
 
 The whole test suite runs in each (one after the other: the suite takes both cores), each run's log is kept
 (.cache/compat/logs/DATE-SIDE.log, with the build's pip output and the pytest output), and a table of versions,
-passed/failed counts, exit status and minutes is printed (and written to .cache/compat/table.md). Exit status 1
-when a side fails. ``--side lowest --pin transformers==5.1.0 -- tests/test_generate.py`` bisects a bound.
+passed/failed counts, exit status and minutes is printed (and written to .cache/compat/table.md and
+logs/DATE-table.md). Exit status 1 when a side fails. ``--side lowest --pin transformers==5.1.0 -- tests/test_generate.py`` bisects a bound.
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def run_tests(venv: Path, out: Path, log, pytest_args: list[str]) -> dict:
     return res
 
 
-def one_side(side: str, pins: list[str], pytest_args: list[str], stamp: str) -> dict:
+def one_side(side: str, pins: list[str], pytest_args: list[str], stamp: str, keep: bool = False) -> dict:
     out = WORK / side
     out.mkdir(parents=True, exist_ok=True)
     (WORK / "logs").mkdir(exist_ok=True)
@@ -91,6 +91,11 @@ def one_side(side: str, pins: list[str], pytest_args: list[str], stamp: str) -> 
         print(f"[compat] {side}: built in {row['build_seconds']:.0f} s; running the tests", file=sys.stderr,
               flush=True)
         row.update(run_tests(out / "venv", out, log, pytest_args))
+    if not keep:  # throw-away: 1.5 GB each; the log and the versions stay
+        import shutil
+
+        shutil.rmtree(out / "venv", ignore_errors=True)
+        shutil.rmtree(out / "cache", ignore_errors=True)
     print(f"[compat] {side}: {row['passed']} passed, {row['failed'] + row['errors']} failed, exit {row['rc']} "
           f"({row['seconds'] / 60:.1f} min)", file=sys.stderr, flush=True)
     return row
@@ -117,6 +122,7 @@ def main(argv=None) -> int:
     p.add_argument("--side", choices=("newest", "lowest", "both"), default="both")
     p.add_argument("--pin", action="append", default=[], metavar="PKG==VER",
                    help="pin a package on the side(s) run (overrides the side's own pin); repeatable")
+    p.add_argument("--keep", action="store_true", help="keep the venvs afterwards (.cache/compat/SIDE/venv)")
     a, rest = p.parse_known_args(argv)
     pytest_args = [x for x in rest if x != "--"]  # pytest.ini already says -q
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -124,7 +130,7 @@ def main(argv=None) -> int:
     rows = []
     for s in sides:  # an experiment (--pin) gets its own directory and log name, e.g. lowest+transformers==5.1.0
         label = s + "".join(f"+{x}" for x in a.pin)
-        rows.append(one_side(label, side_pins(s, a.pin), pytest_args, stamp))
+        rows.append(one_side(label, side_pins(s, a.pin), pytest_args, stamp, a.keep))
     t = table(rows)
     print(t)
     for r in rows:
@@ -132,7 +138,9 @@ def main(argv=None) -> int:
             print(f"  {r['side']} failing: {name}")
         if r.get("error"):
             print(f"  {r['side']}: {r['error']}")
-    (WORK / "table.md").write_text(f"{stamp}  pytest {' '.join(pytest_args)}\n\n{t}\n", encoding="utf-8")
+    text = f"{stamp}  pytest {' '.join(pytest_args) or '(the whole suite)'}\n\n{t}\n"
+    for f in (WORK / "table.md", WORK / "logs" / f"{stamp}-table.md"):  # the latest, and one per run beside its logs
+        f.write_text(text, encoding="utf-8")
     ok = all(r.get("rc") == 0 for r in rows)
     return 0 if ok else 1
 
