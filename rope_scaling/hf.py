@@ -29,6 +29,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ropescale.common import compat
+from ropescale.common.compat import config_get as _get, config_set as _set
 from ropescale.common.io import InputError
 
 from .formulas import HF_READERS, Freqs, frequencies, hf_entries
@@ -39,72 +41,20 @@ DEFAULT_THETA = 10000.0  # transformers' default_theta when a config names no ba
 _SUPPORTED_TYPES = tuple(HF_READERS)  # the HF rope types a config may carry (formulas.REGISTRY: Method.reads)
 
 
-# ---------------------------------------------------------------- config access (object or dict)
-def _get(cfg, key: str, default=None):
-    if isinstance(cfg, dict):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
-
-
-def _has(cfg, key: str) -> bool:
-    if isinstance(cfg, dict):
-        return key in cfg
-    try:
-        getattr(cfg, key)
-        return True
-    except AttributeError:
-        return False
-
-
-def _set(cfg, key: str, value) -> None:
-    if isinstance(cfg, dict):
-        cfg[key] = value
-    else:
-        setattr(cfg, key, value)
-
-
-def _style(cfg) -> str:
-    """'5' (rope_parameters), '4' (rope_scaling + rope_theta), or InputError when the config has no rope fields."""
-    rp = _get(cfg, "rope_parameters")
-    if isinstance(rp, dict) and rp:
-        return "5"
-    if _has(cfg, "rope_theta") or (isinstance(cfg, dict) and "rope_scaling" in cfg) or (
-            not isinstance(cfg, dict) and not _has(cfg, "rope_parameters") and _has(cfg, "rope_scaling")):
-        return "4"
-    raise InputError("config has no RoPE fields (rope_parameters, or rope_theta / rope_scaling): "
-                     "not a RoPE model")
-
-
+# ---------------------------------------------------------------- config access: the 4.x / 5.x layouts live in compat
 def _entries(cfg) -> dict:
-    """The config's rope entries as one flat 5.x-style dict: rope_type, rope_theta, and the type's keys."""
-    if _style(cfg) == "5":
-        e = dict(_get(cfg, "rope_parameters"))
-        labels = _get(cfg, "layer_types") or ()
-        if any(isinstance(v, dict) for v in e.values()) or any(k in labels for k in e):
-            raise InputError("per-layer rope_parameters are not supported (Llama / Qwen2 / Mistral have one)")
-    else:
-        e = dict(_get(cfg, "rope_scaling") or {})
-        e["rope_theta"] = _get(cfg, "rope_theta", DEFAULT_THETA)
-    e["rope_type"] = e.pop("type", None) or e.get("rope_type") or "default"
-    e.setdefault("rope_theta", DEFAULT_THETA)
-    if e["rope_theta"] is None:
-        e["rope_theta"] = DEFAULT_THETA
-    return e
+    """The config's rope entries as one flat 5.x-style dict: rope_type, rope_theta, and the type's keys
+    (:func:`ropescale.common.compat.read_rope_entries`; InputError when it has none or they are per layer)."""
+    try:
+        return compat.read_rope_entries(cfg, DEFAULT_THETA)
+    except ValueError as e:
+        raise InputError(str(e)) from None
 
 
 def _write(cfg, entries: dict, max_pos: int) -> None:
-    """Replace the config's rope entries by ``entries`` (complete) and set max_position_embeddings."""
-    if _style(cfg) == "5":
-        _set(cfg, "rope_parameters", dict(entries))
-    else:
-        rest = {k: v for k, v in entries.items() if k != "rope_theta"}
-        _set(cfg, "rope_theta", entries["rope_theta"])
-        t = rest["rope_type"]
-        _set(cfg, "rope_scaling", None if t == "default" else {**rest, "type": t})
-    _set(cfg, "max_position_embeddings", int(max_pos))
-    if _get(cfg, "original_max_position_embeddings") is not None and "original_max_position_embeddings" in entries:
-        # Phi3-style top-level key: transformers 5.x gives it priority over the one in rope_parameters
-        _set(cfg, "original_max_position_embeddings", entries["original_max_position_embeddings"])
+    """Replace the config's rope entries by ``entries`` (complete) and set max_position_embeddings, in the config's
+    own layout (:func:`ropescale.common.compat.write_rope_entries`)."""
+    compat.write_rope_entries(cfg, entries, max_pos)
 
 
 def rotary_dim(cfg) -> int:
@@ -154,7 +104,7 @@ def rope_entries(cfg) -> tuple[str, dict]:
     """(the config key that holds the rope dict: ``rope_parameters`` on 5.x, ``rope_scaling`` on 4.x, that dict's
     entries flattened 5.x-style with rope_type and rope_theta): what a writer of another format (vLLM's
     hf_overrides) starts from."""
-    return ("rope_parameters" if _style(cfg) == "5" else "rope_scaling"), _entries(cfg)
+    return compat.rope_key(cfg), _entries(cfg)
 
 
 @dataclasses.dataclass(frozen=True)

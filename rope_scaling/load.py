@@ -51,9 +51,11 @@ def load_model(model_dir: str | os.PathLike, config, *, dtype, attn: str | None 
     ``attn``. Under an active ZeRO-3 DeepSpeed config transformers partitions the weights while loading."""
     from transformers import AutoModelForCausalLM
 
+    from ropescale.common.compat import dtype_kwargs
+
     from ropescale.common.tiny import check_weights
 
     if Path(model_dir).exists():  # a hub id is transformers' to fetch and check
         check_weights(Path(model_dir))
     kw = {"attn_implementation": attn} if attn else {}
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, dtype=dtype, **kw)
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, **dtype_kwargs(dtype), **kw)

@@ -20,6 +20,7 @@ import sys
 import warnings
 from typing import Callable, Iterable
 
+from . import compat
 from .io import InputError
 from .settings import plain
 
@@ -173,14 +174,7 @@ def add_alias(p: argparse.ArgumentParser, flag: str, *aliases: str, **kw) -> Non
 
 
 # ---------------------------------------------------------------- entry points
-QUIET_WARNINGS = (
-    # (category, message regex, module regex): warnings from libraries about their own internals
-    (FutureWarning, "", r"(torch|transformers|deepspeed|peft|accelerate)(\.|$)"),
-    (DeprecationWarning, "", r"(torch|transformers|deepspeed|peft|accelerate|jieba|pkg_resources)(\.|$)"),
-    (UserWarning, r".*(TypedStorage|torch\.utils\._pytree|None of the inputs have requires_grad|"
-                  r"use_reentrant|Casting complex values|The given NumPy array is not writable)", ""),
-    (UserWarning, r"OMP_NUM_THREADS/MKL_NUM_THREADS unset", r"accelerate(\.|$)"),
-)
+QUIET_WARNINGS = compat.QUIET_WARNINGS  # (category, message regex, module regex): library warnings about themselves
 
 
 def quiet_libraries() -> None:
@@ -193,7 +187,7 @@ def quiet_libraries() -> None:
 def logs_to_stderr() -> None:
     """DeepSpeed's logger writes to stdout; under the launcher that mixes logs into results. Point every stream
     handler of the loggers we know at stderr (call again after importing deepspeed)."""
-    for name in ("DeepSpeed", "deepspeed", "accelerate", "torch.distributed"):
+    for name in compat.STDOUT_LOGGERS:
         log = logging.getLogger(name)
         for h in log.handlers:
             if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) is sys.stdout:

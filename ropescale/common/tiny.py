@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ropescale.common import compat
 from ropescale.common.io import InputError, read_json, sha256_file, write_json_atomic
 from ropescale.common.paths import CACHE_DIR, CHAPTERS_JSONL, REPO_ROOT
 
@@ -120,7 +121,7 @@ def tiny_config(vocab_size: int, arch: str = "qwen2", hidden_size: int = 256, nu
     if arch not in ("llama", "qwen2", "mistral"):
         raise InputError(f"unknown tiny architecture {arch!r} (llama, qwen2, mistral)")
     cfg = AutoConfig.for_model(arch, **kw)
-    setattr(cfg, "dtype" if hasattr(cfg, "dtype") else "torch_dtype", "float32")  # transformers 5.x / 4.x
+    compat.set_config_dtype(cfg, "float32")  # transformers 5.x dtype / 4.x torch_dtype
     return cfg
 
 

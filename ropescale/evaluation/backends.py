@@ -50,6 +50,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from ropescale.common import compat
 from ropescale.common.io import InputError
 from ropescale.common.settings import setting
 
@@ -192,7 +193,7 @@ class HFBackend:
             self.attn = attn_implementation(self.device, self.dtype)
             model = load_model(model_dir, config, dtype=self.dtype, attn=self.attn).to(self.device)
         else:
-            self.attn = getattr(model.config, "_attn_implementation", None) or "sdpa"
+            self.attn = compat.attn_implementation(model.config)
         self.model = model.eval()
         self.eos = eos_ids_of(model_dir, config, tokenizer)
         if not self.eos:

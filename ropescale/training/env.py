@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import importlib
 import os
 import socket
 
@@ -55,11 +54,9 @@ def disable_shm_comm() -> None:
     """Keep DeepSpeed from JIT-compiling its CPU shared-memory comm op (gloo is used instead)."""
     if os.environ.get("ROPESCALE_DS_SHM") == "1":
         return
-    try:
-        mod = importlib.import_module("deepspeed.comm.torch")
-    except Exception:  # noqa: BLE001 - deepspeed not installed: nothing to disable
-        return
-    mod.build_shm_op = lambda: None
+    from ropescale.common.compat import disable_deepspeed_shm_op
+
+    disable_deepspeed_shm_op()
 
 
 def world_size() -> int:

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ropescale.common.compat import is_zero3_param
+
 IGNORE_INDEX = -100
 
 
@@ -53,7 +55,7 @@ def head_loss_sum(head, hidden: torch.Tensor, labels: torch.Tensor, chunk: int =
     n = int(t.numel())
     if n == 0:  # still run the head once (weight 0): every rank calls it the same number of times (ZeRO-3)
         return _head_ce(head, hidden[:, :1].reshape(-1, hidden.size(-1)), tgt[:, :1].reshape(-1).clamp(min=0)) * 0.0, 0
-    zero3 = any(hasattr(p, "ds_id") for p in head.parameters())
+    zero3 = any(is_zero3_param(p) for p in head.parameters())
     if n <= chunk or not torch.is_grad_enabled() or zero3:
         # under ZeRO-3 each head call gathers its weight collectively, so the call count must not depend on n
         return _head_ce(head, h, t), n

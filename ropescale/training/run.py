@@ -417,7 +417,7 @@ def _close_record(run: Run, step: int, status: str, **info) -> RunRecord:
 def build_trainer(run: Run, targs, model):
     """Phase 6, the trainer: the label-only Trainer on the packed rows, our progress log and exports in place of
     HF's printers; on a resume without DeepSpeed, the trained embeddings/norms of the checkpoint's export."""
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback as HFProgress
+    from ropescale.common.compat import stdout_callbacks
 
     from .data import Collator, PackedDataset
     from .saving import load_export_into
@@ -433,7 +433,7 @@ def build_trainer(run: Run, targs, model):
     trainer = LabelOnlyTrainer(model=model, args=targs, train_dataset=PackedDataset(run.rows),
                                data_collator=collator, sequence_layout=layout)
     ref = weakref.ref(trainer)
-    for cb in (PrinterCallback, HFProgress):  # they print log dicts to stdout; ours go to stderr
+    for cb in stdout_callbacks():  # they print log dicts to stdout; ours go to stderr
         trainer.remove_callback(cb)
     trainer.add_callback(ProgressCallback(ref, run.run_dir / "train_log.jsonl" if run.main else None, run.main,
                                           run.world))

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ropescale.common import compat
 from ropescale.common.io import InputError, atomic_dir, check_output_dir, write_json_atomic
 from ropescale.common.runs import TRAIN_JSON, RunMeta
 
@@ -35,8 +36,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "tokenizer.model", "added_tokens.json", "chat_template.jinja", "generation_config.json")
 
 
-def _is_zero3_param(p) -> bool:
-    return hasattr(p, "ds_id")
+_is_zero3_param = compat.is_zero3_param
 
 
 def gather_trainable(model) -> dict[str, torch.Tensor]:
@@ -46,9 +46,7 @@ def gather_trainable(model) -> dict[str, torch.Tensor]:
     z3 = [p for _, p in named if _is_zero3_param(p)]
     out: dict[str, torch.Tensor] = {}
     if z3:
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(z3, modifier_rank=None):
+        with compat.zero3_gathered(z3, modifier_rank=None):
             for n, p in named:
                 out[n] = p.detach().to("cpu", copy=True).contiguous()
     else:
@@ -62,7 +60,7 @@ def gather_trainable(model) -> dict[str, torch.Tensor]:
 
 def split_trainable(state: dict[str, torch.Tensor], extra_names: list[str]) -> tuple[dict, dict]:
     """(LoRA tensors with PEFT's full names, extra tensors named relative to the causal LM)."""
-    prefix = "base_model.model."
+    prefix = compat.PEFT_PREFIX
     extra_set = set(extra_names)
     lora, extra = {}, {}
     for n, t in state.items():
@@ -149,7 +147,7 @@ def load_export_into(peft_model, export_dir: str | os.PathLike) -> None:
     d = Path(export_dir)
     adapter = load_file(str(d / ADAPTER_FILE))
     res = set_peft_model_state_dict(peft_model, adapter)
-    unexpected = getattr(res, "unexpected_keys", [])
+    unexpected = compat.peft_unexpected_keys(res)
     if unexpected:
         raise InputError(f"adapter does not fit the model (unexpected {unexpected[:3]})", d)
     extra = load_file(str(d / TRAINED_FILE))
@@ -159,9 +157,7 @@ def load_export_into(peft_model, export_dir: str | os.PathLike) -> None:
             raise InputError(f"trained tensor {n} is not in the model", d / TRAINED_FILE)
     z3 = [params[n] for n in extra if _is_zero3_param(params[n])]
     if z3:  # partitioned by ZeRO-3 while loading: gather, write, re-partition (all ranks call this)
-        import deepspeed
-
-        ctx = deepspeed.zero.GatheredParameters(z3, modifier_rank=0)
+        ctx = compat.zero3_gathered(z3, modifier_rank=0)
     else:
         ctx = contextlib.nullcontext()
     with ctx, torch.no_grad():
@@ -212,7 +208,7 @@ def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_mod
         raise InputError("base model of the run not found (pass --base-model)", base)
     config, _ = load_config(d)  # the trained config: rope applied
     if dtype == "auto":
-        torch_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+        torch_dtype = compat.config_dtype(config) or torch.float32
         if isinstance(torch_dtype, str):
             torch_dtype = getattr(torch, torch_dtype)
     else:
@@ -228,7 +224,7 @@ def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_mod
                 raise InputError(f"trained tensor {n} is not in the base model", d / TRAINED_FILE)
             params[n].copy_(t.to(params[n].dtype))
     train = training_record(d, info)
-    model = PeftModel.from_pretrained(model, str(d), autocast_adapter_dtype=False)
+    model = PeftModel.from_pretrained(model, str(d), **compat.peft_keep_dtype())
     model = model.merge_and_unload()
     with atomic_dir(out) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)

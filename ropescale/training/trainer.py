@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback
 
+from ropescale.common import compat
 from ropescale.common.io import share_private_files
 
 from .saving import export
@@ -120,18 +121,13 @@ class LabelOnlyTrainer(Trainer):
     def __init__(self, *a, sequence_layout=None, **kw):
         super().__init__(*a, **kw)
         self.sequence_layout = sequence_layout  # sequence parallelism (ropescale.training.sequence_parallel)
-        self.model_accepts_loss_kwargs = True  # we normalise by num_items_in_batch ourselves
+        compat.trainer_takes_token_sums(self)  # we normalise by num_items_in_batch ourselves
         self.tokens_seen = 0
         self.label_tokens_seen = 0
 
     def create_accelerator_and_postprocess(self):
         super().create_accelerator_and_postprocess()
-        if self.is_deepspeed_enabled:
-            # The Trainer accumulates gradients itself and gives accelerate 1 step, while the DeepSpeed config it
-            # fills says args.gradient_accumulation_steps; accelerate >= 1.9 then warns ("Gradient accumulation
-            # steps mismatch") and takes DeepSpeed's value. Give accelerate that value up front: the same end state,
-            # from our settings, and no warning a user cannot act on.
-            self.accelerator.gradient_accumulation_steps = self.args.gradient_accumulation_steps
+        compat.agree_grad_accum(self)  # no "Gradient accumulation steps mismatch" warning under DeepSpeed
 
     def get_train_dataloader(self):
         dl = super().get_train_dataloader()
@@ -151,9 +147,7 @@ class LabelOnlyTrainer(Trainer):
         if num_items_in_batch is None:
             loss = out["loss_sum"] / out["n_tokens"].clamp(min=1)
         else:
-            loss = out["loss_sum"] / num_items_in_batch
-            if self.args.average_tokens_across_devices and self.accelerator.num_processes > 1:
-                loss = loss * self.accelerator.num_processes
+            loss = out["loss_sum"] / num_items_in_batch * compat.token_mean_world_factor(self)
         return (loss, out) if return_outputs else loss
 
 
