@@ -3,7 +3,7 @@ PY := .venv/bin/python
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench lock compat clean
 setup:
 	@bash scripts/setup.sh
 
@@ -15,6 +15,15 @@ test: setup
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# the whole suite at both ends of pyproject.toml's ranges (throw-away venvs and logs under .cache/compat/): ~20 min.
+# compat and lock run with the Python set-up uses (PYTHON, default python3; 3.11+), not .venv.
+compat:
+	@$(or $(PYTHON),python3) scripts/compat.py
+
+# requirements.lock from pyproject.toml's ranges (a fresh venv; prints what changed). Run `make compat` first.
+lock:
+	@$(or $(PYTHON),python3) scripts/lock.py
 
 clean:
 	rm -rf .venv .cache runs

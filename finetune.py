@@ -5,9 +5,9 @@ from ropescale.training.env import setup_env
 
 setup_env()  # before torch / DeepSpeed are imported: CPU accelerator, rendezvous defaults
 
-from ropescale.common.cli import quiet_libraries  # noqa: E402
+from ropescale.common.cli import prepare_process  # noqa: E402
 
-quiet_libraries()
+prepare_process()
 
 from ropescale.training.cli import main  # noqa: E402
 

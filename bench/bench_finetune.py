@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from ropescale.common.cli import prepare_process  # noqa: E402
+
+prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 
 from ropescale.training.env import setup_env  # noqa: E402
 

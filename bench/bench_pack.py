@@ -18,7 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ropescale.common.cli import prepare_process  # noqa: E402
+
+prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 
 from data_concat.pack import (TARGETS, EncodedPair, compute_stats, pack_encoded,  # noqa: E402
                               write_packed)

@@ -15,9 +15,11 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ropescale.common.cli import prepare_process  # noqa: E402
+
+prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 
 from rope_scaling import RopeSpec, add_rope_args, apply_rope, spec_from_args  # noqa: E402
 from ropescale.common.cli import cli_main  # noqa: E402
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         r = bench_pair(base_model, build(sp, args), ids, args.repeats, args.warmup)
         results.append({"rope": sp.method, "scale": sp.scale, "seq_len": seq, **r})
         if not args.json:
-            print(f"{sp.describe():<28} seq {seq:>5}  unscaled {r['unscaled_s'] * 1e3:7.1f} ms  scaled "
+            print(f"{sp.label():<28} seq {seq:>5}  unscaled {r['unscaled_s'] * 1e3:7.1f} ms  scaled "
                   f"{r['scaled_s'] * 1e3:7.1f} ms  ratio {r['ratio']:.3f}", flush=True)
     worst = max(r["ratio"] for r in results)
     if args.json:

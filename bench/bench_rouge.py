@@ -17,9 +17,11 @@ import json
 import random
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ropescale.common.cli import prepare_process  # noqa: E402
+
+prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 
 from ropescale.common import rouge as R  # noqa: E402
 from ropescale.common.rouge_reference import run_big_stack  # noqa: E402

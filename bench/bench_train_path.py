@@ -40,9 +40,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from ropescale.common.cli import prepare_process  # noqa: E402
+
+prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 
 SHAPES = {
     "7b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
@@ -144,11 +145,9 @@ class HostMemorySampler:
 
     @staticmethod
     def _available() -> int:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-        return 0
+        from ropescale.training.memory import available_host_bytes
+
+        return available_host_bytes()
 
     def _loop(self):
         while not self._stop.wait(self.every):

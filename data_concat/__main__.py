@@ -1,9 +1,9 @@
 """python -m data_concat {pack,stats,pairs,sample,recall} ..."""
 import sys
 
-from ropescale.common.cli import quiet_libraries
+from ropescale.common.cli import prepare_process
 
-quiet_libraries()
+prepare_process()
 
 from .cli import main  # noqa: E402
 

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from ropescale.common.cli import add_alias, add_command, add_json, cli_main
-from ropescale.common.io import InputError
+from ropescale.common.io import InputError, read_json
 
 from .args import add_rope_args, spec_from_args
 from .hf import apply_rope, extended_context, plan_rope, rope_state
@@ -60,15 +60,7 @@ def load_config(path: str | Path) -> dict:
         p = p / "config.json"
     if not p.is_file():
         raise InputError("no such config.json", p)
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise InputError("not valid UTF-8", p) from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"malformed JSON: {e.msg}", p, e.lineno) from None
-    if not isinstance(cfg, dict):
-        raise InputError("expected a JSON object", p)
-    return cfg
+    return read_json(p, "config.json")
 
 
 def classify(orig: float, scaled: float, s: float) -> str:

@@ -180,6 +180,38 @@ def _extended(spec: RopeSpec) -> int:
     return int(round(spec.orig_ctx * spec.scale))
 
 
+# ---------------------------------------------------------------- each HF rope type read back as a method
+# For a config this repo did not write (a model's native scaling, a config edited by hand): the flat entries ``e``
+# (rope_type, rope_theta, factor ...), the config's original_max_position_embeddings ``orig`` (None when it names
+# none) and its max_position_embeddings ``max_pos`` -> the spec's fields. ntk and abf write "default" too, but a
+# default entry alone cannot tell them from a model's own base: it reads back as none.
+def _none_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
+    return {"method": "none", "orig_ctx": max_pos}
+
+
+def _pi_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
+    # linear entries do not say the original context: max_position_embeddings is taken as it (Vicuna-v1.5-16K's
+    # style: 4096 with factor 4); what this repo writes (orig x s) carries it in its ropescale_rope record
+    return {"method": "pi", "scale": e["factor"], "orig_ctx": orig or max_pos}
+
+
+def _dynamic_ntk_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
+    # transformers' dynamic NTK takes max_position_embeddings as the original context
+    return {"method": "dynamic_ntk", "scale": e["factor"], "orig_ctx": max_pos}
+
+
+def _yarn_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
+    if e.get("mscale") or e.get("mscale_all_dim") or e.get("truncate") is False:
+        raise InputError("yarn with mscale / mscale_all_dim / truncate=false is not supported")
+    return {"method": "yarn", "scale": e["factor"], "orig_ctx": orig or max_pos, "yarn_alpha": e.get("beta_slow")
+            or 1.0, "yarn_beta": e.get("beta_fast") or 32.0, "yarn_mscale": e.get("attention_factor")}
+
+
+def _llama3_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
+    return {"method": "llama3", "scale": e["factor"], "orig_ctx": orig or max_pos, "llama3_low": e["low_freq_factor"],
+            "llama3_high": e["high_freq_factor"]}
+
+
 # ---------------------------------------------------------------- what each method's settings must satisfy
 def _check_none(spec: RopeSpec) -> None:
     if spec.rope_base is not None:
@@ -220,19 +252,23 @@ class Method:
     check: Callable[["RopeSpec"], None] | None = None
     user: bool = True  # --rope may ask for it (False: only read from a model's config, e.g. Llama-3.x llama3)
     needs_orig_ctx: bool = False  # the formula uses the original context
+    reads: str | None = None  # the HF rope_type read back as this method from a config alone
+    from_hf: Callable[[dict, int | None, int], dict] | None = None  # (entries, orig, max_pos) -> spec fields
 
 
 REGISTRY: dict[str, Method] = {m.name: m for m in (
-    Method("none", "unchanged", _none, _default_hf, _check_none),
-    Method("pi", "position interpolation (positions / s)", _pi, _pi_hf),
+    Method("none", "unchanged", _none, _default_hf, _check_none, reads="default", from_hf=_none_from_hf),
+    Method("pi", "position interpolation (positions / s)", _pi, _pi_hf, reads="linear", from_hf=_pi_from_hf),
     Method("ntk", "static NTK-aware (base * s^(d/(d-2)))", _ntk, _ntk_hf),
     Method("dynamic_ntk", "NTK base recomputed from the current length (transformers 'dynamic')", _dynamic_ntk,
-           _dynamic_ntk_hf, needs_orig_ctx=True),
-    Method("yarn", "NTK-by-parts + attention temperature", _yarn, _yarn_hf, _check_yarn, needs_orig_ctx=True),
+           _dynamic_ntk_hf, needs_orig_ctx=True, reads="dynamic", from_hf=_dynamic_ntk_from_hf),
+    Method("yarn", "NTK-by-parts + attention temperature", _yarn, _yarn_hf, _check_yarn, needs_orig_ctx=True,
+           reads="yarn", from_hf=_yarn_from_hf),
     Method("abf", "a new base (--rope-base)", _abf, _default_hf, _check_abf),
     Method("llama3", "Llama 3.1 scaling, as Llama-3.x configs ship it", _llama3, _llama3_hf, _check_llama3,
-           user=False, needs_orig_ctx=True),
+           user=False, needs_orig_ctx=True, reads="llama3", from_hf=_llama3_from_hf),
 )}
+HF_READERS: dict[str, Method] = {m.reads: m for m in REGISTRY.values() if m.reads}  # HF rope_type -> method
 METHODS = tuple(n for n, m in REGISTRY.items() if m.user)  # what a user can ask for (--rope)
 NATIVE_METHODS = tuple(n for n, m in REGISTRY.items() if not m.user)  # read from configs; apply_rope writes it back
 FORMULAS: dict[str, Callable[[int, float, "RopeSpec", int | None], Freqs]] = {n: m.freqs for n, m in REGISTRY.items()}

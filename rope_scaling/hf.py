@@ -29,82 +29,32 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ropescale.common import compat
+from ropescale.common.compat import config_get as _get, config_set as _set
 from ropescale.common.io import InputError
 
-from .formulas import Freqs, frequencies, hf_entries
+from .formulas import HF_READERS, Freqs, frequencies, hf_entries
 from .spec import RopeSpec
 
 RECORD_KEY = "ropescale_rope"
 DEFAULT_THETA = 10000.0  # transformers' default_theta when a config names no base
-_SUPPORTED_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+_SUPPORTED_TYPES = tuple(HF_READERS)  # the HF rope types a config may carry (formulas.REGISTRY: Method.reads)
 
 
-# ---------------------------------------------------------------- config access (object or dict)
-def _get(cfg, key: str, default=None):
-    if isinstance(cfg, dict):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
-
-
-def _has(cfg, key: str) -> bool:
-    if isinstance(cfg, dict):
-        return key in cfg
-    try:
-        getattr(cfg, key)
-        return True
-    except AttributeError:
-        return False
-
-
-def _set(cfg, key: str, value) -> None:
-    if isinstance(cfg, dict):
-        cfg[key] = value
-    else:
-        setattr(cfg, key, value)
-
-
-def _style(cfg) -> str:
-    """'5' (rope_parameters), '4' (rope_scaling + rope_theta), or InputError when the config has no rope fields."""
-    rp = _get(cfg, "rope_parameters")
-    if isinstance(rp, dict) and rp:
-        return "5"
-    if _has(cfg, "rope_theta") or (isinstance(cfg, dict) and "rope_scaling" in cfg) or (
-            not isinstance(cfg, dict) and not _has(cfg, "rope_parameters") and _has(cfg, "rope_scaling")):
-        return "4"
-    raise InputError("config has no RoPE fields (rope_parameters, or rope_theta / rope_scaling): "
-                     "not a RoPE model")
-
-
+# ---------------------------------------------------------------- config access: the 4.x / 5.x layouts live in compat
 def _entries(cfg) -> dict:
-    """The config's rope entries as one flat 5.x-style dict: rope_type, rope_theta, and the type's keys."""
-    if _style(cfg) == "5":
-        e = dict(_get(cfg, "rope_parameters"))
-        labels = _get(cfg, "layer_types") or ()
-        if any(isinstance(v, dict) for v in e.values()) or any(k in labels for k in e):
-            raise InputError("per-layer rope_parameters are not supported (Llama / Qwen2 / Mistral have one)")
-    else:
-        e = dict(_get(cfg, "rope_scaling") or {})
-        e["rope_theta"] = _get(cfg, "rope_theta", DEFAULT_THETA)
-    e["rope_type"] = e.pop("type", None) or e.get("rope_type") or "default"
-    e.setdefault("rope_theta", DEFAULT_THETA)
-    if e["rope_theta"] is None:
-        e["rope_theta"] = DEFAULT_THETA
-    return e
+    """The config's rope entries as one flat 5.x-style dict: rope_type, rope_theta, and the type's keys
+    (:func:`ropescale.common.compat.read_rope_entries`; InputError when it has none or they are per layer)."""
+    try:
+        return compat.read_rope_entries(cfg, DEFAULT_THETA)
+    except ValueError as e:
+        raise InputError(str(e)) from None
 
 
 def _write(cfg, entries: dict, max_pos: int) -> None:
-    """Replace the config's rope entries by ``entries`` (complete) and set max_position_embeddings."""
-    if _style(cfg) == "5":
-        _set(cfg, "rope_parameters", dict(entries))
-    else:
-        rest = {k: v for k, v in entries.items() if k != "rope_theta"}
-        _set(cfg, "rope_theta", entries["rope_theta"])
-        t = rest["rope_type"]
-        _set(cfg, "rope_scaling", None if t == "default" else {**rest, "type": t})
-    _set(cfg, "max_position_embeddings", int(max_pos))
-    if _get(cfg, "original_max_position_embeddings") is not None and "original_max_position_embeddings" in entries:
-        # Phi3-style top-level key: transformers 5.x gives it priority over the one in rope_parameters
-        _set(cfg, "original_max_position_embeddings", entries["original_max_position_embeddings"])
+    """Replace the config's rope entries by ``entries`` (complete) and set max_position_embeddings, in the config's
+    own layout (:func:`ropescale.common.compat.write_rope_entries`)."""
+    compat.write_rope_entries(cfg, entries, max_pos)
 
 
 def rotary_dim(cfg) -> int:
@@ -139,27 +89,22 @@ def _record(cfg, entries: dict) -> dict | None:
 
 
 def _from_entries(cfg, e: dict) -> RopeSpec:
-    """A spec from HF rope entries alone (configs not written here, e.g. a model's native scaling)."""
+    """A spec from HF rope entries alone (configs not written here, e.g. a model's native scaling): the registry
+    method that reads the entry's rope_type (``formulas.HF_READERS``)."""
     t, max_pos = e["rope_type"], _get(cfg, "max_position_embeddings")
-    orig = e.get("original_max_position_embeddings") or _get(cfg, "original_max_position_embeddings") or max_pos
-    if t not in _SUPPORTED_TYPES:
+    orig = e.get("original_max_position_embeddings") or _get(cfg, "original_max_position_embeddings")
+    if t not in HF_READERS:
         raise InputError(f"rope type {t!r} is not supported (supported: {', '.join(_SUPPORTED_TYPES)})")
-    if t == "default":
-        return RopeSpec("none", orig_ctx=max_pos)
-    factor = e.get("factor")
-    if factor is None:
+    if t != "default" and e.get("factor") is None:
         raise InputError(f"rope type {t!r} without a factor")
-    if t == "linear":
-        return RopeSpec("pi", scale=factor, orig_ctx=orig)
-    if t == "dynamic":  # transformers' dynamic NTK takes max_position_embeddings as the original context
-        return RopeSpec("dynamic_ntk", scale=factor, orig_ctx=max_pos)
-    if t == "yarn":
-        if e.get("mscale") or e.get("mscale_all_dim") or e.get("truncate") is False:
-            raise InputError("yarn with mscale / mscale_all_dim / truncate=false is not supported")
-        return RopeSpec("yarn", scale=factor, orig_ctx=orig, yarn_alpha=e.get("beta_slow") or 1.0,
-                        yarn_beta=e.get("beta_fast") or 32.0, yarn_mscale=e.get("attention_factor"))
-    return RopeSpec("llama3", scale=factor, orig_ctx=orig, llama3_low=e["low_freq_factor"],
-                    llama3_high=e["high_freq_factor"])
+    return RopeSpec(**HF_READERS[t].from_hf(e, orig, max_pos))
+
+
+def rope_entries(cfg) -> tuple[str, dict]:
+    """(the config key that holds the rope dict: ``rope_parameters`` on 5.x, ``rope_scaling`` on 4.x, that dict's
+    entries flattened 5.x-style with rope_type and rope_theta): what a writer of another format (vLLM's
+    hf_overrides) starts from."""
+    return compat.rope_key(cfg), _entries(cfg)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,20 +173,20 @@ class RopeChange:
     target: RopeSpec | None = None  # what is written (applied / replaced), orig_ctx resolved
 
     def message(self) -> str:
-        cur = self.carried.describe()
+        cur = self.carried.label()
         if self.action == "kept":
             return ("the config carries no RoPE scaling" if self.carried.method == "none" else
                     f"the config carries {cur} (no --rope asked: used as it is)")
         if self.action == "unchanged":
             return f"the config already carries {cur}: unchanged (the same setting again is a no-op)"
         if self.action == "replaced":
-            return f"replaced {cur} by {self.target.describe()} (--replace)"
+            return f"replaced {cur} by {self.target.label()} (--replace)"
         if self.action == "removed":
             return f"removed {cur} (--rope none --replace)"
-        return f"applied {self.target.describe()} to the unscaled config"
+        return f"applied {self.target.label()} to the unscaled config"
 
     def to_dict(self) -> dict:
-        return {"action": self.action, "carried": self.carried.describe(), "requested": self.requested.describe(),
+        return {"action": self.action, "carried": self.carried.label(), "requested": self.requested.label(),
                 "message": self.message()}
 
 
@@ -252,7 +197,7 @@ def plan_rope(cfg, spec: RopeSpec) -> RopeChange:
         raise TypeError(f"apply_rope needs a RopeSpec, got {type(spec).__name__}")
     st = rope_state(cfg)
     cur = st.spec
-    target = dataclasses.replace(spec, orig_ctx=spec.orig_ctx or st.orig_ctx, replace=False)
+    target = dataclasses.replace(spec, orig_ctx=spec.orig_ctx or st.orig_ctx, replace=False)  # checks the context
     if spec.method == "none" and (not spec.replace or cur.method == "none"):
         return RopeChange("kept", cur, spec)
     if cur.method == "none":
@@ -260,7 +205,7 @@ def plan_rope(cfg, spec: RopeSpec) -> RopeChange:
     if cur.same_rope(target):
         return RopeChange("unchanged", cur, spec)
     if not spec.replace:
-        raise InputError(f"config already carries {cur.describe()} RoPE scaling; stacking {spec.describe()} on "
+        raise InputError(f"config already carries {cur.label()} RoPE scaling; stacking {spec.label()} on "
                          f"top is not supported (pass --replace to replace it)")
     return RopeChange("removed" if spec.method == "none" else "replaced", cur, spec, target)
 

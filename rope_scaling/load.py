@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ropescale.common.io import InputError
+from ropescale.common.io import InputError, read_json
 
 from .hf import RopeChange, apply_rope, plan_rope
 from .spec import RopeSpec
@@ -24,8 +24,10 @@ def load_config(model_dir: str | os.PathLike, spec: RopeSpec | None = None):
     from transformers import AutoConfig
 
     model_dir = Path(model_dir)
-    if model_dir.exists() and not (model_dir / "config.json").is_file():
-        raise InputError("not a model directory (no config.json)", model_dir)
+    if model_dir.exists():
+        if not (model_dir / "config.json").is_file():
+            raise InputError("not a model directory (no config.json)", model_dir)
+        read_json(model_dir / "config.json", "config.json")  # a malformed file is one line, not a traceback
     config = AutoConfig.from_pretrained(str(model_dir))
     spec = spec if spec is not None else RopeSpec()
     try:
@@ -49,5 +51,11 @@ def load_model(model_dir: str | os.PathLike, config, *, dtype, attn: str | None 
     ``attn``. Under an active ZeRO-3 DeepSpeed config transformers partitions the weights while loading."""
     from transformers import AutoModelForCausalLM
 
+    from ropescale.common.compat import dtype_kwargs
+
+    from ropescale.common.tiny import check_weights
+
+    if Path(model_dir).exists():  # a hub id is transformers' to fetch and check
+        check_weights(Path(model_dir))
     kw = {"attn_implementation": attn} if attn else {}
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, dtype=dtype, **kw)
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, **dtype_kwargs(dtype), **kw)

@@ -15,6 +15,9 @@ from ropescale.common.settings import setting
 from .formulas import METHODS, NATIVE_METHODS, REGISTRY
 
 GROUP = "RoPE scaling (written into the model's config as plain transformers entries)"
+# The longest context a setting may ask for (2**24 = 16,777,216 tokens): past anything these code paths can run
+# (the longest published fine-tune, ALST's 15M tokens, needed 32 GPUs); a larger orig_ctx x scale is a typo.
+MAX_CONTEXT = 1 << 24
 
 
 def _method_help() -> str:
@@ -66,6 +69,10 @@ class RopeSpec:
                 raise InputError(f"{k} must be a finite number, got {v!r}")
         if self.scale < 1:
             raise InputError(f"scale must be >= 1 (the context extension factor), got {self.scale:g}")
+        if self.scale > MAX_CONTEXT or (self.orig_ctx is not None and isinstance(self.orig_ctx, int)
+                                        and self.orig_ctx * self.scale > MAX_CONTEXT):
+            raise InputError(f"scale {self.scale:g} asks for a context beyond {MAX_CONTEXT:,} tokens "
+                             f"(rope_scaling.spec.MAX_CONTEXT): a typo?")
         if self.rope_base is not None and not (isinstance(self.rope_base, (int, float)) and self.rope_base > 1
                                                and math.isfinite(self.rope_base)):
             raise InputError(f"rope base must be a number > 1, got {self.rope_base!r}")
@@ -132,22 +139,37 @@ class RopeSpec:
                 return False
         return True
 
-    def describe(self) -> str:
-        """Short human form, e.g. ``yarn s=16 base=5e+06``."""
-        if self.method == "none":
-            return "none"
-        s = f"{self.method} s={self.scale:g}"
-        if self.rope_base is not None:
-            s += f" base={self.rope_base:g}"
-        return s
-
-    def label(self) -> str:
-        """The form tables show, e.g. ``ntk x8``, ``abf base 80000``, ``none``."""
-        if self.method == "none":
-            return "none"
-        parts = [self.method]
-        if self.scale != 1 or self.method != "abf":
-            parts.append(f"x{self.scale:g}")
-        if self.rope_base is not None:
-            parts.append(f"base {self.rope_base:g}")
+    def label(self, shown=()) -> str:
+        """The one way a RoPE setting is written, in messages and in every report: ``none``, ``ntk x8``,
+        ``abf x1 base=8e4``, ``yarn x8 a=0.1``. The method and scale always; a set base and YaRN fields off their
+        defaults too; ``shown`` adds fields by name even at their defaults (``rope_base``, ``yarn_alpha``,
+        ``yarn_beta``, ``yarn_mscale``, ``orig_ctx``, ``llama3_low``, ``llama3_high``): a report passes the
+        fields that differ between the rows it shows, so two rows never read the same."""
+        parts = ["none"] if self.method == "none" else [f"{self.method} x{_num(self.scale)}"]
+        defaults = {f.name: f.default for f in fields(self)}
+        for name, short in _LABEL_FIELDS:
+            owner = name.split("_")[0]  # yarn_* belong to yarn, llama3_* to llama3
+            if owner in ("yarn", "llama3") and self.method != owner or self.method == "none" and name != "rope_base":
+                continue
+            v = getattr(self, name)
+            if name in shown or (v is not None and v != defaults[name] and name not in ("orig_ctx", "llama3_low",
+                                                                                        "llama3_high")):
+                parts.append(f"{short}={_num(v)}")
         return " ".join(parts)
+
+
+_LABEL_FIELDS = (("rope_base", "base"), ("yarn_alpha", "a"), ("yarn_beta", "b"), ("yarn_mscale", "mscale"),
+                 ("orig_ctx", "orig"), ("llama3_low", "low"), ("llama3_high", "high"))
+
+
+def _num(v) -> str:
+    """A number as a label writes it: 8, 0.1, 2.5, and bases as 8e4 / 5e5 / 1e6 (``%g`` otherwise)."""
+    if v is None:
+        return "none"
+    v = float(v)
+    if v >= 1e4 and v.is_integer():
+        e = len(str(int(v))) - 1
+        m = v / 10 ** e
+        if round(m, 2) == m:
+            return f"{m:g}e{e}"
+    return f"{v:g}"

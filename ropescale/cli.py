@@ -32,7 +32,7 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ropescale.common.cli import quiet_libraries
+    from ropescale.common.cli import prepare_process
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         from ropescale.training.env import setup_env
 
         setup_env()
-    quiet_libraries()
+    prepare_process()
     module = importlib.import_module(TOOLS[name][0])
     if name == "make-tiny":
         from ropescale.common.cli import cli_main

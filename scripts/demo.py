@@ -321,12 +321,14 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, fr
     say("step 6/6: the demo table: predicted reach (rope_scaling describe), the fine-tunes' answer loss, ROUGE-L per "
         "length beside the marks-only floor, MSE(P-IE vs P-IB)")
     from ropescale.common.io import write_text_atomic
+    from ropescale.common.runs import TrainLength, read_train_record
     from ropescale.common.tables import csv_text, json_text, markdown, number
 
     cols = [f"T{tg}" for tg in targets]
     floor = {f"T{tg}": marks_only_floor(evals[tg], MARKS) for tg in targets}
-    header = ["row", "predicted reach", "answer loss: step 1 -> last", *cols, "MSE (P-IE vs P-IB)"]
-    table = [["marks only (the floor)", None, None, *[floor[c] for c in cols], None]]
+    header = ["row", "predicted reach", "train length: mean (range)", "answer loss: step 1 -> last", *cols,
+              "MSE (P-IE vs P-IB)"]
+    table = [["marks only (the floor)", None, None, None, *[floor[c] for c in cols], None]]
     records = [{"row": "marks only (the floor)", "cells": floor}]
     for r in rows:
         reach = predicted_reach(str(model_dir), RopeSpec(r.method, scale=scale) if r.flags else None) \
@@ -335,16 +337,17 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, fr
         under = loss is not None and loss[1] > LEARNED
         cells, mse = row_cells([gen / f"{r.key}_{pr}_T{tg}" for pr in F2 for tg in targets], cols)
         loss_txt = None if loss is None else f"{loss[0]:.2f} -> {loss[1]:.2f} ({loss[2]} steps)"
+        tl = TrainLength.of((read_train_record(r.model) or {}).get("length")) if r.train_dir is not None else None
         reach_txt = "unbounded" if reach is None else f"{reach:.0f}"
-        table.append([r.label + (" (under-trained)" if under else ""), reach_txt, loss_txt,
+        table.append([r.label + (" (under-trained)" if under else ""), reach_txt, tl and tl.text(), loss_txt,
                       *[cells.get(c) for c in cols], mse])
         records.append({"row": r.label, "key": r.key, "method": r.method, "fine_tuned": r.train_dir is not None,
-                        "predicted_reach": reach, "loss_step1": loss and loss[0], "loss_last": loss and loss[1],
+                        "predicted_reach": reach, "train_length": tl and tl.to_dict(), "loss_step1": loss and loss[0], "loss_last": loss and loss[1],
                         "steps": loss and loss[2], "under_trained": under, "cells": cells, "mse_ie_ib": mse,
                         "prompts": "F.2"})
         if r is rows[0] and baseline_prompts:  # the same model with the F.1 baseline prompts
             cells, mse = row_cells([gen_f1 / f"base_{pr}_T{tg}" for pr in F1 for tg in targets], cols)
-            table.append([f"{r.label}, F.1 baseline prompts", reach_txt, None, *[cells.get(c) for c in cols], mse])
+            table.append([f"{r.label}, F.1 baseline prompts", reach_txt, None, None, *[cells.get(c) for c in cols], mse])
             records.append({"row": f"{r.label}, F.1 baseline prompts", "key": "base-f1", "method": "none",
                             "fine_tuned": False, "predicted_reach": reach, "cells": cells, "mse_ie_ib": mse,
                             "prompts": "F.1"})

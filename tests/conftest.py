@@ -38,6 +38,17 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models on shared cores: one torch thread is several times faster than fighting over them."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def chapters():
     """All chapters of the shared novels: [{book, chapter, title, text}]."""

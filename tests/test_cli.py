@@ -221,3 +221,30 @@ def test_pyproject_installs_the_command_without_touching_torch():
                         "--scale", "16", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["counts"] == {"extrapolated": 13, "mixed": 14, "interpolated": 37}
+
+
+def test_every_entry_point_prepares_the_process_through_one_function():
+    """The CUDA allocator setting and the quieted libraries have one home (common.cli.prepare_process, or
+    training.env.setup_env which calls the same allocator function); every entry point calls it before importing
+    torch, and no file sets the allocator variable itself."""
+    entries = [ROOT / "finetune.py", ROOT / "eval_summ.py", ROOT / "ropescale" / "cli.py",
+               ROOT / "ropescale" / "probes" / "__main__.py", ROOT / "data_concat" / "__main__.py",
+               *sorted((ROOT / "bench").glob("*.py"))]
+    for f in entries:
+        text = f.read_text(encoding="utf-8")
+        assert "prepare_process()" in text, f
+    setters = [str(f.relative_to(ROOT)) for f in ROOT.rglob("*.py") if ".venv" not in f.parts and "tests" not in f.parts
+               and "expandable_segments" in f.read_text(encoding="utf-8")]
+    assert setters == ["ropescale/common/cli.py"], setters
+
+
+def test_prepare_process_sets_the_allocator_only_with_cuda():
+    from ropescale.common.cli import ALLOC_CONF, set_cuda_allocator
+
+    env = {}
+    assert set_cuda_allocator(env, cuda=True) == ({"PYTORCH_CUDA_ALLOC_CONF": ALLOC_CONF}, True)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    env = {}
+    assert set_cuda_allocator(env, cuda=False) == ({}, False) and env == {}
+    env = {"PYTORCH_ALLOC_CONF": "max_split_size_mb:256"}  # the user's choice, under the newer name
+    assert set_cuda_allocator(env, cuda=True) == ({}, True) and env == {"PYTORCH_ALLOC_CONF": "max_split_size_mb:256"}

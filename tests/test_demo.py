@@ -40,7 +40,9 @@ def test_demo_miniature(make_tiny_model, tiny_tokenizer, tmp_path, capsys):
         run = Path(res["merged"][m]).parent
         ft = json.loads((run / "run.json").read_text())
         assert ft["kind"] == "finetune" and ft["rope"]["method"] == want
-        train_length[m] = ft["train_length"]
+        train_length[m] = ft["train"]["length"]  # the paper's Train Len.: the mean, with the range
+        lens = [r["length"] for r in rows]
+        assert train_length[m] == {"mean": round(sum(lens) / len(lens), 1), "min": min(lens), "max": max(lens)}
         merged = read_rope(AutoConfig.from_pretrained(res["merged"][m]))
         assert merged.method == want and (want == "none" or (merged.scale, merged.orig_ctx) == (8.0, 64))
 
@@ -69,8 +71,8 @@ def test_demo_miniature(make_tiny_model, tiny_tokenizer, tmp_path, capsys):
             meta = json.loads((rd / "run.json").read_text())
             method, tl, prompts = names[name]
             assert meta["status"] == "complete" and prompt in prompts
-            assert meta["rope"]["method"] == method and meta["prompt"] == prompt
-            assert meta["subset"] == sub and meta["train_length"] == tl
+            assert meta["rope"]["method"] == method and meta["settings"]["prompt"] == prompt
+            assert meta["settings"]["subset"] == sub and (meta["train"] or {}).get("length") == tl
             if name == "free-ntk-x8":  # applied at load time to the base model: no fine-tune
                 assert meta["model"] == str(model_dir) and meta["rope"]["scale"] == 8.0
             preds = [json.loads(x) for x in (rd / "predictions.jsonl").read_text(encoding="utf-8").splitlines()]
@@ -116,6 +118,7 @@ def test_demo_miniature(make_tiny_model, tiny_tokenizer, tmp_path, capsys):
         log = [json.loads(x) for x in (Path(res["merged"][m]).parent / "train_log.jsonl").read_text().splitlines()]
         assert by_key[key]["loss_step1"] == log[0]["loss"] and by_key[key]["steps"] == 2
         assert by_key[key]["under_trained"] is True
+        assert by_key[key]["train_length"] == train_length[m]  # the merged model's training record: the mean
     # the floor: an answer of the four marks alone, scored against each eval set's references
     from ropescale.common.rouge import rouge_l
 

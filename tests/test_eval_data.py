@@ -33,7 +33,9 @@ def preds(out) -> list[dict]:
 
 
 def meta(out) -> dict:
-    return json.loads((Path(out) / "run.json").read_text(encoding="utf-8"))
+    """run.json's record fields with its settings (subset, max_new_tokens...) beside them."""
+    m = json.loads((Path(out) / "run.json").read_text(encoding="utf-8"))
+    return {**m.pop("settings"), **m}
 
 
 @pytest.fixture(scope="module")

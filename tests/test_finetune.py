@@ -35,10 +35,11 @@ def test_launcher_run_two_processes_zero3_offload(ds_run):
     out, proc = ds_run["run"], ds_run["proc"]
     assert str(out) in proc.stdout.splitlines()  # the run dir is printed at the end
     meta = json.loads((out / "run.json").read_text())
-    assert meta["kind"] == "finetune" and meta["status"] == "done" and meta["steps"] == STEPS
-    assert meta["world_size"] == 2 and meta["grad_accum"] == 1 and meta["deepspeed"].endswith("zero3_offload.json")
+    st, info = meta["settings"], meta["info"]
+    assert meta["kind"] == "finetune" and meta["status"] == "done" and info["steps"] == STEPS
+    assert info["world_size"] == 2 and info["grad_accum"] == 1 and st["deepspeed"].endswith("zero3_offload.json")
     assert meta["rope"]["method"] == "ntk" and meta["rope"]["scale"] == 8
-    assert meta["max_steps"] == STEPS and meta["lr"] == 1e-2 and meta["model"] == str(ds_run["model_dir"])
+    assert st["max_steps"] == STEPS and st["lr"] == 1e-2 and meta["model"] == str(ds_run["model_dir"])
     log = train_log(out)
     assert [r["step"] for r in log] == [1, 2, 3]
     assert all(r["tokens_per_s"] > 0 and r["peak_mem_mb"] > 0 for r in log)

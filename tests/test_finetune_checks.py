@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -66,8 +65,8 @@ def test_resume_with_other_settings_is_refused(base, capsys, change, diff):
     rc, line, err = _err(capsys, [*_with(base["args"], **change), "--output-dir", base["run"], "--resume", "auto"])
     assert rc == 2, err[-2000:]
     _one_line_error(err)
-    assert line.startswith(f"error: {run_json}: --resume: this run was made with other settings: ")
-    assert diff in line and "only --max-steps may grow" in line and "--overwrite" in line
+    assert line.startswith(f"error: {run_json}: holds a run made with different settings: ")
+    assert diff in line and "--resume" in line and "only --max-steps may grow" in line and "--overwrite" in line
     assert run_json.read_bytes() == before  # not touched
 
 
@@ -86,14 +85,14 @@ def test_resume_when_the_data_changed_under_the_same_path(base, capsys, tmp_path
     cut = tmp_path / "run"
     shutil.copytree(base["run"], cut)
     meta = json.loads((cut / "run.json").read_text())
-    meta["data_stats"]["samples"] += 1
-    meta["data_stats"]["tokens"] += 100
+    meta["info"]["data_stats"]["samples"] += 1
+    meta["info"]["data_stats"]["tokens"] += 100
     (cut / "run.json").write_text(json.dumps(meta))
     before = (cut / "run.json").read_bytes()
     rc, line, err = _err(capsys, [*base["args"], "--output-dir", cut, "--resume", "auto"])
     assert rc == 2, err[-2000:]
     _one_line_error(err)
-    assert "this run was made with other settings" in line and "data samples" in line and "tokens" in line
+    assert "holds a run made with different settings" in line and "data samples" in line and "tokens" in line
     assert (cut / "run.json").read_bytes() == before
 
 
@@ -107,8 +106,9 @@ def test_resume_may_extend_max_steps(base, tmp_path):
     assert "resuming from" in p.stderr and "checkpoint-2" in p.stderr
     assert [r["step"] for r in train_log(cut)] == [1, 2, 3]
     meta = json.loads((cut / "run.json").read_text())
-    assert meta["status"] == "done" and meta["steps"] == 3 and meta["max_steps"] == 3
-    assert meta["lr"] == old["lr"] and meta["global_batch"] == old["global_batch"] == 2
+    assert meta["status"] == "done" and meta["info"]["steps"] == 3 and meta["settings"]["max_steps"] == 3
+    assert meta["settings"]["lr"] == old["settings"]["lr"]
+    assert meta["settings"]["global_batch"] == old["settings"]["global_batch"] == 2
 
 
 def test_resume_may_change_how_activations_are_kept(base, tmp_path):
@@ -137,7 +137,7 @@ def test_init_from_a_run_of_another_rope_is_refused(base, capsys, tmp_path):
                                   "--init-from", src, "--output-dir", out])
     assert rc == 2, err[-2000:]
     _one_line_error(err)
-    assert "--init-from" in line and "pi s=8" in line and "ntk s=8" in line
+    assert "--init-from" in line and "pi x8" in line and "ntk x8" in line
     assert not out.exists()
 
 
@@ -200,12 +200,12 @@ def test_finetune_on_a_config_that_already_carries_the_rope(scaled_model, capsys
     common = ["--model", scaled_model, "--data", nodata, "--output-dir", tmp_path / "run"]
     rc, line, err = _err(capsys, [*common, "--rope", "ntk", "--scale", "8"])  # the same spec: accepted, no-op
     assert rc == 2 and "not a packed dataset" in line, err
-    assert "already carries ntk s=8" in err and "unchanged" in err
+    assert "already carries ntk x8" in err and "unchanged" in err
     rc, line, err = _err(capsys, [*common, "--rope", "pi", "--scale", "8"])  # another spec: refused
-    assert rc == 2 and "already carries ntk s=8" in line and "--replace" in line, err
+    assert rc == 2 and "already carries ntk x8" in line and "--replace" in line, err
     _one_line_error(err)
     rc, line, err = _err(capsys, [*common, "--rope", "pi", "--scale", "8", "--replace"])  # replaced
     assert rc == 2 and "not a packed dataset" in line, err
-    assert "replaced" in err and "pi s=8" in err
+    assert "replaced" in err and "pi x8" in err
     rc, line, err = _err(capsys, common)  # no rope flags: trained with what the config carries
-    assert rc == 2 and "not a packed dataset" in line and "ntk s=8" in err, err
+    assert rc == 2 and "not a packed dataset" in line and "ntk x8" in err, err

@@ -24,7 +24,7 @@ def test_bare_default_trains_and_says_what_it_chose(tmp_path):
     assert "no RoPE scaling (--rope none): training inside the model's own 512-token context" in proc.stderr
     meta = json.loads((out / "run.json").read_text())
     assert meta["rope"]["method"] == "none" and meta["status"] == "done"
-    assert meta["data_stats"]["max"] <= 512 and meta["grad_accum"] == 4  # the tiny recipe: batch 4, ZeRO-3
+    assert meta["info"]["data_stats"]["max"] <= 512 and meta["info"]["grad_accum"] == 4  # tiny recipe: 4, ZeRO-3
     assert [r["step"] for r in train_log(out)] == [1]
     # the Trainer and accelerate agree on gradient accumulation: no "mismatch" warning under DeepSpeed
     assert "mismatch" not in proc.stderr.lower(), proc.stderr

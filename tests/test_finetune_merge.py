@@ -1,5 +1,6 @@
-"""Issue 15: ``finetune.py merge --out`` checks the destination before any work, replaces only a model directory,
-and no failure (of merge or of an export) leaves a temp directory behind."""
+"""Issue 15: ``finetune.py merge --out`` checks the destination before any work, replaces only a model directory
+(and that only with --overwrite: issue 27), and no failure (of merge or of an export) leaves a temp directory
+behind."""
 from __future__ import annotations
 
 import json
@@ -71,9 +72,9 @@ def test_out_empty_dir_then_replace_a_merged_model(exported, capsys, tmp_path):
     out = tmp_path / "merged"
     out.mkdir()  # an empty directory is fine
     assert main(["merge", "--run", str(exported["run"]), "--out", str(out)]) == 0
-    assert (out / "config.json").is_file() and (out / "merged_from.json").is_file()
+    assert (out / "config.json").is_file() and (out / "ropescale_train.json").is_file()
     (out / "marker").write_text("from the first merge")
-    assert main(["merge", "--run", str(exported["run"]), "--out", str(out)]) == 0  # a model dir: replaced
+    assert main(["merge", "--run", str(exported["run"]), "--out", str(out), "--overwrite"]) == 0  # replaced
     assert not (out / "marker").exists() and (out / "config.json").is_file()
     assert _listing(tmp_path) == ["merged"]
     capsys.readouterr()
@@ -91,7 +92,7 @@ def test_a_failing_merge_leaves_no_temp_dir_and_keeps_the_old_model(exported, tm
 
     monkeypatch.setattr(saving, "write_json_atomic", boom)
     with pytest.raises(OSError, match="disk full"):
-        saving.merge(exported["run"] / "final", out)
+        saving.merge(exported["run"] / "final", out, overwrite=True)
     assert _listing(tmp_path) == ["merged"] and _listing(out) == before
     with pytest.raises(OSError, match="disk full"):
         saving.merge(exported["run"] / "final", tmp_path / "new")

@@ -132,7 +132,7 @@ def test_prompt_selection(model, data, tiny_tokenizer, tmp_path, prompt, style, 
         expect = tiny_tokenizer(template.replace("{}", samples[r["id"]]["context"]))["input_ids"]
         assert r["input_tokens"] == len(expect)
         assert r["prompt"] == prompt and r["reference"] == samples[r["id"]]["reference"]
-    meta = json.loads((out / "run.json").read_text())
+    meta = json.loads((out / "run.json").read_text())["settings"]
     assert meta["prompt"] == prompt
     assert meta["prompt_style"] == (style if prompt in ("ie", "ib") else None)
 
@@ -161,7 +161,7 @@ def test_subset_detection_and_max_new_tokens(model, chapters, tmp_path):
             ("L_16k", "XL_32k", "XXL_64k", "XXXL_128k")] == [400, 400, 500, 500]  # paper Sec 4.2
     d = write_data(tmp_path / "cnnsum_XXL_64k.jsonl", chapters, 1)
     generate(str(model[1]), d, "ib", tmp_path / "a", max_new_tokens=12, progress=False)
-    meta = json.loads((tmp_path / "a" / "run.json").read_text())
+    meta = json.loads((tmp_path / "a" / "run.json").read_text())["settings"]
     assert (meta["subset"], meta["max_new_tokens"]) == ("2XL", 12)
     assert read_preds(tmp_path / "a")[0]["subset"] == "2XL"
     d2 = write_data(tmp_path / "cnnsum_L_16k.jsonl", chapters, 1)
@@ -185,19 +185,20 @@ def test_run_json_contents_and_train_length(make_tiny_model, data, tmp_path):
     out = tmp_path / "run"
     res = generate(str(train / "merged"), data, "ft-ib", out, max_new_tokens=12, limit=4, progress=False)
     meta = json.loads((out / "run.json").read_text())
+    st, info = meta["settings"], meta["info"]
     assert meta["kind"] == "generate" and meta["model"] == str((train / "merged").resolve())
-    assert meta["train_length"] == 192
+    assert meta["train"]["length"] == {"mean": None, "min": None, "max": 192}  # an older finetune run.json: max only
     assert meta["rope"]["method"] == "none" and meta["rope"]["scale"] == 1.0
-    assert (meta["prompt"], meta["prompt_style"], meta["backend"], meta["subset"]) == ("ft-ib", None, "hf", None)
-    assert meta["max_new_tokens"] == 12 and meta["min_new_tokens"] == 10
-    assert meta["status"] == "complete" and meta["counts"]["done"] == 4 == res["done"]
+    assert (st["prompt"], st["prompt_style"], st["backend"], st["subset"]) == ("ft-ib", None, "hf", None)
+    assert st["max_new_tokens"] == 12 and st["min_new_tokens"] == 10
+    assert meta["status"] == "complete" and info["counts"]["done"] == 4 == res["done"]
     assert {"torch", "transformers", "python"} <= set(meta["versions"])
-    assert meta["extended_context"] == 64
+    assert meta["context"] == 64
     recs = read_preds(out)
     assert {"id", "subset", "prompt", "input_tokens", "prediction", "reference"} <= set(recs[0])
     assert all(10 <= r["new_tokens"] <= 12 for r in recs)
     # over_context: prompt + max new tokens beyond the 64-token context, counted independently here
-    assert meta["counts"]["over_context"] == sum(r["input_tokens"] + 12 > 64 for r in recs)
+    assert info["counts"]["over_context"] == sum(r["input_tokens"] + 12 > 64 for r in recs)
 
 
 # ------------------------------------------------------------------ RoPE
@@ -225,7 +226,7 @@ def test_rope_flags_vs_saved_scaling(make_tiny_model, data, tmp_path):
     assert [r["prediction"] for r in flags] == [r["prediction"] for r in as_saved]
     assert [r["prediction"] for r in flags] != [r["prediction"] for r in plain]  # the rope setting was used
     m_saved = json.loads((tmp_path / "as_saved" / "run.json").read_text())
-    assert (m_saved["rope"]["method"], m_saved["rope"]["scale"], m_saved["extended_context"]) == ("ntk", 4.0, 256)
+    assert (m_saved["rope"]["method"], m_saved["rope"]["scale"], m_saved["context"]) == ("ntk", 4.0, 256)
 
     with pytest.raises(InputError, match="--replace"):
         generate(str(saved), data, "ie", tmp_path / "x", rope=RopeSpec("pi", 2.0), **kw)
@@ -249,7 +250,7 @@ def test_middle_truncation(model, data, tiny_tokenizer, tmp_path):
         assert recs[rid]["truncated"] == (n > 250)
         assert recs[rid]["input_tokens"] == n if n <= 250 else 240 <= recs[rid]["input_tokens"] <= 250
     meta = json.loads((out / "run.json").read_text())
-    assert meta["counts"]["truncated"] == sum(n > 250 for n in lens.values())
+    assert meta["info"]["counts"]["truncated"] == sum(n > 250 for n in lens.values())
     # the kept text = the prompt head + the context's head ... tail + the prompt tail
     from ropescale.evaluation.generate import Tokenize
 

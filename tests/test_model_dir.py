@@ -38,6 +38,12 @@ def test_hub_id_passes_through(tmp_path, monkeypatch):
 
 
 def test_model_dir_with_weights(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
     (tmp_path / "config.json").write_text("{}")
-    (tmp_path / "model.safetensors").write_bytes(b"")
+    save_file({"w": torch.zeros(3)}, str(tmp_path / "model.safetensors"))
     assert check_model_dir(tmp_path) == Path(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"")  # an empty (interrupted) file is not weights
+    with pytest.raises(InputError, match="not a whole safetensors file"):
+        check_model_dir(tmp_path)

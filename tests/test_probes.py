@@ -293,7 +293,7 @@ def test_shuffling_a_repeated_pattern_lowers_likelihood(tmp_path):
                       out=tmp_path / "s")
     assert {c["group"]: c["value"] for c in s["cells"]} == {"k=1": 1.0, "k=2": 1.0, "k=3": 1.0}
     # one column bucket, groups k=1..3: the report shows the block sizes as columns
-    assert "| oracle | none | 1 | 1.000 | 1.000 | 1.000 |" in render(load_runs([tmp_path / "s"]), "md")
+    assert "| oracle | none | 1.000 | 1.000 | 1.000 |" in render(load_runs([tmp_path / "s"]), "md")
     recs = [json.loads(x) for x in (tmp_path / "s" / "items.jsonl").read_text().splitlines()]
     assert len(recs) == 12 and all(r["ll_original"] > r["ll_shuffled"] and r["tokens"] == 168 for r in recs)
     # longer than the window: 50%-overlapping windows of 100 tokens (each holds two periods) give the same verdict
@@ -345,10 +345,11 @@ def test_run_dir_resume_report_and_plot(tmp_path):
     assert n_items == 8 and len((tmp_path / "c" / "items.jsonl").read_text().splitlines()) == 8
     assert s1["cells"] == s2["cells"]
     meta = json.loads((tmp_path / "c" / "run.json").read_text())
-    assert meta["kind"] == "probe" and meta["probe"] == "copy" and meta["seed"] == 0 and meta["lengths"] == [200]
+    assert meta["kind"] == "probe" and meta["info"]["probe"] == "copy" and meta["settings"]["seed"] == 0
+    assert meta["info"]["lengths"] == [200]
     with pytest.raises(InputError, match="different"):
         copy_probe(lo, docs, out=tmp_path / "c", **{**kw, "seed": 1})
-    # a second, hand-written run: report rows = model x rope x scale (x group), cells = means
+    # a second, hand-written run (an older run.json layout): report rows = model x rope (x group), cells = means
     d2 = tmp_path / "other"
     d2.mkdir()
     (d2 / "run.json").write_text(json.dumps({"kind": "probe", "probe": "copy", "model": "/x/m2",
@@ -363,13 +364,13 @@ def test_run_dir_resume_report_and_plot(tmp_path):
     (d3 / "items.jsonl").write_text(json.dumps({"id": "a", "group": "copy", "col": 0, "value": 9.0}) + "\n")
     runs = load_runs([tmp_path])
     md = render(runs, "md")
-    assert "| x/m2 | pi | 2 | N=200 | copy | 1.500 | 4.000 |" in md  # a path: its last two parts, as eval_summ's
-    assert "| x/m2 (third) | pi | 2 | N=200 | copy | 9.000 | – |" in md
-    assert "| oracle | none | 1 | N=200 | no-copy |" in md
+    assert "| x/m2 | pi x2 | N=200 | copy | 1.500 | 4.000 |" in md  # a path: its last two parts, as eval_summ's
+    assert "| x/m2 (third) | pi x2 | N=200 | copy | 9.000 | – |" in md
+    assert "| oracle | none | N=200 | no-copy |" in md
     js = json.loads(render(runs, "json"))
     row = next(r for r in js[0]["rows"] if r[0] == "x/m2")
-    assert row == ["x/m2", "pi", "2", "N=200", "copy", 1.5, 4.0] and js[0]["header"][-2:] == ["0", "96"]
-    assert "copy,x/m2,pi,2,N=200,copy,1.5,4.0" in render(runs, "csv")
+    assert row == ["x/m2", "pi x2", "N=200", "copy", 1.5, 4.0] and js[0]["header"][-2:] == ["0", "96"]
+    assert "copy,x/m2,pi x2,N=200,copy,1.5,4.0" in render(runs, "csv")
     png = plot(runs, tmp_path / "r.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

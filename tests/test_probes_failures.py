@@ -8,17 +8,8 @@ import os
 import stat
 
 import pytest
-import torch
 
 from ropescale.probes.cli import main
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +55,7 @@ def test_a_failed_run_leaves_nothing_and_the_fix_reuses_out(probe, bad, good, mo
     assert main(common + good + ["--json"]) == 0, capsys.readouterr().err
     capsys.readouterr()
     meta = json.loads((out / "run.json").read_text())
-    assert meta["probe"] == probe and (out / "items.jsonl").is_file() and (out / "summary.json").is_file()
+    assert meta["info"]["probe"] == probe and (out / "items.jsonl").is_file() and (out / "summary.json").is_file()
     # a failing re-run into a finished run's directory leaves every file of that run as it was
     before = _snapshot(out)
     err = _err(capsys, common + bad)

@@ -14,14 +14,6 @@ from ropescale.probes.cli import main
 
 
 @pytest.fixture(scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models on shared cores: one thread is several times faster
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
 def short_book(chapters, tmp_path_factory):
     """The first 9 chapters of 三国演义, each body cut to its first sentence, as a chapters JSONL."""
     rows = [dict(c) for c in chapters if c["book"] == "sanguo_yanyi"][:9]
@@ -83,8 +75,8 @@ def test_memorized_model_identifies_the_next_chapter(memorized, short_book, tmp_
     assert all(min(n) > r["gold_chapter"] for r in recs for n in [r["negative_chapters"]])
     assert all(r["gold_rank"] == 1 for r in recs)
     meta = json.loads((out / "run.json").read_text())
-    assert meta["kind"] == "probe" and meta["probe"] == "suffix-id" and meta["lengths"] == [16, 40]
-    assert meta["heading"] == "index"
+    assert meta["kind"] == "probe" and meta["info"]["probe"] == "suffix-id" and meta["info"]["lengths"] == [16, 40]
+    assert meta["settings"]["heading"] == "index"
 
 
 def test_memorized_model_identifies_the_suffix_after_a_full_stop(memorized, short_book, tmp_path, capsys,
@@ -117,8 +109,8 @@ def test_rope_flags_reach_the_model_and_run_json(make_tiny_model, short_book, tm
                  "--target-len", "8", "--rope", "pi", "--scale", "2", "--json"]) == 0
     capsys.readouterr()
     meta = json.loads((out / "run.json").read_text())
-    assert meta["rope"]["method"] == "pi" and meta["scale"] == 2.0 and meta["context"] == 128
-    assert meta["orig_ctx"] == 64
+    assert meta["rope"]["method"] == "pi" and meta["rope"]["scale"] == 2.0 and meta["context"] == 128
+    assert meta["info"]["orig_ctx"] == 64
     # a model whose config already carries scaling: a second method needs --replace
     scaled = tmp_path / "scaled"
     shutil.copytree(d, scaled)
@@ -135,7 +127,7 @@ def test_rope_flags_reach_the_model_and_run_json(make_tiny_model, short_book, tm
     assert main(["ppl", "--model", str(scaled), "--data", str(book), "--n", "1", "--lengths", "40",
                  "--target-len", "8", "--out", str(tmp_path / "z")]) == 0
     meta = json.loads((tmp_path / "z" / "run.json").read_text())
-    assert meta["rope"]["method"] == "yarn" and meta["scale"] == 4.0 and meta["context"] == 256
+    assert meta["rope"]["method"] == "yarn" and meta["rope"]["scale"] == 4.0 and meta["context"] == 256
 
 
 def _direct_logprob(model, prefix: list[int], cont: list[int]) -> float:
@@ -164,7 +156,7 @@ def test_pmi_score_subtracts_each_candidates_likelihood_at_document_start(memori
                  "--lengths", "40", "--suffix-len", "12", "--score", "pmi", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert "PMI" in summary["metric"]
-    assert json.loads((out / "run.json").read_text())["score"] == "pmi"
+    assert json.loads((out / "run.json").read_text())["settings"]["score"] == "pmi"
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).float().eval()
     eos = tiny_tokenizer.eos_token_id
     books = load_books(str(book))

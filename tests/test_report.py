@@ -12,7 +12,7 @@ from ropescale.evaluation import report as RP
 from ropescale.evaluation import score as SC
 from ropescale.evaluation.cli import main as cli
 from ropescale.evaluation.plot import moving_median
-from ropescale.common.runs import RunDir
+from ropescale.common.runs import RunDir, RunRecord, TrainLength
 
 DATA = Path(__file__).parent / "data"
 TABLE7 = DATA / "cnnsum_table7.csv"  # CNNSum Appendix C, Table 7 (gray = Prompt-IE, white = Prompt-IB)
@@ -143,14 +143,20 @@ def test_bad_scores_csv(tmp_path, capsys, content, line, what):
 
 
 # ------------------------------------------------------------------------------------------ run directories
-def make_run(root: Path, name: str, *, model="toy", rope=None, train_length=None, prompt="ie", subset="T2048",
-             samples=(), data: Path | None = None) -> Path:
-    """A run directory as `eval_summ.py generate` writes it (run.json + predictions.jsonl)."""
+def make_run(root: Path, name: str, *, model="toy", rope=None, train=None, prompt="ie", subset="T2048",
+             samples=(), data: Path | None = None, legacy: bool = False) -> Path:
+    """A run directory as `eval_summ.py generate` writes it (run.json + predictions.jsonl); ``legacy``: the
+    run.json layout of older versions (flat settings, ``args``, an integer ``train_length``)."""
     rd = RunDir(root / name)
-    args = {"data": str(data)} if data else {}
-    rd.write_meta({"kind": "generate", "model": model, "rope": rope or {"method": "none", "scale": 1.0},
-                   "train_length": train_length, "prompt": prompt, "subset": subset, "backend": "hf",
-                   "args": args})
+    rope = rope or {"method": "none", "scale": 1.0}
+    if legacy:
+        rd.write_meta({"kind": "generate", "model": model, "rope": rope, "prompt": prompt, "subset": subset,
+                       "backend": "hf", "train_length": (train or {}).get("length", {}).get("max"),
+                       "args": {"data": str(data)} if data else {}})
+    else:
+        rd.write_record(RunRecord("generate", model=model, model_id="m-" + model, rope=rope, train=train,
+                                  data=str(data) if data else None,
+                                  settings={"prompt": prompt, "subset": subset, "backend": "hf"}))
     log = rd.log("predictions.jsonl")
     for i, (pred, ref, tokens) in enumerate(samples):
         log.append({"id": f"s{i}", "subset": subset, "prompt": prompt, "input_tokens": tokens,
@@ -163,6 +169,7 @@ REF = "alpha beta gamma delta"
 HALF = 100 * 2.0 * ((1.0 * 0.5) / (1.0 + 0.5 + 1e-8))  # "alpha beta": llcs 2, n 2, m 4 -> p 1, r 0.5
 SAMPLES_A = [(REF, REF, 1000), ("alpha beta", REF, 1500), ("zeta eta", REF, 3000)]  # 100, HALF, 0
 SAMPLES_B = [(REF, REF, 1200), ("", REF, 2500)]  # 100, 0 (empty)
+TRAIN = {"id": "ft-ntk", "step": 24, "length": {"mean": 3900.4, "min": 3700, "max": 4096}}  # a training record
 
 
 @pytest.fixture
@@ -173,8 +180,8 @@ def runs(tmp_path):
     data.write_text("".join(json.dumps({"id": f"s{i}", "context": context, "summary": REF}, ensure_ascii=False)
                             + "\n" for i in range(3)), encoding="utf-8")
     ntk = {"method": "ntk", "scale": 8.0, "orig_ctx": 512}
-    make_run(root, "ntk-ie", rope=ntk, train_length=4096, prompt="ft-ie", samples=SAMPLES_A, data=data)
-    make_run(root, "ntk-ib", rope=ntk, train_length=4096, prompt="ft-ib", samples=SAMPLES_B, data=data)
+    make_run(root, "ntk-ie", rope=ntk, train=TRAIN, prompt="ft-ie", samples=SAMPLES_A, data=data)
+    make_run(root, "ntk-ib", rope=ntk, train=TRAIN, prompt="ft-ib", samples=SAMPLES_B, data=data)
     copy = [(context[:20], REF, 900)]  # a verbatim copy of the context
     make_run(root, "base-ie", prompt="ie", samples=SAMPLES_B + copy, data=data)
     make_run(root, "base-ie-4k", prompt="ie", subset="T4096", samples=[("alpha beta", REF, 4000)])
@@ -185,7 +192,8 @@ def test_score_run_writes_scores(runs):
     summary = SC.score_run(runs / "ntk-ie")
     assert summary["rouge_l"] == pytest.approx((F_SAME + HALF + 0.0) / 3, abs=1e-9)
     assert summary["n"] == 3 and summary["n_empty"] == 0
-    assert (summary["rope"], summary["scale"], summary["train_length"]) == ("ntk", 8.0, 4096)
+    assert (summary["rope"]["method"], summary["rope"]["scale"], summary["rope"]["orig_ctx"]) == ("ntk", 8.0, 512)
+    assert summary["train_length"] == TRAIN["length"] and summary["train"] == TRAIN
     assert summary["prompt_kind"] == "IE"
     stored = json.loads((runs / "ntk-ie" / "scores.json").read_text(encoding="utf-8"))
     assert stored["rouge_l"] == summary["rouge_l"]
@@ -204,23 +212,24 @@ def test_score_run_writes_scores(runs):
 def test_report_from_run_dirs(runs, tmp_path, capsys):
     rep = RP.build_report([runs])
     assert len(rep.runs) == 4
-    labels = [s.label for s in rep.series]
-    assert sorted(labels) == ["toy", "toy · ntk x8 · train 4096"]
+    labels = [rep.label(s) for s in rep.series]
+    assert sorted(labels) == ["toy · none (no fine-tune)", "toy · ntk x8 (ft 3900)"]
     t2 = rep.table2()
-    ntk = t2["toy · ntk x8 · train 4096"]
+    ntk = t2["toy · ntk x8 (ft 3900)"]
     ie, ib = (F_SAME + HALF) / 3, F_SAME / 2
     assert ntk["IE"]["T2048"] == pytest.approx(ie) and ntk["IB"]["T2048"] == pytest.approx(ib)
     assert ntk["avg"]["T2048"] == pytest.approx((ie + ib) / 2)
     assert ntk["mse"] == pytest.approx((ie - ib) ** 2)
-    base = t2["toy"]
+    base = t2["toy · none (no fine-tune)"]
     assert base["IE"] == pytest.approx({"T2048": F_SAME / 3, "T4096": HALF}) and base["mse"] is None
     cols, rows = rep.extrapolation()
     assert cols == ["T2048", "T4096"]
-    by = {(r["rope"], r["scale"], r["train_length"]): r["cells"] for r in rows}
-    assert by[("ntk", 8.0, 4096)]["T2048"] == pytest.approx((ie + ib) / 2)
-    assert by[("ntk", 8.0, 4096)]["T4096"] is None
-    assert by[("none", None, None)]["T2048"] == pytest.approx(F_SAME / 3)
-    assert by[("none", None, None)]["T4096"] == pytest.approx(HALF)
+    by = {(r["setting"].rope.label(), r["setting"].train_length): r["cells"] for r in rows}
+    tl = TrainLength(3900.4, 3700, 4096)
+    assert by[("ntk x8", tl)]["T2048"] == pytest.approx((ie + ib) / 2)
+    assert by[("ntk x8", tl)]["T4096"] is None
+    assert by[("none", None)]["T2048"] == pytest.approx(F_SAME / 3)
+    assert by[("none", None)]["T4096"] == pytest.approx(HALF)
     # failure modes: the empty prediction and the verbatim copy of the context
     fails = {Path(r["run"]).name: r for r in rep.failures()}
     assert fails["ntk-ib"]["empty"] == 0.5 and fails["ntk-ie"]["empty"] == 0.0
@@ -238,7 +247,7 @@ def test_length_buckets(runs, capsys):
     rep = RP.build_report([runs], buckets=[1000, 2000])
     cols, rows = rep.extrapolation()
     assert cols == ["<1000", "1000-2000", ">=2000"]
-    ntk = next(r for r in rows if r["rope"] == "ntk")["cells"]
+    ntk = next(r for r in rows if r["setting"].rope.method == "ntk")["cells"]
     # IE samples: 1000 -> 100, 1500 -> HALF, 3000 -> 0; IB: 1200 -> 100, 2500 -> 0; cell = mean of prompts
     assert ntk["<1000"] is None
     assert ntk["1000-2000"] == pytest.approx(((F_SAME + HALF) / 2 + F_SAME) / 2)
@@ -247,7 +256,8 @@ def test_length_buckets(runs, capsys):
                           "--format", "csv"], capsys)
     assert rc == 0
     head = next(csv.reader(io.StringIO(out)))
-    assert head == ["model", "rope", "scale", "train_length", "<1000", "1000-2000", ">=2000"]
+    assert head == ["label", "model", "rope", "scale", "train_length", "train_length_min", "train_length_max",
+                    "<1000", "1000-2000", ">=2000"]
 
 
 def test_out_dir_and_plot(runs, tmp_path, capsys):
@@ -257,7 +267,7 @@ def test_out_dir_and_plot(runs, tmp_path, capsys):
     for name in ("table2", "table7", "extrapolation", "failure_modes"):
         for ext in ("md", "csv", "json"):
             assert (out_dir / f"{name}.{ext}").stat().st_size > 0
-    toy = json.loads((out_dir / "table2.json").read_text())["toy"]
+    toy = json.loads((out_dir / "table2.json").read_text())["toy · none (no fine-tune)"]
     assert toy["avg"]["T4096"] is None and toy["IE"]["T4096"] == pytest.approx(HALF)  # toy has no IB run
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
@@ -351,7 +361,7 @@ def test_model_paths_and_generate_style_ids(tmp_path):
     make_run(root, "c", model="/hub/cache/Qwen/Qwen1.5-7B", subset="L", samples=[(REF, REF, 10)])
     make_run(root, "d", model="tiny", subset="L", samples=[(REF, REF, 10)])
     rep = RP.build_report([root])
-    assert sorted(s.model for s in rep.series) == ["/data/a/exp1/merged", "/data/b/exp1/merged", "Qwen/Qwen1.5-7B",
+    assert sorted(rep.labels[s].model for s in rep.series) == ["/data/a/exp1/merged", "/data/b/exp1/merged", "Qwen/Qwen1.5-7B",
                                                    "tiny"]
     fails = {Path(r["run"]).name: r for r in rep.failures()}
     assert fails["a"]["copy"] == 0.5  # id 3 = line 3 holds ctx (line 2 is blank); id 1's context is another text

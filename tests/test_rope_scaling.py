@@ -29,12 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny forwards run ~20x faster on one thread than fighting over the shared cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread):
+    """Tiny forwards run ~20x faster on one thread than fighting over the shared cores (conftest.one_thread)."""
 
 
 # ---------------------------------------------------------------- independent reference
@@ -260,7 +256,7 @@ def test_describe_table_and_config_dir(capsys, make_tiny_model, tmp_path):
     out = capsys.readouterr().out
     assert "rope ntk" in out and "kind" in out and len(out.splitlines()) == 7 + D // 2  # + the reach line
     assert f"effective base {10000 * 4 ** (16 / 14):.6g}" in out
-    assert "the config carries ntk s=4" in out
+    assert "the config carries ntk x4" in out
 
 
 def test_describe_config_that_already_carries_scaling(capsys, make_tiny_model, tmp_path):
@@ -275,9 +271,9 @@ def test_describe_config_that_already_carries_scaling(capsys, make_tiny_model, t
     carried = _describe_json(capsys, "--config", str(tmp_path))
     assert carried["rope_change"]["action"] == "kept" and carried["rope"] == "ntk"
     same = _describe_json(capsys, "--config", str(tmp_path), "--rope", "ntk", "--scale", "4")
-    assert same["rope_change"] == {"action": "unchanged", "carried": "ntk s=4", "requested": "ntk s=4",
+    assert same["rope_change"] == {"action": "unchanged", "carried": "ntk x4", "requested": "ntk x4",
                                    "message": same["rope_change"]["message"]}
-    assert "already carries ntk s=4" in same["rope_change"]["message"]
+    assert "already carries ntk x4" in same["rope_change"]["message"]
     assert {k: v for k, v in same.items() if k != "rope_change"} == \
         {k: v for k, v in carried.items() if k != "rope_change"}
     assert describe_main(["--config", str(tmp_path), "--rope", "ntk", "--scale", "4"]) == 0
@@ -285,11 +281,11 @@ def test_describe_config_that_already_carries_scaling(capsys, make_tiny_model, t
     assert describe_main(["--config", str(tmp_path), "--rope", "pi", "--scale", "2"]) == 2
     cap = capsys.readouterr()
     assert cap.out == "" and len(cap.err.strip().splitlines()) == 1
-    assert "already carries ntk s=4" in cap.err and "--replace" in cap.err
+    assert "already carries ntk x4" in cap.err and "--replace" in cap.err
     rep = _describe_json(capsys, "--config", str(tmp_path), "--rope", "pi", "--scale", "2", "--replace")
     assert rep["rope_change"]["action"] == "replaced" and rep["rope"] == "pi" and rep["scale"] == 2
     assert rep["base"] == 10000.0 and rep["orig_ctx"] == ORIG and rep["extended_context"] == 2 * ORIG
-    assert "replaced ntk s=4 by pi s=2" in rep["rope_change"]["message"]
+    assert "replaced ntk x4 by pi x2" in rep["rope_change"]["message"]
     fresh = _describe_json(capsys, "--preset", "llama2-7b", "--rope", "pi", "--scale", "2")
     assert fresh["rope_change"]["action"] == "applied"
 

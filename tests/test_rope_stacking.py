@@ -114,9 +114,9 @@ def test_generate_runs_the_saved_spec_again_with_a_note(scaled_dir, chapters, tm
     generate(str(scaled_dir), data, "ie", tmp_path / "same", rope=_spec("same"), max_new_tokens=3, progress=False,
              log=logs.append)
     generate(str(scaled_dir), data, "ie", tmp_path / "saved", max_new_tokens=3, progress=False, log=lambda m: None)
-    assert any("already carries ntk s=2" in m and "no-op" in m for m in logs)
+    assert any("already carries ntk x2" in m and "no-op" in m for m in logs)
     same, saved = (json.loads((tmp_path / n / "run.json").read_text()) for n in ("same", "saved"))
-    assert same["rope"] == saved["rope"] and same["extended_context"] == saved["extended_context"] == 128
+    assert same["rope"] == saved["rope"] and same["context"] == saved["context"] == 128
     pred = [json.loads((tmp_path / n / "predictions.jsonl").read_text())["prediction"] for n in ("same", "saved")]
     assert pred[0] == pred[1]
     with pytest.raises(InputError, match=r"config\.json: .*--replace"):

@@ -99,4 +99,4 @@ def test_rope_spec_record_reader_takes_every_older_form():
     assert RopeSpec.from_record({"rope": "none"}) == RopeSpec() == RopeSpec.from_record(None)
     assert RopeSpec.from_record({"method": "pi", "scale": 8.0}) == RopeSpec("pi", 8.0)
     assert RopeSpec.from_record("ntk").method == "ntk"
-    assert RopeSpec("ntk", 8).label() == "ntk x8" and RopeSpec("abf", rope_base=8e4).label() == "abf base 80000"
+    assert RopeSpec("ntk", 8).label() == "ntk x8" and RopeSpec("abf", rope_base=8e4).label() == "abf x1 base=8e4"

@@ -20,7 +20,7 @@ def test_zero2_offload_single_process(tmp_path, make_tiny_model, chapters, tiny_
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip().splitlines()[-1] == str(out)
     meta = json.loads((out / "run.json").read_text())
-    assert meta["world_size"] == 1 and meta["grad_accum"] == 2 and meta["rope"]["method"] == "yarn"
+    assert meta["info"]["world_size"] == 1 and meta["info"]["grad_accum"] == 2 and meta["rope"]["method"] == "yarn"
     assert [r["step"] for r in train_log(out)] == [1, 2]
     base = dict(AutoModelForCausalLM.from_pretrained(str(model_dir)).named_parameters())
     for name, t in load_file(str(out / "final" / "trained_tensors.safetensors")).items():

@@ -54,10 +54,10 @@ def read_jsonl(path: str | os.PathLike, required: Iterable[str] = (), *, aliases
                     raise InputError(f"not valid UTF-8 (byte {e.start})", path, lineno) from None
                 if not text.strip():
                     continue
-                try:
-                    obj = json.loads(text)
+                try:  # without its line break, so an error at the end of the line is at its last column
+                    obj = json.loads(text.rstrip("\r\n"))
                 except json.JSONDecodeError as e:
-                    raise InputError(f"malformed JSON: {e.msg} (column {e.colno})", path, lineno) from None
+                    raise json_error(e, path, lineno - 1) from None
                 if not isinstance(obj, dict):
                     raise InputError(f"expected a JSON object, got {type(obj).__name__}", path, lineno)
                 for alt, canon in aliases.items():
@@ -73,6 +73,43 @@ def read_jsonl(path: str | os.PathLike, required: Iterable[str] = (), *, aliases
                     raise
                 if on_skip is not None:
                     on_skip(err)
+
+
+def json_error(e: json.JSONDecodeError, path: str | os.PathLike, line_offset: int = 0) -> InputError:
+    """A JSON parse error as one line ``FILE:LINE: malformed JSON: what (column C)``: the line and column where the
+    parser stopped (``line_offset`` is added for a text that starts further down a file)."""
+    return InputError(f"malformed JSON: {e.msg} (column {e.colno})", path, e.lineno + line_offset)
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON", *, obj: bool = True) -> Any:
+    """A JSON file's value: a missing file, non-UTF-8 bytes, malformed JSON (with line and column) or, with
+    ``obj``, anything but a JSON object is an :class:`InputError` naming the file. ``what`` names the file's
+    role in the messages (``config.json``, ``DeepSpeed config`` ...)."""
+    path = check_input_file(path)
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise InputError(f"{what} is not valid UTF-8 (byte {e.start})", path) from None
+    except json.JSONDecodeError as e:
+        raise json_error(e, path) from None
+    if obj and not isinstance(value, dict):
+        raise InputError(f"{what}: expected a JSON object, got {type(value).__name__}", path)
+    return value
+
+
+def share_private_files(root: str | os.PathLike) -> int:
+    """Give the files under ``root`` that a library wrote private (mode 0600: safetensors does, and HF's
+    checkpoints through it) the mode a plain ``open()`` gives (``0o666 & ~umask``); other modes (executable
+    scripts, a user's own choice) are left alone. Returns how many files changed."""
+    fmode, n = default_file_mode(), 0
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            with contextlib.suppress(OSError):
+                if stat.S_IMODE(os.lstat(p).st_mode) == 0o600 and fmode != 0o600:
+                    os.chmod(p, fmode)
+                    n += 1
+    return n
 
 
 def check_input_file(path: str | os.PathLike) -> Path:

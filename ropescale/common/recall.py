@@ -27,6 +27,7 @@ them); the command writes them to JSONL:
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -49,6 +50,45 @@ def mark(k: int) -> str:
 def reference(sentences: Sequence[str]) -> str:
     """The reference summary for the marked sentences, in order."""
     return "\n".join(mark(k) + s.strip() for k, s in enumerate(sentences, 1))
+
+
+_MARK_RE = re.compile(r"【(\d+)】")
+
+
+def marked_sentences(reference: str) -> list[str] | None:
+    """The marked sentences of a recall reference (:func:`reference`), in mark order; None when ``reference`` is
+    not in that format (every line ``【k】sentence``, k = 1, 2, ... in order)."""
+    if not isinstance(reference, str):
+        return None
+    lines = reference.split("\n")
+    out = []
+    for k, line in enumerate(lines, 1):
+        if not line.startswith(mark(k)):
+            return None
+        out.append(line[len(mark(k)):].strip())
+    return out or None
+
+
+def mark_recall(prediction: str, reference: str) -> list[bool] | None:
+    """Exact recall per mark: for each marked sentence k of ``reference`` (k = 1..K, i.e. by depth in the context),
+    whether ``prediction`` holds ``【k】`` followed by exactly that sentence (up to the next mark or line break;
+    surrounding white space ignored). A right sentence under another mark does not count. None when the reference
+    is not a recall reference."""
+    want = marked_sentences(reference)
+    if want is None:
+        return None
+    got: dict[int, set[str]] = {}
+    parts = _MARK_RE.split(prediction or "")
+    for i in range(1, len(parts) - 1, 2):  # parts: text, k, text after 【k】, k, ...
+        got.setdefault(int(parts[i]), set()).add(parts[i + 1].split("\n")[0].strip())
+    return [s in got.get(k, ()) for k, s in enumerate(want, 1)]
+
+
+def marks_only(reference: str) -> str | None:
+    """The floor prediction for ``reference``: its marks alone, one a line (``【1】\\n【2】...``): what marks and
+    layout score under ROUGE-L without recalling anything."""
+    want = marked_sentences(reference)
+    return None if want is None else "\n".join(mark(k) for k in range(1, len(want) + 1))
 
 
 @dataclass

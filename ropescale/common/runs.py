@@ -1,31 +1,50 @@
-"""The run directory format shared by finetune, generation, probes and reports.
+"""The run record and the run directory: one format for finetune, generate, probes and reports.
 
 A run directory holds:
-- ``run.json``: metadata written atomically: the stage's settings as the run resolved them (flat keys, as in a
-  recipe: ``ropescale.common.settings.to_record``; ``model`` is the model directory used, ``data`` the data read...),
-  ``kind`` ("generate", "probe", "finetune"), ``rope`` (the rope the model ran with: a rope spec dict, read back
-  with ``rope_scaling.RopeSpec.from_record``), ``train_length`` (or null), ``versions``, timestamps, and whatever
-  the producer adds (``status``, ``counts``, ``probe``...). :class:`RunMeta` is the one reader (older layouts
-  included).
+- ``run.json``: the run's record (:class:`RunRecord`), written atomically, with the same field names in every
+  stage: ``kind`` ("finetune", "generate", "probe"), ``model`` (the model directory used: ``tiny`` for the
+  embedded default, else its absolute path), ``model_id`` (:func:`model_id`: what the model *is*, so a model
+  replaced at the same path is noticed), ``rope`` (the full RoPE spec the model ran with, read back with
+  ``rope_scaling.RopeSpec.from_record``), ``context`` (the RoPE-extended context), ``train`` (the training record
+  of the model: :func:`read_train_record`; for a finetune run the record of the training it does), ``data`` (the
+  data read), ``settings`` (the stage's settings as resolved, flat as in a recipe:
+  ``ropescale.common.settings.to_record``, without model, data and rope, which are above), ``info`` (what the
+  stage adds: counts, data stats, the probe's name...), ``status``, ``seconds`` (wall time of the whole run,
+  summed over its parts when resumed), ``created``, ``updated``, ``versions``. :class:`RunMeta` is the one
+  reader, older layouts included (flat settings at the top level, ``args``, ``model_dir`` / ``model_path``,
+  ``extended_context``, an integer ``train_length``).
 - one or more append-only JSONL record files (``predictions.jsonl`` for generation, ``items.jsonl`` for probes):
   one JSON object a line, each with a unique ``id``. A record is appended with one ``write`` + ``fsync``, so a
   kill -9 loses at most the record in flight; a torn last line is cut off when the log is reopened. Resuming
   skips ids already present and never duplicates one.
 - ``summary.json`` / ``scores.json``: derived numbers, written atomically.
+
+A directory holding a run record belongs to that run (:func:`claim_run_dir`): a run of another kind is never
+written into it, and a run of the same kind continues it only with the same settings (:func:`check_resume`, the
+one resume check every stage calls) and the same model (:func:`model_id`).
+
+A model directory made by ``finetune.py merge`` carries its training record in ``ropescale_train.json``
+(:data:`TRAIN_JSON`): the run's id, the checkpoint step, the RoPE spec, the data and its length (mean, min, max:
+the paper's "Train Len." is the mean), the steps, the base model and its id. Every run that reads the model
+records it as ``train``.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
+import hashlib
 import json
 import os
 import platform
-from dataclasses import dataclass
+import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from .io import InputError, write_json_atomic
 
 RUN_JSON = "run.json"
+TRAIN_JSON = "ropescale_train.json"  # a merged model's training record
 
 
 def versions() -> dict[str, str]:
@@ -48,6 +67,177 @@ def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+# ---------------------------------------------------------------- the record
+@dataclass
+class RunRecord:
+    """What run.json holds, the same fields in every stage (see module doc)."""
+
+    kind: str
+    model: str | None = None
+    model_id: str | None = None
+    rope: dict | None = None
+    context: int | None = None
+    train: dict | None = None
+    data: str | None = None
+    settings: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+    status: str = "running"
+    seconds: float = 0.0
+    created: str | None = None
+    updated: str | None = None
+    versions: dict | None = None
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(RunRecord))
+
+
+# ---------------------------------------------------------------- training length and the training record
+@dataclass(frozen=True)
+class TrainLength:
+    """The length of the samples a model was fine-tuned on (tokens): ``mean`` is the paper's "Train Len." (the
+    average of the concatenated samples: 14-18K is reported as 16k), ``min`` / ``max`` their range."""
+
+    mean: float | None = None
+    min: int | None = None
+    max: int | None = None
+
+    @classmethod
+    def of(cls, rec: Any) -> "TrainLength | None":
+        """From ``{"mean", "min", "max"}`` (a training record's ``length``), data stats, or a bare number (older
+        records: the longest sample)."""
+        if isinstance(rec, bool) or rec is None:
+            return None
+        if isinstance(rec, (int, float)):
+            return cls(None, None, int(rec))
+        if not isinstance(rec, dict):
+            return None
+
+        def num(k, conv):
+            v = rec.get(k)
+            return conv(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+        out = cls(num("mean", float), num("min", int), num("max", int))
+        return None if out == cls() else out
+
+    def to_dict(self) -> dict:
+        return {"mean": None if self.mean is None else round(self.mean, 1), "min": self.min, "max": self.max}
+
+    def text(self) -> str:
+        """``1536 (1090-2024)``: the mean with the range; an older record's maximum alone as ``max 2024``."""
+        if self.mean is None:
+            return "-" if self.max is None else f"max {self.max}"
+        rng = f" ({self.min}-{self.max})" if self.min is not None and self.max is not None else ""
+        return f"{self.mean:.0f}{rng}"
+
+    def short(self) -> str:
+        """The mean as a label shows it: ``1536``, ``16k`` (from 10K tokens on, in units of 1024)."""
+        v = self.mean if self.mean is not None else self.max
+        if v is None:
+            return "?"
+        pre = "" if self.mean is not None else "<="
+        return pre + (f"{v / 1024:.0f}k" if v >= 10240 else f"{v:.0f}")
+
+
+def length_of(stats: dict) -> dict:
+    """A training record's ``length`` from a packed set's stats (``training.data.check_rows``)."""
+    return (TrainLength.of(stats) or TrainLength()).to_dict()
+
+
+def train_key(train: dict | None) -> str | None:
+    """What tells two trainings apart: the run's id and the checkpoint step (``run-id@step``), or None."""
+    if not isinstance(train, dict):
+        return None
+    rid = train.get("id")
+    if rid is None:
+        return None
+    step = train.get("step")
+    return f"{rid}@{step}" if step is not None else str(rid)
+
+
+def read_train_record(model_dir: str | os.PathLike | None) -> dict | None:
+    """The training record a model directory carries: its ``ropescale_train.json`` (written by ``finetune.py
+    merge``); for a model merged by an older version into its run directory, the record of that finetune run
+    (``run.json`` in the model dir or its parent); else None (a model this project did not fine-tune)."""
+    if model_dir is None:
+        return None
+    d = Path(model_dir)
+    f = d / TRAIN_JSON
+    if f.is_file():
+        try:
+            rec = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise InputError(f"unreadable training record: {e}", f) from None
+        if not isinstance(rec, dict):
+            raise InputError("unreadable training record (not a JSON object)", f)
+        return rec
+    for cand in (d, d.parent):
+        meta = RunMeta.find(cand)
+        if meta is not None and meta.kind == "finetune":
+            return meta.train
+    return None
+
+
+# ---------------------------------------------------------------- the model: as recorded, and its identity
+def model_ref(given: str | os.PathLike | None, model_dir: str | os.PathLike) -> str:
+    """How a run records the model it read: ``tiny`` for the embedded default, else the absolute path of the
+    directory used (a hub id that is not a local path stays as given)."""
+    from .tiny import TINY_NAMES
+
+    if given is None or str(given) in TINY_NAMES:
+        return "tiny"
+    p = Path(model_dir)
+    return str(p.resolve()) if p.exists() else str(given)
+
+
+WHOLE_FILE = 64 << 20  # weight files up to this size are hashed whole
+SAMPLES, SAMPLE_BYTES = 32, 64 << 10  # larger ones: their header and 32 slices of 64 KiB spread over the file
+
+
+def model_id(model_dir: str | os.PathLike) -> str | None:
+    """What a model directory holds, as 16 hex digits (None when it is not a local directory).
+
+    sha256 over: ``config.json``, the training record (``ropescale_train.json``: a merged model names its run and
+    step), and each weight file's name and size plus its bytes -- whole up to 64 MiB, else the safetensors header
+    (tensor names, dtypes, shapes, offsets) and 32 slices of 64 KiB spread evenly over the file (2 MiB a file, so
+    ~10 ms for a 15 GB model). It depends on content only, so a copy of a model has the same id, and it changes
+    when a model is replaced at the same path: by another merge (another training record, other weights), another
+    checkpoint, or other weights of the same shapes (the slices). File mtimes and the weights' index are not
+    used: they change with a copy, or not with the weights."""
+    d = Path(model_dir)
+    if not d.is_dir():
+        return None
+    h = hashlib.sha256()
+    for name in ("config.json", TRAIN_JSON):
+        f = d / name
+        if f.is_file():
+            h.update(name.encode() + b"\0" + f.read_bytes() + b"\0")
+    weights = sorted(p for p in d.iterdir() if p.is_file() and (p.suffix == ".safetensors" or (
+        p.suffix == ".bin" and p.name.startswith("pytorch_model"))))
+    for f in weights:
+        size = f.stat().st_size
+        h.update(f"{f.name}\0{size}\0".encode())
+        with open(f, "rb") as fh:
+            if size <= WHOLE_FILE:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+                continue
+            start = 0
+            if f.suffix == ".safetensors":
+                head = fh.read(8)
+                n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+                h.update(head + fh.read(min(n, size)))
+                start = 8 + n
+            span = max(size - start - SAMPLE_BYTES, 0)
+            for i in range(SAMPLES):
+                fh.seek(start + span * i // max(SAMPLES - 1, 1))
+                h.update(fh.read(SAMPLE_BYTES))
+    return h.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- record logs and run directories
 class RecordLog:
     """An append-only JSONL file of records keyed by ``id`` (see module doc)."""
 
@@ -126,22 +316,28 @@ class RunDir:
         if not self.meta_path.is_file():
             raise InputError("not a run directory (no run.json)", self.path)
         try:
-            return json.loads(self.meta_path.read_text(encoding="utf-8"))
+            meta = json.loads(self.meta_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise InputError(f"unreadable run.json: {e}", self.meta_path) from None
+        if not isinstance(meta, dict):
+            raise InputError("unreadable run.json (not a JSON object)", self.meta_path)
+        return meta
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         meta = dict(meta)
         meta.setdefault("created", now())
         meta["updated"] = now()
-        meta.setdefault("versions", versions())
+        if not meta.get("versions"):
+            meta["versions"] = versions()
         write_json_atomic(self.meta_path, meta)
 
-    def update_meta(self, **fields: Any) -> dict:
-        meta = self.read_meta() if self.exists() else {}
-        meta.update(fields)
-        self.write_meta(meta)
-        return meta
+    def write_record(self, rec: RunRecord) -> RunRecord:
+        """Write ``rec`` as run.json (created / updated / versions filled in); returns it as written."""
+        rec.created = rec.created or now()
+        rec.updated = now()
+        rec.versions = rec.versions or versions()
+        write_json_atomic(self.meta_path, rec.to_json())
+        return rec
 
     def log(self, name: str = "predictions.jsonl", key: str = "id") -> RecordLog:
         return RecordLog(self.path / name, key=key)
@@ -158,10 +354,14 @@ class RunDir:
         return json.loads(p.read_text(encoding="utf-8"))
 
 
+def _number(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
 @dataclass
 class RunMeta:
-    """A run directory's run.json, read one way by every stage (finetune resume, generate resume and the training
-    length of a merged model, score, report, probes), whatever age of the format wrote it."""
+    """A run directory's run.json, read one way by every stage (resume checks, the training record of a model,
+    score, reports, probes), whatever age of the format wrote it."""
 
     path: Path  # the run directory
     raw: dict  # run.json as written
@@ -184,12 +384,34 @@ class RunMeta:
         return self.path / RUN_JSON
 
     @property
+    def new_layout(self) -> bool:
+        return isinstance(self.raw.get("info"), dict)
+
+    @property
     def kind(self) -> str | None:
-        return self.raw.get("kind")
+        """The recorded kind; for an older run.json without one, what its files say it is."""
+        k = self.raw.get("kind")
+        if k:
+            return str(k)
+        if (self.path / "predictions.jsonl").exists() or "prompt" in self.raw:
+            return "generate"
+        if (self.path / "items.jsonl").exists() or "probe" in self.raw:
+            return "probe"
+        if (self.path / "train_log.jsonl").exists() or "data_stats" in self.raw or any(
+                self.path.glob("checkpoint-*")):
+            return "finetune"
+        return None
 
     @property
     def model(self) -> str | None:
-        return self.raw.get("model")
+        m = self.raw.get("model")
+        if m is None and isinstance(self.raw.get("args"), dict):
+            m = self.raw["args"].get("model")
+        return None if m is None else str(m)
+
+    @property
+    def model_id(self) -> str | None:
+        return self.raw.get("model_id")
 
     @property
     def rope(self) -> Any:
@@ -197,23 +419,85 @@ class RunMeta:
         return self.raw.get("rope")
 
     @property
-    def train_length(self) -> int | None:
-        tl = self.raw.get("train_length")
-        return int(tl) if isinstance(tl, (int, float)) and not isinstance(tl, bool) else None
+    def context(self) -> int | None:
+        for k in ("context", "extended_context"):
+            v = _number(self.raw.get(k))
+            if v is not None:
+                return int(v)
+        return None
+
+    @property
+    def data(self) -> str | None:
+        d = self.raw.get("data")
+        if d is None:
+            d = self.settings.get("data")
+        return None if d is None else str(d)
+
+    @property
+    def train(self) -> dict | None:
+        """The model's training record (see module doc); for an older run.json, what it recorded of it."""
+        t = self.raw.get("train")
+        if isinstance(t, dict):
+            return t
+        if self.new_layout:
+            return None
+        if self.kind == "finetune":  # an older finetune run: its own training
+            st = self.raw.get("data_stats") or {}
+            length = TrainLength.of(st) or TrainLength.of(self.raw.get("train_length"))
+            return {"id": None, "run": str(self.path.resolve()), "rope": self.rope, "data": self.data,
+                    "length": length.to_dict() if length else None, "steps": self.raw.get("steps"),
+                    "base_model": self.model}
+        length = TrainLength.of(self.raw.get("train_length"))
+        return {"id": None, "length": length.to_dict()} if length else None
+
+    @property
+    def train_length(self) -> TrainLength | None:
+        t = self.train
+        return TrainLength.of(t.get("length")) if isinstance(t, dict) else None
+
+    @property
+    def status(self) -> str | None:
+        return self.raw.get("status")
+
+    @property
+    def seconds(self) -> float:
+        """The run's wall time so far (all its parts)."""
+        return _number(self.raw.get("seconds")) or 0.0
+
+    @property
+    def info(self) -> dict:
+        """What the stage added (counts, data stats, the probe...); for an older layout, its top-level extras."""
+        if self.new_layout:
+            return dict(self.raw["info"])
+        return {k: v for k, v in self.raw.items() if k not in RECORD_FIELDS}
 
     @property
     def settings(self) -> dict:
-        """The stage's settings as recorded (flat keys; ``ropescale.common.settings.from_record`` reads them): the top level
-        of run.json, over what older runs kept under ``args`` (finetune, probes) and ``settings`` (probes). The
-        ``rope`` entry is not among them: it is the rope the run used (:attr:`rope`)."""
+        """The stage's settings as recorded (flat keys; ``ropescale.common.settings.from_record`` reads them), with
+        the model and data the run read. Older layouts: the top level, over what they kept under ``args``
+        (finetune, probes) and ``settings`` (probes). The rope is not among them: it is the rope the run used
+        (:attr:`rope`)."""
         raw = self.raw
+        if self.new_layout:
+            merged = dict(raw.get("settings") or {})
+            for k in ("model", "data"):
+                if raw.get(k) is not None:
+                    merged.setdefault(k, raw[k])
+            merged.pop("rope", None)
+            return merged
         old = {k: v for key in ("args", "settings") if isinstance(raw.get(key), dict) for k, v in raw[key].items()}
         merged = {**old, **{k: v for k, v in raw.items() if k not in ("args", "settings")}}
         merged.pop("rope", None)
         return merged
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self.raw.get(key, default)
+        """A recorded value by name: a record field, else the stage's info, else a setting."""
+        if key in self.raw and key not in ("settings", "info"):
+            return self.raw[key]
+        info = self.info
+        if key in info:
+            return info[key]
+        return self.settings.get(key, default)
 
 
 def find_run_dirs(paths: Iterable[str | os.PathLike]) -> Iterator[RunDir]:
@@ -228,3 +512,65 @@ def find_run_dirs(paths: Iterable[str | os.PathLike]) -> Iterator[RunDir]:
             raise InputError("is a file, expected a run directory (or a folder holding run directories)", p)
         else:
             raise InputError("no such run directory", p)
+
+
+def settings_record(settings) -> dict:
+    """A stage's settings as run.json's ``settings``: flat, as in a recipe (``settings.to_record``), without the
+    rope, model and data (record fields of their own: the rope is the one the model ran with)."""
+    from .settings import _nested_fields, to_record
+
+    rec = to_record(settings, without=tuple(n for n in ("rope",) if n in _nested_fields(type(settings))))
+    for k in ("model", "data"):
+        rec.pop(k, None)
+    return rec
+
+
+# ---------------------------------------------------------------- whose directory, and the one resume check
+def claim_run_dir(path: str | os.PathLike, kind: str, *, what: str = "--out") -> RunMeta | None:
+    """The run already in ``path`` (None when there is none): a directory holding a run record is that run's, so
+    a record of another kind (or an unreadable one) is an InputError whatever the flags; the caller decides what a
+    run of its own kind may do (:func:`check_resume`)."""
+    p = Path(path)
+    if not (p / RUN_JSON).exists():
+        return None
+    meta = RunMeta.read(p)
+    if meta.kind != kind:
+        raise InputError(f"holds a {meta.kind or 'unknown'} run (run.json), not a {kind} run: a {kind} run is never "
+                         f"written into another run's directory; use another {what}", meta.meta_path)
+    return meta
+
+
+def resume_diffs(old: RunMeta, settings, *, rope=None, model_id: str | None = None,
+                 also: Iterable[tuple[str, Any, Any]] = ()) -> list[str]:
+    """``key old -> new`` for what differs between the run recorded in ``old`` and the resolved ``settings`` (a
+    stage's settings dataclass, compared by each field's resume rule), the ``rope`` the model runs with (a
+    ``RopeSpec``), the model's identity, and the ``also`` items (key, old, new); empty when it may continue."""
+    from .settings import _nested_fields, diff, fmt, from_record, recorded_keys
+
+    diffs = []
+    if rope is not None:
+        was_rope = type(rope).from_record(old.rope, old.meta_path)
+        if not was_rope.same_rope(rope):
+            diffs.append(f"rope {was_rope.label()} -> {rope.label()}")
+    if model_id is not None and old.model_id is not None and model_id != old.model_id:
+        diffs.append(f"model_id {old.model_id} -> {model_id} (not the model this run read)")
+    cls = type(settings)
+    without = tuple(n for n in ("rope",) if n in _nested_fields(cls))
+    was = from_record(cls, old.settings, where=old.meta_path, without=without)
+    diffs += diff(was, settings, only=recorded_keys(cls, old.settings))
+    diffs += [f"{k} {fmt(a)} -> {fmt(b)}" for k, a, b in also if a != b]
+    return diffs
+
+
+def refuse_resume(diffs: list[str], where: str | os.PathLike, *, note: str = "",
+                  hint: str = "use another --out") -> InputError:
+    """The one message of a refused resume: ``RUN.JSON: holds a run made with different settings: a 1 -> 2, ...``."""
+    return InputError(f"holds a run made with different settings: {', '.join(diffs)}{note}; {hint}", where)
+
+
+def check_resume(old: RunMeta, settings, *, rope=None, model_id: str | None = None,
+                 also: Iterable[tuple[str, Any, Any]] = (), note: str = "", hint: str = "use another --out") -> None:
+    """Refuse (InputError, one line) to continue ``old`` with other settings, rope or model (:func:`resume_diffs`)."""
+    diffs = resume_diffs(old, settings, rope=rope, model_id=model_id, also=also)
+    if diffs:
+        raise refuse_resume(diffs, old.meta_path, note=note, hint=hint)

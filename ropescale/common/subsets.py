@@ -42,6 +42,11 @@ MIN_NEW_TOKENS = 10  # the release's Inference.py (min_tokens=10); the paper giv
 _ALIASES = {"XXL": "2XL", "XXXL": "3XL"}
 
 
+# the release's file names (cnnsum_XXL_64k.jsonl), the 2XL / 3XL spellings and names without the length
+RELEASE_RE = re.compile(r"cnnsum_(L|XL|XXL|2XL|XXXL|3XL)(?:_\d+k)?\.(?:jsonl|parquet)", re.IGNORECASE)
+_SCALED_RE = re.compile(r"[Tt](\d+)")  # T<tokens>: a scaled-down subset (scaled())
+
+
 def get(name: str) -> Subset:
     key = _ALIASES.get(name.upper(), name.upper())
     if key not in SUBSETS:
@@ -49,9 +54,35 @@ def get(name: str) -> Subset:
     return SUBSETS[key]
 
 
+def parse(name: str, where: tuple = (None, None)) -> Subset:
+    """L, XL, 2XL, 3XL (XXL, XXXL, any case) or T<tokens> (a scaled-down subset, e.g. T2048); an InputError
+    naming ``where`` (file, line) otherwise."""
+    m = _SCALED_RE.fullmatch(str(name).strip())
+    if m:
+        if int(m.group(1)) < 1:
+            raise InputError(f"subset {name!r}: T<tokens> needs a positive token count", *where)
+        return scaled(int(m.group(1)))
+    try:
+        return get(str(name).strip())
+    except InputError as e:
+        raise InputError(e.message + " or T<tokens>", *where) from None
+
+
+def order_key(name: str) -> tuple:
+    """Table order: L, XL, 2XL, 3XL, then scaled subsets T<n> by n, then anything else by name."""
+    if name in ORDER:
+        return (0, ORDER.index(name), "")
+    m = _SCALED_RE.fullmatch(name)
+    if m and name.startswith("T"):
+        return (1, int(m.group(1)), "")
+    return (2, 0, name)
+
+
 def from_filename(path: str | Path) -> Subset | None:
-    """The subset a release file name implies (cnnsum_XXL_64k.jsonl -> 2XL), or None."""
-    m = re.search(r"cnnsum_(L|XL|XXL|XXXL|2XL|3XL)_", Path(path).name, re.IGNORECASE)
+    """The subset a release file name implies (cnnsum_XXL_64k.jsonl, cnnsum_2XL.jsonl, or a name that starts like
+    one, cnnsum_XL_32k_part2.jsonl -> its subset), or None."""
+    name = Path(path).name
+    m = RELEASE_RE.fullmatch(name) or re.search(r"cnnsum_(L|XL|XXL|XXXL|2XL|3XL)_", name, re.IGNORECASE)
     return get(m.group(1)) if m else None
 
 

@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ropescale.common.io import InputError, sha256_file, write_json_atomic
+from ropescale.common import compat
+from ropescale.common.io import InputError, read_json, sha256_file, write_json_atomic
 from ropescale.common.paths import CACHE_DIR, CHAPTERS_JSONL, REPO_ROOT
 
 EOS = "<|endoftext|>"
@@ -120,7 +121,7 @@ def tiny_config(vocab_size: int, arch: str = "qwen2", hidden_size: int = 256, nu
     if arch not in ("llama", "qwen2", "mistral"):
         raise InputError(f"unknown tiny architecture {arch!r} (llama, qwen2, mistral)")
     cfg = AutoConfig.for_model(arch, **kw)
-    setattr(cfg, "dtype" if hasattr(cfg, "dtype") else "torch_dtype", "float32")  # transformers 5.x / 4.x
+    compat.set_config_dtype(cfg, "float32")  # transformers 5.x dtype / 4.x torch_dtype
     return cfg
 
 
@@ -494,9 +495,48 @@ def check_model_dir(path: str | os.PathLike) -> Path:
         raise InputError(f"a {kind} run directory, not a model directory", p)
     if not (p / "config.json").is_file():
         raise InputError("not a model directory (no config.json)", p)
+    check_weights(p)
+    return p
+
+
+def check_weights(p: Path) -> None:
+    """The weights of model directory ``p`` are there and whole: some weight file exists, every shard an index
+    names exists, and every safetensors file has a readable header and at least the bytes that header promises
+    (a copy cut short is one line here, not a traceback from the loader). Reads headers only, never the tensors."""
     if not any((p / w).is_file() for w in WEIGHT_FILES) and not any(p.glob("*.safetensors")):
         raise InputError(f"model directory without weights (none of {', '.join(WEIGHT_FILES)})", p)
-    return p
+    index = p / "model.safetensors.index.json"
+    if index.is_file():
+        wmap = read_json(index, "safetensors index").get("weight_map")
+        if not isinstance(wmap, dict):
+            raise InputError("safetensors index without a weight_map", index)
+        missing = sorted({s for s in wmap.values() if not (p / str(s)).is_file()})
+        if missing:
+            raise InputError(f"missing weight shard(s) the index names: {', '.join(missing)}", index)
+    for f in sorted(p.glob("*.safetensors")):
+        _check_safetensors(f)
+
+
+def _check_safetensors(f: Path) -> None:
+    """safetensors layout: 8-byte little-endian header length N, N bytes of JSON ({name: {dtype, shape,
+    data_offsets: [begin, end]}, optional __metadata__}), then the data; offsets are relative to the data start."""
+    size = f.stat().st_size
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 2 or 8 + n > size:
+            raise InputError(f"not a whole safetensors file ({size} bytes; its header cannot be read): a truncated "
+                             "or interrupted copy?", f)
+        try:
+            header = json.loads(fh.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise InputError("not a safetensors file (its header is not JSON)", f) from None
+    ends = [v["data_offsets"][1] for k, v in header.items()
+            if k != "__metadata__" and isinstance(v, dict) and isinstance(v.get("data_offsets"), list)]
+    need = 8 + n + max(ends, default=0)
+    if size < need:
+        raise InputError(f"truncated safetensors file: {size} of the {need} bytes its header describes (an "
+                         "interrupted download or copy?)", f)
 
 
 def resolve_model(name_or_path: str | os.PathLike | None) -> Path:

@@ -52,6 +52,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from ropescale.common import compat
 from ropescale.common.io import InputError
 from ropescale.common.settings import setting
 
@@ -194,7 +195,7 @@ class HFBackend:
             self.attn = attn_implementation(self.device, self.dtype)
             model = load_model(model_dir, config, dtype=self.dtype, attn=self.attn).to(self.device)
         else:
-            self.attn = getattr(model.config, "_attn_implementation", None) or "sdpa"
+            self.attn = compat.attn_implementation(model.config)
         self.model = model.eval()
         self.eos = eos_ids_of(model_dir, config, tokenizer)
         if not self.eos:
@@ -411,23 +412,6 @@ class VLLMBackend:
 
 
 # ---------------------------------------------------------------- what vLLM is told
-def _rope_entries(cfg: dict) -> tuple[str, dict]:
-    """(the config key holding the rope dict, that dict as a flat 5.x-style dict with rope_type) of a config dict:
-    ``rope_parameters`` (transformers 5.x) or ``rope_scaling`` (4.x, rope_theta beside it)."""
-    rp = cfg.get("rope_parameters")
-    if isinstance(rp, dict) and rp:
-        key, e = "rope_parameters", dict(rp)
-    else:
-        key, e = "rope_scaling", dict(cfg.get("rope_scaling") or {})
-    e["rope_type"] = e.get("rope_type") or e.get("type") or "default"
-    return key, e
-
-
-def _yarn_mscale(s: float) -> float:
-    """0.1 ln(s) + 1 (1 for s <= 1): YaRN's default attention factor, in transformers and vLLM alike."""
-    return 1.0 if s <= 1 else 0.1 * math.log(s) + 1.0
-
-
 def vllm_settings(config, overrides: dict, *, need: int, want: int) -> tuple[dict, int]:
     """(hf_overrides, max_model_len) for vLLM, or an InputError where vLLM would compute something else than HF.
 
@@ -451,8 +435,11 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int) -> tuple[dic
     - dynamic (``--rope dynamic_ntk``): refused; vLLM's "dynamic" is a static NTK base for the full factor, not
       transformers' base recomputed from the current length.
     """
+    from rope_scaling.formulas import yarn_attention_factor
+    from rope_scaling.hf import rope_entries, rope_state
+
     cfg = config if isinstance(config, dict) else config.to_dict()
-    key, e = _rope_entries(cfg)
+    key, e = rope_entries(cfg)  # the one reader of HF rope entries (4.x and 5.x layouts)
     t = e["rope_type"]
     out = dict(overrides)
     max_pos = int(cfg.get("max_position_embeddings") or 0)
@@ -474,12 +461,11 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int) -> tuple[dic
             raise InputError(f"--backend vllm: prompt + new tokens reach {need} tokens, past vLLM's YaRN rotary cache "
                              f"of {cache} positions (original_max_position_embeddings {orig} x factor {factor:g}), "
                              f"where it would read garbage; use --backend hf, or a larger --scale")
-        if e.get("mscale") or e.get("mscale_all_dim"):
-            raise InputError("--backend vllm: yarn with mscale / mscale_all_dim is not supported; use --backend hf")
-        af = e.get("attention_factor")
-        af = float(af) if af is not None else _yarn_mscale(factor)  # transformers' default
-        rope = {**e, "attention_factor": af, "attn_factor": af / _yarn_mscale(factor)}
+        st = rope_state(cfg)  # the spec the config carries (mscale forms it cannot say are refused there)
+        af = st.frequencies().attention_factor  # the registry's formula: what transformers multiplies cos/sin by
+        rope = {**e, "attention_factor": af, "attn_factor": af / yarn_attention_factor(st.spec.scale)}
         if key == "rope_scaling":
+            rope.pop("rope_theta", None)  # 4.x keeps it beside rope_scaling
             rope.setdefault("type", t)
         if rope != cfg.get(key):
             out[key] = rope

@@ -18,7 +18,6 @@ records must agree), else the release file name (``cnnsum_XXL_64k.jsonl`` or ``c
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
@@ -30,7 +29,6 @@ CNNSUM_HUB_ID = "CxsGHost/CNNSum"  # the official release on the Hugging Face hu
 PARQUET = (".parquet", ".pq")
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".arrow") + PARQUET
 # a release file name: cnnsum_L_16k.jsonl, cnnsum_XXL_64k.jsonl, cnnsum_2XL.jsonl, ... (case-insensitive)
-RELEASE_RE = re.compile(r"cnnsum_(L|XL|XXL|2XL|XXXL|3XL)(?:_\d+k)?\.(?:jsonl|parquet)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -163,26 +161,8 @@ def load_samples(data, limit: Optional[int] = None, *, data_files: Optional[str]
 
 
 # ---------------------------------------------------------------- subsets
-def parse_subset(name: str, where: tuple = (None, None)) -> subsets.Subset:
-    """L, XL, 2XL, 3XL (XXL, XXXL, any case) or T<tokens> (a scaled-down subset, e.g. T2048)."""
-    m = re.fullmatch(r"[Tt](\d+)", str(name).strip())
-    if m:
-        if int(m.group(1)) < 1:
-            raise InputError(f"subset {name!r}: T<tokens> needs a positive token count", *where)
-        return subsets.scaled(int(m.group(1)))
-    try:
-        return subsets.get(str(name).strip())
-    except InputError as e:
-        raise InputError(e.message + " or T<tokens>", *where) from None
-
-
-def subset_from_filename(name) -> Optional[subsets.Subset]:
-    """The subset a release file name implies: cnnsum_XXL_64k.jsonl, cnnsum_2XL.jsonl -> 2XL; else None."""
-    base = Path(str(name)).name
-    m = RELEASE_RE.fullmatch(base)
-    if m:
-        return subsets.get(m.group(1))
-    return subsets.from_filename(base)
+parse_subset = subsets.parse  # L, XL, 2XL, 3XL or T<tokens>: common.subsets is their one home
+subset_from_filename = subsets.from_filename
 
 
 def records_subset(samples: list[dict], label: str) -> Optional[subsets.Subset]:
@@ -215,9 +195,9 @@ def find_release_files(data_dir) -> tuple[dict[str, Path], list[str]]:
         raise InputError("no such directory" if not d.exists() else "not a directory", d)
     found: dict[str, Path] = {}
     for p in sorted(d.iterdir()):
-        if not p.is_file() or not RELEASE_RE.fullmatch(p.name):
+        if not p.is_file() or not subsets.RELEASE_RE.fullmatch(p.name):
             continue
-        name = subsets.get(RELEASE_RE.fullmatch(p.name).group(1)).name
+        name = subsets.from_filename(p.name).name
         if name in found:
             raise InputError(f"two files for subset {name}: {found[name].name} and {p.name}", d)
         found[name] = p

@@ -44,6 +44,9 @@ from __future__ import annotations
 import sys
 from typing import Callable, Sequence
 
+from ropescale.common import compat
+from ropescale.common.compat import dynamic_rope_modules  # noqa: F401  (re-exported: the backends use it)
+
 SYNC_EVERY = 16  # decode steps between host syncs (finished slots are noticed at these points)
 
 
@@ -59,12 +62,11 @@ def cut_at_eos(ids: Sequence[int], eos_ids: set[int]) -> list[int]:
 
 def supported(model) -> str | None:
     """None if the slot decoder can run ``model``, else why not (one line)."""
-    import transformers
-
-    if int(transformers.__version__.split(".")[0]) < 5:
-        return f"transformers {transformers.__version__} (the slot decoder needs 5.x)"
+    why = compat.prepared_mask_blocker()
+    if why:
+        return why
     cfg = model.config
-    attn = getattr(cfg, "_attn_implementation", None) or "sdpa"
+    attn = compat.attn_implementation(cfg)
     if attn != "sdpa":
         return f"attention implementation {attn!r} (the slot decoder needs sdpa)"
     types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
@@ -83,23 +85,10 @@ def slot_bytes_per_token(config, dtype) -> int:
     return 2 * config.num_hidden_layers * kv * head_dim * (torch.finfo(dtype).bits // 8)
 
 
-def dynamic_rope_modules(model) -> list:
-    """The model's rotary modules that use transformers' dynamic NTK (their base follows the sequence length)."""
-    out = []
-    for m in model.modules():
-        rt = getattr(m, "rope_type", None)
-        if isinstance(rt, str) and "dynamic" in rt and hasattr(m, "original_inv_freq") \
-                and hasattr(m, "original_max_seq_len"):
-            out.append(m)
-    return out
-
-
 def reset_dynamic_rope(model, modules=None) -> None:
-    """Put dynamic-NTK rotary modules back in their freshly loaded state (original frequencies, nothing cached), as
-    transformers' own reset does when a sequence shorter than the original context comes."""
-    for m in dynamic_rope_modules(model) if modules is None else modules:
-        m.inv_freq = m.original_inv_freq.clone()
-        m.max_seq_len_cached = m.original_max_seq_len
+    """Put the model's dynamic-NTK rotary modules (or ``modules``) back in their freshly loaded state
+    (:func:`ropescale.common.compat.reset_dynamic_rope`)."""
+    compat.reset_dynamic_rope(dynamic_rope_modules(model) if modules is None else modules)
 
 
 class _PerSlotDynamicRope:
@@ -109,47 +98,40 @@ class _PerSlotDynamicRope:
     sample's state; :meth:`take` stores it for the slot."""
 
     def __init__(self, module):
-        import inspect
-
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
         self.m = module
-        self.raw = inspect.unwrap(type(module).forward)
-        self.init_fn = ROPE_INIT_FUNCTIONS[module.rope_type]
+        self.raw = compat.undecorated_rope_forward(module)
         self.state: dict = {}  # slot -> [inv_freq, seen (max seq len), attention_scaling]
 
     def take(self, row: int) -> None:
-        m = self.m
-        self.state[row] = [m.inv_freq, int(m.max_seq_len_cached), m.attention_scaling]
+        self.state[row] = compat.rope_frequencies(self.m)
 
     def forward(self, x, position_ids):
         import torch
 
         m = self.m
-        saved = (m.inv_freq, m.attention_scaling)
+        saved = compat.rope_frequencies(m)
         cos, sin = [], []
         try:
             for r, p in enumerate(position_ids[:, -1].tolist()):
                 st = self.state[r]
                 seq_len = int(p) + 1
                 if seq_len > st[1]:  # transformers: grow to the current length
-                    t = torch.tensor(seq_len, dtype=torch.long, device=position_ids.device)
-                    st[0], st[2] = self.init_fn(m.config, x.device, seq_len=t)
+                    st[0], st[2] = compat.rope_frequencies_for_length(m, x.device, seq_len)
                     st[1] = seq_len
-                m.inv_freq, m.attention_scaling = st[0], st[2]
+                compat.set_rope_frequencies(m, st[0], st[2])
                 c, s_ = self.raw(m, x[r:r + 1], position_ids[r:r + 1])
                 cos.append(c)
                 sin.append(s_)
         finally:
-            m.inv_freq, m.attention_scaling = saved
+            compat.set_rope_frequencies(m, saved[0], saved[2])
         return torch.cat(cos), torch.cat(sin)
 
 
-class SlotCache:
-    """Duck-typed transformers cache (``update`` / ``get_seq_length``) over fixed per-layer buffers, for decode
-    steps: ``update`` writes the new key/value at column ``col`` of every slot and returns the whole buffer (the
-    step passes a prepared 4D mask, so transformers' mask builder never asks this cache anything). Prompts are
-    written by :func:`_prefill_writer`."""
+class SlotCache(compat.DuckCache):
+    """A duck-typed transformers cache (:class:`ropescale.common.compat.DuckCache`) over fixed per-layer buffers,
+    for decode steps: ``update`` writes the new key/value at column ``col`` of every slot and returns the whole
+    buffer (the step passes a prepared 4D mask, so transformers' mask builder never asks this cache anything).
+    Prompts are written by :func:`_prefill_writer`."""
 
     def __init__(self, n_layers: int, slots: int, length: int, device, dtype):
         self.n_layers, self.slots, self.length = n_layers, slots, length
@@ -168,15 +150,12 @@ class SlotCache:
         self.keys[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
         self.values[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
 
-    def update(self, key, value, layer_idx: int, *args, **kwargs):  # 5.24 passes kwargs=..., <5.24 cache_kwargs
+    def write(self, key, value, layer_idx: int):
         if self.keys[layer_idx] is None:
             self._alloc(layer_idx, key)
         self.keys[layer_idx].index_copy_(2, self.col, key)
         self.values[layer_idx].index_copy_(2, self.col, value)
         return self.keys[layer_idx], self.values[layer_idx]
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0  # positions are always passed explicitly
 
     def shift_left(self, s: int) -> None:
         """Move every buffer ``s`` columns to the left (the first ``s`` columns are dropped)."""
@@ -201,12 +180,11 @@ def _slot_decode_attention(module, query, key, value, attention_mask, dropout=0.
     h // (H/kv), as ``repeat_kv`` does), mask ``[B, 1, 1, M]`` broadcast over both. Anything else (prefill,
     multi-head models) goes to transformers' SDPA function unchanged."""
     import torch.nn.functional as F
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     b, h, q, d = query.shape
     kvh = key.shape[1]
     if q != 1 or attention_mask is None or h == kvh or h % kvh:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+        return compat.sdpa_attention()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     out = F.scaled_dot_product_attention(query.reshape(b, kvh, h // kvh, d), key, value,
                                          attn_mask=attention_mask[:, :, :, :key.shape[-2]], dropout_p=0.0,
@@ -217,39 +195,24 @@ def _slot_decode_attention(module, query, key, value, attention_mask, dropout=0.
 def _register_attention() -> None:
     global _ATTN_REGISTERED
     if not _ATTN_REGISTERED:
-        from transformers import AttentionInterface
-
-        AttentionInterface.register(ATTN_NAME, _slot_decode_attention)
+        compat.register_attention(ATTN_NAME, _slot_decode_attention)
         _ATTN_REGISTERED = True
 
 
-_WRITER = None
-
-
 def _prefill_writer(config, cache: "SlotCache", row: int, start: int):
-    """A transformers ``DynamicCache`` that stores nothing: ``update`` copies the prompt's keys/values into slot
-    ``row`` of ``cache`` from column ``start`` and returns them unchanged. To the model (and its mask builder) it
-    is an empty cache, so the prompt gets the plain causal path (SDPA flash, no mask) and attends only to
-    itself, and no second copy of a long prompt's keys/values is ever held. (One class for the process: a class
-    made per call would sit in a reference cycle and pin the slot buffers until the next garbage collection.)"""
-    global _WRITER
-    if _WRITER is None:
-        from transformers import DynamicCache
+    """A transformers cache that stores nothing (:func:`ropescale.common.compat.writer_cache`): each layer's
+    prompt keys/values are copied into slot ``row`` of ``cache`` from column ``start`` and returned unchanged. To the
+    model (and its mask builder) it is an empty cache, so the prompt gets the plain causal path (SDPA flash, no
+    mask) and attends only to itself, and no second copy of a long prompt's keys/values is ever held."""
 
-        class _Writer(DynamicCache):
-            def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-                c, r, s0 = self._slot_target
-                if c.keys[layer_idx] is None:
-                    c._alloc(layer_idx, key_states)
-                n = key_states.shape[-2]
-                c.keys[layer_idx][r, :, s0:s0 + n].copy_(key_states[0])
-                c.values[layer_idx][r, :, s0:s0 + n].copy_(value_states[0])
-                return key_states, value_states
+    def write(key_states, value_states, layer_idx):
+        if cache.keys[layer_idx] is None:
+            cache._alloc(layer_idx, key_states)
+        n = key_states.shape[-2]
+        cache.keys[layer_idx][row, :, start:start + n].copy_(key_states[0])
+        cache.values[layer_idx][row, :, start:start + n].copy_(value_states[0])
 
-        _WRITER = _Writer
-    w = _WRITER(config=config)
-    w._slot_target = (cache, row, start)
-    return w
+    return compat.writer_cache(config, write)
 
 
 class _Slot:
@@ -379,7 +342,7 @@ class SlotDecoder:
         out = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
                          position_ids=torch.arange(n, device=dev).unsqueeze(0),
                          past_key_values=_prefill_writer(self.model.config, self.cache, row, start), use_cache=True,
-                         logits_to_keep=1)
+                         **compat.last_logits_kwargs(1))
         logits = out.logits[0, -1].float()
         if self.min_new > 0:
             logits = logits.masked_fill(self.eos_mask, float("-inf"))
@@ -411,16 +374,13 @@ class SlotDecoder:
 
     def _body(self) -> None:
         """One decode step for every slot, on device tensors only (this is what the CUDA graph captures)."""
-        cfg = self.model.config
-        impl = cfg._attn_implementation
-        cfg._attn_implementation = ATTN_NAME  # read by every attention layer as it runs (and as it is captured)
         for d in self.dynamic:  # per-slot dynamic NTK frequencies (an instance attribute shadows the class forward)
             d.m.forward = d.forward
-        try:
-            out = self.model(input_ids=self.tok, position_ids=self.pos, attention_mask=self.mask,
-                             past_key_values=self.cache, use_cache=True)
+        try:  # the attention is read by every layer as it runs (and as it is captured)
+            with compat.using_attention(self.model.config, ATTN_NAME):
+                out = self.model(input_ids=self.tok, position_ids=self.pos, attention_mask=self.mask,
+                                 past_key_values=self.cache, use_cache=True)
         finally:
-            cfg._attn_implementation = impl
             for d in self.dynamic:
                 del d.m.forward
         logits = out.logits[:, -1, :].float()

@@ -31,10 +31,11 @@ truncation; the instructions around it are kept whole) so the prompt is at most 
 
 Output (a run directory, see :mod:`ropescale.common.runs`): ``DIR/predictions.jsonl`` — one record per sample
 (id, subset, prompt, input_tokens, truncated, new_tokens, prediction, reference), appended and fsynced as each
-sample finishes — and ``DIR/run.json`` (model, rope spec, train_length, prompt, prompt_style, subset, backend,
-versions, counts). Re-running the same command resumes: finished ids are skipped, a killed run loses at most
-the samples in flight (one per slot / batch row) and never duplicates a record; re-running with different
-settings into the same DIR is an error.
+sample finishes — and ``DIR/run.json`` (the run record: model, model_id, rope spec, context, the model's training
+record, data, the settings -- prompt, prompt_style, subset, backend... --, counts, versions). Re-running the same
+command resumes: finished ids are skipped, a killed run loses at most the samples in flight (one per slot / batch
+row) and never duplicates a record. Re-running with different settings, or with another model (even at the same
+path: the model's id is compared), into the same DIR is an error, and so is a DIR holding another kind of run.
 """
 from __future__ import annotations
 
@@ -48,9 +49,9 @@ from pathlib import Path
 from ropescale.common import prompts, subsets
 from ropescale.common.cli import add_command, add_json
 from ropescale.common.io import InputError
-from ropescale.common.runs import RunDir, RunMeta, versions
-from ropescale.common.settings import (add_arguments, diff, from_record, given, nested, recorded_keys, resolve, setting,
-                             to_record)
+from ropescale.common.runs import (RunDir, RunRecord, check_resume, claim_run_dir, model_id as model_id_of, model_ref,
+                                   read_train_record, settings_record)
+from ropescale.common.settings import add_arguments, given, nested, resolve, setting
 from rope_scaling import RopeSpec
 
 from .backends import BackendSettings, Item, make_backend
@@ -130,16 +131,6 @@ def check_out_dir(out) -> Path:
     if p.exists() and not p.is_dir():
         raise InputError("exists and is not a directory (--out takes a run directory)", p)
     return p
-
-
-def find_train_length(model_dir: Path) -> int | None:
-    """The training length of a fine-tuned model: ``train_length`` of the finetune run.json in the model dir or
-    its parent (``finetune.py merge`` writes the merged model inside the run dir), else None."""
-    for d in (model_dir, model_dir.parent):
-        meta = RunMeta.find(d)
-        if meta is not None and (meta.kind or "finetune") == "finetune" and meta.train_length is not None:
-            return meta.train_length
-    return None
 
 
 def prepare_config(model_dir: Path, spec=None, log=None):
@@ -228,11 +219,13 @@ def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict
     from rope_scaling import extended_context
     from ropescale.common.tiny import resolve_model
 
+    t_start = time.time()
     if s.data is None or s.out is None:
         raise InputError("generate needs --data FILE.jsonl and --out DIR")
     if s.prompt is None:
         raise InputError("generate needs --prompt (ie, ib, ft-ie or ft-ib)")
     out = check_out_dir(s.out)
+    old = claim_run_dir(out, "generate")  # another kind of run's directory is refused before any work
     prompt = s.prompt.lower()
     prompts.template(prompt, s.prompt_style or "release")
     src = open_source(s.data, s.data_files, s.data_split)
@@ -252,21 +245,21 @@ def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict
         raise InputError("--max-input-tokens needs --truncate middle")
 
     # the settings as resolved (what a resume must match): the model and data as found, subset, token limits
-    model_id = str(s.model) if str(s.model) in ("tiny", "") else str(Path(s.model).resolve())
+    model, mid = model_ref(s.model, model_dir), model_id_of(model_dir)
     resolved = dataclasses.replace(
-        s, model=model_id, data=src.label, data_files=src.data_files, data_split=src.split, prompt=prompt,
+        s, model=model, data=src.label, data_files=src.data_files, data_split=src.split, prompt=prompt,
         prompt_style=s.prompt_style if prompt in ("ie", "ib") else None, subset=sub.name if sub else None,
         max_new_tokens=int(max_new_tokens), max_input_tokens=max_input_tokens, out=str(out))
     run = RunDir(out)
-    if run.exists():
-        check_resume(RunMeta.read(out), resolved, eff_rope)
+    if old is not None:
+        check_resume(old, resolved, rope=eff_rope, model_id=mid, hint="use another --out or remove it")
     predictions = run.log("predictions.jsonl")
     todo = [x for x in samples if x["id"] not in predictions]
     name = Path(src.label).name if src.path else src.label
     style = "" if resolved.prompt_style is None else "/" + resolved.prompt_style
     log(f"[generate] {name}: {len(samples)} samples, {len(samples) - len(todo)} already done, {len(todo)} to go; "
         f"prompt {prompt}{style}, subset {resolved.subset}, max new tokens {max_new_tokens}, "
-        f"rope {eff_rope.describe()}, extended context {ext_ctx}")
+        f"rope {eff_rope.label()}, extended context {ext_ctx}")
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     tk = Tokenize(tokenizer, prompt, s.prompt_style or "release", s.chat_template)
@@ -278,19 +271,20 @@ def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict
             ids, cut = tk.ids(x["context"]), False
         items.append(Item(x["id"], ids, {"reference": x["reference"], "truncated": cut}))
 
-    meta = {**to_record(resolved, without=("rope",)), "kind": "generate", "rope": eff_rope.to_dict(),
-            "model_dir": str(model_dir), "train_length": find_train_length(model_dir), "extended_context": ext_ctx,
-            "n_samples": len(samples), "status": "running", "versions": versions()}
+    before = old.seconds if old is not None else 0.0  # the earlier parts of this run
+    rec = RunRecord("generate", model=model, model_id=mid, rope=eff_rope.to_dict(), context=ext_ctx,
+                    train=read_train_record(model_dir), data=src.label, settings=settings_record(resolved),
+                    info={"n_samples": len(samples)}, seconds=before)
     be = None
     if items:  # the backend first: a backend that cannot start (no vllm, no GPU) leaves no run directory behind
         need = max(len(it.input_ids) for it in items) + int(max_new_tokens)
         want = max(2 * sub.target if sub else 0, need)  # vllm: 2x the subset's target (the release's Inference.py)
         be = make_backend(s.backend, model_dir, config, tokenizer, model=hf_model, rope_overrides=overrides,
                           max_model_len=want, need_len=need, log=log, reuse=backends)
-        meta.update(backend_info=be.describe())
-    if run.exists():  # resuming: keep what the earlier run recorded (created...)
-        meta = {**run.read_meta(), **meta}
-    run.write_meta(meta)
+        rec.info["backend_info"] = be.describe()
+    if old is not None:  # resuming: keep when the run began
+        rec.created = old.get("created")
+    run.write_record(rec)
 
     t0 = time.time()
     if be is not None:
@@ -319,26 +313,16 @@ def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict
         "over_context": sum(r["input_tokens"] + max_new_tokens > ext_ctx for r in done),
         "hit_max_new_tokens": sum(r.get("new_tokens", 0) >= max_new_tokens for r in done),
     }
-    meta.update(status="complete" if len(done) == len(samples) else "partial", counts=counts,
-                last_seconds=round(seconds, 2),
-                last_samples_per_hour=round(len(items) * 3600 / seconds, 1) if items and seconds > 0 else None)
-    run.write_meta(meta)
+    rec.status = "complete" if len(done) == len(samples) else "partial"
+    rec.seconds = round(before + time.time() - t_start, 2)
+    rec.info.update(counts=counts, last_seconds=round(seconds, 2),
+                    last_samples_per_hour=round(len(items) * 3600 / seconds, 1) if items and seconds > 0 else None)
+    run.write_record(rec)
     log(f"[generate] wrote {len(done)} predictions to {run.path / 'predictions.jsonl'} "
         f"({len(items)} new in {seconds:.1f}s; {counts['truncated']} truncated, {counts['over_context']} beyond "
         f"the extended context)")
     return {"out": str(run.path), "samples": len(samples), "generated": len(items), "seconds": round(seconds, 2),
             **counts}
-
-
-def check_resume(old: RunMeta, new: GenerateSettings, rope: RopeSpec) -> None:
-    """A run directory is resumed only by the settings that made it (resolved alike; see GenerateSettings)."""
-    was_rope = RopeSpec.from_record(old.rope, old.meta_path)
-    diffs = [] if was_rope.same_rope(rope) else [f"rope {was_rope.describe()} -> {rope.describe()}"]
-    was = from_record(GenerateSettings, old.settings, where=old.meta_path, without=("rope",))
-    diffs += diff(was, new, only=recorded_keys(GenerateSettings, old.settings))
-    if diffs:
-        raise InputError(f"holds a run with different settings ({', '.join(diffs)}); use another --out or remove it",
-                         old.meta_path)
 
 
 # ---------------------------------------------------------------- CLI

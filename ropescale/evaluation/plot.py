@@ -32,8 +32,8 @@ def series_from_runs(runs: Iterable) -> list[dict]:
     prompt kind are pooled; samples without input_tokens are left out)."""
     out: dict = {}
     for r in runs:
-        key = (r.series.label, r.kind)
-        d = out.setdefault(key, {"label": r.series.label, "kind": r.kind, "points": []})
+        key = (r.label, r.kind)  # the report's row label: one full setting
+        d = out.setdefault(key, {"label": r.label, "kind": r.kind, "points": []})
         for s in r.samples:
             t = s.get("input_tokens")
             if isinstance(t, (int, float)):

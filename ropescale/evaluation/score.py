@@ -6,7 +6,11 @@ Importable:
   ``scores.json`` and ``sample_scores.jsonl`` there, atomically),
 - :func:`load_run_scores` (a run's scores, recomputed when ``scores.json`` is missing or stale).
 
-A score is ROUGE-L F x 100; a file's or run's ``rouge_l`` is the mean over its samples (CLongEval eval.py).
+A score is ROUGE-L F x 100; a file's or run's ``rouge_l`` is the mean over its samples (CLongEval eval.py). A
+run's ``scores.json`` carries the run's full setting as run.json records it (model, model_id, the full RoPE spec,
+the model's training record and length, prompt and its wording), never the method and scale alone. Samples of the
+recall task (references in ``ropescale.common.recall``'s format) also get ``marks`` (exact recall per mark, 1/0)
+and ``marks_only_rouge_l`` (the floor: the score of a prediction of the marks alone).
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from typing import Iterable, Optional
 
 from ropescale.common.io import InputError, read_jsonl, sha256_file, write_json_atomic, write_jsonl_atomic
 from ropescale.common.prompts import prompt_kind
+from ropescale.common.recall import mark_recall, marks_only
 from ropescale.common.runs import RunDir, RunMeta, now
 from rope_scaling import RopeSpec
 
@@ -30,7 +35,7 @@ ALIASES = {"summary": "reference"}
 SCORES_JSON = "scores.json"
 SAMPLE_SCORES = "sample_scores.jsonl"
 PREDICTIONS = "predictions.jsonl"
-SCORES_VERSION = 1
+SCORES_VERSION = 2  # 2: the full setting (rope spec, train record, model_id), per-mark recall
 
 
 def _text(rec: dict, field: str) -> str:
@@ -141,23 +146,29 @@ def score_run_data(run_dir: str | os.PathLike, metric: str = DEFAULT_METRIC) -> 
             ctx = contexts.get(rec["id"])
         fl = failure_modes.detect(rec["prediction"] or "", ctx)
         flags.append(fl)
-        samples.append({
+        smp = {
             "id": rec["id"], "subset": rec.get("subset", meta.settings.get("subset")),
             "input_tokens": rec.get("input_tokens"), "rouge_l": sc,
             **{m: fl[m] for m in failure_modes.MODES},
             "copy_share": fl["copy_share"], "repetition_share": fl["repetition_share"],
-        })
+        }
+        marks = mark_recall(rec["prediction"] or "", rec["reference"])
+        if marks is not None:  # the recall task: which marked sentences came back, and the marks-only floor
+            smp["marks"] = [int(m) for m in marks]
+            smp["marks_only_rouge_l"] = 100.0 * rouge_l(marks_only(rec["reference"]), rec["reference"], metric)
+        samples.append(smp)
     rope = RopeSpec.from_record(meta.rope, meta.meta_path)
     st = meta.settings
     prompt = st.get("prompt") or (recs[0].get("prompt") if recs else None)
+    tl = meta.train_length
     summary = {
         "version": SCORES_VERSION,
         "metric": metric, "rouge_l": res["rouge_l"], "n": res["n"], "n_empty": res["n_empty"],
         "failure_modes": failure_modes.rates(flags),
-        "model": meta.model, "rope": rope.method, "scale": None if rope.method == "none" else rope.scale,
-        "rope_spec": rope.to_dict(), "train_length": meta.train_length,
+        "model": meta.model, "model_id": meta.model_id, "rope": rope.to_dict(), "train": meta.train,
+        "train_length": None if tl is None else tl.to_dict(),
         "prompt": prompt, "prompt_kind": prompt_kind(prompt) if isinstance(prompt, str) else None,
-        "subset": st.get("subset"), "backend": st.get("backend"),
+        "prompt_style": st.get("prompt_style"), "subset": st.get("subset"), "backend": st.get("backend"),
         "predictions_sha256": sha256_file(pred_path), "scored": now(),
     }
     return summary, samples

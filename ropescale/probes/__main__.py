@@ -1,9 +1,9 @@
 """``python -m ropescale.probes SUBCOMMAND ...`` (= ``ropescale probes ...``) (see ropescale.probes.cli)."""
 import sys
 
-from ropescale.common.cli import quiet_libraries
+from ropescale.common.cli import prepare_process
 
-quiet_libraries()
+prepare_process()
 
 from ropescale.probes.cli import main  # noqa: E402
 

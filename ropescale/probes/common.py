@@ -4,13 +4,15 @@ Every probe's settings are a :class:`ProbeSettings` (model, output, data, sizes,
 its own fields, declared beside the probe: the flags, a ``--recipe``, the run.json record and the resume check
 come from them (``ropescale.common.settings``).
 
-A probe run directory has the same shape as generation's (ropescale.common.runs): ``run.json`` (the settings as resolved,
-kind "probe", probe name, model, rope spec dict, scale, lengths, versions), ``items.jsonl`` (one record per scored
-item, each with ``id``, ``group``, ``col`` and ``value``: the report's row group, column bucket and cell metric)
-and ``summary.json`` (the cells: mean value and count per group x column). Re-running into the same directory
-with the same settings resumes: items already in ``items.jsonl`` are skipped. The directory and its run.json are written
-with the first result: a run that fails before producing one (bad lengths, too-short data, ...) leaves nothing
-behind, so the corrected command can use the same ``--out``.
+A probe run directory has the same shape as generation's (ropescale.common.runs): ``run.json`` (the run record:
+kind "probe", model, model_id, rope spec, context, the model's training record, data, the settings as resolved;
+``info``: the probe's name, lengths, metric and column), ``items.jsonl`` (one record per scored item, each with
+``id``, ``group``, ``col`` and ``value``: the report's row group, column bucket and cell metric) and
+``summary.json`` (the cells: mean value and count per group x column). Re-running into the same directory with the
+same settings and model resumes: items already in ``items.jsonl`` are skipped; a directory holding another run
+(other settings, another model, another kind) is refused. The directory and its run.json are written with the
+first result: a run that fails before producing one (bad lengths, too-short data, ...) leaves nothing behind, so
+the corrected command can use the same ``--out``.
 """
 from __future__ import annotations
 
@@ -19,14 +21,16 @@ import dataclasses
 import os
 import random
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ropescale.common.io import InputError, check_output_dir
+from ropescale.common.io import check_output_dir
 from ropescale.common.paths import CHAPTERS_JSONL
-from ropescale.common.runs import RunDir, RunMeta, now
-from ropescale.common.settings import check, diff, from_record, make, nested, recorded_keys, setting, to_record
+from ropescale.common.runs import (RunDir, RunRecord, check_resume, claim_run_dir, model_id, model_ref, now,
+                                   read_train_record, settings_record)
+from ropescale.common.settings import check, make, nested, setting
 from rope_scaling import RopeSpec
 
 ITEMS = "items.jsonl"
@@ -44,6 +48,8 @@ class Loaded:
     scale: float
     orig_ctx: int
     context: int  # the context the (scaled) config is meant for
+    model_id: str | None = None  # ropescale.common.runs.model_id of the directory
+    train: dict | None = None  # the model's training record (ropescale.common.runs.read_train_record)
 
     @property
     def pad_id(self) -> int:
@@ -73,7 +79,7 @@ def load_model(name: str | os.PathLike | None, spec=None) -> Loaded:
     tok = AutoTokenizer.from_pretrained(str(path))
     orig = int(rope_state(config).orig_ctx)
     return Loaded(model, tok, Path(path), str(name or "tiny"), eff.to_dict(), float(eff.scale or 1.0), orig,
-                  int(extended_context(config)))
+                  int(extended_context(config)), model_id(path), read_train_record(path))
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -116,16 +122,6 @@ def probe_settings(cls, settings=None, fields: dict | None = None):
     return out
 
 
-def int_list(s: str) -> list[int]:
-    try:
-        vals = [int(x) for x in s.replace(",", " ").split()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {s!r}") from None
-    if not vals or any(v < 0 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {s!r}")
-    return vals
-
-
 def default_lengths(orig_ctx: int) -> list[int]:
     """1x .. 8x the original context: orig, 2*orig, ..., 8*orig."""
     return [orig_ctx * i for i in range(1, 9)]
@@ -145,26 +141,23 @@ class ProbeRun:
 
     def __init__(self, probe: str, loaded: Loaded, settings: ProbeSettings, lengths: list[int], *, metric: str = "",
                  column: str = ""):
-        self.dir = RunDir(check_output_dir(settings.out))
-        settings = dataclasses.replace(settings, model=loaded.name)  # the model as loaded (name or path given)
-        meta = {**to_record(settings, without=("rope",)), "kind": "probe", "probe": probe,
-                "model_path": str(loaded.path), "rope": loaded.rope, "scale": loaded.scale,
-                "orig_ctx": loaded.orig_ctx, "context": loaded.context, "train_length": None, "lengths": lengths,
-                "metric": metric, "column": column}
-        if self.dir.exists():
-            old = RunMeta.read(self.dir.path)
-            diffs = [] if old.get("probe") == probe else [f"probe {old.get('probe')} -> {probe}"]
-            was_rope, rope = RopeSpec.from_record(old.rope, old.meta_path), RopeSpec.from_record(loaded.rope)
-            if not was_rope.same_rope(rope):
-                diffs.append(f"rope {was_rope.describe()} -> {rope.describe()}")
-            cls = type(settings)
-            was = from_record(cls, old.settings, where=old.meta_path, without=("rope",))
-            diffs += diff(was, settings, only=recorded_keys(cls, old.settings))
-            if diffs:
-                raise InputError(f"run directory holds a run with different settings ({', '.join(diffs)}); "
-                                 f"use a new --out", self.dir.meta_path)
-            meta["created"] = old.get("created", now())
-        self.meta = meta
+        self.t_start = time.time()
+        out = check_output_dir(settings.out)
+        self.dir = RunDir(out)
+        old = claim_run_dir(out, "probe")  # another kind of run's directory is refused
+        model = model_ref(loaded.name, loaded.path)
+        settings = dataclasses.replace(settings, model=model)  # the model as loaded (tiny or its path)
+        self.before = old.seconds if old is not None else 0.0
+        self.rec = RunRecord("probe", model=model, model_id=loaded.model_id, rope=loaded.rope, context=loaded.context,
+                             train=loaded.train, data=settings.data, settings=settings_record(settings),
+                             info={"probe": probe, "lengths": lengths, "metric": metric, "column": column,
+                                   "orig_ctx": loaded.orig_ctx}, seconds=self.before)
+        if old is not None:
+            check_resume(old, settings, rope=RopeSpec.from_record(loaded.rope), model_id=loaded.model_id,
+                         also=[("probe", old.get("probe"), probe)], hint="use a new --out")
+            self.rec.created = old.get("created", now())
+        self.meta = {"probe": probe, "metric": metric, "column": column, "model": model, "rope": loaded.rope,
+                     "scale": loaded.scale}
         self.log = self.dir.log(ITEMS)
         self._started = False
 
@@ -172,7 +165,7 @@ class ProbeRun:
         """Create the directory and write run.json (once): called with the first result."""
         if not self._started:
             self.dir.path.mkdir(parents=True, exist_ok=True)
-            self.dir.write_meta(self.meta)
+            self.dir.write_record(self.rec)
             self._started = True
 
     def done(self, rid: str) -> bool:
@@ -191,7 +184,10 @@ class ProbeRun:
         if extra:
             summary.update(extra)
         self.dir.write_json(SUMMARY, summary)
-        self.dir.update_meta(finished=now(), items=len(self.log))
+        self.rec.status = "complete"
+        self.rec.seconds = round(self.before + time.time() - self.t_start, 2)
+        self.rec.info.update(finished=now(), items=len(self.log))
+        self.dir.write_record(self.rec)
         return summary
 
 

@@ -1,23 +1,27 @@
 """report: the extrapolation table of probe runs.
 
-One table per probe: rows = model x rope method x scale (x the probe's group: block size k, perturbation kind,
-copy / no-copy), columns = the probe's length bucket (prefix length, input length, distance), cells = the probe's
-metric (accuracy or loss, the mean over items; ``n`` items per cell in the JSON output). A probe with a single
-column bucket and several groups (the shuffle test without ``--lengths``) shows the groups (k=1..5) as columns. Printed as markdown
-(default), CSV or JSON; ``--out DIR`` also writes every table as DIR/<probe>.{md,csv,json} (an ``--out`` path
-ending in .md/.csv/.json/.txt, the old spelling, is written as one file in ``--format``); ``--plot FILE.png``
-draws one panel per probe with a line per row. Models are named as in eval_summ's report (ropescale.common.tables).
+One table per probe: rows = settings (``ropescale.common.tables.Setting``: the model and its id, the full RoPE
+spec, the model's training record -- the same rows and labels as eval_summ's report --, the probe's own variant:
+input length N, suffix-id variant / heading / score) x the probe's group (block size k, perturbation kind, copy /
+no-copy), columns = the probe's length bucket (prefix length, input length, distance), cells = the probe's metric
+(accuracy or loss, the mean over items; ``n`` items per cell in the JSON output). Two runs of the same setting are
+told apart by their run directory's name. A probe with a single column bucket and several groups (the shuffle
+test without ``--lengths``) shows the groups (k=1..5) as columns. Printed as markdown (default), CSV or JSON;
+``--out DIR`` also writes every table as DIR/<probe>.{md,csv,json} (an ``--out`` path ending in
+.md/.csv/.json/.txt, the old spelling, is written as one file in ``--format``); ``--plot FILE.png`` draws one panel
+per probe with a line per row.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from pathlib import Path
 
 from ropescale.common.cli import FORMAT_ALIASES, add_command, add_format
 from ropescale.common.io import InputError, atomic_open, check_output_dir, check_output_file, write_text_atomic
 from ropescale.common.runs import RunMeta, find_run_dirs
-from ropescale.common.tables import csv_text, json_text, markdown, model_labels, number
+from ropescale.common.tables import Setting, Table, json_text, number, setting_labels, write_tables
 from rope_scaling import RopeSpec
 
 from .common import ITEMS, SUMMARY, summarize
@@ -27,8 +31,9 @@ TABLE_SUFFIXES = (".md", ".csv", ".json", ".txt")  # --out FILE: the old spellin
 
 def load_runs(paths: list[str]) -> list[dict]:
     """Summaries of the probe runs under ``paths`` (recomputed from items.jsonl when summary.json is missing,
-    e.g. for an interrupted run), each with the run's meta fields (probe, model, rope, scale, metric, column)."""
-    out = []
+    e.g. for an interrupted run), each with the run's meta fields (probe, model, rope, metric, column) and its
+    row key (``_setting``: a tables.Setting)."""
+    out, owner = [], {}
     for rd in find_run_dirs(paths):
         meta = RunMeta.read(rd.path)
         if meta.kind != "probe":
@@ -39,10 +44,14 @@ def load_runs(paths: list[str]) -> list[dict]:
             s = summarize(rd.log(ITEMS).records())
         else:
             continue
-        for k in ("probe", "model", "rope", "scale", "metric", "column"):
+        for k in ("probe", "model", "rope", "metric", "column"):
             s.setdefault(k, meta.get(k))
         s["run_dir"] = str(rd.path)
         s["setting"] = run_setting(meta)
+        setting = Setting.of_run(meta, RopeSpec.from_record(meta.rope, meta.meta_path), variant=s["setting"])
+        if owner.setdefault((s.get("probe"), setting), rd.path) != rd.path:
+            setting = dataclasses.replace(setting, tag=rd.path.name)  # the same setting twice: by run directory
+        s["_setting"] = setting
         out.append(s)
     if not out:
         raise InputError("no probe run directories found", ", ".join(map(str, paths)))
@@ -50,8 +59,8 @@ def load_runs(paths: list[str]) -> list[dict]:
 
 
 def run_setting(meta: RunMeta) -> str:
-    """What tells apart runs of one probe beyond model x rope x scale: the input length N of copy / perturb, the
-    suffix-id variant, heading mode and score (empty for the defaults)."""
+    """What tells apart runs of one probe beyond the model and its RoPE spec and training: the input length N of
+    copy / perturb, the suffix-id variant, heading mode and score (empty for the defaults)."""
     st = meta.settings
     if meta.get("probe") in ("copy", "perturb") and meta.get("lengths"):
         return f"N={meta.get('lengths')[0]}"
@@ -62,41 +71,49 @@ def run_setting(meta: RunMeta) -> str:
     return ""
 
 
+def _setting_of(summary: dict) -> Setting:
+    """A summary's row key: the one load_runs recorded, else (a summary printed by a probe command) its own."""
+    if "_setting" in summary:
+        return summary["_setting"]
+    return Setting(str(summary.get("model", "")), RopeSpec.from_record(summary.get("rope")),
+                   variant=summary.get("setting", ""))
+
+
 def table_rows(summaries: list[dict]) -> tuple[str, list[str], list[list], list[list]]:
     """(title, header, rows of labels + cell values, rows of cell counts) for summaries of ONE probe."""
     probe = summaries[0].get("probe", "")
     cols: list = []
     rows: dict[tuple, dict] = {}
     counts: dict[tuple, dict] = {}
-    owner: dict[tuple, str] = {}
-    has_setting = any(s.get("setting") for s in summaries)
-    labels = model_labels(str(s.get("model", "")) for s in summaries)
     for s in summaries:
-        model = labels[str(s.get("model", ""))]
-        base = (model, RopeSpec.from_record(s.get("rope")).method, float(s.get("scale") or 1.0), s.get("setting", ""))
-        if owner.setdefault(base, s.get("run_dir", "")) != s.get("run_dir", ""):
-            # two runs with the same row labels: tell them apart by their run directory's name
-            model = f"{model} ({Path(s.get('run_dir', '')).name})"
-            base = (model,) + base[1:]
+        setting = _setting_of(s)
         for c in s["cells"]:
             if c["col"] not in cols:
                 cols.append(c["col"])
-            key = base[:3] + (c.get("group", ""),) + base[3:]
+            key = (setting, c.get("group", ""))
             rows.setdefault(key, {})[c["col"]] = c["value"]
             counts.setdefault(key, {})[c["col"]] = c["n"]
     cols.sort(key=lambda c: (0, c) if isinstance(c, (int, float)) else (1, str(c)))
-    has_group = any(k[3] for k in rows)
+    has_group = any(k[1] for k in rows)
     if len(cols) == 1 and has_group:  # one bucket, several groups (shuffle without --lengths): groups as columns
-        rows, counts, cols = _pivot(rows), _pivot(counts), sorted({k[3] for k in rows}, key=str)
+        rows, counts, cols = _pivot(rows), _pivot(counts), sorted({k[1] for k in rows}, key=str)
         has_group = False
-    header = (["model", "rope", "scale"] + (["setting"] if has_setting else []) + (["group"] if has_group else [])
-              + [str(c) for c in cols])
-    ordered = sorted(rows, key=lambda k: (k[0], k[1] != "none", k[1], k[2], str(k[4]), str(k[3])))
-    body, ns = [], []
-    for k in ordered:
-        lab = [k[0], k[1], f"{k[2]:g}"] + ([k[4]] if has_setting else []) + ([k[3]] if has_group else [])
-        body.append(lab + [rows[k].get(c) for c in cols])
-        ns.append(lab + [counts[k].get(c) for c in cols])
+    labels = setting_labels(k[0] for k in rows)
+    has_setting = any(lab.variant for lab in labels.values())
+    has_train = any(k[0].train is not None for k in rows)
+    header = (["model", "rope"] + (["train_length"] if has_train else []) + (["setting"] if has_setting else [])
+              + (["group"] if has_group else []) + [str(c) for c in cols])
+
+    def lead(k):
+        lab, st = labels[k[0]], k[0]
+        tl = "-" if st.train is None else (st.train_length.text() if st.train_length else "?")
+        return ([lab.model, lab.rope or "none"] + ([tl] if has_train else []) + ([lab.variant] if has_setting else [])
+                + ([k[1]] if has_group else []))
+
+    ordered = sorted(rows, key=lambda k: (lead(k)[0], k[0].rope is not None and k[0].rope.method != "none",
+                                          lead(k)[1:], str(k[1])))
+    body = [lead(k) + [rows[k].get(c) for c in cols] for k in ordered]
+    ns = [lead(k) + [counts[k].get(c) for c in cols] for k in ordered]
     metric = " / ".join(dict.fromkeys(s.get("metric", "") for s in summaries))  # e.g. logprob and pmi runs
     column = summaries[0].get("column", "")
     title = f"{probe}: {metric}; columns = {column}"
@@ -105,16 +122,24 @@ def table_rows(summaries: list[dict]) -> tuple[str, list[str], list[list], list[
 
 def _pivot(cells: dict[tuple, dict]) -> dict[tuple, dict]:
     out: dict[tuple, dict] = {}
-    for (m, r, sc, g, st), by_col in cells.items():
-        out.setdefault((m, r, sc, "", st), {})[g] = next(iter(by_col.values()))
+    for (setting, g), by_col in cells.items():
+        out.setdefault((setting, ""), {})[g] = next(iter(by_col.values()))
     return out
 
 
 _cell = number(3, "–")
 
 
+def to_table(summaries: list[dict]) -> Table:
+    """ONE probe's table (``tables.Table``: the one table type both reports write)."""
+    title, header, body, ns = table_rows(summaries)
+    probe = summaries[0].get("probe", "") or "probe"
+    return Table(probe, title, ["probe"] + header, [[probe] + r for r in body], _cell, (header, body),
+                 {"title": title, "header": header, "rows": body, "n": ns})
+
+
 def to_markdown(title: str, header: list[str], body: list[list], ns: list[list] | None = None) -> str:
-    return f"**{title}**\n\n{markdown(header, body, _cell)}\n"
+    return Table("", title, header, body, _cell).text("markdown")
 
 
 def by_probe(summaries: list[dict]) -> dict[str, list[dict]]:
@@ -127,25 +152,19 @@ def by_probe(summaries: list[dict]) -> dict[str, list[dict]]:
 def render(summaries: list[dict], fmt: str = "markdown") -> str:
     """All tables in ``fmt`` (markdown, csv, json; ``md`` accepted)."""
     fmt = FORMAT_ALIASES.get(fmt, fmt)
-    tables = [table_rows(ss) for ss in by_probe(summaries).values()]
+    tables = [to_table(ss) for ss in by_probe(summaries).values()]
     if fmt == "json":
-        return json_text([{"title": t, "header": h, "rows": b, "n": n} for t, h, b, n in tables])
+        return json_text([t.json for t in tables])
     if fmt == "csv":
-        return "".join(csv_text(["probe"] + h, ([t.split(":")[0]] + r for r in b)) for t, h, b, _ in tables)
+        return "".join(t.text("csv") for t in tables)
     if fmt != "markdown":
         raise InputError(f"unknown format {fmt!r} (markdown, csv, json)")
-    return "\n".join(to_markdown(*t) for t in tables)
+    return "\n".join(t.text("markdown") for t in tables)
 
 
-def write_tables(summaries: list[dict], out_dir: str | os.PathLike) -> list[Path]:
+def write_tables_to(summaries: list[dict], out_dir: str | os.PathLike):
     """Every probe's table as DIR/<probe>.{md,csv,json} (atomically); returns the paths."""
-    written = []
-    for probe, ss in by_probe(summaries).items():
-        for ext, fmt in (("md", "markdown"), ("csv", "csv"), ("json", "json")):
-            p = Path(out_dir) / f"{probe or 'probe'}.{ext}"
-            write_text_atomic(p, render(ss, fmt))
-            written.append(p)
-    return written
+    return write_tables([to_table(ss) for ss in by_probe(summaries).values()], out_dir)
 
 
 def print_summary(summary: dict, as_json: bool = False) -> None:
@@ -159,7 +178,7 @@ def print_summary(summary: dict, as_json: bool = False) -> None:
 
 
 def plot(summaries: list[dict], path: str | os.PathLike) -> Path:
-    """One panel per probe, a line per row (model x rope x scale x group) over the columns."""
+    """One panel per probe, a line per row (setting x group, labelled as in the table) over the columns."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -169,7 +188,7 @@ def plot(summaries: list[dict], path: str | os.PathLike) -> Path:
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.2), squeeze=False)
     for ax, (probe, ss) in zip(axes[0], groups.items()):
         title, header, body, _ = table_rows(ss)
-        ncol0 = 3 + sum(h in ("setting", "group") for h in header[3:5])
+        ncol0 = 2 + sum(h in ("train_length", "setting", "group") for h in header[2:5])
         cols = header[ncol0:]
         numeric = all(c.lstrip("-").isdigit() for c in cols)
         xs = [int(c) for c in cols] if numeric else list(range(len(cols)))
@@ -218,7 +237,7 @@ def main(args: argparse.Namespace) -> int:
     if one_file:
         write_text_atomic(args.out, text)
     elif args.out:
-        write_tables(summaries, args.out)
+        write_tables_to(summaries, args.out)
     if args.plot:
         plot(summaries, args.plot)
     return 0

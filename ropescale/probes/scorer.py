@@ -11,6 +11,8 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
+from ropescale.common.compat import last_logits_kwargs
+
 
 @dataclass
 class Score:
@@ -41,7 +43,7 @@ def _forward_logits(model, batch: list[list[int]], pad_id: int, keep: int):
     for i, x in enumerate(batch):
         ids[i, :len(x)] = torch.tensor(x, dtype=torch.long)
         mask[i, :len(x)] = 1
-    kw = {"logits_to_keep": keep} if keep < T else {}
+    kw = last_logits_kwargs(keep) if keep < T else {}
     out = model(input_ids=ids, attention_mask=mask, use_cache=False, **kw)
     return out.logits[:, -keep:] if keep < T else out.logits, ids
 

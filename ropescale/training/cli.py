@@ -26,8 +26,10 @@ optional DeepSpeed ZeRO-2/3 with CPU offload.
 Settings: defaults < --recipe FILE (YAML, the same keys with underscores) < flags. Without --recipe, the tiny
 default model uses recipes/tiny_demo.yaml (a few steps). The run directory gets run.json, train_log.jsonl,
 checkpoint-N/ (resumable with --resume auto; each with an export/), final/ (the export) and config.json with the
-RoPE setting. Prints the run directory on stdout at the end (--json: a summary). An existing run directory is
-never reused silently (--resume auto or --overwrite), except the tiny demo's default one, which a rerun replaces.
+RoPE setting. The default run directory is runs/train/<model>-<rope>-x<scale> under the current directory. Prints
+the run directory on stdout at the end (--json: a summary). A directory holding a run is never reused silently: a
+finetune run continues only with --resume auto (the same settings and model; only --max-steps may grow) and is
+deleted only with --overwrite; another kind of run (an eval or probe run directory) is never written into.
 """
 
 
@@ -49,9 +51,14 @@ def register_train(sub) -> None:
 def register_merge(sub) -> None:
     p = add_command(sub, "merge", help="merge a run into a plain HF model directory",
                     description="Merge a run's adapter + trained embedding/norm tensors into its base model: a plain "
-                                "HF model directory (safetensors) whose config carries the RoPE setting.")
+                                "HF model directory (safetensors) whose config carries the RoPE setting, with the "
+                                "run's training record in ropescale_train.json (RoPE spec, data and its length "
+                                "mean/min/max, steps, base model) that every later run reading the model records.")
     p.add_argument("--run", required=True, help="finetune run directory (or an export directory)")
-    add_out(p, "output model directory (replaced atomically)", metavar="DIR")
+    add_out(p, "output model directory: a new or empty directory (written atomically: nothing is left on "
+               "failure); an existing model directory only with --overwrite", metavar="DIR")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the model directory --out holds (atomically, once the merge has succeeded)")
     p.add_argument("--step", type=int, default=None, help="merge checkpoint-STEP's export instead of the final one")
     p.add_argument("--base-model", default=None, help="base model directory; default: the one the run used")
     p.add_argument("--dtype", default="auto", help="auto (the base config's dtype), bf16, fp16 or fp32")
@@ -81,7 +88,7 @@ def cmd_merge(args) -> int:
 
     src = Path(args.run)
     exp = src if (src / EXPORT_JSON).is_file() and args.step is None else find_export(src, args.step)
-    out = merge(exp, args.out, base_model=args.base_model, dtype=args.dtype)
+    out = merge(exp, args.out, base_model=args.base_model, dtype=args.dtype, overwrite=args.overwrite)
     print(json.dumps({"model": str(out), "export": str(exp)}) if args.json else str(out))
     return 0
 

@@ -65,6 +65,8 @@ class TrainSettings:
     warmup_steps: int = setting(30, "linear warm-up steps", check=_at_least(0), group=OPTIM)
     lr_scheduler: str = setting("constant_with_warmup", "HF scheduler name after warm-up", group=OPTIM)
     weight_decay: float = setting(0.0, "AdamW weight decay", check=_at_least(0), group=OPTIM)
+    adam_eps: float = setting(1e-8, "AdamW epsilon (added to the root of the second moment)", check=_positive(),
+                              group=OPTIM)
     max_grad_norm: float = setting(1.0, "gradient clipping", check=(lambda v: v >= 0, ">= 0 (0: no clipping)"),
                                    group=OPTIM)
     global_batch: int | None = setting(None, "global batch size in samples; default: 16 for data up to 24K tokens, "
@@ -103,6 +105,10 @@ class TrainSettings:
                                          "model's hidden size on CUDA when micro_batch x sample length >= 65536 "
                                          "tokens)", check=(lambda v: v >= 0, ">= 0 (0: off)"), resume="ignore",
                                    group=HOW)
+    sequence_parallel: int = setting(1, "split each sample over K processes (DeepSpeed Ulysses sequence "
+                                        "parallelism; needs a DeepSpeed config and a launch of a multiple of K "
+                                        "processes; the attention heads and KV heads must divide by K): K, 1 = off",
+                                     check=_at_least(1), group=HOW)
     head_chunk: int = setting(4096, "label positions per LM-head chunk (each chunk's logits are recomputed in "
                                     "backward, so at most one chunk of logits is alive)", check=_at_least(1),
                               group=HOW)

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ropescale.common.compat import is_zero3_param
+
 IGNORE_INDEX = -100
 
 
@@ -40,17 +42,20 @@ def _head_ce(head, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(head(h).float(), t, reduction="sum")
 
 
-def head_loss_sum(head, hidden: torch.Tensor, labels: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, int]:
+def head_loss_sum(head, hidden: torch.Tensor, labels: torch.Tensor, chunk: int = 4096,
+                  shifted: bool = False) -> tuple[torch.Tensor, int]:
     """(sum of next-token CE over positions whose shifted label != -100, their count): the head sees only those
-    positions. ``hidden``: (B, T, H) final hidden states; ``labels``: (B, T)."""
-    tgt = labels[:, 1:]
+    positions. ``hidden``: (B, T, H) final hidden states; ``labels``: (B, T), the tokens (position t is scored on
+    ``labels[t+1]``), or with ``shifted`` the targets themselves (position t on ``labels[t]``: a sequence-parallel
+    shard, whose last target sits on the next rank)."""
+    tgt = labels if shifted else labels[:, 1:]
     mask = tgt != IGNORE_INDEX
-    h = hidden[:, :-1][mask]  # (N, H)
+    h = (hidden if shifted else hidden[:, :-1])[mask]  # (N, H)
     t = tgt[mask]
     n = int(t.numel())
     if n == 0:  # still run the head once (weight 0): every rank calls it the same number of times (ZeRO-3)
         return _head_ce(head, hidden[:, :1].reshape(-1, hidden.size(-1)), tgt[:, :1].reshape(-1).clamp(min=0)) * 0.0, 0
-    zero3 = any(hasattr(p, "ds_id") for p in head.parameters())
+    zero3 = any(is_zero3_param(p) for p in head.parameters())
     if n <= chunk or not torch.is_grad_enabled() or zero3:
         # under ZeRO-3 each head call gathers its weight collectively, so the call count must not depend on n
         return _head_ce(head, h, t), n
@@ -61,15 +66,26 @@ def head_loss_sum(head, hidden: torch.Tensor, labels: torch.Tensor, chunk: int =
     return total, n
 
 
-def label_only_forward(self, input_ids=None, labels=None, attention_mask=None, position_ids=None, **_):
+def label_only_forward(self, input_ids=None, labels=None, attention_mask=None, position_ids=None, shift_labels=None,
+                       max_position=None, **_):
     """forward() installed on the trained (PEFT) model: decoder -> gathered hidden states -> head -> CE sum.
     Returns {"loss_sum", "n_tokens"}. Runs inside the root module's call, so hooks on the root (DeepSpeed ZeRO-3
-    parameter fetching) fire as for a normal forward."""
+    parameter fetching) fire as for a normal forward. With ``shift_labels`` the batch is one rank's shard of a
+    sequence-parallel batch (``sequence_parallel.shard_batch``): global positions, targets shifted before the
+    split, pads only at the end (unseen under causal attention: no mask), RoPE lengths of the whole sample."""
     lm = causal_lm_of(self)
-    out = decoder_of(lm)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=False)
+    if shift_labels is None:
+        out = decoder_of(lm)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=False)
+    else:
+        from .sequence_parallel import global_rope_length
+
+        with global_rope_length(lm, max_position):
+            out = decoder_of(lm)(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        labels = shift_labels
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    loss_sum, n = head_loss_sum(lm.get_output_embeddings(), hidden, labels, chunk=getattr(self, "_head_chunk", 4096))
+    loss_sum, n = head_loss_sum(lm.get_output_embeddings(), hidden, labels, chunk=getattr(self, "_head_chunk", 4096),
+                                shifted=shift_labels is not None)
     return {"loss_sum": loss_sum, "n_tokens": torch.tensor(n, device=loss_sum.device)}
 
 

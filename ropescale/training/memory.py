@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ropescale.common import compat
 from ropescale.common.io import InputError
 
 # auto: offload the checkpoints / tile the MLP on CUDA from this many tokens per micro-batch on. Measured on an
@@ -332,7 +333,7 @@ def checkpointed_layers(model) -> list:
     true ``gradient_checkpointing`` attribute (the decoder layers, and in older transformers the decoder)."""
     from .loss import causal_lm_of
 
-    return [m for m in causal_lm_of(model).modules() if getattr(m, "gradient_checkpointing", False) is True]
+    return compat.checkpointed_modules(causal_lm_of(model))
 
 
 def enable_checkpoint_offload(model, offloader: CheckpointOffloader | None = None) -> CheckpointOffloader:
@@ -345,7 +346,7 @@ def enable_checkpoint_offload(model, offloader: CheckpointOffloader | None = Non
     off = offloader or CheckpointOffloader()
     fn = off.checkpoint_fn()
     for m in layers:
-        m._gradient_checkpointing_func = fn
+        compat.set_checkpoint_function(m, fn)
     return off
 
 
@@ -413,8 +414,7 @@ class _TiledMLP(torch.autograd.Function):
             for i, s in enumerate(starts):
                 xc = flat[s:s + chunk].detach().requires_grad_(need_x)
                 if zero3:
-                    for p in zero3:
-                        p.ds_grad_is_ready = i == len(starts) - 1
+                    compat.defer_zero3_reduce(zero3, ready=i == len(starts) - 1)
                 oc = fn(xc)
                 gc = g[s:s + oc.shape[0]]
                 if zero3:
@@ -444,7 +444,7 @@ def _tiled_forward(mlp, orig, chunk: int):
             return orig(x)
         trained = [p for p in mlp.parameters() if p.requires_grad]
         if torch.is_grad_enabled() and (x.requires_grad or trained):
-            zero3 = [p for p in trained if hasattr(p, "ds_id")]
+            zero3 = [p for p in trained if compat.is_zero3_param(p)]
             if zero3:
                 return _TiledMLP.apply(orig, chunk, zero3, x)
             return _TiledMLP.apply(orig, chunk, None, x, *trained)
@@ -534,7 +534,7 @@ def setup_memory(model, args, *, tokens: int, cuda: bool, dtype: torch.dtype, ds
     from .loss import causal_lm_of
 
     lm = causal_lm_of(model)
-    cfg = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
+    cfg = compat.text_config(lm.config)
     hidden, layers = int(cfg.hidden_size), int(cfg.num_hidden_layers)
     gc = bool(getattr(args, "gradient_checkpointing", True))
     offload = resolve_offload(getattr(args, "offload_checkpoints", "auto"), cuda=cuda, gradient_checkpointing=gc,
@@ -547,7 +547,7 @@ def setup_memory(model, args, *, tokens: int, cuda: bool, dtype: torch.dtype, ds
     if offload:
         page = int(page_bytes or min(PAGE_BYTES, 1 << max(12, (per_layer - 1).bit_length())))
         plan.host_pool_bytes = pool_bytes(layers, tokens, hidden, esize, page)
-        trainable = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+        trainable = sum(compat.param_numel(p) for p in model.parameters() if p.requires_grad)
         extra = ds_offload_extra(ds_config, trainable)
         plan.host_available_bytes = check_host_memory(
             plan.host_pool_bytes, what=f"offloading the checkpoints of {layers} layers x {tokens:,} tokens x "

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from ropescale.common.compat import param_numel, peft_keep_dtype
 from ropescale.common.io import InputError
 
 NORM_CLASS_HINTS = ("norm",)  # RMSNorm / LayerNorm / Qwen2RMSNorm / LlamaRMSNorm ...
@@ -92,7 +93,7 @@ def add_lora(model, *, r: int = 8, alpha: int = 16, dropout: float = 0.05, targe
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lcfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), bias="none",
                       task_type="CAUSAL_LM")
-    peft_model = get_peft_model(model, lcfg, autocast_adapter_dtype=False)
+    peft_model = get_peft_model(model, lcfg, **peft_keep_dtype())
     names = extra_trainable_names(peft_model.get_base_model(), embeddings, norms)
     params = dict(peft_model.get_base_model().named_parameters())
     for n in names:
@@ -104,7 +105,7 @@ def param_counts(model) -> tuple[int, int]:
     """(trainable, total) parameter counts (ZeRO-3 aware: partitioned params report ds_numel)."""
     tr = tot = 0
     for p in model.parameters():
-        n = getattr(p, "ds_numel", p.numel())
+        n = param_numel(p)
         tot += n
         if p.requires_grad:
             tr += n

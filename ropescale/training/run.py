@@ -4,9 +4,17 @@ Every input problem (model path, numeric settings, data length vs the RoPE-exten
 with other settings, --init-from a run of another RoPE setting, batch arithmetic, an --out that cannot be
 a directory) raises InputError before the first training step, and before run.json is touched.
 
+The run directory is the run's (``ropescale.common.runs``): --out defaults to ``runs/train/<model>-<rope>-x<scale>``
+under the current directory; a directory holding any run record is refused unless it is a finetune run and
+``--resume`` continues it or ``--overwrite`` starts it over (nothing is deleted without --overwrite), and one
+holding another kind of run (an eval run) is refused whatever the flags.
+
 Resume (``--resume auto|CHECKPOINT``) continues exactly the run in --out: every resolved setting (after the
-recipe), the model, the RoPE setting and the data (path and content: its length stats) must be those recorded in
-run.json; only ``--max-steps`` may grow (:func:`resume_diff`, which compares two :class:`TrainSettings`).
+recipe), the model (its path and its id: ``runs.model_id``), the RoPE setting and the data (path and content: its
+length stats) must be those recorded in run.json; only ``--max-steps`` may grow (the one resume check,
+``runs.check_resume``, on :func:`resume_settings`). run.json's ``seconds`` is the whole run's wall time: each part
+adds its own to what the run had recorded at its last checkpoint (a killed part counts up to its last checkpoint
+save).
 """
 from __future__ import annotations
 
@@ -15,21 +23,24 @@ import json
 import re
 import sys
 import time
+import uuid
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ropescale.common.io import InputError, check_output_dir
-from ropescale.common.paths import REPO_ROOT
-from ropescale.common.runs import RunDir, RunMeta
-from ropescale.common.settings import check, diff, fmt, from_record, recorded_keys, to_record
+from ropescale.common.runs import (RunDir, RunMeta, RunRecord, check_resume, claim_run_dir, length_of, model_id,
+                                   model_ref, read_train_record, refuse_resume, settings_record)
+from ropescale.common.settings import check, fmt, from_record
 from rope_scaling import RopeSpec
 
-from . import env
+from . import env, sequence_parallel
 from .config import TrainSettings, default_global_batch, resolve_ds_config
 
-RUNS_DIR = REPO_ROOT / "runs" / "train"
+RUNS_DIR = Path("runs") / "train"  # under the current directory, never inside the checkout from elsewhere
+RESUME_HINT = ("--resume continues a run only with its settings (only --max-steps may grow): use another --out, or "
+               "--overwrite to start over")
 
 
 def log(msg: str) -> None:
@@ -44,34 +55,22 @@ def model_name(model_arg: str) -> str:
 
 
 def default_output_dir(model_arg: str, spec) -> Path:
-    """runs/train/<model>-<rope>-x<scale> ("-none" without scaling)."""
+    """runs/train/<model>-<rope>-x<scale> ("-none" without scaling), under the current directory."""
     name = model_name(model_arg)
     if spec.method == "none":
         return RUNS_DIR / f"{name}-none"
     return RUNS_DIR / f"{name}-{spec.method}-x{spec.scale:g}"
 
 
-def resume_diff(old: RunMeta, new: TrainSettings, *, rope: RopeSpec) -> list[str]:
-    """What differs between the run recorded in ``old`` (its run.json) and the resolved settings ``new`` of a
-    resume (model directory, DeepSpeed config file, dtype and attention as found on this machine), as ``key old ->
-    new`` items; empty when the run may be resumed. The rope compared is the one the model trains with; the
-    settings by their resume rules (only ``max_steps`` may grow; paths compare resolved). A resume without
-    ``--data`` uses the run's data; an unset global batch is the default for the recorded train length."""
-    diffs = []
-    was_rope = RopeSpec.from_record(old.rope, old.meta_path)
-    if not was_rope.same_rope(rope):
-        diffs.append(f"rope {was_rope.describe()} -> {rope.describe()}")
+def resume_settings(old: RunMeta, new: TrainSettings) -> TrainSettings:
+    """The resolved settings ``new`` of a resume as the run's record compares them: a resume without ``--data``
+    uses the run's data; an unset global batch is the default for the recorded train length."""
     was = from_record(TrainSettings, old.settings, where=old.meta_path, without=("rope",))
     batch = new.global_batch
-    if batch is None and old.train_length:
-        batch = default_global_batch(old.train_length)
-    now = dataclasses.replace(new, data=new.data or was.data, global_batch=batch)
-    return diffs + diff(was, now, only=recorded_keys(TrainSettings, old.settings))
-
-
-def refuse_resume(diffs: list[str], meta_path: Path) -> InputError:
-    return InputError(f"--resume: this run was made with other settings: {', '.join(diffs)} (only --max-steps may "
-                      f"grow); use a new --out or --overwrite", meta_path)
+    longest = old.train_length.max if old.train_length else None
+    if batch is None and longest:
+        batch = default_global_batch(longest)
+    return dataclasses.replace(new, data=new.data or was.data, global_batch=batch)
 
 
 def check_init_rope(init_export: Path, rope: RopeSpec) -> None:
@@ -87,8 +86,8 @@ def check_init_rope(init_export: Path, rope: RopeSpec) -> None:
         raise InputError("--init-from: unreadable export record (not a JSON object)", f)
     old = RopeSpec.from_record(info.get("rope"), f)
     if not old.same_rope(rope):
-        raise InputError(f"--init-from: that run was trained with RoPE {old.describe()}, this run asks for "
-                         f"{rope.describe()}; pass the same RoPE flags as that run", f)
+        raise InputError(f"--init-from: that run was trained with RoPE {old.label()}, this run asks for "
+                         f"{rope.label()}; pass the same RoPE flags as that run", f)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -101,10 +100,9 @@ def ds_config_dict(path: Path, *, cuda: bool, cpu_adam: str) -> dict:
     """The DeepSpeed JSON with what this machine needs: no pinned memory on CPU; with optimizer offload either
     DeepSpeedCPUAdam (an ``optimizer`` section, "auto" values from HF) or torch AdamW
     (``zero_force_ds_cpu_optimizer: false``)."""
-    try:
-        cfg = json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise InputError(f"malformed DeepSpeed JSON: {e.msg}", path, e.lineno) from None
+    from ropescale.common.io import read_json
+
+    cfg = read_json(path, "DeepSpeed config")
     zo = cfg.get("zero_optimization", {})
     offload = zo.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
     if not cuda:
@@ -128,9 +126,10 @@ class Run:
     """One run as its phases build it up: :func:`plan_run` fills the first block (nothing written yet),
     :func:`prepare_data` the data and batch, :func:`build_model` the model; the later phases only read it."""
 
-    settings: TrainSettings  # as resolved on this machine (model dir, out, attention, DeepSpeed file, dtype)
+    settings: TrainSettings  # as resolved on this machine (model, out, attention, DeepSpeed file, dtype)
     recipe: str | None
     model_dir: Path
+    model_id: str | None  # runs.model_id of model_dir
     config: Any
     rope: RopeSpec  # what the model trains with (the flags, or what its config already carries)
     extended: int  # the RoPE-extended context
@@ -157,6 +156,8 @@ class Run:
     extra_names: list = field(default_factory=list)
     trainable: int = 0
     total: int = 0
+    # start_record (main process)
+    record: RunRecord | None = None
 
 
 def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None = None,
@@ -204,34 +205,34 @@ def plan_run(args: TrainSettings, *, recipe: str | None, resume: str | None, ove
     run_dir = Path(args.out) if args.out else default_output_dir(args.model, effective)
     check_output_dir(run_dir, what="--out")
     rd = RunDir(run_dir)
+    old = claim_run_dir(run_dir, "finetune")  # an eval or probe run's directory: refused, whatever the flags
     ds_path = resolve_ds_config(args.deepspeed)
     dtype = resolve_dtype(args.dtype, cuda)
-    resolved = dataclasses.replace(args, model=str(model_dir), out=str(run_dir), attn=resolve_attn(args.attn, cuda),
-                                   deepspeed=str(ds_path) if ds_path else None,
+    mid = model_id(model_dir)
+    resolved = dataclasses.replace(args, model=model_ref(args.model, model_dir), out=str(run_dir),
+                                   attn=resolve_attn(args.attn, cuda), deepspeed=str(ds_path) if ds_path else None,
                                    dtype=str(dtype).replace("torch.", ""))
-    old = resume_from = None
+    sequence_parallel.check_settings(args.sequence_parallel, config=config, world=env.world_size(),
+                                     deepspeed=ds_path, attn=resolved.attn)
+    resume_from = None
     if resume:
-        if not rd.exists():
+        if old is None:
             raise InputError("--resume: not a finetune run directory (no run.json)", run_dir)
-        old = RunMeta.read(run_dir)
-        diffs = resume_diff(old, resolved, rope=effective)
-        if diffs:
-            raise refuse_resume(diffs, rd.meta_path)
+        check_resume(old, resume_settings(old, resolved), rope=effective, model_id=mid, hint=RESUME_HINT)
         resume_from = latest_checkpoint(run_dir) if resume == "auto" else Path(resume)
         if resume_from is not None and not (resume_from / "trainer_state.json").is_file():
             raise InputError("--resume: not a checkpoint directory", resume_from)
-    elif latest_checkpoint(run_dir) is not None or (run_dir / "final").exists():
-        if not args.out and model_name(args.model) == "tiny" and not overwrite:
-            overwrite = True  # the tiny demo's default run dir: a rerun replaces it (30 s to recreate)
-            log(f"[finetune] replacing the previous tiny demo run in {run_dir}")
-        if not overwrite:
-            raise InputError("the run directory already holds a run: pass --resume auto to continue it, "
-                             "--overwrite to start over, or another --out", run_dir)
+    elif old is not None or latest_checkpoint(run_dir) is not None or (run_dir / "final").exists():
+        if not overwrite:  # a run killed before its first checkpoint is a run too (its run.json says so)
+            status = f" ({old.status})" if old is not None and old.status else ""
+            raise InputError(f"already holds a finetune run{status}: pass --resume auto to continue it with the same "
+                             f"settings, --overwrite to start over (its files are deleted), or another --out", run_dir)
+        old = None
     init_export = None
     if args.init_from:
         init_export = find_export(args.init_from, args.init_step)
         check_init_rope(init_export, effective)
-    return Run(settings=resolved, recipe=recipe, model_dir=model_dir, config=config, rope=effective,
+    return Run(settings=resolved, recipe=recipe, model_dir=model_dir, model_id=mid, config=config, rope=effective,
                extended=extended, run_dir=run_dir, rd=rd, old=old, resume=resume, resume_from=resume_from,
                overwrite=overwrite, init_export=init_export, cuda=cuda, world=env.world_size(), main=env.is_main(),
                dtype=dtype, t_start=t_start, ds_path=ds_path)
@@ -246,11 +247,11 @@ def prepare_data(run: Run) -> None:
     from .data import build_default_data, check_rows, load_rows
 
     args, old = run.settings, run.old
-    rope_desc = "no RoPE scaling" if run.rope.method == "none" else f"RoPE {run.rope.describe()}"
+    rope_desc = "no RoPE scaling" if run.rope.method == "none" else f"RoPE {run.rope.label()}"
     if args.data:
         data_dir = Path(args.data)
-    elif old is not None and old.get("data") and (Path(old.get("data")) / "train.parquet").is_file():
-        data_dir = Path(old.get("data"))  # a resume continues on the run's own data
+    elif old is not None and old.data and (Path(old.data) / "train.parquet").is_file():
+        data_dir = Path(old.data)  # a resume continues on the run's own data
     else:
         orig = read_rope(run.config).orig_ctx or run.extended
         if run.rope.method == "none":
@@ -270,14 +271,15 @@ def prepare_data(run: Run) -> None:
         diffs = [f"data {k} {fmt(was[k])} -> {fmt(stats[k])}" for k in ("samples", "tokens", "supervised", "min",
                                                                           "max") if k in was and was[k] != stats[k]]
         if diffs:
-            raise refuse_resume(diffs, run.rd.meta_path)
+            raise refuse_resume(diffs, run.rd.meta_path, hint=RESUME_HINT)
     log(f"[finetune] data {data_dir}: {stats['samples']} samples, {stats['min']}-{stats['max']} tokens "
         f"(mean {stats['mean']:.0f}), {stats['supervised']} labelled tokens")
     global_batch = args.global_batch or default_global_batch(stats["max"])
-    per_step = args.micro_batch * run.world
+    groups = run.world // args.sequence_parallel  # data-parallel ranks (a sequence group draws one batch)
+    per_step = args.micro_batch * groups
     if global_batch % per_step:
         raise InputError(f"global batch {global_batch} is not a multiple of micro batch {args.micro_batch} x "
-                         f"{run.world} processes")
+                         f"{groups} {'sequence groups' if args.sequence_parallel > 1 else 'processes'}")
     run.data_dir, run.rows, run.stats = data_dir, rows, stats
     run.global_batch, run.grad_accum = global_batch, global_batch // per_step
     run.settings = dataclasses.replace(args, data=str(data_dir), global_batch=global_batch)
@@ -295,6 +297,7 @@ def training_arguments(run: Run):
         output_dir=str(run.run_dir), max_steps=args.max_steps, per_device_train_batch_size=args.micro_batch,
         gradient_accumulation_steps=run.grad_accum, learning_rate=args.lr, warmup_steps=args.warmup_steps,
         lr_scheduler_type=args.lr_scheduler, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+        adam_epsilon=args.adam_eps,
         logging_steps=args.logging_steps, save_strategy="steps", save_steps=args.save_steps,
         save_total_limit=args.save_total_limit, seed=args.seed, data_seed=args.seed,
         full_determinism=args.deterministic,
@@ -314,12 +317,16 @@ def build_model(run: Run, ds_cfg: dict | None):
     from transformers import set_seed
 
     from .loss import install_label_only_forward
+    from .memory_model import estimate_run
     from .model import add_lora, fp32_master, load_model, param_counts, setup_memory
     from .saving import load_export_into
 
     args = run.settings
     set_seed(args.seed)  # LoRA A is initialised randomly when the adapter is added (before the Trainer seeds)
     model = load_model(run.model_dir, run.config, run.dtype, args.attn)
+    layout = sequence_layout(run)
+    if layout is not None:  # before PEFT wraps the model (DeepSpeed #7729)
+        sequence_parallel.setup_model(model, layout, args.micro_batch)
     peft_model, extra_names = add_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout,
                                        targets=args.lora_targets, embeddings=args.train_embeddings,
                                        norms=args.train_norms, gradient_checkpointing=args.gradient_checkpointing)
@@ -328,64 +335,111 @@ def build_model(run: Run, ds_cfg: dict | None):
         log(f"[finetune] initialised adapter + trained tensors from {run.init_export}")
     if ds_cfg is None and run.cuda and run.dtype != torch.float32:
         fp32_master(peft_model, run.dtype)  # fp32 trained tensors; the forward runs under autocast
-    setup_memory(peft_model, args, max_len=run.stats["max"], cuda=run.cuda, dtype=run.dtype, ds_config=ds_cfg)
+    local_len = -(-run.stats["max"] // args.sequence_parallel)  # the tokens of a sample one process holds
+    plan = setup_memory(peft_model, args, max_len=local_len, cuda=run.cuda, dtype=run.dtype, ds_config=ds_cfg)
+    est = estimate_run(run.config, args, length=run.stats["max"], world=run.world, ds_config=ds_cfg, plan=plan,
+                       label_share=run.stats["supervised"] / max(run.stats["tokens"], 1),
+                       dtype_bytes=torch.empty((), dtype=run.dtype).element_size())
+    log(f"[finetune] memory estimate for {run.stats['max']:,}-token samples (a model, not a measurement: "
+        f"ropescale/training/memory_model.py): {est.describe()}")
     run.trainable, run.total = param_counts(peft_model)
     run.extra_names = extra_names
     log(f"[finetune] trainable params: {run.trainable:,} of {run.total:,} "
         f"({100 * run.trainable / max(run.total, 1):.3f}%): LoRA r={args.lora_r} on {','.join(args.lora_targets)} + "
         f"{len(extra_names)} embedding/norm tensors; attention {args.attn}, {args.dtype}, "
         f"{'DeepSpeed ' + run.ds_path.stem if run.ds_path else 'no DeepSpeed'}, {run.world} process(es), "
-        f"global batch {run.global_batch} = {args.micro_batch} x {run.world} x {run.grad_accum} accumulation")
+        f"global batch {run.global_batch} = {args.micro_batch} x {run.world // args.sequence_parallel} x "
+        f"{run.grad_accum} accumulation" + (f"; {sequence_parallel.describe(layout)}" if layout else ""))
     install_label_only_forward(peft_model, args.head_chunk)
     return peft_model
 
 
 def start_record(run: Run) -> None:
     """Phase 5 (main process), the run record: every check has passed, so now the run directory may change:
-    run.json (the resolved settings, the RoPE spec, the data), the log cut back to a resumed checkpoint."""
-    run_dir, rd = run.run_dir, run.rd
+    run.json (the record: model and its id, the RoPE spec, the training record, the data, the resolved settings),
+    the log cut back to a resumed checkpoint."""
+    run_dir, rd, old = run.run_dir, run.rd, run.old
     if run.resume:
         log(f"[finetune] resuming from {run.resume_from or 'the start (no checkpoint yet)'}")
         _cut_log(run_dir / "train_log.jsonl", _checkpoint_step(run.resume_from))
     elif run.overwrite:
         _clear_run(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    meta = rd.read_meta() if (run.resume and rd.exists()) else {}
-    meta.pop("args", None)  # older runs kept their settings there
-    meta.update({**to_record(run.settings, without=("rope",)), "kind": "finetune", "rope": run.rope.to_dict(),
-                 "train_length": run.stats["max"], "data_stats": run.stats, "recipe": run.recipe,
-                 "grad_accum": run.grad_accum, "world_size": run.world, "trainable_params": run.trainable,
-                 "total_params": run.total, "extra_trained": run.extra_names, "status": "running"})
-    rd.write_meta(meta)
+    args = run.settings
+    train = {"id": (old.train or {}).get("id") if old is not None else None, "run": str(run_dir.resolve()),
+             "rope": run.rope.to_dict(), "data": str(Path(args.data).resolve()), "length": length_of(run.stats),
+             "samples": run.stats.get("samples"), "supervised_tokens": run.stats.get("supervised"),
+             "max_steps": args.max_steps, "global_batch": run.global_batch, "lr": args.lr, "steps": None,
+             "base_model": args.model, "base_model_id": run.model_id, "base_train": read_train_record(run.model_dir)}
+    train["id"] = train["id"] or uuid.uuid4().hex[:16]  # this run's id: what a merged model names
+    run.record = RunRecord(
+        "finetune", model=args.model, model_id=run.model_id, rope=run.rope.to_dict(), context=run.extended,
+        train=train, data=args.data, settings=settings_record(args),
+        info={"data_stats": run.stats, "recipe": run.recipe, "grad_accum": run.grad_accum, "world_size": run.world,
+              "trainable_params": run.trainable, "total_params": run.total, "extra_trained": run.extra_names},
+        seconds=old.seconds if old is not None else 0.0,  # the parts before this one
+        created=old.get("created") if old is not None else None)
+    rd.write_record(run.record)
     run.config.save_pretrained(str(run_dir))  # the rope setting next to the run, readable at once
 
 
 def export_kwargs(run: Run) -> dict:
     """What every export of this run (checkpoints' and the final one) records beside the tensors."""
     return dict(extra_names=run.extra_names, base_model=str(run.model_dir), config=run.config,
-                rope=run.rope.to_dict(), tokenizer_dir=run.model_dir)
+                rope=run.rope.to_dict(), tokenizer_dir=run.model_dir,
+                train=run.record.train if run.record is not None else None)
+
+
+def record_callback(run: Run):
+    """A Trainer callback that writes run.json's steps and seconds so far at each checkpoint (main process), so a
+    killed run's time up to its last checkpoint is counted when it is resumed."""
+    from transformers import TrainerCallback
+
+    class RecordCallback(TrainerCallback):
+        def on_save(self, args, state, control, **kw):
+            _close_record(run, state.global_step, "running")
+
+    return RecordCallback()
+
+
+def _close_record(run: Run, step: int, status: str, **info) -> RunRecord:
+    """run.json with the steps done and the whole run's seconds (the earlier parts + this one)."""
+    rec = run.record
+    part = time.time() - run.t_start
+    rec.seconds = round((run.old.seconds if run.old is not None else 0.0) + part, 1)
+    rec.status = status
+    rec.train["steps"] = step
+    rec.info.update(steps=step, **info)
+    run.rd.write_record(rec)
+    return rec
 
 
 def build_trainer(run: Run, targs, model):
     """Phase 6, the trainer: the label-only Trainer on the packed rows, our progress log and exports in place of
     HF's printers; on a resume without DeepSpeed, the trained embeddings/norms of the checkpoint's export."""
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback as HFProgress
+    from ropescale.common.compat import stdout_callbacks
 
     from .data import Collator, PackedDataset
     from .saving import load_export_into
     from .trainer import ExportCallback, LabelOnlyTrainer, ProgressCallback
 
     config = run.config
-    collator = Collator(pad_id=config.pad_token_id if config.pad_token_id is not None else
-                        (config.eos_token_id if isinstance(config.eos_token_id, int) else 0))
+    pad_id = config.pad_token_id if config.pad_token_id is not None else \
+        (config.eos_token_id if isinstance(config.eos_token_id, int) else 0)
+    collator = Collator(pad_id=pad_id)
+    layout = sequence_layout(run)
+    if layout is not None:  # each rank gets its slice of the group's batch
+        collator = sequence_parallel.ShardCollator(collator, layout, pad_id, run.settings.micro_batch)
     trainer = LabelOnlyTrainer(model=model, args=targs, train_dataset=PackedDataset(run.rows),
-                               data_collator=collator)
+                               data_collator=collator, sequence_layout=layout)
     ref = weakref.ref(trainer)
-    for cb in (PrinterCallback, HFProgress):  # they print log dicts to stdout; ours go to stderr
+    for cb in stdout_callbacks():  # they print log dicts to stdout; ours go to stderr
         trainer.remove_callback(cb)
     trainer.add_callback(ProgressCallback(ref, run.run_dir / "train_log.jsonl" if run.main else None, run.main,
                                           run.world))
     trainer.add_callback(ExportCallback(ref, export_kwargs(run), run.main))
+    if run.main:
+        trainer.add_callback(record_callback(run))
     if run.resume_from is not None and not run.settings.deepspeed:
         # HF restores only the PEFT adapter of a PEFT model; the trained embeddings/norms come from our export
         # (under DeepSpeed its checkpoint holds every trainable tensor and restores them itself)
@@ -403,9 +457,14 @@ def fit(run: Run, trainer) -> dict | None:
                  **export_kwargs(run))
     if not run.main:
         return None
-    seconds = round(time.time() - run.t_start, 1)
-    run.rd.update_meta(status="done", steps=trainer.state.global_step, seconds=seconds, final=str(out))
-    return {"run": str(run.run_dir), "steps": trainer.state.global_step, "seconds": seconds, "final": str(out)}
+    rec = _close_record(run, trainer.state.global_step, "done", final=str(out))
+    return {"run": str(run.run_dir), "steps": trainer.state.global_step, "seconds": rec.seconds, "final": str(out)}
+
+
+def sequence_layout(run: Run):
+    """Where this process sits under ``--sequence-parallel K`` (``sequence_parallel.Layout``); None for K = 1."""
+    k = run.settings.sequence_parallel
+    return sequence_parallel.Layout(k, run.world, env.rank()) if k > 1 else None
 
 
 def _clear_run(run_dir: Path) -> None:

@@ -4,7 +4,13 @@ An export directory holds:
 - ``adapter_config.json`` + ``adapter_model.safetensors``: the LoRA adapter (PEFT format);
 - ``trained_tensors.safetensors``: the trained embedding and norm weights, named as in the base causal LM;
 - ``config.json``: the base model's config with the RoPE setting applied (what inference must use);
-- the tokenizer files; ``export.json``: base model path, rope spec, step, the extra tensor names.
+- the tokenizer files; ``export.json``: base model path, rope spec, step, the extra tensor names, and the run's
+  training record (``train``: ``ropescale.common.runs``).
+
+A merged model directory (:func:`merge`) is a plain HF model whose config carries the RoPE setting, with the
+training record in ``ropescale_train.json`` (``runs.TRAIN_JSON``: the run's id, the step, the RoPE spec, the data
+and its length mean/min/max, the steps, the base model and its id), written inside the same atomic rename as the
+weights: every run that reads the model records it, wherever the model is moved.
 
 Under DeepSpeed ZeRO-3 every rank holds a slice of each parameter (``p.numel() == 0`` outside a gather); the
 tensors are gathered with ``deepspeed.zero.GatheredParameters`` (all ranks take part) and written by rank 0.
@@ -19,7 +25,9 @@ from pathlib import Path
 
 import torch
 
+from ropescale.common import compat
 from ropescale.common.io import InputError, atomic_dir, check_output_dir, write_json_atomic
+from ropescale.common.runs import TRAIN_JSON, RunMeta
 
 ADAPTER_FILE = "adapter_model.safetensors"
 TRAINED_FILE = "trained_tensors.safetensors"
@@ -28,8 +36,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "tokenizer.model", "added_tokens.json", "chat_template.jinja", "generation_config.json")
 
 
-def _is_zero3_param(p) -> bool:
-    return hasattr(p, "ds_id")
+_is_zero3_param = compat.is_zero3_param
 
 
 def gather_trainable(model) -> dict[str, torch.Tensor]:
@@ -39,9 +46,7 @@ def gather_trainable(model) -> dict[str, torch.Tensor]:
     z3 = [p for _, p in named if _is_zero3_param(p)]
     out: dict[str, torch.Tensor] = {}
     if z3:
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(z3, modifier_rank=None):
+        with compat.zero3_gathered(z3, modifier_rank=None):
             for n, p in named:
                 out[n] = p.detach().to("cpu", copy=True).contiguous()
     else:
@@ -55,7 +60,7 @@ def gather_trainable(model) -> dict[str, torch.Tensor]:
 
 def split_trainable(state: dict[str, torch.Tensor], extra_names: list[str]) -> tuple[dict, dict]:
     """(LoRA tensors with PEFT's full names, extra tensors named relative to the causal LM)."""
-    prefix = "base_model.model."
+    prefix = compat.PEFT_PREFIX
     extra_set = set(extra_names)
     lora, extra = {}, {}
     for n, t in state.items():
@@ -71,7 +76,8 @@ def split_trainable(state: dict[str, torch.Tensor], extra_names: list[str]) -> t
 
 
 def export(model, out_dir: str | os.PathLike, *, extra_names: list[str], base_model: str, config, rope: dict,
-           step: int | None, tokenizer_dir: str | os.PathLike | None, is_main: bool = True) -> Path | None:
+           step: int | None, tokenizer_dir: str | os.PathLike | None, is_main: bool = True,
+           train: dict | None = None) -> Path | None:
     """Write the export directory (see module doc) atomically; collective under ZeRO-3 (call on all ranks)."""
     from safetensors.torch import save_file
 
@@ -90,13 +96,15 @@ def export(model, out_dir: str | os.PathLike, *, extra_names: list[str], base_mo
                 if f.is_file():
                     shutil.copy(f, tmp / name)
         write_json_atomic(tmp / EXPORT_JSON, {"base_model": str(base_model), "rope": rope, "step": step,
-                                              "trained_tensors": sorted(extra), "lora_tensors": len(lora)})
+                                              "trained_tensors": sorted(extra), "lora_tensors": len(lora),
+                                              "train": None if train is None else {**train, "step": step}})
     return out
 
 
-def check_merge_out(out: Path, *, protect: dict[str, Path]) -> None:
-    """``merge --out``: a new path, an empty directory, or a model directory (replaced); never a file, another
-    directory, or one of the inputs (``protect``: what -> path). Checked before any work."""
+def check_merge_out(out: Path, *, protect: dict[str, Path], overwrite: bool = False) -> None:
+    """``merge --out``: a new path or an empty directory; an existing model directory only with ``overwrite``
+    (then replaced atomically); never a file, another directory, or one of the inputs (``protect``: what -> path).
+    Checked before any work."""
     from ropescale.common.tiny import check_model_dir
 
     for what, p in protect.items():
@@ -110,8 +118,10 @@ def check_merge_out(out: Path, *, protect: dict[str, Path]) -> None:
                 check_model_dir(out)
             except InputError:
                 raise InputError("--out is an existing directory that is not a model directory (it would be "
-                                 "replaced): pick a new or empty directory, or a merged model to replace", out) \
-                    from None
+                                 "replaced): pick a new or empty directory", out) from None
+            if not overwrite:
+                raise InputError("--out is an existing model directory: pass --overwrite to replace it, or pick a "
+                                 "new --out", out)
     check_output_dir(out, "--out")
 
 
@@ -137,7 +147,7 @@ def load_export_into(peft_model, export_dir: str | os.PathLike) -> None:
     d = Path(export_dir)
     adapter = load_file(str(d / ADAPTER_FILE))
     res = set_peft_model_state_dict(peft_model, adapter)
-    unexpected = getattr(res, "unexpected_keys", [])
+    unexpected = compat.peft_unexpected_keys(res)
     if unexpected:
         raise InputError(f"adapter does not fit the model (unexpected {unexpected[:3]})", d)
     extra = load_file(str(d / TRAINED_FILE))
@@ -147,9 +157,7 @@ def load_export_into(peft_model, export_dir: str | os.PathLike) -> None:
             raise InputError(f"trained tensor {n} is not in the model", d / TRAINED_FILE)
     z3 = [params[n] for n in extra if _is_zero3_param(params[n])]
     if z3:  # partitioned by ZeRO-3 while loading: gather, write, re-partition (all ranks call this)
-        import deepspeed
-
-        ctx = deepspeed.zero.GatheredParameters(z3, modifier_rank=0)
+        ctx = compat.zero3_gathered(z3, modifier_rank=0)
     else:
         ctx = contextlib.nullcontext()
     with ctx, torch.no_grad():
@@ -157,11 +165,31 @@ def load_export_into(peft_model, export_dir: str | os.PathLike) -> None:
             params[n].copy_(t.to(params[n].dtype))
 
 
+def training_record(export_dir: Path, info: dict) -> dict:
+    """The training record a merge of ``export_dir`` carries: the one its export.json holds, or for an export
+    written by an older version, what its run's run.json says (the run is ``final/``'s or ``checkpoint-N/export``'s
+    parent); its id is then a hash of export.json (the same export always gets the same id)."""
+    import hashlib
+
+    rec = info.get("train")
+    if not isinstance(rec, dict):
+        run = export_dir.parent if export_dir.name == "final" else export_dir.parent.parent
+        meta = RunMeta.find(run)
+        rec = dict(meta.train or {}) if meta is not None and meta.kind == "finetune" else {}
+        for k in ("rope", "base_model"):
+            if rec.get(k) is None:
+                rec[k] = info.get(k)
+    if not rec.get("id"):
+        rec["id"] = hashlib.sha256((export_dir / EXPORT_JSON).read_bytes()).hexdigest()[:16]
+    return {**rec, "step": info.get("step")}
+
+
 def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_model: str | None = None,
-          dtype: str = "auto") -> Path:
+          dtype: str = "auto", overwrite: bool = False) -> Path:
     """Base model + trained tensors + LoRA merged into a plain HF model (safetensors) whose config carries the
-    RoPE setting; written atomically. ``out_dir`` is checked first (:func:`check_merge_out`): a file, a directory
-    that is not a model, the run, its export or the base model are refused before any work."""
+    RoPE setting, and the training record (``ropescale_train.json``); written atomically. ``out_dir`` is checked
+    first (:func:`check_merge_out`): a file, a directory that is not a model, an existing model without
+    ``overwrite``, the run, its export or the base model are refused before any work."""
     from peft import PeftModel
     from safetensors.torch import load_file
     from rope_scaling.load import load_config, load_model
@@ -169,18 +197,18 @@ def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_mod
     d = Path(export_dir)
     out = Path(out_dir)
     protect = {"the export being merged": d, "the run directory": d.parent if d.name == "final" else None}
-    check_merge_out(out, protect=protect)
+    check_merge_out(out, protect=protect, overwrite=overwrite)
     try:
         info = json.loads((d / EXPORT_JSON).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InputError(f"unreadable export record: {e}", d / EXPORT_JSON) from None
     base = Path(base_model or info["base_model"])
-    check_merge_out(out, protect={**protect, "the base model": base})
+    check_merge_out(out, protect={**protect, "the base model": base}, overwrite=overwrite)
     if not (base / "config.json").is_file():
         raise InputError("base model of the run not found (pass --base-model)", base)
     config, _ = load_config(d)  # the trained config: rope applied
     if dtype == "auto":
-        torch_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+        torch_dtype = compat.config_dtype(config) or torch.float32
         if isinstance(torch_dtype, str):
             torch_dtype = getattr(torch, torch_dtype)
     else:
@@ -195,7 +223,8 @@ def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_mod
             if n not in params:
                 raise InputError(f"trained tensor {n} is not in the base model", d / TRAINED_FILE)
             params[n].copy_(t.to(params[n].dtype))
-    model = PeftModel.from_pretrained(model, str(d), autocast_adapter_dtype=False)
+    train = training_record(d, info)
+    model = PeftModel.from_pretrained(model, str(d), **compat.peft_keep_dtype())
     model = model.merge_and_unload()
     with atomic_dir(out) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
@@ -203,5 +232,6 @@ def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_mod
             f = d / name
             if f.is_file():
                 shutil.copy(f, tmp / name)
-        write_json_atomic(tmp / "merged_from.json", {"export": str(d), "base_model": str(base), **info})
+        write_json_atomic(tmp / TRAIN_JSON, {**train, "merged": {"export": str(d.resolve()),
+                                                                 "base_model": str(base.resolve()), "dtype": dtype}})
     return out

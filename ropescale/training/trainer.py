@@ -10,7 +10,11 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback
 
+from ropescale.common import compat
+from ropescale.common.io import share_private_files
+
 from .saving import export
+from .sequence_parallel import SHARD_KEYS
 
 
 def peak_memory_mb() -> float:
@@ -114,33 +118,36 @@ class LabelOnlyTrainer(Trainer):
     positions + count); the sum is normalised by the number of labelled tokens of the whole optimizer step
     (``num_items_in_batch``: all micro-batches and ranks), i.e. the token mean over the global batch."""
 
-    def __init__(self, *a, **kw):
+    def __init__(self, *a, sequence_layout=None, **kw):
         super().__init__(*a, **kw)
-        self.model_accepts_loss_kwargs = True  # we normalise by num_items_in_batch ourselves
+        self.sequence_layout = sequence_layout  # sequence parallelism (ropescale.training.sequence_parallel)
+        compat.trainer_takes_token_sums(self)  # we normalise by num_items_in_batch ourselves
         self.tokens_seen = 0
         self.label_tokens_seen = 0
 
     def create_accelerator_and_postprocess(self):
         super().create_accelerator_and_postprocess()
-        if self.is_deepspeed_enabled:
-            # The Trainer accumulates gradients itself and gives accelerate 1 step, while the DeepSpeed config it
-            # fills says args.gradient_accumulation_steps; accelerate >= 1.9 then warns ("Gradient accumulation
-            # steps mismatch") and takes DeepSpeed's value. Give accelerate that value up front: the same end state,
-            # from our settings, and no warning a user cannot act on.
-            self.accelerator.gradient_accumulation_steps = self.args.gradient_accumulation_steps
+        compat.agree_grad_accum(self)  # no "Gradient accumulation steps mismatch" warning under DeepSpeed
+
+    def get_train_dataloader(self):
+        dl = super().get_train_dataloader()
+        if self.sequence_layout is not None:  # every rank of a sequence group draws the group's batches
+            from .sequence_parallel import shard_data_over_groups
+
+            shard_data_over_groups(dl, self.sequence_layout)
+        return dl
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        shard = {k: inputs[k] for k in SHARD_KEYS if k in inputs}  # a sequence-parallel shard's extra keys
         out = model(input_ids=inputs["input_ids"], labels=inputs["labels"],
-                    attention_mask=inputs.get("attention_mask"))
+                    attention_mask=inputs.get("attention_mask"), **shard)
         self.tokens_seen += int(inputs["input_ids"].numel()) if "attention_mask" not in inputs else \
             int(inputs["attention_mask"].sum())
         self.label_tokens_seen += int(out["n_tokens"])
         if num_items_in_batch is None:
             loss = out["loss_sum"] / out["n_tokens"].clamp(min=1)
         else:
-            loss = out["loss_sum"] / num_items_in_batch
-            if self.args.average_tokens_across_devices and self.accelerator.num_processes > 1:
-                loss = loss * self.accelerator.num_processes
+            loss = out["loss_sum"] / num_items_in_batch * compat.token_mean_world_factor(self)
         return (loss, out) if return_outputs else loss
 
 
@@ -184,7 +191,7 @@ class ProgressCallback(TrainerCallback):
         if not logs or "loss" not in logs:
             return
         tr = self.trainer_ref()
-        rec = {"step": state.global_step, "loss": round(float(logs["loss"]), 5),
+        rec = {"step": state.global_step, "loss": round(float(logs["loss"]), 7),
                "lr": float(logs.get("learning_rate", 0.0))}
         rec.update(self.clock.record(tr.tokens_seen, self.world))
         rec.update(memory_record())
@@ -192,7 +199,7 @@ class ProgressCallback(TrainerCallback):
         if plan is not None and hasattr(plan, "record"):
             rec.update(plan.record())
         if "grad_norm" in logs:
-            rec["grad_norm"] = round(float(logs["grad_norm"]), 5)
+            rec["grad_norm"] = round(float(logs["grad_norm"]), 7)
         if self.is_main:
             line = (f"step {rec['step']}/{state.max_steps}  loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  "
                     f"{rec['tokens_per_s']:.0f} tok/s")
@@ -221,5 +228,7 @@ class ExportCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kw):
         tr = self.trainer_ref()
-        d = Path(args.output_dir) / f"checkpoint-{state.global_step}" / "export"
-        export(tr.model, d, step=state.global_step, is_main=self.is_main, **self.export_kw)
+        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        export(tr.model, ckpt / "export", step=state.global_step, is_main=self.is_main, **self.export_kw)
+        if self.is_main:  # HF writes the adapter through safetensors, which makes it 0600: the umask's mode instead
+            share_private_files(ckpt)

@@ -12,21 +12,29 @@ Views:
   ``MSE(P-IE vs P-IB)`` = the mean over the model's subsets of (IE - IB)^2. A subset scored with only one of the
   prompts shows no average (``-``) and leaves the model without an MSE: one prompt's score is not the average.
 - Table 7 (CNNSum Appendix C): IE and IB side by side.
-- Extrapolation (CNNSum Table 8): rows = (model, rope method, scale, train length), columns = subsets or
-  ``--buckets`` of input length (from each sample's ``input_tokens``), cells = ROUGE-L (the mean over the
-  prompts present of each prompt's mean over samples).
+- Extrapolation (CNNSum Table 8): rows = settings (model, RoPE spec, training length: the mean with the range),
+  columns = subsets or ``--buckets`` of input length (from each sample's ``input_tokens``), cells = ROUGE-L (the
+  mean over the prompts present of each prompt's mean over samples).
 - Failure modes (CNNSum Sec 4.4): per run, the share of empty / copied / repetitive / prompt-echoing outputs.
+- Recall (the demo's recall task, ``ropescale.common.recall``; only for runs whose references are in its format):
+  exact recall per mark (which of the K marked sentences came back verbatim under its mark, i.e. by depth in the
+  context) x100, their mean and ROUGE-L, per setting and eval length, with a floor row: a prediction of the marks
+  alone.
 
-A model evaluated with several RoPE settings appears once per setting ("model · rope xS · train N").
+A row is one full setting: the model (and its id), the full RoPE spec, its training record (fine-tuned, with its
+mean training length, or the method applied at load time) and the prompt wording; runs are pooled into a row only
+when all of these are equal, and every view uses the same rows. A row's label shows what differs between the rows
+shown (``tiny · abf x1 base=8e4`` vs ``tiny · abf x1 base=5e5``, ``yarn x8 (ft 1536)`` vs ``yarn x8 (no
+fine-tune)``).
 Importable: :func:`make_report` (the whole command as one call), :func:`build_report` (paths and/or rows ->
 :class:`Report`), :func:`render`, :func:`write_report`, :func:`plot_report`. Inside: ``intake`` (CSV files, run
 directories), ``model`` (series, cells, the paper's formulas), ``render`` (markdown / CSV / JSON), ``cli``.
 """
 from .cli import check_report_out, make_report, plot_report, register
 from .intake import build_report, canon_kind, canon_subset, load_runs, read_scores_csv, save_fresh_scores
-from .model import Report, RunResult, Series, mse_ie_ib, parse_buckets, prompt_average, subset_key
+from .model import Report, RunResult, mse_ie_ib, parse_buckets, prompt_average, subset_key
 from .render import render, view_json, write_report
 
-__all__ = ["Report", "RunResult", "Series", "build_report", "canon_kind", "canon_subset", "check_report_out",
+__all__ = ["Report", "RunResult", "build_report", "canon_kind", "canon_subset", "check_report_out",
            "load_runs", "make_report", "mse_ie_ib", "parse_buckets", "plot_report", "prompt_average",
            "read_scores_csv", "register", "render", "save_fresh_scores", "subset_key", "view_json", "write_report"]

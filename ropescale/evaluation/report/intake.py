@@ -1,9 +1,10 @@
 """What a report reads: scores CSV files (the paper's tables) and run directories (scored on the fly when their
-scores.json is missing or stale)."""
+scores.json is missing or stale). A run's row is its full setting as its run.json records it (``tables.Setting``:
+model and model id, the full RoPE spec, the model's training record, the prompt wording), never the method and
+scale alone."""
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import math
 import os
@@ -14,14 +15,14 @@ from typing import Any, Iterable, Optional, Sequence
 
 from ropescale.common.io import InputError
 from ropescale.common.prompts import prompt_kind
-from ropescale.common.runs import RunMeta, find_run_dirs
+from ropescale.common.runs import RunMeta, TrainLength, find_run_dirs
 from ropescale.common.subsets import get as get_subset
-from ropescale.common.tables import model_labels
+from ropescale.common.tables import Setting
 from rope_scaling import RopeSpec
 
 from ropescale.common.rouge import DEFAULT_METRIC, check_metric
 from ..score import PREDICTIONS, load_run_scores, write_run_scores
-from .model import Report, RunResult, Series, assemble
+from .model import Report, RunResult, assemble
 
 CSV_REQUIRED = ("model", "prompt", "subset", "rouge_l")
 
@@ -43,8 +44,22 @@ def canon_kind(prompt: str, where: tuple = (None, None)) -> str:
     raise InputError(f"unknown prompt {prompt!r} (IE or IB)", *where)
 
 
+def csv_setting(model: str, rope: str | None, scale: float | None, train_length: float | None,
+                where: tuple = (None, None)) -> Setting:
+    """The setting of a scores CSV row: its model, its rope method and scale (none when absent), and its training
+    length (the paper's mean; a row with one counts as fine-tuned)."""
+    spec = None
+    if rope is not None or scale is not None:
+        try:
+            spec = RopeSpec.from_record({"method": rope or "none", "scale": 1.0 if scale is None else scale})
+        except InputError as e:
+            raise InputError(f"rope {rope!r} scale {scale!r}: {e.message}", *where) from None
+    tl = None if train_length is None else TrainLength(float(train_length))
+    return Setting(model, spec, None if tl is None else f"length {tl.text()}", tl)
+
+
 def read_scores_csv(path: str | os.PathLike) -> list[dict]:
-    """Rows {model, kind, subset, rouge_l, rope, scale, train_length, _line} of a scores CSV (file:line errors)."""
+    """Rows {model, setting, kind, subset, rouge_l, _line} of a scores CSV (file:line errors)."""
     path = Path(path)
     if not path.is_file():
         raise InputError("no such file", path)
@@ -86,9 +101,10 @@ def read_scores_csv(path: str | os.PathLike) -> list[dict]:
             rope = (rec.get("rope") or "").strip() or None
             scale = _opt_float(rec.get("scale"), "scale", path, ln)
             tl = _opt_float(rec.get("train_length"), "train_length", path, ln)
-            row = {"model": model, "kind": kind, "subset": subset, "rouge_l": val, "rope": rope,
-                   "scale": scale, "train_length": None if tl is None else int(tl), "_line": ln}
-            key = (model, rope, scale, row["train_length"], kind, subset)
+            row = {"model": model, "setting": csv_setting(model, rope, scale, tl, (path, ln)), "kind": kind,
+                   "subset": subset,
+                   "rouge_l": val, "_line": ln}
+            key = (row["setting"], kind, subset)
             if key in seen:
                 raise InputError(f"duplicate row for {model} {kind} {subset} (first at line {seen[key]})", path, ln)
             seen[key] = ln
@@ -108,44 +124,39 @@ def _opt_float(v, name, path, ln) -> Optional[float]:
 
 
 def load_runs(paths: Iterable[str | os.PathLike], metric: str = DEFAULT_METRIC) -> list[RunResult]:
-    """Every generation run under ``paths`` (run dirs or folders), with scores (stored or recomputed)."""
+    """Every generation run under ``paths`` (run dirs or folders), with scores (stored or recomputed), each keyed
+    by its full setting (read from run.json by RunMeta)."""
     found = []
     for rd in find_run_dirs(paths):
+        meta = RunMeta.read(rd.path)
         pj = rd.path / PREDICTIONS
         if not pj.is_file() or not pj.read_bytes().strip():
-            if RunMeta.read(rd.path).kind in (None, "generate"):
+            if meta.kind in (None, "generate"):
                 print(f"note: {rd.path}: no predictions yet, skipped", file=sys.stderr)
             continue
         summary, samples, fresh = load_run_scores(rd.path, metric)
-        if not summary.get("model"):
+        if not meta.model:
             raise InputError("run.json has no model", rd.meta_path)
         prompt = summary.get("prompt")
         if not isinstance(prompt, str):
             raise InputError("run.json has no prompt (ie/ib/ft-ie/ft-ib)", rd.meta_path)
-        if "rope" in summary:
-            method, scale = summary["rope"] or "none", summary.get("scale")
-        else:  # scores written by another tool: the rope the run recorded
-            rope = RopeSpec.from_record(RunMeta.read(rd.path).rope, rd.meta_path)
-            method, scale = rope.method, None if rope.method == "none" else rope.scale
-        tl = summary.get("train_length")
-        found.append(RunResult(rd.path, Series(str(summary["model"]), method, scale,
-                                               int(tl) if isinstance(tl, (int, float)) else None),
-                               canon_kind(prompt, (rd.meta_path, None)), summary, samples, fresh))
-    labels = model_labels(r.series.model for r in found)
-    for r in found:
-        r.series = dataclasses.replace(r.series, model=labels[r.series.model])
+        setting = Setting.of_run(meta, RopeSpec.from_record(meta.rope, rd.meta_path))
+        found.append(RunResult(rd.path, setting, canon_kind(prompt, (rd.meta_path, None)), summary, samples, fresh))
     return found
 
 
 def build_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.PathLike] = (),
                  metric: str = DEFAULT_METRIC, buckets: Optional[Sequence[int]] = None) -> Report:
     """Build every view from run directories / folders (paths), score rows (dicts with model, prompt|kind,
-    subset, rouge_l[, rope, scale, train_length]) and scores CSV files. Nothing is written here."""
+    subset, rouge_l[, rope, scale, train_length] -- or a ``setting``) and scores CSV files. Nothing is written
+    here."""
     check_metric(metric)
     paths, rows = [], []
     for src in sources:
         if isinstance(src, dict):
-            rows.append({**src, "kind": canon_kind(src.get("kind") or src.get("prompt")),
+            setting = src.get("setting") or csv_setting(str(src["model"]), src.get("rope"), src.get("scale"),
+                                                        src.get("train_length"))
+            rows.append({**src, "setting": setting, "kind": canon_kind(src.get("kind") or src.get("prompt")),
                          "subset": canon_subset(src["subset"])})
         elif Path(src).is_file() and str(src).lower().endswith(".csv"):
             rows.extend(read_scores_csv(src))

@@ -1,58 +1,48 @@
-"""The report's data model: a Series (a model under one RoPE setting and training length), the runs, the cells, and
-the paper's formulas over them (Table 2 average and MSE, Table 7, extrapolation by subset or length bucket,
-failure modes). Nothing here reads files or prints."""
+"""The report's data model: a row is one full setting (``ropescale.common.tables.Setting``: model and its id, full
+RoPE spec, training record, prompt wording), the runs, the cells, and the paper's formulas over them (Table 2
+average and MSE, Table 7, extrapolation by subset or length bucket, failure modes, exact recall per mark). Every
+view keys its rows by the same settings and names them with the same labels (``tables.setting_labels``). Nothing
+here reads files or prints."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ropescale.common.io import InputError
-from ropescale.common.subsets import ORDER
+from ropescale.common import subsets
+from ropescale.common.tables import Setting, setting_labels
 
 KINDS = ("IE", "IB")
 NO_SUBSET = "all"  # the column of runs generated without a subset (``generate --max-new-tokens`` only)
-
-
-@dataclass(frozen=True)
-class Series:
-    """One evaluated configuration: a model under one RoPE setting and training length."""
-    model: str
-    rope: Optional[str] = None
-    scale: Optional[float] = None
-    train_length: Optional[int] = None
-
-    @property
-    def label(self) -> str:
-        parts = [self.model]
-        if self.rope and self.rope != "none":
-            parts.append(f"{self.rope} x{_num(self.scale)}" if self.scale is not None else self.rope)
-        if self.train_length is not None:
-            parts.append(f"train {self.train_length}")
-        return " · ".join(parts)
+FLOOR = "marks only (floor)"  # the recall view's floor row: a prediction of the marks alone
 
 
 @dataclass
 class RunResult:
     path: Path
-    series: Series
+    series: Setting
     kind: str
     summary: dict
     samples: list
     fresh: bool = False
+    label: str = ""  # the series' label in this report (set by assemble)
 
 
 @dataclass
 class Report:
-    series: list  # [Series] in first-seen order
+    series: list  # [tables.Setting] in first-seen order
     columns: list  # subsets, ordered
-    cells: dict  # (Series, kind, subset) -> [sum, count]
+    cells: dict  # (Setting, kind, subset) -> [sum, count]
     runs: list = field(default_factory=list)  # [RunResult]
     buckets: Optional[list] = None  # bucket edges (ints) when the extrapolation view uses length buckets
+    labels: dict = field(default_factory=dict)  # Setting -> tables.Label
+
+    def label(self, s: Setting) -> str:
+        return self.labels[s].text
 
     # ---- views
-    def value(self, s: Series, kind: str, col: str) -> Optional[float]:
+    def value(self, s: Setting, kind: str, col: str) -> Optional[float]:
         c = self.cells.get((s, kind, col))
         return c[0] / c[1] if c and c[1] else None
 
@@ -75,13 +65,13 @@ class Report:
             ie = {c: v for c in self.columns if (v := self.value(s, "IE", c)) is not None}
             ib = {c: v for c in self.columns if (v := self.value(s, "IB", c)) is not None}
             cols = [c for c in self.columns if c in ie or c in ib]
-            out[s.label] = {"avg": {c: prompt_average(ie.get(c), ib.get(c)) for c in cols},
+            out[self.label(s)] = {"avg": {c: prompt_average(ie.get(c), ib.get(c)) for c in cols},
                             "mse": mse_ie_ib(ie, ib), "IE": {c: ie.get(c) for c in cols},
                             "IB": {c: ib.get(c) for c in cols}}
         return out
 
     def extrapolation(self) -> tuple[list[str], list[dict]]:
-        """(columns, rows): rows {model, rope, scale, train_length, label, cells {column: v}}."""
+        """(columns, rows): rows {setting, label (a tables.Label), cells {column: v}}."""
         if self.buckets is None:
             cols = list(self.columns)
             get = self.value
@@ -98,8 +88,7 @@ class Report:
                 per_kind = [v for v in (get(s, k, c) for k in KINDS) if v is not None]
                 cells[c] = sum(per_kind) / len(per_kind) if per_kind else None
             if any(v is not None for v in cells.values()):
-                rows.append({"model": s.model, "rope": s.rope, "scale": s.scale, "train_length": s.train_length,
-                             "label": s.label, "cells": cells})
+                rows.append({"setting": s, "label": self.labels[s], "cells": cells})
         return cols, rows
 
     def _bucket_cells(self) -> tuple[list[str], dict]:
@@ -121,11 +110,54 @@ class Report:
         rows = []
         for r in self.runs:
             fm = r.summary.get("failure_modes") or {}
-            rows.append({"run": str(r.path), "label": r.series.label, "kind": r.kind,
+            rows.append({"run": str(r.path), "label": r.label, "kind": r.kind,
                          "subset": r.summary.get("subset") or _run_subsets(r), "n": r.summary.get("n"),
                          "rouge_l": r.summary.get("rouge_l"),
                          **{m: fm.get(m) for m in ("empty", "copy", "repetition", "echo")}})
         return rows
+
+
+    def recall(self) -> tuple[int, list[dict]]:
+        """Exact recall per mark (ropescale.common.recall.mark_recall) of the runs whose references are the recall
+        task's: (K marks, rows {label (a tables.Label, None for the floor), subset, marks: [share of samples whose
+        k-th marked sentence came back exactly, x100], mean, rouge_l, n}). A cell is the mean over the prompts
+        present of each prompt's mean over samples (as the extrapolation view). Per subset, a floor row: a
+        prediction of the marks alone (recall 0 by construction; its ROUGE-L is what marks and layout score)."""
+        acc: dict = {}  # (setting, subset, kind) -> [(marks, rouge_l) per sample]
+        floor: dict = {}  # subset -> {sample id: marks-only ROUGE-L}
+        k_max = 0
+        for r in self.runs:
+            for smp in r.samples:
+                marks = smp.get("marks")
+                if not isinstance(marks, list) or not marks:
+                    continue
+                k_max = max(k_max, len(marks))
+                sub = smp.get("subset") or r.summary.get("subset") or NO_SUBSET
+                acc.setdefault((r.series, sub, r.kind), []).append((marks, float(smp["rouge_l"])))
+                if isinstance(smp.get("marks_only_rouge_l"), (int, float)):
+                    floor.setdefault(sub, {})[smp.get("id")] = float(smp["marks_only_rouge_l"])
+
+        def mean(xs):
+            return sum(xs) / len(xs)
+
+        rows = []
+        subsets = sorted({k[1] for k in acc}, key=subset_key)
+        for s in self.series:
+            for sub in subsets:
+                per_kind = [acc[(s, sub, k)] for k in KINDS if (s, sub, k) in acc]
+                if not per_kind:
+                    continue
+                marks = [100 * mean([mean([float(i < len(m) and bool(m[i])) for m, _ in smp]) for smp in per_kind])
+                         for i in range(k_max)]
+                rows.append({"label": self.labels[s], "subset": sub, "marks": marks, "mean": mean(marks),
+                             "rouge_l": mean([mean([rl for _, rl in smp]) for smp in per_kind]),
+                             "n": sum(len(smp) for smp in per_kind)})
+        for sub in subsets:
+            vals = list(floor.get(sub, {}).values())
+            if vals:
+                rows.append({"label": None, "subset": sub, "marks": [0.0] * k_max, "mean": 0.0,
+                             "rouge_l": mean(vals), "n": len(vals)})
+        return k_max, rows
 
 
 # ---------------------------------------------------------------- formulas
@@ -159,14 +191,7 @@ def _run_subsets(r: RunResult) -> str:
     return ",".join(subs) if subs else "-"
 
 
-def subset_key(name: str) -> tuple:
-    """Order: L, XL, 2XL, 3XL, then scaled subsets T<n> by n, then anything else by name."""
-    if name in ORDER:
-        return (0, ORDER.index(name), "")
-    m = re.fullmatch(r"T(\d+)", name)
-    if m:
-        return (1, int(m.group(1)), "")
-    return (2, 0, name)
+subset_key = subsets.order_key  # L, XL, 2XL, 3XL, then T<n> by n (common.subsets)
 
 
 def parse_buckets(spec: str) -> list[int]:
@@ -196,11 +221,12 @@ def bucket_index(edges: Sequence[int], t: float) -> int:
 
 
 def assemble(rows: Sequence[dict], runs: Sequence[RunResult], buckets: Optional[Sequence[int]] = None) -> Report:
-    """The report of score ``rows`` ({model, kind, subset, rouge_l[, rope, scale, train_length]}) and ``runs``."""
+    """The report of score ``rows`` ({setting (a tables.Setting), kind, subset, rouge_l}) and ``runs``: each
+    setting one row in every view, named by ``tables.setting_labels``."""
     series: list = []
     cells: dict = {}
 
-    def add(s: Series, kind: str, subset: str, value: float) -> None:
+    def add(s: Setting, kind: str, subset: str, value: float) -> None:
         if s not in series:
             series.append(s)
         c = cells.setdefault((s, kind, subset), [0.0, 0])
@@ -208,17 +234,14 @@ def assemble(rows: Sequence[dict], runs: Sequence[RunResult], buckets: Optional[
         c[1] += 1
 
     for r in rows:
-        tl = r.get("train_length")
-        sc = r.get("scale")
-        s = Series(str(r["model"]), r.get("rope"), None if sc is None else float(sc),
-                   None if tl is None else int(tl))
-        add(s, r["kind"], r["subset"], float(r["rouge_l"]))
+        add(r["setting"], r["kind"], r["subset"], float(r["rouge_l"]))
     for run in runs:
         for smp in run.samples:
             sub = smp.get("subset") or run.summary.get("subset") or NO_SUBSET
             add(run.series, run.kind, sub, float(smp["rouge_l"]))
+    labels = setting_labels(series)
+    for run in runs:
+        run.label = labels[run.series].text
     columns = sorted({k[2] for k in cells}, key=subset_key)
-    return Report(series=series, columns=columns, cells=cells, runs=runs,
-                  buckets=list(buckets) if buckets else None)
-
-
+    return Report(series=series, columns=columns, cells=cells, runs=list(runs),
+                  buckets=list(buckets) if buckets else None, labels=labels)

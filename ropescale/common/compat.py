@@ -1,0 +1,444 @@
+"""Every reliance on an internal or version-specific behaviour of transformers, peft, deepspeed and accelerate, in
+one place. Each shim has a comment saying which versions need it; tests/test_compat.py checks each one against the
+installed versions and fails with "LIBRARY VERSION changed WHAT: see compat.SHIM" when a release changes it.
+
+On the floor: only the standard library is imported here; third-party libraries are imported inside the functions
+(importing this module stays cheap), and nothing from ropescale's stages.
+
+Where the tree relied on them (grep of the package for transformers / peft / deepspeed / accelerate internals and
+version-dependent names, 2026-11-25), and the shim each now goes through:
+
+transformers
+- RoPE config layout, 5.x ``rope_parameters`` (rope_theta inside) vs 4.x ``rope_scaling`` + ``rope_theta``
+  (rope_scaling/hf.py; evaluation/backends.py's vLLM overrides): :func:`rope_layout`, :func:`read_rope_entries`,
+  :func:`write_rope_entries`, :func:`rope_key`. The library must be 5.13+ (pyproject.toml says why), but config.json
+  files and config dicts in the 4.x layout are still read and written in their own layout.
+- the dtype field, ``dtype`` (5.x) vs ``torch_dtype`` (4.x, and 4.x-era config.json files), on configs and in
+  ``from_pretrained`` (rope_scaling/load.py, training/saving.py merge, common/tiny.py): :func:`config_dtype`,
+  :func:`set_config_dtype`, :func:`dtype_kwargs`
+- ``forward(logits_to_keep=)`` (``num_logits_to_keep`` before 4.50; engine.py prefill, probes/scorer.py):
+  :func:`last_logits_kwargs`
+- the attention implementation lives in the private ``config._attn_implementation``; attention functions are
+  registered with ``AttentionInterface`` and called as ``fn(module, q, k, v, mask, dropout=, scaling=, ...)``;
+  transformers' own SDPA function (engine.py, backends.py): :func:`attn_implementation`,
+  :func:`using_attention`, :func:`register_attention`, :func:`sdpa_attention`
+- a decoder given a prepared 4D additive mask uses it as is (5.x; engine.supported): :func:`prepared_mask_blocker`
+- the KV-cache protocol (engine.SlotCache, engine._prefill_writer): attention layers call
+  ``past_key_values.update(key, value, layer_idx, ...)`` (5.24 passes ``kwargs=``, earlier ``cache_kwargs``) and
+  attend to what it returns; ``DynamicCache(config=)``: :class:`DuckCache`, :func:`writer_cache`
+- dynamic-NTK rotary internals (engine._PerSlotDynamicRope, reset_dynamic_rope): ``rope_type``, ``inv_freq``,
+  ``original_inv_freq``, ``original_max_seq_len``, ``max_seq_len_cached``, ``attention_scaling``, the
+  ``dynamic_rope_update`` decorator on ``forward``, ``ROPE_INIT_FUNCTIONS[rope_type](config, device, seq_len=)``:
+  :func:`dynamic_rope_modules`, :func:`reset_dynamic_rope`, :func:`rope_frequencies`, :func:`set_rope_frequencies`,
+  :func:`rope_frequencies_for_length`, :func:`undecorated_rope_forward`
+- gradient checkpointing: checkpointed layers carry ``gradient_checkpointing = True`` and call
+  ``self._gradient_checkpointing_func(fn, *args)`` (training/memory.py): :func:`checkpointed_modules`,
+  :func:`set_checkpoint_function`
+- ``config.get_text_config()`` (training/memory.py): :func:`text_config`
+- Trainer internals (training/trainer.py): ``compute_loss(..., num_items_in_batch)``, the private
+  ``model_accepts_loss_kwargs`` (the Trainer divides the loss by the accumulation steps unless it is set),
+  ``args.average_tokens_across_devices`` with ``accelerator.num_processes``: :func:`trainer_takes_token_sums`,
+  :func:`token_mean_world_factor`; Trainer callbacks that print to stdout (training/run.py):
+  :func:`stdout_callbacks`; ``TrainerCallback.on_save`` runs after ``checkpoint-N`` is written
+  (trainer.ExportCallback; tested only); the Trainer gives accelerate 1 accumulation step under DeepSpeed
+  (trainer.LabelOnlyTrainer): :func:`agree_grad_accum`
+peft
+- trained parameter names start with ``base_model.model.`` (training/saving.py): :data:`PEFT_PREFIX`
+- ``get_peft_model`` / ``PeftModel.from_pretrained`` take ``autocast_adapter_dtype`` (training/model.py, saving.py):
+  :func:`peft_keep_dtype`
+- ``set_peft_model_state_dict`` returns the load result with ``unexpected_keys`` (saving.py):
+  :func:`peft_unexpected_keys`
+deepspeed
+- ZeRO-3 partitioned parameters carry ``ds_id`` / ``ds_numel`` (memory.py, loss.py, model.py, saving.py):
+  :func:`is_zero3_param`, :func:`param_numel`
+- ``deepspeed.zero.GatheredParameters(params, modifier_rank=)`` (saving.py): :func:`zero3_gathered`
+- ``param.ds_grad_is_ready`` (ZeRO-3 reduces a gradient only when it is true; memory._TiledMLP):
+  :func:`defer_zero3_reduce`
+- ``deepspeed.comm.torch.build_shm_op`` (JIT-compiles a CPU shared-memory op at init; training/env.py):
+  :func:`disable_deepspeed_shm_op`
+- the ``DeepSpeed`` logger writes to stdout (common/cli.logs_to_stderr): :data:`STDOUT_LOGGERS`
+accelerate
+- the ``OMP_NUM_THREADS/MKL_NUM_THREADS unset`` warning (common/cli.quiet_libraries): :data:`QUIET_WARNINGS`
+
+Not here: vLLM's rope fields (evaluation/backends.vllm_settings: vLLM is optional and GPU-only;
+tests/test_eval_vllm.py covers the versions seen), torch's private allocator setter (training/env.py; torch is
+pinned), training/run.py (above), bench/ (public APIs only) and tests/, which read some of these internals directly as
+independent references (ROPE_INIT_FUNCTIONS in test_rope_scaling, _gradient_checkpointing_func in
+test_training_memory).
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import re
+
+
+def version(dist: str) -> tuple[int, ...]:
+    """The installed release of ``dist`` as integers (``5.24.0`` -> (5, 24, 0)); () when not installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as _v
+
+    try:
+        v = _v(dist)
+    except PackageNotFoundError:
+        return ()
+    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
+
+
+# ================================================================ transformers: config layout
+# Plain dicts (a loaded config.json) and config objects alike.
+def config_get(cfg, key: str, default=None):
+    if isinstance(cfg, dict):
+        return cfg.get(key, default)
+    return getattr(cfg, key, default)
+
+
+def config_has(cfg, key: str) -> bool:
+    if isinstance(cfg, dict):
+        return key in cfg
+    try:
+        getattr(cfg, key)
+        return True
+    except AttributeError:
+        return False
+
+
+def config_set(cfg, key: str, value) -> None:
+    if isinstance(cfg, dict):
+        cfg[key] = value
+    else:
+        setattr(cfg, key, value)
+
+
+def rope_layout(cfg) -> str | None:
+    """'5' (transformers >= 5.0: everything in ``rope_parameters``, rope_theta inside), '4' (< 5.0:
+    ``rope_scaling`` + top-level ``rope_theta``), None when the config has no RoPE fields. A 5.x library converts a
+    4.x config.json into ``rope_parameters`` when it loads it; plain dicts keep what the file says."""
+    rp = config_get(cfg, "rope_parameters")
+    if isinstance(rp, dict) and rp:
+        return "5"
+    if config_has(cfg, "rope_theta") or (isinstance(cfg, dict) and "rope_scaling" in cfg) or (
+            not isinstance(cfg, dict) and not config_has(cfg, "rope_parameters") and config_has(cfg, "rope_scaling")):
+        return "4"
+    return None
+
+
+def rope_key(cfg) -> str:
+    """The config key that holds the rope-type dict: ``rope_parameters`` (5.x) or ``rope_scaling`` (4.x, and
+    configs without RoPE fields)."""
+    return "rope_parameters" if rope_layout(cfg) == "5" else "rope_scaling"
+
+
+def read_rope_entries(cfg, default_theta: float) -> dict:
+    """The config's rope entries as one flat 5.x-style dict (rope_type, rope_theta, the type's keys; 4.x's "type"
+    read as rope_type). ValueError when there are no RoPE fields or the entries are per layer type (5.x Gemma-style
+    ``rope_parameters`` keyed by layer type)."""
+    layout = rope_layout(cfg)
+    if layout is None:
+        raise ValueError("config has no RoPE fields (rope_parameters, or rope_theta / rope_scaling): not a RoPE model")
+    if layout == "5":
+        e = dict(config_get(cfg, "rope_parameters"))
+        labels = config_get(cfg, "layer_types") or ()
+        if any(isinstance(v, dict) for v in e.values()) or any(k in labels for k in e):
+            raise ValueError("per-layer rope_parameters are not supported (Llama / Qwen2 / Mistral have one)")
+    else:
+        e = dict(config_get(cfg, "rope_scaling") or {})
+        e["rope_theta"] = config_get(cfg, "rope_theta", default_theta)
+    e["rope_type"] = e.pop("type", None) or e.get("rope_type") or "default"
+    if e.get("rope_theta") is None:
+        e["rope_theta"] = default_theta
+    return e
+
+
+def write_rope_entries(cfg, entries: dict, max_pos: int) -> None:
+    """Replace the config's rope entries by ``entries`` (complete, flat 5.x style) in the config's own layout and set
+    max_position_embeddings. 4.x: rope_theta goes top-level, the rest into ``rope_scaling`` with both "type" and
+    "rope_type" (None for default rope); 5.x: the whole dict into ``rope_parameters``, and a Phi3-style top-level
+    ``original_max_position_embeddings`` is kept in step (5.x gives it priority over the one inside)."""
+    if rope_layout(cfg) == "5":
+        config_set(cfg, "rope_parameters", dict(entries))
+    else:
+        rest = {k: v for k, v in entries.items() if k != "rope_theta"}
+        config_set(cfg, "rope_theta", entries["rope_theta"])
+        t = rest["rope_type"]
+        config_set(cfg, "rope_scaling", None if t == "default" else {**rest, "type": t})
+    config_set(cfg, "max_position_embeddings", int(max_pos))
+    key = "original_max_position_embeddings"
+    if config_get(cfg, key) is not None and key in entries:
+        config_set(cfg, key, entries[key])
+
+
+# ================================================================ transformers: dtype
+# 5.x (and 4.56+) name it ``dtype`` on configs and in from_pretrained; older releases ``torch_dtype``, which 5.x keeps
+# as a deprecated alias (config.json files written by 4.x still carry it).
+def dtype_kwargs(dtype) -> dict:
+    """``from_pretrained(**dtype_kwargs(torch.float32))``."""
+    return {"dtype": dtype}
+
+
+def config_dtype(config):
+    """The dtype a config records (a torch.dtype or its name; ``torch_dtype`` of a 4.x-era config), or None."""
+    return getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+
+
+def set_config_dtype(config, value) -> None:
+    config.dtype = value
+
+
+# ================================================================ transformers: model forward and attention
+def last_logits_kwargs(n: int) -> dict:
+    """Forward kwargs for logits of the last ``n`` positions only: ``logits_to_keep`` (4.50+, 5.x; 4.46 called it
+    ``num_logits_to_keep``)."""
+    return {"logits_to_keep": int(n)}
+
+
+def attn_implementation(config, default: str = "sdpa") -> str:
+    """The attention implementation a loaded model runs (private ``config._attn_implementation``, all versions)."""
+    return getattr(config, "_attn_implementation", None) or default
+
+
+@contextlib.contextmanager
+def using_attention(config, name: str):
+    """Run the model's attention layers with the registered function ``name`` inside the block: every layer reads
+    ``config._attn_implementation`` as it runs (4.48+ attention refactor; the same in 5.x)."""
+    impl = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = impl
+
+
+def register_attention(name: str, fn) -> None:
+    """``AttentionInterface.register`` (4.48+). ``fn(module, query, key, value, attention_mask, dropout=,
+    scaling=, is_causal=, **kw) -> (out [B, T, H, D], weights)``; query/key/value are ``[B, heads, T, D]``."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(name, fn)
+
+
+def sdpa_attention():
+    """transformers' SDPA attention function (same signature as a registered one)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward
+
+
+def prepared_mask_blocker() -> str | None:
+    """None when decoder models take a prepared 4D additive mask as is (transformers 5.x); else why not (a guard:
+    pyproject.toml requires 5.13+, but an environment of your own may hold anything)."""
+    from transformers import __version__
+
+    if version("transformers")[:1] < (5,):
+        return f"transformers {__version__} (the slot decoder needs 5.x)"
+    return None
+
+
+# ================================================================ transformers: KV cache
+class DuckCache:
+    """A cache object the model's attention layers accept as ``past_key_values``: they call ``update(key, value,
+    layer_idx, ...)`` and attend to the (key, value) it returns. The trailing arguments changed (``cache_kwargs``
+    positional before 5.24, ``kwargs=`` keyword in 5.24) and are ignored here; subclasses implement :meth:`write`.
+    ``get_seq_length`` is asked when no positions are passed (they always are here)."""
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        return self.write(key_states, value_states, layer_idx)
+
+    def write(self, key_states, value_states, layer_idx: int):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+
+_WRITER = None
+
+
+def writer_cache(config, write):
+    """A ``DynamicCache`` (constructed with ``config=``, 5.x) that stores nothing: ``update`` hands each layer's
+    key/value to ``write(key, value, layer_idx)`` and returns them unchanged. To the model and its mask builder
+    it is an empty cache (plain causal path). One class per process: a class made per call would sit in a
+    reference cycle and pin what ``write`` holds until the next garbage collection."""
+    global _WRITER
+    if _WRITER is None:
+        from transformers import DynamicCache
+
+        class _Writer(DynamicCache):
+            def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+                self._ropescale_write(key_states, value_states, layer_idx)
+                return key_states, value_states
+
+        _WRITER = _Writer
+    w = _WRITER(config=config)
+    w._ropescale_write = write
+    return w
+
+
+# ================================================================ transformers: dynamic-NTK rotary modules
+# The rotary module of Llama / Qwen2 / Mistral (4.48+ and 5.x): rope_type, inv_freq (a buffer), attention_scaling,
+# and for "dynamic" types original_inv_freq, original_max_seq_len, max_seq_len_cached, updated by the
+# dynamic_rope_update decorator around forward(x, position_ids) -> (cos, sin).
+def dynamic_rope_modules(model) -> list:
+    """The model's rotary modules that use transformers' dynamic NTK (their base follows the sequence length)."""
+    out = []
+    for m in model.modules():
+        rt = getattr(m, "rope_type", None)
+        if isinstance(rt, str) and "dynamic" in rt and hasattr(m, "original_inv_freq") \
+                and hasattr(m, "original_max_seq_len"):
+            out.append(m)
+    return out
+
+
+def reset_dynamic_rope(modules) -> None:
+    """Put dynamic-NTK rotary modules back in their freshly loaded state (original frequencies, nothing cached), as
+    transformers' own reset does when a sequence shorter than the original context comes."""
+    for m in modules:
+        m.inv_freq = m.original_inv_freq.clone()
+        m.max_seq_len_cached = m.original_max_seq_len
+
+
+def rope_frequencies(m) -> list:
+    """[inv_freq, the longest sequence it was computed for, attention_scaling] of a rotary module. (5.0.x never
+    updates ``max_seq_len_cached``: it stays at the original context, so a slot recomputes once more; harmless.)"""
+    return [m.inv_freq, int(m.max_seq_len_cached), m.attention_scaling]
+
+
+def set_rope_frequencies(m, inv_freq, attention_scaling) -> None:
+    m.inv_freq, m.attention_scaling = inv_freq, attention_scaling
+
+
+def rope_frequencies_for_length(m, device, seq_len: int):
+    """(inv_freq, attention_scaling) of module ``m``'s rope type for a sequence of ``seq_len`` tokens: what
+    ``dynamic_rope_update`` computes when a sequence grows (``ROPE_INIT_FUNCTIONS[rope_type]``)."""
+    import torch
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    t = torch.tensor(int(seq_len), dtype=torch.long, device=device)
+    return ROPE_INIT_FUNCTIONS[m.rope_type](m.config, device, seq_len=t)
+
+
+def undecorated_rope_forward(m):
+    """The rotary module's forward without ``dynamic_rope_update`` (called as ``fn(module, x, position_ids)``)."""
+    return inspect.unwrap(type(m).forward)
+
+
+# ================================================================ transformers: gradient checkpointing, configs
+def checkpointed_modules(root) -> list:
+    """Modules that transformers checkpoints: a true ``gradient_checkpointing`` attribute (the decoder layers,
+    ``GradientCheckpointingLayer`` since 4.52; the decoder itself in older releases)."""
+    return [m for m in root.modules() if getattr(m, "gradient_checkpointing", False) is True]
+
+
+def set_checkpoint_function(module, fn) -> None:
+    """A checkpointed layer runs ``module._gradient_checkpointing_func(forward, *args)`` in training (all versions
+    in range): ``fn`` replaces torch's checkpoint there."""
+    module._gradient_checkpointing_func = fn
+
+
+def text_config(config):
+    """The text part of a (possibly multimodal) config: ``get_text_config()`` (4.47+), else the config."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+# ================================================================ transformers: Trainer
+def trainer_takes_token_sums(trainer) -> None:
+    """Our ``compute_loss`` divides by ``num_items_in_batch`` (the step's labelled tokens, all micro-batches and
+    ranks; passed since 4.46): the Trainer must then not divide by the accumulation steps again. It skips that
+    division when the private ``model_accepts_loss_kwargs`` is true (4.46+, 5.x)."""
+    trainer.model_accepts_loss_kwargs = True
+
+
+def token_mean_world_factor(trainer) -> int:
+    """With ``average_tokens_across_devices`` (4.50+, default true in 5.x) ``num_items_in_batch`` counts every
+    rank's tokens while DDP / DeepSpeed average the ranks' gradients: the loss is multiplied by the number of
+    processes, as the Trainer's own compute_loss does."""
+    n = int(getattr(trainer.accelerator, "num_processes", 1))
+    return n if getattr(trainer.args, "average_tokens_across_devices", False) and n > 1 else 1
+
+
+def agree_grad_accum(trainer) -> None:
+    """Under DeepSpeed, give accelerate the Trainer's gradient accumulation steps (call after the Trainer built its
+    accelerator). transformers 5.x's Trainer accumulates itself and builds the Accelerator with a
+    GradientAccumulationPlugin of 1 step, while the DeepSpeed config it fills says args.gradient_accumulation_steps;
+    accelerate's ``_prepare_deepspeed`` then warns ("Gradient accumulation steps mismatch", seen with 1.15) and takes
+    DeepSpeed's value. Setting that value first is the same end state, without a warning no user can act on."""
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        trainer.accelerator.gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
+
+
+def stdout_callbacks() -> tuple:
+    """The Trainer's default callbacks that print log dicts to stdout (ours go to stderr)."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    return PrinterCallback, ProgressCallback
+
+
+# ================================================================ peft
+PEFT_PREFIX = "base_model.model."  # PeftModel(LoraModel(model)): every parameter name starts with it (all versions)
+
+
+def peft_keep_dtype() -> dict:
+    """Adapters in the model's dtype, not fp32 (``autocast_adapter_dtype``, peft 0.12+)."""
+    return {"autocast_adapter_dtype": False}
+
+
+def peft_unexpected_keys(result) -> list:
+    """Keys ``set_peft_model_state_dict`` did not use (it returns torch's load result: 0.9+)."""
+    return list(getattr(result, "unexpected_keys", []) or [])
+
+
+# ================================================================ deepspeed
+def is_zero3_param(p) -> bool:
+    """A parameter partitioned by ZeRO-3 (all deepspeed versions mark it with ``ds_id``)."""
+    return hasattr(p, "ds_id")
+
+
+def param_numel(p) -> int:
+    """A parameter's full size, also when ZeRO-3 partitioned it (``ds_numel``)."""
+    n = getattr(p, "ds_numel", None)
+    return p.numel() if n is None else n
+
+
+def zero3_gathered(params, modifier_rank):
+    """``deepspeed.zero.GatheredParameters(params, modifier_rank=)``: the full parameters inside the block (a
+    collective: all ranks enter it); with ``modifier_rank`` r, rank r's changes are partitioned again on exit."""
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank)
+
+
+def defer_zero3_reduce(params, ready: bool) -> None:
+    """ZeRO-3 reduces a parameter's gradient after a backward only when ``param.ds_grad_is_ready`` is true
+    (deepspeed 0.17.0+, for tiled computations that run backward several times per step); 0.16.x and older ignore
+    the flag and reduce after every tile (wrong gradients: hence deepspeed>=0.17 in requirements-deepspeed.txt)."""
+    for p in params:
+        p.ds_grad_is_ready = ready
+
+
+def disable_deepspeed_shm_op() -> bool:
+    """Keep deepspeed's torch comm backend from JIT-compiling its CPU shared-memory op (``build_shm_op`` in
+    ``deepspeed.comm.torch``, 0.15 to 0.19 at least); False when deepspeed is not installed."""
+    import importlib
+
+    try:
+        mod = importlib.import_module("deepspeed.comm.torch")
+    except Exception:  # noqa: BLE001 - deepspeed missing or broken: nothing to disable
+        return False
+    mod.build_shm_op = lambda: None
+    return True
+
+
+# ================================================================ logging and warnings
+# loggers that write to stdout by default (deepspeed's "DeepSpeed" logger, all versions); their handlers are pointed
+# at stderr so results on stdout stay clean
+STDOUT_LOGGERS = ("DeepSpeed", "deepspeed", "accelerate", "torch.distributed")
+
+QUIET_WARNINGS = (
+    # (category, message regex, module regex): warnings from libraries about their own internals
+    (FutureWarning, "", r"(torch|transformers|deepspeed|peft|accelerate)(\.|$)"),
+    (DeprecationWarning, "", r"(torch|transformers|deepspeed|peft|accelerate|jieba|pkg_resources)(\.|$)"),
+    (UserWarning, r".*(TypedStorage|torch\.utils\._pytree|None of the inputs have requires_grad|"
+                  r"use_reentrant|Casting complex values|The given NumPy array is not writable)", ""),
+    # accelerate's state.py (1.x) when it sets the thread count itself
+    (UserWarning, r"OMP_NUM_THREADS/MKL_NUM_THREADS unset", r"accelerate(\.|$)"),
+)

@@ -1,0 +1,243 @@
+"""Sequence parallelism: one sample split over K processes (DeepSpeed Ulysses, as in ALST), ``--sequence-parallel K``.
+
+With W = K x D processes, ranks gK .. gK+K-1 form sequence group g (DeepSpeed's ``parallel_state_sp`` groups:
+contiguous ranks, so a group stays on one node when K divides the GPUs per node) and the D groups do data
+parallelism. A training step, per group:
+
+- data: the trainer's sampler is sharded over the D groups instead of the W ranks, so every rank of a group draws
+  the same micro-batch (:func:`shard_data_over_groups`); the global batch is micro batch x D x accumulation.
+- batch: :class:`ShardCollator` pads the micro-batch to a multiple of K (pad id, label -100, at the END, where
+  causal attention keeps pads unseen by the real tokens), shifts the labels BEFORE splitting (position t's target
+  is token t+1, which may sit on the next rank), and gives rank k the k-th slice of the input ids, the shifted
+  labels and the GLOBAL position ids (:func:`shard_batch`).
+- attention: DeepSpeed's ``UlyssesSPAttentionHF`` replaces the model's attention function (:func:`register_attention`):
+  an all-to-all turns (T/K tokens, all heads) into (T tokens, heads/K), the core attention (sdpa, flash) runs
+  over the whole sequence, and a second all-to-all turns the result back; so the heads and the KV heads must
+  divide by K (:func:`check_settings`). It is registered on the plain model, before PEFT wraps it (registering a
+  PeftModel crashes: DeepSpeed issue #7729).
+- RoPE: each shard rotates with its global positions, and a rule whose frequencies depend on the sequence length
+  (dynamic NTK, longrope) sees the length of the whole sample, as without sequence parallelism
+  (:func:`install_global_rope`, :func:`global_rope_length`).
+- loss: each rank runs the label-only head on the labelled positions of its shard (``ropescale.training.loss``).
+  The trainer divides each rank's CE sum by the step's labelled-token count ``num_items_in_batch``, which HF counts
+  on each rank's ``shift_labels`` and sums over the W ranks (so each labelled token counts once), and multiplies by
+  W; DeepSpeed averages the gradients over the W ranks.
+
+DeepSpeed is NOT given the sequence groups (no ``mpu``): it treats the W ranks as W data-parallel ranks. That is
+exact: each rank's backward carries the gradient of the positions it holds (the all-to-all's backward sends the
+other ranks' shares home), so the mean over W of (W x CE sum of a shard / step count) is the gradient of the
+step's token-mean loss, the same as one process computes. ZeRO partitions over all W ranks, and the checkpoints
+have the layout of a W-rank data-parallel run (DeepSpeed would name them per "model-parallel" rank given an mpu).
+
+Every reliance on a DeepSpeed / accelerate internal is in one small function below, with the versions it was
+written against (deepspeed 0.19.8, accelerate 1.15.0, transformers 5.24.0).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import math
+from dataclasses import dataclass
+
+from data_concat.packed import IGNORE_INDEX
+from ropescale.common.io import InputError
+
+SHARD_KEYS = ("position_ids", "shift_labels", "max_position")  # what a shard carries beyond ids / labels / mask
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where this rank sits: ``degree`` K ranks per sequence group, ``world`` W ranks in all."""
+
+    degree: int
+    world: int
+    rank: int
+
+    @property
+    def groups(self) -> int:
+        """D: the number of sequence groups (the data-parallel degree)."""
+        return self.world // self.degree
+
+    @property
+    def group(self) -> int:
+        """This rank's sequence group (its data-parallel index)."""
+        return self.rank // self.degree
+
+    @property
+    def sp_rank(self) -> int:
+        """This rank's place in its group: it holds the ``sp_rank``-th slice of each sample."""
+        return self.rank % self.degree
+
+
+def check_settings(k: int, *, config, world: int, deepspeed, attn: str) -> None:
+    """Refuse (InputError, one line) what sequence parallelism of degree ``k`` cannot run, before any model is
+    loaded: no DeepSpeed config or package, a launch whose process count is not a multiple of ``k``, attention
+    heads or KV heads that do not divide by ``k``, eager attention."""
+    if k <= 1:
+        return
+    flag = f"--sequence-parallel {k}"
+    if not deepspeed:
+        raise InputError(f"{flag} runs under DeepSpeed: add --deepspeed zero3_offload (or zero2, zero2_offload, "
+                         f"zero3, a JSON file)")
+    if importlib.util.find_spec("deepspeed") is None:
+        raise InputError(f"{flag} needs the deepspeed package (pip install -r requirements-deepspeed.txt)")
+    if world < k or world % k:
+        raise InputError(f"{flag} needs a multiple of {k} processes and this launch has {world}: start it with "
+                         f"`deepspeed --num_gpus {k} finetune.py ...` (or a multiple of {k} GPUs)")
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = int(cfg.num_attention_heads)
+    kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    if heads % k or kv % k:
+        raise InputError(f"{flag}: the model's {heads} attention heads and {kv} KV heads must both divide by {k} "
+                         f"(Ulysses gives each process heads/{k} of them); pick a K that divides {math.gcd(heads, kv)}")
+    if attn == "eager":
+        raise InputError(f"{flag} needs --attn sdpa or flash_attention_2 (eager attention builds a full 4D mask, "
+                         f"which Ulysses cannot split)")
+
+
+# ---------------------------------------------------------------- the model
+def register_attention(model, layout: Layout, micro_batch: int):
+    """deepspeed 0.19.8 (ALST, >= 0.18.1), transformers 5.24 (``config._attn_implementation``):
+    ``UlyssesSPAttentionHF.register_with_transformers`` builds the sequence
+    groups (``deepspeed.runtime.sequence_parallel.parallel_state_sp``: ranks gK .. gK+K-1) and puts its all-to-all
+    wrapper in place of the model's attention function in transformers' ``ALL_ATTENTION_FUNCTIONS`` (for the whole
+    process). Call it on the plain HF model, before ``get_peft_model`` (DeepSpeed #7729). Returns DeepSpeed's
+    group module (not given to ``deepspeed.initialize``: see the module doc)."""
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
+    mpu = UlyssesSPAttentionHF.register_with_transformers(
+        model_name_or_path=model, core_attn_implementation=model.config._attn_implementation,
+        sequence_parallel_size=layout.degree, micro_batch_size=micro_batch, seq_length_is_variable=True)
+    got = (mpu.get_sequence_parallel_rank(), mpu.get_sequence_parallel_world_size())
+    if got != (layout.sp_rank, layout.degree):  # the data split below assumes DeepSpeed's contiguous groups
+        raise RuntimeError(f"DeepSpeed's sequence group puts rank {layout.rank} at {got}, expected "
+                           f"{(layout.sp_rank, layout.degree)}")
+    return mpu
+
+
+def rotary_modules(model) -> list:
+    """The rotary-embedding modules of a transformers model (``*RotaryEmbedding``: one, or one per layer type)."""
+    return [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+
+
+def install_global_rope(model) -> int:
+    """transformers 5.24 (rotary modules named ``*RotaryEmbedding``, ``forward(x, position_ids)`` returning cos, sin
+    of shape (..., T, head_dim), length-dependent rules updated from ``max(position_ids) + 1``): let each rotary
+    module of ``model`` rotate a shard as part of the whole sample: inside
+    :func:`global_rope_length` (``max_position`` = the sample's last position), its positions are extended by one
+    column holding ``max_position`` (and pads past it clamped to it) before the module's own forward runs, and that
+    column is dropped from the result. A rule that reads the length from the positions (transformers'
+    ``dynamic_rope_update``: ``max(position_ids) + 1`` for dynamic NTK and longrope) then sees the whole sample's
+    length on every rank; for the other rules cos/sin are functions of each position alone, unchanged. Returns the
+    number of modules."""
+    import torch
+
+    mods = rotary_modules(model)
+    for m in mods:
+        if "_ropescale_max_position" in m.__dict__:
+            continue
+        own = m.forward
+
+        def forward(x, position_ids, *args, _own=own, _m=m, **kwargs):
+            top = _m._ropescale_max_position
+            if top is None or position_ids is None:
+                return _own(x, position_ids, *args, **kwargs)
+            col = position_ids.new_full((*position_ids.shape[:-1], 1), int(top))
+            cos, sin = _own(x, torch.cat([position_ids.clamp(max=int(top)), col], dim=-1), *args, **kwargs)
+            return cos[..., :-1, :], sin[..., :-1, :]
+
+        m._ropescale_max_position = None
+        m.forward = forward
+    return len(mods)
+
+
+@contextlib.contextmanager
+def global_rope_length(model, max_position):
+    """Inside: the rotary modules installed by :func:`install_global_rope` take ``max_position`` as the sample's
+    last position (None: as the positions they are given)."""
+    mods = [m for m in rotary_modules(model) if "_ropescale_max_position" in m.__dict__]
+    top = None if max_position is None else int(max_position)
+    for m in mods:
+        m._ropescale_max_position = top
+    try:
+        yield
+    finally:
+        for m in mods:
+            m._ropescale_max_position = None
+
+
+def setup_model(model, layout: Layout, micro_batch: int):
+    """Sequence parallelism on the plain (not yet PEFT-wrapped) model: the Ulysses attention and the global RoPE
+    length. Returns DeepSpeed's group module."""
+    mpu = register_attention(model, layout, micro_batch)
+    install_global_rope(model)
+    return mpu
+
+
+# ---------------------------------------------------------------- the data
+def shard_batch(batch: dict, k: int, rank: int, pad_id: int, rows: int = 0) -> dict:
+    """Rank ``rank``'s shard of a collated micro-batch ({input_ids, labels[, attention_mask]}, right-padded):
+    padded to a multiple of ``k`` at the end (``pad_id``, label -100) and to ``rows`` rows (rows of pads only: the
+    last micro-batch of an epoch may be short, and the Ulysses attention is built for a fixed batch size), labels
+    shifted by one BEFORE the split (``shift_labels[t]`` = the target of position t), global ``position_ids``
+    (0 .. T'-1 over the padded length), ``attention_mask`` (1 on real tokens: what the trainer counts; the model runs
+    without a mask) and ``max_position`` = the unpadded length - 1 (what the model sees as the sample's last
+    position). transformers 5.24: the Trainer counts ``num_items_in_batch`` on ``shift_labels`` when a batch has
+    them (``Trainer._get_num_items_in_batch``), so each labelled target is counted once, on the rank scoring it."""
+    import torch
+    import torch.nn.functional as F
+
+    ids, labels = batch["input_ids"], batch["labels"]
+    b, t = ids.shape
+    real = batch.get("attention_mask")
+    if real is None:
+        real = torch.ones_like(ids)
+    padded = -(-t // k) * k
+    extra, more = padded - t, max(0, rows - b)
+    ids = F.pad(ids, (0, extra, 0, more), value=pad_id)
+    real = F.pad(real, (0, extra, 0, more), value=0)
+    shift = F.pad(labels[:, 1:], (0, extra + 1, 0, more), value=IGNORE_INDEX)
+    pos = torch.arange(padded, dtype=torch.long).unsqueeze(0).expand(b + more, padded)
+    n = padded // k
+    s = slice(rank * n, (rank + 1) * n)
+    shard_labels = shift[:, s].contiguous()
+    return {"input_ids": ids[:, s].contiguous(), "labels": shard_labels, "shift_labels": shard_labels,
+            "position_ids": pos[:, s].contiguous(), "attention_mask": real[:, s].contiguous(), "max_position": t - 1}
+
+
+class ShardCollator:
+    """``collate`` (the usual right-padding collator), then this rank's shard (:func:`shard_batch`) of a batch of
+    ``micro_batch`` rows."""
+
+    def __init__(self, collate, layout: Layout, pad_id: int, micro_batch: int = 1):
+        self.collate = collate
+        self.layout = layout
+        self.pad_id = int(pad_id)
+        self.micro_batch = int(micro_batch)
+
+    def __call__(self, batch: list[dict]) -> dict:
+        return shard_batch(self.collate(batch), self.layout.degree, self.layout.sp_rank, self.pad_id,
+                           rows=self.micro_batch)
+
+
+def shard_data_over_groups(dataloader, layout: Layout) -> None:
+    """accelerate 1.15 / transformers 5.24: the Trainer's train DataLoader comes out of ``accelerator.prepare``
+    with an ``accelerate.data_loader.BatchSamplerShard`` that deals the batches round-robin over the W processes.
+    Make it deal over the D sequence groups instead, so every rank of a group gets the group's batches (the same
+    move transformers makes for its ``BatchRebalanceSampler``). A later ``skip_first_batches`` (resume) wraps this
+    same object."""
+    if layout.world == 1:
+        return
+    from accelerate.data_loader import BatchSamplerShard
+
+    bs = getattr(dataloader, "batch_sampler", None)
+    if not isinstance(bs, BatchSamplerShard):
+        raise RuntimeError(f"sequence parallelism: the train DataLoader's batch sampler is {type(bs).__name__}, not "
+                           f"accelerate's BatchSamplerShard; this accelerate version is not supported")
+    bs.num_processes = layout.groups
+    bs.process_index = layout.group
+
+
+def describe(layout: Layout) -> str:
+    return (f"sequence parallel {layout.degree} (Ulysses): {layout.groups} group(s) of {layout.degree} processes, "
+            f"each sample split in {layout.degree}")
