@@ -104,16 +104,19 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(res))
     else:
-        print(f"packed {args.pairs} synthetic 2K-4K pairs ({in_tokens} tokens) into {res['samples']} samples "
-              f"of [{lo}, {hi}] tokens (mean {stats['length']['mean']}, {res['pairs_per_sample_mean']} pairs each)")
-        print(f"data_concat: {res['pairs_per_s_total']} pairs/s incl. Parquet write ({res['pairs_per_s_plan']} "
-              f"pairs/s plan + build); real tokens {100 * real_ours:.2f}% (unpadded); input tokens used "
-              f"{100 * used_share:.2f}% ({len(plan.leftover)} leftover pairs); "
-              f"{100 * res['real_share_if_padded_to_max']:.2f}% if a trainer pads every sample to {hi}")
-        print(f"baseline fixed {block}-token blocks, padded: real tokens {100 * base_share:.2f}% "
-              f"({blocks} blocks; {res['baseline_pairs_per_s']} pairs/s, planning only)")
-        print(f"ratio real-token share data_concat / baseline: {res['real_share_ratio_vs_baseline']:.3f}   "
-              f"goal >= 98%: {'met' if real_ours >= 0.98 and used_share >= 0.98 else 'NOT met'}")
+        report = [
+            f"packed {args.pairs} synthetic 2K-4K pairs ({in_tokens} tokens) into {res['samples']} samples of "
+            f"[{lo}, {hi}] tokens (mean {stats['length']['mean']}, {res['pairs_per_sample_mean']} pairs each)",
+            f"data_concat: {res['pairs_per_s_total']} pairs/s incl. Parquet write ({res['pairs_per_s_plan']} "
+            f"pairs/s plan + build); real tokens {100 * real_ours:.2f}% (unpadded); input tokens used "
+            f"{100 * used_share:.2f}% ({len(plan.leftover)} leftover pairs); "
+            f"{100 * res['real_share_if_padded_to_max']:.2f}% if a trainer pads every sample to {hi}",
+            f"baseline fixed {block}-token blocks, padded: real tokens {100 * base_share:.2f}% "
+            f"({blocks} blocks; {res['baseline_pairs_per_s']} pairs/s, planning only)",
+            f"ratio real-token share data_concat / baseline: {res['real_share_ratio_vs_baseline']:.3f}   "
+            f"goal >= 98%: {'met' if real_ours >= 0.98 and used_share >= 0.98 else 'NOT met'}",
+        ]
+        print("\n".join(report))
     return 0
 
 

@@ -187,9 +187,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3, help="timed steps (default %(default)s)")
     ap.add_argument("--baseline", action="store_true",
                     help="also run the plain HF Trainer + PEFT loop (full-logits loss) for comparison")
+    ap.add_argument("--attn", default="auto", help="auto (flash_attention_2 if installed, else sdpa), sdpa, eager")
     ap.add_argument("--label-share", type=float, default=0.1,
                     help="share of each sample with labels (the summaries), default %(default)s")
-    ap.add_argument("--attn", default="auto", help="auto (flash_attention_2 if installed, else sdpa), sdpa, eager")
     ap.add_argument("--toy", action="store_true", help="toy shape on CPU (hidden 64, 2 layers) to test the script")
     ap.add_argument("--bf16", action="store_true", help="with --toy: the GPU's mixed-precision path on CPU")
     ap.add_argument("--offload-checkpoints", default="auto",

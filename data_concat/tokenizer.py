@@ -9,8 +9,9 @@ from ropescale.common.io import InputError
 
 def resolve_tokenizer_dir(name_or_dir: str | os.PathLike) -> Path:
     """``tiny`` -> the cached tiny default model dir (its tokenizer lives beside the model); else a directory."""
-    if str(name_or_dir) in ("tiny", ""):
-        from ropescale.common.tiny import resolve_model
+    from ropescale.common.tiny import TINY_NAMES, resolve_model
+
+    if str(name_or_dir) in TINY_NAMES:
 
         return Path(resolve_model("tiny"))
     p = Path(name_or_dir)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import os
 import sys
@@ -23,8 +24,7 @@ from typing import Callable, Iterable
 from . import compat
 from .io import InputError
 from .settings import plain
-
-FORMATS = ("markdown", "csv", "json")
+from .tables import FORMATS
 FORMAT_ALIASES = {"md": "markdown"}
 
 
@@ -142,6 +142,17 @@ def add_out(p: argparse.ArgumentParser, help: str, *, required: bool = True, met
 
 def add_json(p: argparse.ArgumentParser, what: str = "the result") -> None:
     p.add_argument("--json", action="store_true", help=f"print {what} as one JSON object")
+
+
+def print_result(result, as_json: bool, text: str | Callable[[], str]) -> int:
+    """A command's result on stdout: with ``--json`` one JSON object, else ``text`` (or ``text()``) for people.
+    Returns 0, the command's exit code."""
+    if as_json:
+        print(json.dumps(result, ensure_ascii=False, default=str))
+    else:
+        out = text() if callable(text) else text
+        sys.stdout.write(out if out.endswith("\n") else out + "\n")
+    return 0
 
 
 def _format(v: str) -> str:

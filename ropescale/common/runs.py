@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from .io import InputError, write_json_atomic
+from .io import InputError, check_output_dir, read_json, write_json_atomic
 
 RUN_JSON = "run.json"
 TRAIN_JSON = "ropescale_train.json"  # a merged model's training record
@@ -166,13 +166,7 @@ def read_train_record(model_dir: str | os.PathLike | None) -> dict | None:
     d = Path(model_dir)
     f = d / TRAIN_JSON
     if f.is_file():
-        try:
-            rec = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise InputError(f"unreadable training record: {e}", f) from None
-        if not isinstance(rec, dict):
-            raise InputError("unreadable training record (not a JSON object)", f)
-        return rec
+        return read_json(f, "training record")
     for cand in (d, d.parent):
         meta = RunMeta.find(cand)
         if meta is not None and meta.kind == "finetune":
@@ -358,6 +352,11 @@ def _number(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
+def _recorded(key: str) -> property:
+    """A RunMeta property: run.json's ``key`` as recorded (None when absent)."""
+    return property(lambda self: self.raw.get(key))
+
+
 @dataclass
 class RunMeta:
     """A run directory's run.json, read one way by every stage (resume checks, the training record of a model,
@@ -409,9 +408,7 @@ class RunMeta:
             m = self.raw["args"].get("model")
         return None if m is None else str(m)
 
-    @property
-    def model_id(self) -> str | None:
-        return self.raw.get("model_id")
+    model_id = _recorded("model_id")
 
     @property
     def rope(self) -> Any:
@@ -455,9 +452,7 @@ class RunMeta:
         t = self.train
         return TrainLength.of(t.get("length")) if isinstance(t, dict) else None
 
-    @property
-    def status(self) -> str | None:
-        return self.raw.get("status")
+    status = _recorded("status")
 
     @property
     def seconds(self) -> float:
@@ -538,6 +533,14 @@ def claim_run_dir(path: str | os.PathLike, kind: str, *, what: str = "--out") ->
         raise InputError(f"holds a {meta.kind or 'unknown'} run (run.json), not a {kind} run: a {kind} run is never "
                          f"written into another run's directory; use another {what}", meta.meta_path)
     return meta
+
+
+def open_run_dir(path: str | os.PathLike, kind: str, *, what: str = "--out") -> tuple[Path, RunMeta | None]:
+    """Where a run of ``kind`` writes, checked before any work: ``path`` is a directory or does not exist yet (no
+    parent of it is a file), and holds no run of another kind (:func:`claim_run_dir`). Returns (the path, the run
+    already there or None); the caller decides whether that run may continue (:func:`check_resume`)."""
+    p = check_output_dir(path)
+    return p, claim_run_dir(p, kind, what=what)
 
 
 def resume_diffs(old: RunMeta, settings, *, rope=None, model_id: str | None = None,

@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ropescale.common import prompts, subsets
-from ropescale.common.cli import add_command, add_json
+from ropescale.common.cli import add_command, add_json, print_result
 from ropescale.common.io import InputError
-from ropescale.common.runs import (RunDir, RunRecord, check_resume, claim_run_dir, model_id as model_id_of, model_ref,
+from ropescale.common.runs import (RunDir, RunRecord, check_resume, model_id as model_id_of, model_ref, open_run_dir,
                                    read_train_record, settings_record)
 from ropescale.common.settings import add_arguments, given, nested, resolve, setting
 from rope_scaling import RopeSpec
@@ -123,14 +123,6 @@ def default_max_new_tokens(sub: subsets.Subset | None, data_path=None) -> int:
                          "name is not a release name (cnnsum_L_16k, cnnsum_XL_32k, cnnsum_XXL_64k, "
                          "cnnsum_XXXL_128k): pass --subset or --max-new-tokens", data_path)
     return sub.max_new_tokens
-
-
-def check_out_dir(out) -> Path:
-    """``--out`` must be a directory or not exist yet (it is created when the first file is written)."""
-    p = Path(out)
-    if p.exists() and not p.is_dir():
-        raise InputError("exists and is not a directory (--out takes a run directory)", p)
-    return p
 
 
 def prepare_config(model_dir: Path, spec=None, log=None):
@@ -224,8 +216,7 @@ def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict
         raise InputError("generate needs --data FILE.jsonl and --out DIR")
     if s.prompt is None:
         raise InputError("generate needs --prompt (ie, ib, ft-ie or ft-ib)")
-    out = check_out_dir(s.out)
-    old = claim_run_dir(out, "generate")  # another kind of run's directory is refused before any work
+    out, old = open_run_dir(s.out, "generate")  # a file, or another kind of run's directory: refused before any work
     prompt = s.prompt.lower()
     prompts.template(prompt, s.prompt_style or "release")
     src = open_source(s.data, s.data_files, s.data_split)
@@ -337,21 +328,11 @@ def settings_from_args(args) -> GenerateSettings:
     return resolve(GenerateSettings, given(args, GenerateSettings), getattr(args, "recipe", None))
 
 
-def generate_kwargs(args) -> dict:
-    """Old spelling (kept for a release): ``generate(**generate_kwargs(args))`` is ``generate(settings_from_args(
-    args))``."""
-    return {"settings": settings_from_args(args)}
-
-
 def _main(args) -> int:
     res = generate(settings_from_args(args))
-    if args.json:
-        print(json.dumps(res, ensure_ascii=False))
-    else:
-        print(f"{res['out']}: {res['done']} of {res['samples']} predictions ({res['generated']} new in "
-              f"{res['seconds']:.1f}s; {res['truncated']} truncated, {res['over_context']} beyond the extended "
-              f"context)")
-    return 0
+    return print_result(res, args.json, f"{res['out']}: {res['done']} of {res['samples']} predictions "
+                                        f"({res['generated']} new in {res['seconds']:.1f}s; {res['truncated']} "
+                                        f"truncated, {res['over_context']} beyond the extended context)")
 
 
 def register(subparsers) -> None:

@@ -25,11 +25,11 @@ import json
 import sys
 
 from ropescale.common import prompts as _prompts
-from ropescale.common.cli import add_command, add_json
-from ropescale.common.io import InputError
+from ropescale.common.cli import add_command, add_json, print_result
+from ropescale.common.io import InputError, check_output_dir
 
 from .data import find_release_files, load_samples
-from .generate import (GenerateSettings, add_generate_args, check_out_dir, generate, resolve_subset,
+from .generate import (GenerateSettings, add_generate_args, generate, resolve_subset,
                        settings_from_args)
 
 DEFAULT_PROMPTS = ("ie", "ib")
@@ -48,7 +48,7 @@ def run(settings: GenerateSettings, *, metric: str = "cnnsum", with_runs=(), plo
     from .score import score_run
 
     log = log or _log_default
-    out = check_out_dir(settings.out) if settings.out is not None else None
+    out = check_output_dir(settings.out) if settings.out is not None else None
     report_out = report_out or (out / "report" if out is not None else None)
     plot = plot or (out / "fig3.png" if out is not None else None)
     check_report_out(report_out, plot)
@@ -98,7 +98,7 @@ def run_matrix(settings: GenerateSettings, *, data_dir, prompts=DEFAULT_PROMPTS,
         raise InputError("--data-files / --data-split do not go with --data-dir")
     if settings.out is None:
         raise InputError("run --data-dir needs --out DIR")
-    out = check_out_dir(settings.out)
+    out = check_output_dir(settings.out)
     report_dir, plot = out / "report", out / "fig3.png"
     check_report_out(report_dir, plot)
     files, missing = find_release_files(data_dir)
@@ -145,12 +145,7 @@ def _main(args) -> int:
         prompts = args.prompts if args.prompts is not None else (settings.prompt or ",".join(DEFAULT_PROMPTS))
         res = run_matrix(dataclasses.replace(settings, prompt=None), data_dir=args.data_dir, prompts=prompts,
                          metric=args.metric, with_runs=args.with_runs, buckets=buckets)
-        if args.json:
-            print(json.dumps({"runs": res["runs"], "skipped": res["skipped"], "report_dir": res["report_dir"],
-                              "plot": res["plot"]}, ensure_ascii=False, default=str))
-        else:
-            sys.stdout.write(res["report"])
-        return 0
+        return print_result({k: res[k] for k in ("runs", "skipped", "report_dir", "plot")}, args.json, res["report"])
     if settings.data is None:
         raise InputError("run needs --data FILE (one run) or --data-dir DIR (the whole matrix)")
     if settings.prompt is None:
@@ -159,11 +154,7 @@ def _main(args) -> int:
         raise InputError("--prompts goes with --data-dir; with --data give one --prompt")
     res = run(settings, metric=args.metric, with_runs=args.with_runs, plot=args.plot, report_out=args.report_out,
               buckets=buckets)
-    if args.json:
-        print(json.dumps({k: res[k] for k in ("generate", "score", "report_dir", "plot")}, ensure_ascii=False))
-    else:
-        sys.stdout.write(res["report"])
-    return 0
+    return print_result({k: res[k] for k in ("generate", "score", "report_dir", "plot")}, args.json, res["report"])
 
 
 def register(subparsers) -> None:

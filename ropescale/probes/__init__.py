@@ -12,4 +12,4 @@ All scoring is batched teacher-forced log-likelihood (ropescale.probes.scorer), 
 directory (run.json, items.jsonl, summary.json) of the same shape as generation's (ropescale.common.runs).
 """
 
-PROBES = ("suffix-id", "ppl", "perturb", "copy", "shuffle")
+PROBES = ("suffix-id", "ppl", "perturb", "copy", "shuffle")  # the subcommands, one module each (suffix_id.py, ...)

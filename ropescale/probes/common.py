@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ropescale.common.io import check_output_dir
 from ropescale.common.paths import CHAPTERS_JSONL
-from ropescale.common.runs import (RunDir, RunRecord, check_resume, claim_run_dir, model_id, model_ref, now,
+from ropescale.common.runs import (RunDir, RunRecord, check_resume, model_id, model_ref, now, open_run_dir,
                                    read_train_record, settings_record)
 from ropescale.common.settings import check, make, nested, setting
 from rope_scaling import RopeSpec
@@ -142,9 +141,8 @@ class ProbeRun:
     def __init__(self, probe: str, loaded: Loaded, settings: ProbeSettings, lengths: list[int], *, metric: str = "",
                  column: str = ""):
         self.t_start = time.time()
-        out = check_output_dir(settings.out)
+        out, old = open_run_dir(settings.out, "probe")  # a file, or another kind of run's directory: refused
         self.dir = RunDir(out)
-        old = claim_run_dir(out, "probe")  # another kind of run's directory is refused
         model = model_ref(loaded.name, loaded.path)
         settings = dataclasses.replace(settings, model=model)  # the model as loaded (tiny or its path)
         self.before = old.seconds if old is not None else 0.0

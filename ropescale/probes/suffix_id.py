@@ -158,30 +158,37 @@ def _resolved(loaded, settings, fields: dict, variant: str) -> SuffixIdSettings:
     return dataclasses.replace(s, lengths=s.lengths or default_suffix_lengths(loaded.orig_ctx))
 
 
+def _start(loaded, settings, fields: dict, variant: str) -> tuple[SuffixIdSettings, ProbeRun]:
+    s = _resolved(loaded, settings, fields, variant)
+    return s, ProbeRun("suffix-id", loaded, s, s.lengths, metric=METRICS[s.score], column="prefix length (tokens)")
+
+
+def _score_example(run: ProbeRun, loaded, s: SuffixIdSettings, cands: list, key: str, prefix, record: dict) -> None:
+    """One example at every prefix length L (``prefix(L)``: the context ids; item id ``KEY:L<L>``): the candidates'
+    log-likelihoods after it, judged (:func:`judge`), added to ``run`` with ``record``'s fields."""
+    prior = priors(loaded, cands, s.batch_size) if s.score == "pmi" else None
+    for L in s.lengths:
+        rid = f"{key}:L{L}"
+        if run.done(rid):
+            continue
+        scores = score_candidates(loaded.model, prefix(L), cands, batch_size=s.batch_size, pad_id=loaded.pad_id,
+                                  reuse_prefix=_reuse(loaded))
+        run.add({"id": rid, "group": "", "col": L, **record, **judge([x.logprob for x in scores], prior)})
+
+
 def chapter_probe(loaded, books, settings: SuffixIdSettings | None = None, **fields) -> dict:
     """ChapterBreak suffix identification into run dir ``settings.out`` (or give the settings as keywords); cells:
     accuracy per prefix length."""
-    s = _resolved(loaded, settings, fields, "chapter")
-    lengths, n, heading, suffix_len, seed, batch_size = s.lengths, s.n, s.heading, s.suffix_len, s.seed, s.batch_size
-    run = ProbeRun("suffix-id", loaded, s, lengths, metric=METRICS[s.score], column="prefix length (tokens)")
+    s, run = _start(loaded, settings, fields, "chapter")
     tok = loaded.tokenizer
-    examples = chapter_examples(books, tok, n=n, max_len=max(lengths), seed=seed)
-    for ex in progress(examples, "suffix-id"):
+    for ex in progress(chapter_examples(books, tok, n=s.n, max_len=max(s.lengths), seed=s.seed), "suffix-id"):
         chs, j = ex["chapters"], ex["j"]
         gold = chs[j]
-        cands = [chapter_candidate(chs[c], gold, heading, tok, suffix_len) for c in [j] + ex["negs"]]
-        tail = encode(tok, gold.heading + "\n") if heading == "full" else []
-        prior = priors(loaded, cands, batch_size) if s.score == "pmi" else None
-        for L in lengths:
-            rid = f"{ex['book']}:{gold.chapter}:L{L}"
-            if run.done(rid):
-                continue
-            ctx = ex["prefix_ids"][-L:] + tail
-            scores = score_candidates(loaded.model, ctx, cands, batch_size=batch_size, pad_id=loaded.pad_id,
-                                      reuse_prefix=_reuse(loaded))
-            run.add({"id": rid, "group": "", "col": L, "book": ex["book"], "gold_chapter": gold.chapter,
-                     "negative_chapters": [chs[c].chapter for c in ex["negs"]],
-                     **judge([x.logprob for x in scores], prior)})
+        cands = [chapter_candidate(chs[c], gold, s.heading, tok, s.suffix_len) for c in [j] + ex["negs"]]
+        tail = encode(tok, gold.heading + "\n") if s.heading == "full" else []
+        _score_example(run, loaded, s, cands, f"{ex['book']}:{gold.chapter}", lambda L: ex["prefix_ids"][-L:] + tail,
+                       {"book": ex["book"], "gold_chapter": gold.chapter,
+                        "negative_chapters": [chs[c].chapter for c in ex["negs"]]})
     return run.finish()
 
 
@@ -251,22 +258,14 @@ def sentence_examples(docs, tokenizer, *, n: int, max_len: int, suffix_len: int,
 
 def sentence_probe(loaded, docs, settings: SuffixIdSettings | None = None, **fields) -> dict:
     """Sun et al. 2021's sentence variant into run dir ``settings.out``; cells: accuracy per prefix length."""
-    s = _resolved(loaded, settings, fields, "sentence")
-    lengths, n, suffix_len, seed, batch_size = s.lengths, s.n, s.suffix_len, s.seed, s.batch_size
-    run = ProbeRun("suffix-id", loaded, s, lengths, metric=METRICS[s.score], column="prefix length (tokens)")
-    examples = sentence_examples(docs, loaded.tokenizer, n=n, max_len=max(lengths), suffix_len=suffix_len, seed=seed)
+    s, run = _start(loaded, settings, fields, "sentence")
+    examples = sentence_examples(docs, loaded.tokenizer, n=s.n, max_len=max(s.lengths), suffix_len=s.suffix_len,
+                                 seed=s.seed)
     for ex in progress(examples, "suffix-id"):
-        ids, b = ex["ids"], ex["boundary"]
-        cands = [ids[b:b + suffix_len]] + [ids[o:o + suffix_len] for o in ex["negs"]]
-        prior = priors(loaded, cands, batch_size) if s.score == "pmi" else None
-        for L in lengths:
-            rid = f"{ex['book']}@{b}:L{L}"
-            if run.done(rid):
-                continue
-            scores = score_candidates(loaded.model, ids[b - L:b], cands, batch_size=batch_size,
-                                      pad_id=loaded.pad_id, reuse_prefix=_reuse(loaded))
-            run.add({"id": rid, "group": "", "col": L, "book": ex["book"], "boundary": b,
-                     "negative_starts": ex["negs"], **judge([x.logprob for x in scores], prior)})
+        ids, b, k = ex["ids"], ex["boundary"], s.suffix_len
+        cands = [ids[b:b + k]] + [ids[o:o + k] for o in ex["negs"]]
+        _score_example(run, loaded, s, cands, f"{ex['book']}@{b}", lambda L: ids[b - L:b],
+                       {"book": ex["book"], "boundary": b, "negative_starts": ex["negs"]})
     return run.finish()
 
 

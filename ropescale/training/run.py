@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ropescale.common.io import InputError, check_output_dir
-from ropescale.common.runs import (RunDir, RunMeta, RunRecord, check_resume, claim_run_dir, length_of, model_id,
-                                   model_ref, read_train_record, refuse_resume, settings_record)
+from ropescale.common.io import InputError, read_json
+from ropescale.common.runs import (RunDir, RunMeta, RunRecord, check_resume, length_of, model_id,
+                                   model_ref, open_run_dir, read_train_record, refuse_resume, settings_record)
 from ropescale.common.settings import check, fmt, from_record
 from rope_scaling import RopeSpec
 
@@ -78,12 +78,7 @@ def check_init_rope(init_export: Path, rope: RopeSpec) -> None:
     from .saving import EXPORT_JSON
 
     f = init_export / EXPORT_JSON
-    try:
-        info = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"--init-from: unreadable export record: {e}", f) from None
-    if not isinstance(info, dict):
-        raise InputError("--init-from: unreadable export record (not a JSON object)", f)
+    info = read_json(f, "--init-from: export record")
     old = RopeSpec.from_record(info.get("rope"), f)
     if not old.same_rope(rope):
         raise InputError(f"--init-from: that run was trained with RoPE {old.label()}, this run asks for "
@@ -203,9 +198,8 @@ def plan_run(args: TrainSettings, *, recipe: str | None, resume: str | None, ove
     log(f"[finetune] model {model_dir} ({config.model_type}), {change.message()}: context {extended} tokens")
 
     run_dir = Path(args.out) if args.out else default_output_dir(args.model, effective)
-    check_output_dir(run_dir, what="--out")
+    run_dir, old = open_run_dir(run_dir, "finetune")  # a file, an eval or probe run's directory: refused
     rd = RunDir(run_dir)
-    old = claim_run_dir(run_dir, "finetune")  # an eval or probe run's directory: refused, whatever the flags
     ds_path = resolve_ds_config(args.deepspeed)
     dtype = resolve_dtype(args.dtype, cuda)
     mid = model_id(model_dir)
