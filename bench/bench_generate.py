@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from ropescale.common.cli import prepare_process  # noqa: E402
+from ropescale.common.cli import add_dtype, prepare_process  # noqa: E402
 
 prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 
@@ -228,7 +228,7 @@ def main(argv=None) -> int:
                     help="tiny (the tiny default, real weights; default on CPU) or 7b (random weights; default "
                          "on CUDA)")
     ap.add_argument("--toy", action="store_true", help="the random-weight path on a toy shape (fast, any device)")
-    ap.add_argument("--dtype", default="auto", help="auto: fp32 on CPU, bf16 on CUDA")
+    add_dtype(ap, "fp32 on CPU, bf16 on CUDA")
     ap.add_argument("--samples", type=int, help="prompts ours runs (default: 16 on tiny, 16 on 7b, 8 toy)")
     ap.add_argument("--base-samples", type=int, help="prompts the baseline runs (default: 4 on tiny/toy, 3 on 7b)")
     ap.add_argument("--new-tokens", type=int, help="new tokens per sample (default: 400 = what eval_summ generates "

@@ -41,7 +41,7 @@ import numpy as np
 from ropescale.common import prompts
 from ropescale.common.cli import add_command, add_json
 from ropescale.common.io import InputError, check_output_dir, read_jsonl, sha256_file
-from ropescale.common.settings import add_arguments, check, given, make, resolve, setting
+from ropescale.common.settings import add_settings, check, from_args, make, setting
 
 from .packed import (FORMAT, FORMAT_VERSION, IGNORE_INDEX, compute_stats, format_stats, load_meta,  # noqa: F401
                      write_packed)
@@ -59,7 +59,7 @@ ON_BAD = ("error", "skip")
 
 
 def parse_target(target) -> tuple[str, int, int]:
-    """(name, min, max) of a --target: 16k / 32k (the paper's ranges) or a token count N (a k suffix allowed) with
+    """(name, min, max) of a --sample-length: 16k / 32k (the paper's ranges) or a token count N (a k suffix allowed) with
     the 16k preset's proportions, N x 7/8 .. N x 9/8."""
     key = str(target).strip().lower()
     if key in TARGETS:
@@ -67,15 +67,16 @@ def parse_target(target) -> tuple[str, int, int]:
     try:
         n = int(float(key[:-1]) * K) if key.endswith("k") else int(key)
     except ValueError:
-        raise InputError(f"unknown --target {target!r} (16k, 32k, or a token count)") from None
+        raise InputError(f"unknown --sample-length {target!r} (16k, 32k, or a token count)") from None
     if n <= 0:
-        raise InputError(f"--target must be positive, got {target}")
+        raise InputError(f"--sample-length must be positive, got {target}")
     return "custom", n * 7 // 8, n * 9 // 8
 
 
 def resolve_range(target: str | int | None = None, min_tokens: int | None = None, max_tokens: int | None = None
                   ) -> tuple[str, int, int]:
-    """(target name, min, max) from --target and/or explicit --min-tokens / --max-tokens (which override it)."""
+    """(target name, min, max) from --sample-length and/or explicit --min-tokens / --max-tokens (which override
+    it)."""
     lo = hi = None
     name = "custom"
     if target is not None:
@@ -85,7 +86,7 @@ def resolve_range(target: str | int | None = None, min_tokens: int | None = None
     if max_tokens is not None:
         hi = int(max_tokens)
     if lo is None or hi is None:
-        raise InputError("give --target 16k|32k|N or both --min-tokens and --max-tokens")
+        raise InputError("give --sample-length 16k, 32k or N, or both --min-tokens and --max-tokens")
     if lo <= 0 or hi < lo:
         raise InputError(f"bad length range [{lo}, {hi}]: need 0 < min <= max")
     if name != "custom" and (lo, hi) != TARGETS[name]:
@@ -258,11 +259,13 @@ class PackSettings:
                                      "default")
     out: str | None = setting(None, "output directory (replaced atomically); datasets.load_dataset(OUT, "
                                     "split='train') reads it", metavar="DIR", required=True)
-    target: str | None = setting(None, "target sample length: 16k (14K-18K tokens) or 32k (30K-34K), the paper's "
-                                       "ranges, or a token count N (N x 7/8 to N x 9/8)", metavar="16k|32k|N")
-    min_tokens: int | None = setting(None, "minimum sample length in tokens (overrides --target)", aliases=("--min",),
-                                     check=(lambda v: v > 0, "positive"), metavar="N")
-    max_tokens: int | None = setting(None, "maximum sample length in tokens (overrides --target)", aliases=("--max",),
+    sample_length: str | None = setting(None, "length of a training sample: 16k (14K-18K tokens) or 32k (30K-34K), "
+                                              "the paper's ranges, or a token count N (N x 7/8 to N x 9/8)",
+                                        metavar="LENGTH", aliases=("--target",))
+    min_tokens: int | None = setting(None, "minimum sample length in tokens (overrides --sample-length)",
+                                     aliases=("--min",), check=(lambda v: v > 0, "positive"), metavar="N")
+    max_tokens: int | None = setting(None, "maximum sample length in tokens (overrides --sample-length)",
+                                     aliases=("--max",),
                                      check=(lambda v: v > 0, "positive"), metavar="N")
     prompt: str = setting(DEFAULT_PROMPT, "Appendix F.2 fine-tuning prompt (the names eval_summ uses): ft-ie, ft-ib, "
                                           "or mix (a seeded random choice per pair: the paper evaluates fine-tuned "
@@ -284,7 +287,7 @@ def pack(settings: PackSettings | str | os.PathLike | None = None, *args, progre
         settings = make(PackSettings, **{k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in fields.items()})
     check(settings)
     st = settings
-    name, lo, hi = resolve_range(st.target, st.min_tokens, st.max_tokens)
+    name, lo, hi = resolve_range(st.sample_length, st.min_tokens, st.max_tokens)
     prompt = canonical_prompt(st.prompt, warn=True)
     seed, on_bad, out = st.seed, st.on_bad, st.out
     check_output_dir(out)
@@ -345,19 +348,13 @@ def register(sub) -> None:
     p = add_command(sub, "pack", help="pack summarization pairs into long training samples",
                     description="Pack summarization pairs into 14-18K / 30-34K token training samples (CNNSum Sec 5).",
                     epilog=EPILOG)
-    add_arguments(p, PackSettings)
-    p.add_argument("--recipe", metavar="FILE", help="YAML file of these settings (flags override it)")
+    add_settings(p, PackSettings)
     add_json(p, "the stats")
     p.set_defaults(func=cmd_pack)
 
 
-def settings_from_args(args: argparse.Namespace) -> PackSettings:
-    """defaults < --recipe < the flags given."""
-    return resolve(PackSettings, given(args, PackSettings), getattr(args, "recipe", None))
-
-
 def cmd_pack(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
+    settings = from_args(args, PackSettings)
     stats = pack(settings, progress=sys.stderr.isatty())
     if args.json:
         print(json.dumps(stats, ensure_ascii=False))

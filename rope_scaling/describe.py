@@ -23,7 +23,7 @@ import math
 import sys
 from pathlib import Path
 
-from ropescale.common.cli import add_alias, add_command, add_json, cli_main
+from ropescale.common.cli import Tool, add_alias, add_command, add_json
 from ropescale.common.io import InputError, read_json
 
 from .args import add_rope_args, spec_from_args
@@ -147,12 +147,7 @@ def reach_line(d: dict) -> str:
             f"(orig-ctx x its ratio)")
 
 
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    from ropescale.common.cli import HelpFormatter
-    from ropescale.common.settings import plain
-
-    p = parser or argparse.ArgumentParser(prog="python -m rope_scaling describe", formatter_class=HelpFormatter,
-                                          description=plain(__doc__.split("\n\n", 1)[1].strip()))
+def add_describe_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     src = p.add_argument_group("the model (exactly one of: --config, --preset, or --head-dim + --rope-theta + "
                                "--orig-ctx)")
     src.add_argument("--config", metavar="PATH", help="an HF config.json, or a model directory holding one")
@@ -173,8 +168,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 def register(sub) -> None:
     p = add_command(sub, "describe", help="explain a RoPE setting per rotary dimension pair",
                     description=__doc__.split("\n\n", 1)[1].strip())
-    build_parser(p)
-    p.set_defaults(func=run)
+    add_describe_args(p)
+    p.set_defaults(func=cmd_describe)
 
 
 def config_from_args(args: argparse.Namespace):
@@ -198,7 +193,7 @@ def config_from_args(args: argparse.Namespace):
             "rope_parameters": {"rope_type": "default", "rope_theta": args.base}}
 
 
-def run(args: argparse.Namespace) -> int:
+def cmd_describe(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     spec = spec_from_args(args)
     d = describe(cfg, spec, args.seq_len)
@@ -207,6 +202,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-@cli_main
-def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+TOOL = Tool("python -m rope_scaling describe", __doc__, (register,), single=True)  # also `rope_scaling describe`
+build_parser = TOOL.parser
+main = TOOL.entry()

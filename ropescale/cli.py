@@ -12,14 +12,14 @@ from __future__ import annotations
 import importlib
 import sys
 
-# tool -> (module with main(argv[, prog]), what it does); in --help order
+# tool -> (module with main(argv, prog), a common.cli.Tool's entry; what it does); in --help order
 TOOLS = {
     "rope": ("rope_scaling.__main__", "RoPE settings: describe what a method does to each rotary pair"),
     "data": ("data_concat.cli", "data: pack fine-tuning samples, build pairs, sample CNNSum-style eval sets"),
     "finetune": ("ropescale.training.cli", "LoRA fine-tuning with RoPE scaling ([train]), merge a run into a model"),
     "eval": ("ropescale.evaluation.cli", "CNNSum evaluation: generate, score, report, run"),
     "probes": ("ropescale.probes.cli", "long-context probes and their report"),
-    "make-tiny": ("ropescale.common.tiny", "build (or show) the embedded tiny default model"),
+    "make-tiny": ("ropescale.common.make_tiny", "build (or show) the embedded tiny default model"),
 }
 
 
@@ -48,8 +48,4 @@ def main(argv: list[str] | None = None) -> int:
         setup_env()
     prepare_process()
     module = importlib.import_module(TOOLS[name][0])
-    if name == "make-tiny":
-        from ropescale.common.cli import cli_main
-
-        return cli_main(module.main)(rest)
     return module.main(rest, prog=f"ropescale {name}")

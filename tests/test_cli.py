@@ -27,6 +27,15 @@ def _tools():
     return {"finetune": finetune, "eval": evaluation, "data": data, "probes": probes, "rope": rope}
 
 
+def _single_tools():
+    """The one-command tools: the same Tool style (issue 26.6)."""
+    from ropescale.common.make_tiny import TOOL as make_tiny
+    from ropescale.training.memory_model import TOOL as memory_model
+    from rope_scaling.describe import TOOL as describe
+
+    return {"make-tiny": make_tiny, "describe": describe, "memory-model": memory_model}
+
+
 def _subparsers(ap: argparse.ArgumentParser) -> dict:
     for a in ap._actions:  # noqa: SLF001
         if isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
@@ -35,7 +44,7 @@ def _subparsers(ap: argparse.ArgumentParser) -> dict:
 
 
 def _all_parsers():
-    for tool, t in _tools().items():
+    for tool, t in {**_tools(), **_single_tools()}.items():
         ap = t.parser()
         yield tool, ap
         for name, sub in _subparsers(ap).items():
@@ -55,7 +64,7 @@ def test_every_help_is_plain_words_with_each_default_once():
                 continue
             assert len(re.findall(r"default:|\(default\b", h.lower())) <= 1, (name, a.option_strings, h)
             assert "%(default)" not in h
-    assert seen >= 5 + 15
+    assert seen >= 5 + 15 + 3
 
 
 def _visible(ap) -> set[str]:
@@ -82,7 +91,8 @@ def test_the_same_flags_for_the_same_ideas():
      lambda s: (s.min_tokens, s.max_tokens) == (10, 20)),
     (["data", "pack", "--pairs", "p", "--out", "o", "--min-tokens", "10", "--max-tokens", "20"],
      lambda s: (s.min_tokens, s.max_tokens) == (10, 20)),
-    (["eval", "generate", "--no-cuda-graph"], lambda s: s.backend.cuda_graph is False),
+    (["eval", "generate", "--no-cuda-graph", "--data", "d", "--prompt", "ie", "--out", "o"],
+     lambda s: s.backend.cuda_graph is False),
 ])
 def test_old_spellings_still_work(argv, check):
     tool = _tools()[argv[0]]
@@ -92,17 +102,137 @@ def test_old_spellings_still_work(argv, check):
         from ropescale.training.config import settings_from_args
 
         settings = settings_from_args(args)[0]
-    elif argv[0] == "data":
-        from data_concat.pack import settings_from_args
+    else:  # data pack, eval generate: defaults < --recipe < flags, the one way (common.settings.from_args)
+        from ropescale.common.settings import from_args
 
-        settings = settings_from_args(args)
-    else:
-        from ropescale.evaluation.generate import settings_from_args
-
-        settings = settings_from_args(args)
+        settings = from_args(args)
     assert check(settings)
     command = "train" if argv[0] == "finetune" else argv[1]
     assert argv[0] == "eval" or "old spellings still accepted" in _subparsers(ap)[command].format_help()
+
+
+# ---------------------------------------------------------------- issue 26.6: one CLI style, finished
+ENTRIES = [  # (how the tool is started, its main(argv, prog), the program its help must name)
+    ("finetune.py", "ropescale.training.cli", "finetune.py"),
+    ("eval_summ.py", "ropescale.evaluation.cli", "eval_summ.py"),
+    ("python -m data_concat", "data_concat.cli", "python -m data_concat"),
+    ("python -m rope_scaling", "rope_scaling.__main__", "python -m rope_scaling"),
+    ("python -m ropescale.probes", "ropescale.probes.cli", "ropescale probes"),
+    ("python -m rope_scaling describe", "rope_scaling.describe", "python -m rope_scaling describe"),
+    ("python -m ropescale.training.memory_model", "ropescale.training.memory_model",
+     "python -m ropescale.training.memory_model"),
+]
+
+
+def _help(main, argv, capsys, **kw) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(argv, **kw)
+    assert e.value.code == 0, argv
+    out = capsys.readouterr().out
+    return out
+
+
+@pytest.mark.parametrize("entry,module,prog", ENTRIES)
+def test_every_help_exits_0_and_names_its_own_program(entry, module, prog, capsys):
+    import importlib
+
+    main = importlib.import_module(module).main
+    text = _help(main, ["--help"], capsys, prog=prog)
+    assert text.startswith(f"usage: {prog} "), (entry, text[:80])
+    ap = importlib.import_module(module).TOOL.parser(prog)
+    for name in _subparsers(ap):
+        text = _help(main, [name, "--help"], capsys, prog=prog)
+        assert text.startswith(f"usage: {prog} {name} "), (entry, name, text[:80])
+
+
+def test_the_front_door_names_each_tool_as_called(capsys):
+    """``ropescale TOOL --help`` names ``ropescale TOOL`` (make-tiny's own parser named another program)."""
+    from ropescale.cli import TOOLS, main
+
+    for name in TOOLS:
+        assert _help(main, [name, "--help"], capsys).startswith(f"usage: ropescale {name} "), name
+
+
+def test_handlers_are_named_one_way():
+    """A command's handler is ``cmd_<name>(args)``; ``main(argv)`` is only a tool's entry point."""
+    for name, ap in _all_parsers():
+        func = ap._defaults.get("func")  # noqa: SLF001
+        if func is not None:
+            assert func.__name__.startswith("cmd_"), (name, func.__name__)
+
+
+def _choices(a: argparse.Action):
+    spec = getattr(a, "spec", None)
+    return a.choices or (spec.meta.choices if spec is not None else None)
+
+
+def test_choices_print_one_way():
+    """Choices print as argparse's {a,b}; never as a|b."""
+    seen = 0
+    for name, ap in _all_parsers():
+        for a in ap._actions:  # noqa: SLF001
+            if a.help == argparse.SUPPRESS or isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
+                continue
+            mv = a.metavar
+            assert not (isinstance(mv, str) and re.fullmatch(r"[a-z0-9_.-]+(\|[a-z0-9_.-]+)+", mv)), (name, mv)
+            if _choices(a) and mv not in (None, "METHOD"):  # --rope METHOD lists its methods in its help
+                assert mv.startswith("{") and mv.endswith("}"), (name, a.option_strings, mv)
+                seen += 1
+    assert seen >= 10
+    usage = _subparsers(_tools()["eval"].parser())["generate"].format_usage()
+    assert "--prompt {ie,ib,ft-ie,ft-ib}" in usage, usage
+
+
+@pytest.mark.parametrize("tool,argv,flags", [
+    ("eval", ["generate"], ["--data", "--prompt", "--out"]),
+    ("finetune", ["merge", "--out", "x"], ["--run"]),
+    ("probes", ["ppl"], ["--out"]),
+    ("data", ["pack", "--out", "x"], ["--pairs"]),
+    ("data", ["sample", "--subset", "L", "--out", "x"], ["--chapters"]),
+])
+def test_a_missing_required_flag_is_argparses_error(tool, argv, flags, capsys):
+    """Required flags show as required in the usage; a missing one is argparse's one message and exit code 2,
+    whether argparse itself or a stage's settings (which a recipe may give) find it missing."""
+    t = _tools()[tool]
+    sub = _subparsers(t.parser())[argv[0]]
+    usage = sub.format_usage()
+    for f in flags:
+        assert re.search(rf"(^|\s){f} ", usage) and f"[{f} " not in usage, (f, usage)
+    with pytest.raises(SystemExit) as e:
+        t.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert err.startswith("usage: ") and f"error: the following arguments are required: {', '.join(flags)}" in err, err
+
+
+def test_a_recipe_may_give_the_required_settings(tmp_path):
+    from ropescale.common.settings import MissingSettings, from_args
+
+    ap = _subparsers(_tools()["eval"].parser())["generate"]
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data: d.jsonl\nprompt: ie\n", encoding="utf-8")
+    s = from_args(ap.parse_args(["--recipe", str(recipe), "--out", "o"]))
+    assert (s.data, s.prompt, s.out) == ("d.jsonl", "ie", "o")
+    with pytest.raises(MissingSettings, match="required: --out$"):
+        from_args(ap.parse_args(["--recipe", str(recipe)]))
+
+
+def test_dtype_takes_one_vocabulary_everywhere():
+    from ropescale.common.cli import DTYPES
+
+    dtypes = {}
+    for name, ap in _all_parsers():
+        for a in ap._actions:  # noqa: SLF001
+            if "--dtype" in a.option_strings:
+                dtypes[name] = a
+                assert a.metavar == "{" + ",".join(DTYPES) + "}", (name, a.metavar)
+                base = [x for r in ap._actions if r.required for x in (r.option_strings[0], "x")]  # noqa: SLF001
+                assert ap.parse_known_args(base + ["--dtype", "float32"])[0].dtype == "fp32", name
+                assert ap.parse_known_args(base + ["--dtype", "BF16"])[0].dtype == "bf16", name
+                with pytest.raises(SystemExit):
+                    ap.parse_known_args(base + ["--dtype", "double"])
+    assert {"finetune train", "finetune merge", "eval generate", "eval run"} <= set(dtypes), sorted(dtypes)
+    assert DTYPES == ("auto", "bf16", "fp16", "fp32")
 
 
 def test_report_format_md_and_describe_base_are_accepted():

@@ -47,7 +47,7 @@ def pairs_file(real_pairs, tmp_path_factory):
 @pytest.fixture(scope="module")
 def packed16k(pairs_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("packed") / "p16k"
-    stats = pack(pairs_file, QWEN2_TOKENIZER, out, target="16k", prompt="mix", seed=3)
+    stats = pack(pairs_file, QWEN2_TOKENIZER, out, sample_length="16k", prompt="mix", seed=3)
     return out, stats
 
 
@@ -209,10 +209,10 @@ def test_packed_schema(packed16k):
 def test_pack_reproducible_by_seed(packed16k, pairs_file, tmp_path):
     out, _ = packed16k
     again = tmp_path / "again"
-    pack(pairs_file, QWEN2_TOKENIZER, again, target="16k", prompt="mix", seed=3)
+    pack(pairs_file, QWEN2_TOKENIZER, again, sample_length="16k", prompt="mix", seed=3)
     assert load_packed(again) == load_packed(out)
     other = tmp_path / "other"
-    pack(pairs_file, QWEN2_TOKENIZER, other, target="16k", prompt="mix", seed=4)
+    pack(pairs_file, QWEN2_TOKENIZER, other, sample_length="16k", prompt="mix", seed=4)
     assert [r["pair_ids"] for r in load_packed(other)] != [r["pair_ids"] for r in load_packed(out)]
 
 
@@ -415,10 +415,11 @@ def test_pack_prompt_names_match_eval(tmp_path, tiny_tokenizer_dir, capsys):
     """--prompt ft-ie | ft-ib | mix (eval_summ's names for the F.2 prompts); ie / ib are deprecated aliases with a
     note; the default is mix; meta.json and stats.json record the canonical name."""
     from data_concat.cli import build_parser
-    from data_concat.pack import canonical_prompt, settings_from_args
+    from data_concat.pack import canonical_prompt
+    from ropescale.common.settings import from_args
 
     pairs = _small_pairs(tmp_path / "p.jsonl")
-    assert settings_from_args(build_parser().parse_args(["pack", "--pairs", "x", "--out", "y"])).prompt == "mix"
+    assert from_args(build_parser().parse_args(["pack", "--pairs", "x", "--out", "y"])).prompt == "mix"
     assert canonical_prompt("ft-ie") == "ft-ie" and canonical_prompt("IB") == "ft-ib"
     with pytest.raises(InputError, match="choose from ft-ie, ft-ib, mix"):
         canonical_prompt("ft-xx")

@@ -1,8 +1,14 @@
 """The one command-line style of every ropescale tool.
 
 - A tool is a set of subcommands, one module each: the module's ``register(subparsers)`` adds its parser with
-  :func:`add_command` and sets ``func`` (parsed args -> exit code). :func:`tool` builds the parser; a tool may name a
-  default subcommand (``finetune.py [train] FLAGS``).
+  :func:`add_command` and sets ``func``, its handler ``cmd_<name>(args) -> exit code``. :class:`Tool` builds the
+  parser and its ``main(argv)`` (the entry point) parses and runs; a tool may name a default subcommand
+  (``finetune.py [train] FLAGS``) or be one command (``single``: ``ropescale make-tiny``, ``rope_scaling
+  describe``), registered the same way.
+- One look: choices print as ``{a,b}`` (:func:`~ropescale.common.settings.choices_metavar`), required flags show
+  as required in the usage, and a missing one is argparse's ``error: the following arguments are required: --x``
+  with exit code 2, whether argparse or a stage's settings (a recipe may give them) find it missing; ``--dtype``
+  takes one vocabulary (:data:`DTYPES`, :func:`add_dtype`).
 - The same names for the same ideas (:func:`add_out`, :func:`add_json`, :func:`add_format`): ``--out`` for what a
   command writes, ``--json`` wherever it prints a result, ``--format markdown|csv|json`` for tables.
 - Help in plain words: module docstrings lose their reST markup, each default is shown once.
@@ -13,6 +19,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import json
 import logging
@@ -23,7 +30,7 @@ from typing import Callable, Iterable
 
 from . import compat
 from .io import InputError
-from .settings import plain
+from .settings import MissingSettings, choices_metavar, plain
 from .tables import FORMATS
 FORMAT_ALIASES = {"md": "markdown"}
 
@@ -34,6 +41,18 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def __init__(self, prog, **kw):
         kw.setdefault("max_help_position", 30)
         super().__init__(prog, **kw)
+
+    def add_usage(self, usage, actions, groups, prefix=None):
+        # a stage's required settings may come from its recipe, so argparse does not enforce them; the usage shows
+        # them required all the same (settings.add_arguments marks them)
+        actions = [_required_copy(a) if getattr(a, "shown_required", False) else a for a in actions]
+        super().add_usage(usage, actions, groups, prefix)
+
+
+def _required_copy(action: argparse.Action) -> argparse.Action:
+    a = copy.copy(action)
+    a.required = True
+    return a
 
 
 def cli_main(fn: Callable[[list[str] | None], int | None]) -> Callable[[list[str] | None], int]:
@@ -63,21 +82,60 @@ def add_command(subparsers, name: str, *, help: str, description: str | None = N
                                  aliases=list(aliases))
 
 
+class _OneCommand:
+    """What a module's ``register`` sees for a one-command tool: its ``add_parser`` gives the tool's own parser."""
+
+    def __init__(self, prog: str):
+        self.prog, self.parser = prog, None
+
+    def add_parser(self, name: str, *, help: str | None = None, aliases=(), **kw) -> argparse.ArgumentParser:
+        self.parser = argparse.ArgumentParser(prog=self.prog, **kw)
+        return self.parser
+
+
+def _register(command: str | Callable) -> Callable:
+    """A command's ``register``: a module name (its register) or the function itself."""
+    return importlib.import_module(command).register if isinstance(command, str) else command
+
+
+def _commands(ap: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for a in ap._actions:  # noqa: SLF001 - argparse has no public accessor for its subparsers
+        if isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
+            return dict(a.choices)
+    return {}
+
+
+def doc_sections(doc: str, head: int = 2) -> dict[str, str | None]:
+    """``add_command``'s description and epilog from a module doc: its first ``head`` paragraphs (what the command
+    does, how it is called) before the flags, the rest after them, so the first screen of --help shows the flags."""
+    parts = doc.strip().split("\n\n")
+    return {"description": "\n\n".join(parts[:head]), "epilog": "\n\n".join(parts[head:]) or None}
+
+
 class Tool:
-    """A command with subcommands (see module doc); ``Tool(...).main(argv)`` parses and runs one."""
+    """A command with subcommands, or one command (``single``), see module doc; ``Tool(...).main(argv)`` parses
+    and runs it."""
 
     def __init__(self, prog: str, description: str, commands: Iterable[str | Callable], *,
-                 default: str | None = None):
+                 default: str | None = None, single: bool = False):
         self.prog, self.description, self.commands, self.default = prog, description, tuple(commands), default
+        self.single = single
+        if single and (len(self.commands) != 1 or default):
+            raise ValueError("a single-command tool registers exactly one command and has no default")
 
     def parser(self, prog: str | None = None) -> argparse.ArgumentParser:
+        if self.single:
+            one = _OneCommand(self.prog_name(prog))
+            _register(self.commands[0])(one)
+            _plain_parser(one.parser)
+            return one.parser
         desc = plain(self.description)
         if self.default:
             desc += f"\n\nWithout a command, {self.default!r} runs: {self.prog_name(prog)} [{self.default}] FLAGS."
         ap = argparse.ArgumentParser(prog=prog or self.prog, description=desc, formatter_class=HelpFormatter)
         sub = ap.add_subparsers(dest="command", metavar="COMMAND", title="commands")
-        for c in self.commands:  # a module name (its register) or a register function
-            (importlib.import_module(c).register if isinstance(c, str) else c)(sub)
+        for c in self.commands:
+            _register(c)(sub)
         for sp in sub.choices.values():  # one style, whatever a module's register wrote
             _plain_parser(sp)
         return ap
@@ -86,10 +144,7 @@ class Tool:
         return prog or self.prog
 
     def names(self, ap: argparse.ArgumentParser) -> set[str]:
-        for a in ap._actions:  # noqa: SLF001 - argparse has no public accessor for its subparsers
-            if isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
-                return set(a.choices)
-        return set()
+        return set(_commands(ap))
 
     def entry(self) -> Callable[..., int]:
         """``main(argv=None, prog=None)`` for the tool's entry script: parse, run, bad input as one line + exit 2."""
@@ -104,7 +159,10 @@ class Tool:
         if not getattr(args, "func", None):
             ap.print_help(sys.stderr)
             return 2
-        return args.func(args)
+        try:
+            return args.func(args)
+        except MissingSettings as err:  # a required setting neither a flag nor the recipe gave: argparse's error
+            (ap if self.single else _commands(ap)[args.command]).error(err.message)
 
 
 def _plain_parser(p: argparse.ArgumentParser) -> None:
@@ -114,6 +172,41 @@ def _plain_parser(p: argparse.ArgumentParser) -> None:
     for a in p._actions:  # noqa: SLF001 - argparse has no public accessor for its actions
         if a.help and a.help != argparse.SUPPRESS:
             a.help = plain(a.help)
+    _short_usage(p)
+
+
+SHORT_USAGE_FROM = 24  # a command with more flags shows only its ungrouped ones in the usage line
+
+
+def _short_usage(p: argparse.ArgumentParser) -> None:
+    """A command with many flags: the usage names the flags a newcomer needs (those outside the ``advanced: ...``
+    groups, required first, as required), then ``[FLAGS ...]`` for the advanced ones, listed under their titles."""
+    shown = [a for a in p._actions if a.option_strings and a.help != argparse.SUPPRESS]  # noqa: SLF001
+    if p.usage or len(shown) <= SHORT_USAGE_FROM:
+        return
+    main = [a for g in p._action_groups if not (g.title or "").startswith("advanced")  # noqa: SLF001
+            for a in g._group_actions  # noqa: SLF001 - argparse has no public accessor for a group's flags
+            if a.help != argparse.SUPPRESS and a.option_strings and not isinstance(a, argparse._HelpAction)]
+    needed = lambda a: a.required or getattr(a, "shown_required", False)  # noqa: E731
+    parts = [_usage_part(a, needed(a)) for a in sorted(main, key=lambda a: not needed(a))] + ["[FLAGS ...]"]
+    lines, line = [], "%(prog)s"
+    indent = " " * (len(p.prog) + len("usage: ") + 1)
+    for part in parts:
+        if len(line) + len(part) > 100:
+            lines.append(line)
+            line = indent[:-1]
+        line += " " + part
+    p.usage = "\n".join(lines + [line])
+
+
+def _usage_part(a: argparse.Action, required: bool) -> str:
+    flag = next((o for o in a.option_strings if o.startswith("--")), a.option_strings[0])
+    if a.nargs == 0:
+        part = flag
+    else:
+        metavar = a.metavar or (choices_metavar(a.choices) if a.choices else a.dest.upper())
+        part = f"{flag} [{metavar}]" if a.nargs == "?" else f"{flag} {metavar}"
+    return part if required else f"[{part}]"
 
 
 def _with_default(argv: list[str], default: str, names: set[str]) -> list[str]:
@@ -163,10 +256,49 @@ def _format(v: str) -> str:
 
 
 def add_format(p: argparse.ArgumentParser, default: str = "markdown") -> None:
-    """``--format markdown|csv|json`` (``md`` accepted) and ``--json`` as its shorthand."""
-    p.add_argument("--format", type=_format, default=default, metavar="|".join(FORMATS),
+    """``--format {markdown,csv,json}`` (``md`` accepted) and ``--json`` as its shorthand."""
+    p.add_argument("--format", type=_format, default=default, metavar=choices_metavar(FORMATS),
                    help=f"table format (default: {default})")
     p.add_argument("--json", dest="format", action="store_const", const="json", help="the same as --format json")
+
+
+DTYPES = ("auto", "bf16", "fp16", "fp32")  # --dtype, every tool; auto: each tool says what it picks
+DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # torch's (and vLLM's) names
+
+
+def dtype_name(v) -> str:
+    """``--dtype``'s value as one of :data:`DTYPES` (torch's names, ``float32`` ..., accepted); ValueError
+    otherwise."""
+    name = str(v).strip().lower()
+    name = DTYPE_ALIASES.get(name, name)
+    if name not in DTYPES:
+        raise ValueError(f"expected one of {', '.join(DTYPES)}, got {v!r}")
+    return name
+
+
+def torch_dtype(name: str, *, cuda: bool):
+    """The torch dtype of a ``--dtype`` value; ``auto``: bf16 on CUDA, fp32 on CPU."""
+    import torch
+
+    name = dtype_name(name or "auto")
+    if name == "auto":
+        return torch.bfloat16 if cuda else torch.float32
+    return getattr(torch, TORCH_NAMES[name])
+
+
+def _dtype_arg(v: str) -> str:
+    try:
+        return dtype_name(v)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_dtype(p, auto: str, default: str = "auto") -> None:
+    """``--dtype {auto,bf16,fp16,fp32}`` on a plain parser (a settings field uses ``parse=dtype_name,
+    choices=DTYPES``); ``auto`` says what auto picks there."""
+    p.add_argument("--dtype", type=_dtype_arg, default=default, metavar=choices_metavar(DTYPES),
+                   help=f"weights' dtype; auto: {auto} (default: {default})")
 
 
 def _note_aliases(p: argparse.ArgumentParser, flag: str, aliases: Iterable[str]) -> None:

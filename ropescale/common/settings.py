@@ -5,8 +5,10 @@ A stage's settings (``ropescale.training.config.TrainSettings``, ``evaluation.se
 text, flag, checks and resume rule (:func:`setting`); the RoPE spec (``rope_scaling.RopeSpec``) is nested with
 :func:`nested`. From that one list:
 
-- the command line: :func:`add_arguments` (help in plain words, each default shown once, old flag spellings
-  accepted but not shown);
+- the command line: :func:`add_settings` (a stage's flags, :func:`add_arguments`, and ``--recipe FILE``; help
+  in plain words, each default shown once, old flag spellings accepted but not shown, choices as ``{a,b}``,
+  required settings shown as required) and :func:`from_args` (defaults < recipe < flags given; a required
+  setting missing from both is :class:`MissingSettings`, which a tool reports as argparse does, exit code 2);
 - a recipe: :func:`read_recipe` (YAML; an unknown key, a value of the wrong type or out of range is an
   :class:`~ropescale.common.io.InputError` naming ``file:line``);
 - the settings themselves: :func:`resolve` (defaults < recipe < flags given) and :func:`build`;
@@ -30,6 +32,16 @@ from typing import Any, Callable, Iterable
 from .io import InputError
 
 MISSING = dataclasses.MISSING
+RECIPE_HELP = "YAML file of these settings (flags override it)"
+
+
+class MissingSettings(InputError):
+    """Required settings that neither a flag nor the recipe gave: ``the following arguments are required: --x``
+    (argparse's words; ``ropescale.common.cli.Tool`` prints it as argparse does, with the usage, exit code 2)."""
+
+    def __init__(self, flags: Iterable[str]):
+        self.flags = list(flags)
+        super().__init__("the following arguments are required: " + ", ".join(self.flags))
 RESUME_RULES = ("same", "path", "grow", "ignore")
 
 
@@ -289,25 +301,33 @@ class _Store(argparse.Action):
         setattr(namespace, self.dest, v)
 
 
+def choices_metavar(choices: Iterable) -> str:
+    """How every tool shows a flag's choices: ``{a,b,c}`` (argparse's own style)."""
+    return "{" + ",".join(map(str, choices)) + "}"
+
+
 def add_arguments(parser: argparse.ArgumentParser, cls, *, suppress_defaults: bool = True, skip: Iterable[str] = (),
-                  groups: dict[str, str] | None = None) -> argparse.ArgumentParser:
+                  groups: dict[str, str] | None = None, required: Iterable[str] = ()) -> argparse.ArgumentParser:
     """Add a flag per setting of ``cls`` (see module doc). With ``suppress_defaults`` (stages) a flag that is not
     given is absent from the parsed namespace, so given flags can override a recipe (:func:`given`); otherwise the
-    namespace holds every default (simple tools). ``groups`` maps a field's ``group`` name to a help title."""
-    skip = set(skip)
+    namespace holds every default (simple tools). ``groups`` maps a field's ``group`` name to a help title.
+    ``required``: keys this command needs besides those marked ``required`` (shown as required in the usage; a
+    recipe may give them, so :func:`from_args` checks them, not argparse)."""
+    skip, required = set(skip), set(required)
     sections: dict[str | None, Any] = {}
     aliases = []
     nested_groups = {name: f.metadata.get("group") for name, f in
                      ((f.name, f) for f in dataclasses.fields(cls)) if f.metadata.get("nested")}
+    group_of = {s.key: s.meta.group or (nested_groups.get(s.path[0]) if len(s.path) > 1 else None) for s in specs(cls)}
+    titles = {gname: (groups or {}).get(gname, gname) for gname in group_of.values() if gname is not None}
+    for gname in sorted(titles, key=lambda g: titles[g].startswith("advanced")):  # the "advanced: ..." groups last
+        sections[gname] = parser.add_argument_group(titles[gname])
+    sections[None] = parser
     for s in specs(cls):
         m = s.meta
         if not m.cli or s.key in skip:
             continue
-        gname = m.group or (nested_groups.get(s.path[0]) if len(s.path) > 1 else None)
-        if gname not in sections:
-            title = (groups or {}).get(gname, gname)
-            sections[gname] = parser if gname is None else parser.add_argument_group(title)
-        g = sections[gname]
+        g = sections[group_of[s.key]]
         default = argparse.SUPPRESS if suppress_defaults else s.default_value()
         help_text = plain(m.help)
         dv = s.default_value()
@@ -319,8 +339,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls, *, suppress_defaults: bo
         if is_bool:
             kw.update(nargs="?", const_value=True, metavar="BOOL")
         else:
-            kw["metavar"] = m.metavar or ("|".join(map(str, m.choices)) if m.choices else s.key.upper())
-        g.add_argument(s.flag, action=_Store, **kw)
+            kw["metavar"] = m.metavar or (choices_metavar(m.choices) if m.choices else s.key.upper())
+        action = g.add_argument(s.flag, action=_Store, **kw)
+        action.shown_required = m.required or s.key in required  # the usage shows it without brackets
         for a in m.aliases:
             akw = dict(kw, help=argparse.SUPPRESS)
             g.add_argument(a, action=_Store, **akw)
@@ -332,6 +353,33 @@ def add_arguments(parser: argparse.ArgumentParser, cls, *, suppress_defaults: bo
         note = "old spellings still accepted: " + ", ".join(aliases)
         parser.epilog = f"{parser.epilog}\n\n{note}" if parser.epilog else note
     return parser
+
+
+def add_settings(parser: argparse.ArgumentParser, cls, *, required: Iterable[str] = (), recipe_help: str = RECIPE_HELP,
+                 **kw) -> argparse.ArgumentParser:
+    """A stage's command line: the flags of ``cls`` (:func:`add_arguments`; ``required``: the keys this command
+    needs, from a flag or the recipe) and ``--recipe FILE``; :func:`from_args` reads them back."""
+    add_arguments(parser, cls, required=required, **kw)
+    parser.add_argument("--recipe", metavar="FILE", help=recipe_help)
+    parser.set_defaults(settings_class=cls, required_settings=tuple(required))
+    return parser
+
+
+def from_args(args: argparse.Namespace, cls=None, *, recipe: str | Path | None = None, search: Path | None = None):
+    """The settings a parsed command line asks for (:func:`add_settings`): defaults < the recipe (``recipe``, else
+    ``--recipe``) < the flags given, checked; a required setting neither gave is :class:`MissingSettings`."""
+    cls = cls or args.settings_class
+    out = resolve(cls, given(args, cls), recipe or getattr(args, "recipe", None), search=search)
+    require(out, getattr(args, "required_settings", ()))
+    return out
+
+
+def require(settings, keys: Iterable[str]) -> None:
+    """:class:`MissingSettings` naming the flags of ``keys`` whose value is None."""
+    by_key = spec_by_key(type(settings))
+    missing = [by_key[k].flag for k in keys if value_of(settings, by_key[k]) is None]
+    if missing:
+        raise MissingSettings(missing)
 
 
 def given(namespace: argparse.Namespace, cls) -> dict[str, Any]:
@@ -400,7 +448,7 @@ def read_recipe(path: str | Path, cls, *, search: Path | None = None) -> dict[st
 def build(cls, values: dict[str, Any] | None = None):
     """An instance of ``cls`` from flat ``values`` (converted) over the defaults; nested dataclasses built from
     their keys (their own checks, e.g. RopeSpec's, run on construction). A setting marked ``required`` that has
-    no value is an InputError naming its flag."""
+    no value is :class:`MissingSettings` naming its flag."""
     values = dict(values or {})
     kw: dict[str, Any] = {}
     for name, sub in _nested_fields(cls).items():
@@ -411,9 +459,10 @@ def build(cls, values: dict[str, Any] | None = None):
         s = by_key[k]
         if len(s.path) == 1:
             kw[s.path[0]] = v
-    for s in specs(cls):
-        if len(s.path) == 1 and s.meta.required and kw.get(s.path[0], s.default_value()) in (None, MISSING):
-            raise InputError(f"{s.flag} is required")
+    missing = [s.flag for s in specs(cls)
+               if len(s.path) == 1 and s.meta.required and kw.get(s.path[0], s.default_value()) in (None, MISSING)]
+    if missing:
+        raise MissingSettings(missing)
     return cls(**kw)
 
 

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ropescale.common import compat
+from ropescale.common.cli import DTYPES, TORCH_NAMES, dtype_name, torch_dtype
 from ropescale.common.io import InputError
 from ropescale.common.settings import setting
 
@@ -60,7 +61,7 @@ from .engine import cut_at_eos
 
 BACKENDS = ("hf", "vllm")
 CACHES = ("slots", "static", "dynamic")  # hf backend: our slot decoder, or transformers generate with that cache
-GROUP = "backend (how predictions are computed; never part of what a resumed run must match)"
+GROUP = "advanced: backend (how predictions are computed; never part of what a resumed run must match)"
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ class BackendSettings:
 
     backend: str = setting("hf", "hf (CPU or GPU) or vllm (GPU; imported only then)", choices=BACKENDS, group=GROUP)
     device: str = setting("auto", "hf backend: auto, cpu or cuda[:N]", group=GROUP)
-    dtype: str = setting("auto", "auto (fp32 on CPU, bf16 on GPU), float32, bfloat16 or float16", group=GROUP)
+    dtype: str = setting("auto", "weights' dtype; auto: fp32 on CPU, bf16 on GPU", parse=dtype_name, choices=DTYPES,
+                         group=GROUP)
     batch_tokens: int | None = setting(None, "hf backend: token budget of a batch, i.e. slots x (longest prompt + 2 x "
                                              "max new tokens) with --cache slots; default: 32K on CPU with slots, "
                                              "else 8K; from free memory on GPU", check=(lambda v: v >= 1, ">= 1"),
@@ -144,15 +146,11 @@ def pick_device(device: str) -> str:
 
 
 def pick_dtype(dtype: str, device: str):
-    import torch
-
-    if dtype == "auto":
-        return torch.float32 if device == "cpu" else torch.bfloat16
+    """``--dtype`` (ropescale.common.cli.DTYPES) as a torch dtype; auto: fp32 on CPU, bf16 on GPU."""
     try:
-        return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-                "float16": torch.float16, "fp16": torch.float16}[dtype]
-    except KeyError:
-        raise InputError(f"unknown --dtype {dtype!r} (auto, float32, bfloat16, float16)") from None
+        return torch_dtype(dtype, cuda=device != "cpu")
+    except ValueError as e:
+        raise InputError(f"--dtype: {e}") from None
 
 
 def attn_implementation(device: str, dtype) -> str:
@@ -386,7 +384,7 @@ class VLLMBackend:
         # do: it skips the check, and positions past the cache then read garbage.)
         os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
         self.chunk = chunk
-        self.dtype = "bfloat16" if dtype == "auto" else dtype
+        self.dtype = "bfloat16" if dtype == "auto" else TORCH_NAMES[dtype_name(dtype)]
         self.llm = LLM(model=str(model_dir), tokenizer=str(model_dir), dtype=self.dtype,
                        max_model_len=self.max_model_len, hf_overrides=self.overrides or None,
                        gpu_memory_utilization=gpu_memory_utilization, seed=0)

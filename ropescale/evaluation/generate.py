@@ -40,18 +40,17 @@ path: the model's id is compared), into the same DIR is an error, and so is a DI
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ropescale.common import prompts, subsets
-from ropescale.common.cli import add_command, add_json, print_result
+from ropescale.common.cli import add_command, add_json, doc_sections, print_result
 from ropescale.common.io import InputError
 from ropescale.common.runs import (RunDir, RunRecord, check_resume, model_id as model_id_of, model_ref, open_run_dir,
                                    read_train_record, settings_record)
-from ropescale.common.settings import add_arguments, given, nested, resolve, setting
+from ropescale.common.settings import add_settings, from_args, nested, require, setting
 from rope_scaling import RopeSpec
 
 from .backends import BackendSettings, Item, make_backend
@@ -59,6 +58,9 @@ from .data import (CNNSUM_HUB_ID, load_samples, open_source, parse_subset, recor
                    subset_from_filename)
 
 TRUNCATE = ("none", "middle")
+MORE_DATA = "advanced: data and prompt"
+DECODING = "advanced: decoding and long inputs"
+NEEDS = ("data", "prompt", "out")  # what a generation needs that has no default
 DATA_HELP = ("CNNSum-format data (context, summary[, id][, subset]): a JSONL file, a Parquet file, a directory "
              "(datasets save_to_disk, or a folder of JSONL/Parquet files), or a datasets name, e.g. the CNNSum "
              f"release {CNNSUM_HUB_ID} with --data-files cnnsum_L_16k.jsonl")
@@ -73,25 +75,27 @@ class GenerateSettings:
     data: str | None = setting(None, DATA_HELP, metavar="DATA")
     prompt: str | None = setting(None, "ie / ib: the baseline prompts (Appendix F.1); ft-ie / ft-ib: the "
                                        "fine-tuning prompts (F.2), for models fine-tuned with them",
-                                 choices=prompts.PROMPT_TYPES, metavar="|".join(prompts.PROMPT_TYPES))
+                                 choices=prompts.PROMPT_TYPES)
     out: str | None = setting(None, "run directory (resumed when it holds a run with the same settings)",
                               metavar="DIR", resume="ignore")
     data_files: str | None = setting(None, "with a directory or datasets name: which file(s) to load (datasets' "
-                                           "data_files)", metavar="PATTERN")
-    data_split: str | None = setting(None, "the split to read when the data has several", metavar="SPLIT")
+                                           "data_files)", metavar="PATTERN", group=MORE_DATA)
+    data_split: str | None = setting(None, "the split to read when the data has several", metavar="SPLIT",
+                                     group=MORE_DATA)
     prompt_style: str | None = setting("release", "wording of ie/ib: the official release's strings or the "
-                                                  "paper's Appendix F.1", choices=prompts.STYLES)
+                                                  "paper's Appendix F.1", choices=prompts.STYLES, group=MORE_DATA)
     subset: str | None = setting(None, "L, XL, 2XL, 3XL (or T<tokens> for a scaled-down subset); default: the "
                                        "records' 'subset' field, else the release file name")
     max_new_tokens: int | None = setting(None, "default: 400 for L/XL, 500 for 2XL/3XL (paper Sec 4.2)",
-                                         check=(lambda v: v >= 1, ">= 1"), metavar="N")
+                                         check=(lambda v: v >= 1, ">= 1"), metavar="N", group=DECODING)
     min_new_tokens: int = setting(subsets.MIN_NEW_TOKENS, "at least this many new tokens (EOS suppressed before)",
-                                  check=(lambda v: v >= 0, ">= 0"), metavar="N")
-    chat_template: bool = setting(False, "wrap the prompt in the tokenizer's chat template")
+                                  check=(lambda v: v >= 0, ">= 0"), metavar="N", group=DECODING)
+    chat_template: bool = setting(False, "wrap the prompt in the tokenizer's chat template", group=MORE_DATA)
     truncate: str = setting("none", "none (the paper's extrapolation setting) or middle (cut the context's middle "
-                                    "to --max-input-tokens)", choices=TRUNCATE)
+                                    "to --max-input-tokens)", choices=TRUNCATE, group=DECODING)
     max_input_tokens: int | None = setting(None, "with --truncate middle; default: the extended context minus the max "
-                                                 "new tokens", check=(lambda v: v >= 1, ">= 1"), metavar="N")
+                                                 "new tokens", check=(lambda v: v >= 1, ">= 1"), metavar="N",
+                                         group=DECODING)
     limit: int | None = setting(None, "only the first N samples", check=(lambda v: v >= 1, ">= 1"), metavar="N",
                                 resume="ignore")
     rope: RopeSpec = nested(RopeSpec, resume="ignore")  # resume compares the rope the model runs with
@@ -212,10 +216,7 @@ def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict
     from ropescale.common.tiny import resolve_model
 
     t_start = time.time()
-    if s.data is None or s.out is None:
-        raise InputError("generate needs --data FILE.jsonl and --out DIR")
-    if s.prompt is None:
-        raise InputError("generate needs --prompt (ie, ib, ft-ie or ft-ib)")
+    require(s, NEEDS)
     out, old = open_run_dir(s.out, "generate")  # a file, or another kind of run's directory: refused before any work
     prompt = s.prompt.lower()
     prompts.template(prompt, s.prompt_style or "release")
@@ -317,19 +318,8 @@ def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict
 
 
 # ---------------------------------------------------------------- CLI
-def add_generate_args(p) -> None:
-    """The generation flags, built from GenerateSettings (shared with ``eval_summ run``)."""
-    add_arguments(p, GenerateSettings)
-    p.add_argument("--recipe", metavar="FILE", help="YAML file of these settings (flags override it)")
-
-
-def settings_from_args(args) -> GenerateSettings:
-    """defaults < --recipe < the flags given."""
-    return resolve(GenerateSettings, given(args, GenerateSettings), getattr(args, "recipe", None))
-
-
-def _main(args) -> int:
-    res = generate(settings_from_args(args))
+def cmd_generate(args) -> int:
+    res = generate(from_args(args, GenerateSettings))
     return print_result(res, args.json, f"{res['out']}: {res['done']} of {res['samples']} predictions "
                                         f"({res['generated']} new in {res['seconds']:.1f}s; {res['truncated']} "
                                         f"truncated, {res['over_context']} beyond the extended context)")
@@ -337,7 +327,7 @@ def _main(args) -> int:
 
 def register(subparsers) -> None:
     p = add_command(subparsers, "generate", help="greedy summaries for CNNSum-format data (hf or vllm backend), "
-                                                 "resumable", description=__doc__)
-    add_generate_args(p)
+                                                 "resumable", **doc_sections(__doc__))
+    add_settings(p, GenerateSettings, required=NEEDS)
     add_json(p, "the summary (out, samples, generated, seconds, counts)")
-    p.set_defaults(func=_main)
+    p.set_defaults(func=cmd_generate)

@@ -21,16 +21,15 @@ OUT/sample_scores.jsonl), then report it together with any ``--with`` run direct
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 
 from ropescale.common import prompts as _prompts
-from ropescale.common.cli import add_command, add_json, print_result
+from ropescale.common.cli import add_command, add_json, doc_sections, print_result
 from ropescale.common.io import InputError, check_output_dir
+from ropescale.common.settings import add_settings, from_args
 
 from .data import find_release_files, load_samples
-from .generate import (GenerateSettings, add_generate_args, generate, resolve_subset,
-                       settings_from_args)
+from .generate import GenerateSettings, generate, resolve_subset
 
 DEFAULT_PROMPTS = ("ie", "ib")
 
@@ -129,11 +128,11 @@ def run_matrix(settings: GenerateSettings, *, data_dir, prompts=DEFAULT_PROMPTS,
     return {"runs": results, "skipped": missing, "report": text, "report_dir": str(report_dir), "plot": str(plot)}
 
 
-def _main(args) -> int:
+def cmd_run(args) -> int:
     from .report import parse_buckets
 
     buckets = parse_buckets(args.buckets) if args.buckets else None
-    settings = settings_from_args(args)
+    settings = from_args(args, GenerateSettings)
     if args.data_dir is not None:
         if settings.data is not None:
             raise InputError("give --data FILE or --data-dir DIR, not both")
@@ -161,16 +160,18 @@ def register(subparsers) -> None:
     from ropescale.common.rouge import DEFAULT_METRIC, METRICS
 
     p = add_command(subparsers, "run", help="generate + score + report in one (resumable): one data file, or every "
-                                            "subset x prompt of a release directory (--data-dir)", description=__doc__)
-    add_generate_args(p)
+                                            "subset x prompt of a release directory (--data-dir)",
+                    **doc_sections(__doc__, 3))
+    add_settings(p, GenerateSettings)
+    report = p.add_argument_group("advanced: the report")
     p.add_argument("--data-dir", metavar="DIR",
                    help="the paper's matrix: the CNNSum release files in DIR x --prompts, into OUT/<subset>_<prompt>/")
     p.add_argument("--prompts", metavar="LIST", help="with --data-dir: comma-separated prompts (default: ie,ib)")
-    p.add_argument("--metric", choices=METRICS, default=DEFAULT_METRIC, help="ROUGE-L flavour (default: cnnsum)")
-    p.add_argument("--with", dest="with_runs", nargs="*", default=[], metavar="RUN_DIR",
-                   help="other run directories (or folders of them) to report alongside this one")
-    p.add_argument("--buckets", metavar="EDGES", help="extrapolation columns by input length, e.g. 512,1024,2048")
-    p.add_argument("--plot", metavar="FILE.png", help="with --data: write Fig. 3 here instead of OUT/fig3.png")
-    p.add_argument("--report-out", metavar="DIR", help="with --data: write the tables here instead of OUT/report/")
+    report.add_argument("--metric", choices=METRICS, default=DEFAULT_METRIC, help="ROUGE-L flavour (default: cnnsum)")
+    report.add_argument("--with", dest="with_runs", nargs="*", default=[], metavar="RUN_DIR",
+                        help="other run directories (or folders of them) to report alongside this one")
+    report.add_argument("--buckets", metavar="EDGES", help="extrapolation columns by input length, e.g. 512,1024,2048")
+    report.add_argument("--plot", metavar="FILE.png", help="with --data: write Fig. 3 here instead of OUT/fig3.png")
+    report.add_argument("--report-out", metavar="DIR", help="with --data: write the tables here instead of OUT/report/")
     add_json(p, "a summary (runs, scores, where the report went) instead of the tables")
-    p.set_defaults(func=_main)
+    p.set_defaults(func=cmd_run)

@@ -225,11 +225,11 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: rouge_l (x100), n, n_empty, metric, failure_modes")
     p.add_argument("--per-sample", action="store_true", help="with --json: include the per-sample scores")
-    p.set_defaults(func=main)
+    p.set_defaults(func=cmd_score)
     return p
 
 
-def main(args: argparse.Namespace) -> int:
+def cmd_score(args: argparse.Namespace) -> int:
     path = Path(args.pred)
     if path.is_dir():
         summary, samples = score_run_data(path, args.metric)

@@ -1,7 +1,7 @@
 """A probe's command: its settings' flags, a --recipe and --json; read the data, load the model, run, print.
 
 Each probe module registers itself with :func:`register_probe`, naming how its data is read and how it runs; the
-command (:func:`main`) is the same for all of them.
+command (:func:`cmd_probe`) is the same for all of them.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Callable
 
 from ropescale.common.cli import add_command, add_json
 from ropescale.common.io import check_output_dir
-from ropescale.common.settings import add_arguments, given, resolve
+from ropescale.common.settings import add_settings, from_args, given
 
 from .common import ProbeSettings, load_model, set_threads
 from .data import heldout_default
@@ -21,19 +21,16 @@ def register_probe(sub, name: str, cls, *, help: str, description: str, load: Ca
                    run: Callable) -> argparse.ArgumentParser:
     """A probe's subcommand: ``load(settings)`` reads its data, ``run(loaded, data, settings)`` returns the summary."""
     ap = add_command(sub, name, help=help, description=description)
-    add_arguments(ap, cls)
-    ap.add_argument("--recipe", metavar="FILE", help="YAML file of these settings (flags override it)")
+    add_settings(ap, cls)
     add_json(ap, "the summary")
-    ap.set_defaults(func=main, settings_class=cls, load=load, run=run)
+    ap.set_defaults(func=cmd_probe, load=load, run=run)
     return ap
 
 
 def settings_from_args(args: argparse.Namespace):
     """defaults < --recipe < the flags given, for the probe's own settings class; without --data, a tiny build
     reads the chapters it held out (:func:`.data.heldout_default`)."""
-    cls = args.settings_class
-    flags = given(args, cls)
-    return heldout_default(resolve(cls, flags, getattr(args, "recipe", None)), "data" in flags)
+    return heldout_default(from_args(args), "data" in given(args, args.settings_class))
 
 
 def prepare(s: ProbeSettings, load_data):
@@ -45,7 +42,7 @@ def prepare(s: ProbeSettings, load_data):
     return data, load_model(s.model, s.rope)
 
 
-def main(args: argparse.Namespace) -> int:
+def cmd_probe(args: argparse.Namespace) -> int:
     s = settings_from_args(args)
     data, loaded = prepare(s, lambda: args.load(s))
     print_summary(args.run(loaded, data, s), args.json)

@@ -222,10 +222,10 @@ def register(sub) -> None:
     add_format(ap)
     ap.add_argument("--out", metavar="DIR", help="also write every table as DIR/<probe>.{md,csv,json}")
     ap.add_argument("--plot", metavar="FILE.png", help="write a PNG plot here")
-    ap.set_defaults(func=main)
+    ap.set_defaults(func=cmd_report)
 
 
-def main(args: argparse.Namespace) -> int:
+def cmd_report(args: argparse.Namespace) -> int:
     one_file = args.out is not None and Path(args.out).suffix.lower() in TABLE_SUFFIXES
     if args.out:
         (check_output_file if one_file else check_output_dir)(args.out)

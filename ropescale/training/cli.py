@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from ropescale.common.cli import Tool, add_command, add_json, add_out
+from ropescale.common.cli import Tool, add_command, add_dtype, add_json, add_out, doc_sections
 
 DESCRIPTION = """\
 LoRA fine-tuning with RoPE scaling on packed long samples (CNNSum Sec 5 / App. B.2).
@@ -36,8 +36,7 @@ deleted only with --overwrite; another kind of run (an eval or probe run directo
 def register_train(sub) -> None:
     from .config import add_train_args
 
-    p = add_command(sub, "train", help="fine-tune (the default command)", description=TRAIN_DESCRIPTION)
-    p.add_argument("--recipe", metavar="FILE", help="YAML recipe (recipes/*.yaml or a path); flags override it")
+    p = add_command(sub, "train", help="fine-tune (the default command)", **doc_sections(TRAIN_DESCRIPTION, 1))
     p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="auto|CHECKPOINT",
                    help="continue the run in --out from its newest checkpoint (auto) or from CHECKPOINT")
     p.add_argument("--overwrite", action="store_true",
@@ -61,7 +60,7 @@ def register_merge(sub) -> None:
                    help="replace the model directory --out holds (atomically, once the merge has succeeded)")
     p.add_argument("--step", type=int, default=None, help="merge checkpoint-STEP's export instead of the final one")
     p.add_argument("--base-model", default=None, help="base model directory; default: the one the run used")
-    p.add_argument("--dtype", default="auto", help="auto (the base config's dtype), bf16, fp16 or fp32")
+    add_dtype(p, "the base config's dtype")
     add_json(p)
     p.set_defaults(func=cmd_merge)
 

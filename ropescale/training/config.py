@@ -12,9 +12,10 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from ropescale.common.cli import DTYPES, dtype_name
 from ropescale.common.io import InputError
 from ropescale.common.paths import DS_CONFIGS_DIR, RECIPES_DIR
-from ropescale.common.settings import add_arguments, given, nested, read_recipe, resolve, setting
+from ropescale.common.settings import add_settings, from_args, given, nested, read_recipe, setting
 from rope_scaling import RopeSpec
 
 TINY_DEMO_RECIPE = RECIPES_DIR / "tiny_demo.yaml"
@@ -28,8 +29,8 @@ def _positive():
     return (lambda v: v > 0, "> 0")
 
 
-DATA, LORA, OPTIM, HOW = ("what to train on", "LoRA and what else is trained",
-                          "optimization (CNNSum Appendix B.2)", "how it runs")
+DATA, LORA, OPTIM, HOW = ("what to train on", "advanced: LoRA and what else is trained",
+                          "advanced: optimization (CNNSum Appendix B.2)", "advanced: how it runs")
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,8 @@ class TrainSettings:
                                        "(false) or auto (CPUAdam on CUDA machines; torch AdamW on CPU, where "
                                        "building the op takes minutes)", choices=("auto", "true", "false"),
                                group=HOW)
-    dtype: str = setting("auto", "auto (bf16 on CUDA, fp32 on CPU), bf16, fp16 or fp32", group=HOW)
+    dtype: str = setting("auto", "weights' dtype; auto: bf16 on CUDA, fp32 on CPU", parse=dtype_name, choices=DTYPES,
+                         group=HOW)
     attn: str = setting("auto", "attention: auto (flash_attention_2 when importable on CUDA, else sdpa), sdpa, "
                                 "eager or flash_attention_2", group=HOW)
     gradient_checkpointing: bool = setting(True, "recompute activations in backward", group=HOW)
@@ -119,8 +121,8 @@ class TrainSettings:
 
 
 def add_train_args(parser: argparse.ArgumentParser) -> None:
-    """Every TrainSettings flag (absent from the namespace unless given, so they override a recipe)."""
-    add_arguments(parser, TrainSettings)
+    """Every TrainSettings flag (absent from the namespace unless given, so they override a recipe) and --recipe."""
+    add_settings(parser, TrainSettings, recipe_help="YAML recipe (recipes/*.yaml or a path); flags override it")
 
 
 def load_recipe(path: str | Path) -> dict:
@@ -141,9 +143,8 @@ def recipe_for(flags: dict, recipe: str | None) -> str | None:
 
 def settings_from_args(args: argparse.Namespace) -> tuple[TrainSettings, str | None]:
     """(the settings a parsed command line asks for, the recipe used): defaults < recipe < the flags given."""
-    flags = given(args, TrainSettings)
-    recipe = recipe_for(flags, getattr(args, "recipe", None))
-    return resolve(TrainSettings, flags, recipe, search=RECIPES_DIR), recipe
+    recipe = recipe_for(given(args, TrainSettings), getattr(args, "recipe", None))
+    return from_args(args, TrainSettings, recipe=recipe, search=RECIPES_DIR), recipe
 
 
 def resolve_ds_config(name: str | None) -> Path | None:

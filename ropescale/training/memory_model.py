@@ -36,6 +36,8 @@ import math
 import sys
 from dataclasses import dataclass, field, replace
 
+from ropescale.common.cli import Tool, add_command
+
 GIB = 2**30
 FITS_SHARE = 0.9  # a length "fits" when the estimate is at most this share of the GPU's memory
 
@@ -286,19 +288,21 @@ def markdown(rows: list[dict], gpu_gib: float) -> str:
     return "\n".join(out)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ropescale.training.memory_model",
-                                 description="Estimated per-GPU training memory (a model, not a measurement) of a "
-                                             "7B Qwen1.5-shape LoRA fine-tune on the recipe path (ZeRO-3, parameter "
-                                             "and optimizer offload, bf16, gradient checkpointing; checkpoint "
-                                             "offload and MLP tiling as `auto` chooses them).")
-    ap.add_argument("--table", action="store_true", help="the longest sample per GPU count (the default output)")
-    ap.add_argument("--check", action="store_true", help="the model against the H100 measurements")
-    ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4, 8], help="GPU counts (default 1 2 4 8)")
-    ap.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU in GiB (default 80)")
-    ap.add_argument("--label-share", type=float, default=0.1, help="labelled share of the tokens (default 0.1)")
-    ap.add_argument("--json", action="store_true", help="JSON instead of a markdown table")
-    a = ap.parse_args(argv)
+def register(sub) -> None:
+    p = add_command(sub, "memory-model", help="estimated per-GPU training memory of a 7B LoRA fine-tune",
+                    description="Estimated per-GPU training memory (a model, not a measurement) of a 7B Qwen1.5-shape "
+                                "LoRA fine-tune on the recipe path (ZeRO-3, parameter and optimizer offload, bf16, "
+                                "gradient checkpointing; checkpoint offload and MLP tiling as `auto` chooses them).")
+    p.add_argument("--table", action="store_true", help="the longest sample per GPU count (the default output)")
+    p.add_argument("--check", action="store_true", help="the model against the H100 measurements")
+    p.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4, 8], help="GPU counts (default: 1 2 4 8)")
+    p.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU in GiB (default: 80)")
+    p.add_argument("--label-share", type=float, default=0.1, help="labelled share of the tokens (default: 0.1)")
+    p.add_argument("--json", action="store_true", help="JSON instead of a markdown table")
+    p.set_defaults(func=cmd_memory_model)
+
+
+def cmd_memory_model(a: argparse.Namespace) -> int:
     if a.check:
         rows = check_h100()
         if a.json:
@@ -332,6 +336,9 @@ def estimate_run(config, settings, *, length: int, label_share: float, world: in
               label_share=label_share)
     return estimate(Shape.from_config(config), s)
 
+
+TOOL = Tool("python -m ropescale.training.memory_model", __doc__, (register,), single=True)
+main = TOOL.entry()
 
 if __name__ == "__main__":
     sys.exit(main())

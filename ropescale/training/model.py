@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from ropescale.common.cli import torch_dtype
 from ropescale.common.compat import param_numel, peft_keep_dtype
 from ropescale.common.io import InputError
 
@@ -19,14 +20,11 @@ NORM_CLASS_HINTS = ("norm",)  # RMSNorm / LayerNorm / Qwen2RMSNorm / LlamaRMSNor
 
 
 def resolve_dtype(name: str, cuda: bool) -> torch.dtype:
-    name = (name or "auto").lower()
-    if name == "auto":
-        return torch.bfloat16 if cuda else torch.float32
-    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-             "fp32": torch.float32, "float32": torch.float32}
-    if name not in table:
-        raise InputError(f"unknown --dtype {name!r} (auto, bf16, fp16, fp32)")
-    return table[name]
+    """``--dtype`` (ropescale.common.cli.DTYPES) as a torch dtype; auto: bf16 on CUDA, fp32 on CPU."""
+    try:
+        return torch_dtype(name, cuda=cuda)
+    except ValueError as e:
+        raise InputError(f"--dtype: {e}") from None
 
 
 def resolve_attn(name: str, cuda: bool) -> str:

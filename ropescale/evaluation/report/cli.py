@@ -46,7 +46,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="also write every view as DIR/<view>.{md,csv,json}")
     p.add_argument("--no-save-scores", action="store_true",
                    help="do not write scores.json / sample_scores.jsonl into runs scored on the fly")
-    p.set_defaults(func=main)
+    p.set_defaults(func=cmd_report)
     return p
 
 
@@ -102,7 +102,7 @@ def make_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.Pa
     return text
 
 
-def main(args: argparse.Namespace) -> int:
+def cmd_report(args: argparse.Namespace) -> int:
     text = make_report(args.paths, scores_csv=args.scores, metric=args.metric,
                        buckets=parse_buckets(args.buckets) if args.buckets else None, fmt=args.format,
                        view=args.view, out_dir=args.out, plot=args.plot, window=args.window,
