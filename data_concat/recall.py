@@ -2,24 +2,25 @@
 format and samplers: :mod:`ropescale.common.recall`)."""
 from __future__ import annotations
 
-import argparse
 import json
 
 from ropescale.common.chapters import read_chapters
+from ropescale.common.cli import add_alias, add_command, add_json
 from ropescale.common.io import InputError, check_output_file, write_jsonl_atomic
 import ropescale.common.recall as _task
 from ropescale.common.recall import HELDOUT, MARKS, PARTS, recall_samples, sources, split_part
 
 
 def register(sub) -> None:
-    p = sub.add_parser("recall", help="the demo's marked-sentence recall task (a long-range stand-in for CNNSum)",
-                       description=_task.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "recall", help="the demo's marked-sentence recall task (a long-range stand-in for CNNSum)",
+                    description=_task.__doc__)
     p.add_argument("--chapters", default=None, help="chapters JSONL {book, chapter, title, text} "
                                                     "(default: the shared novels)")
     p.add_argument("--tokenizer", default="tiny", help="tokenizer directory, or 'tiny' (default)")
-    p.add_argument("--target", type=int, help="eval set: every context up to this many tokens, one window in each "
-                                              "of equal stretches of a book, never overlapping; records name "
-                                              "subset T<target>")
+    p.add_argument("--eval-tokens", type=int, metavar="N",
+                   help="eval set: every context up to N tokens, one window in each of equal stretches of a book, "
+                        "never overlapping; records name subset T<N>")
+    add_alias(p, "--eval-tokens", "--target", type=int)
     p.add_argument("--max-answer-tokens", type=int, metavar="N",
                    help="eval set: every reference plus EOS fits in N tokens (windows whose marked sentences are "
                         "longer are moved), so generating N new tokens can hold the whole answer")
@@ -36,7 +37,7 @@ def register(sub) -> None:
                                                          "in each stretch; training pairs: anywhere) and which "
                                                          "sentences are marked")
     p.add_argument("--out", required=True, help="output JSONL {id, context, summary, book, chapters, tokens[, subset]}")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json(p, "the report")
     p.set_defaults(func=cmd_recall)
 
 
@@ -46,13 +47,13 @@ def cmd_recall(args) -> int:
     from .tokenizer import load_tokenizer
 
     check_output_file(args.out)
-    if (args.target is None) == (args.min_tokens is None and args.max_tokens is None):
-        raise InputError("give either --target (an eval set) or --min-tokens and --max-tokens (training pairs)")
-    if args.max_answer_tokens is not None and args.target is None:
-        raise InputError("--max-answer-tokens goes with --target (an eval set)")
+    if (args.eval_tokens is None) == (args.min_tokens is None and args.max_tokens is None):
+        raise InputError("give either --eval-tokens (an eval set) or --min-tokens and --max-tokens (training pairs)")
+    if args.max_answer_tokens is not None and args.eval_tokens is None:
+        raise InputError("--max-answer-tokens goes with --eval-tokens (an eval set)")
     chs = split_part(read_chapters(args.chapters or CHAPTERS_JSONL, books=args.books), args.part, args.heldout)
     tok = load_tokenizer(args.tokenizer)
-    rows = recall_samples(sources(chs, tok), tok, n=args.n, target=args.target, min_tokens=args.min_tokens,
+    rows = recall_samples(sources(chs, tok), tok, n=args.n, target=args.eval_tokens, min_tokens=args.min_tokens,
                           max_tokens=args.max_tokens, marks=args.marks, seed=args.seed,
                           max_answer=args.max_answer_tokens)
     write_jsonl_atomic(args.out, rows)

@@ -15,13 +15,13 @@ Balancing (Sec 3.2, after the candidate sets): books with fewer samples are pref
 lengths closer to T: samples are drawn one at a time from the book with the fewest samples drawn so far (ties:
 the book with fewer candidates, then input order), taking that book's remaining candidate closest to T.
 
-Scaled-down targets (``--target N``, e.g. 2048 for a tiny model) keep the relative range of a preset
+Scaled-down targets (``--subset-tokens N``, e.g. 2048 for a tiny model) keep the relative range of a preset
 (``ropescale.common.subsets.scaled``). When T is below the size of a chapter, ``--unit paragraph`` slides the same
 window over paragraphs instead of chapters; the summary is then the merged headings of the chapters the window
 touches.
 
 Each output record is ``{id, context, summary, book, chapters, tokens, subset}``; ``subset`` names the subset
-(``L``, ``XL``, ``2XL``, ``3XL``, or ``T<target>`` for ``--target``, e.g. ``T2048``), the name eval_summ uses for it.
+(``L``, ``XL``, ``2XL``, ``3XL``, or ``T<N>`` for ``--subset-tokens N``, e.g. ``T2048``), the name eval_summ uses for it.
 """
 from __future__ import annotations
 
@@ -171,8 +171,8 @@ def register(sub) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--subset", help="L (16K [-4K]), XL (32K [-6K]), 2XL (64K [-10K]), 3XL (128K [-16K]), or T<N> "
                                     "(a scaled-down target of N tokens, range as in --like)")
-    g.add_argument("--target", type=_tokens, metavar="N", help="scaled-down target N in tokens (16k style accepted; "
-                                                               "the same as --subset T<N>)")
+    g.add_argument("--subset-tokens", type=_tokens, metavar="N",
+                   help="a scaled-down subset of N tokens (16k style accepted; the same as --subset T<N>)")
     p.add_argument("--like", default="L", help="preset whose relative range a scaled-down target uses (default: L)")
     p.add_argument("--unit", choices=UNITS, default="chapter",
                    help="what the window slides over: chapters (the paper) or paragraphs (targets below a chapter) "
@@ -203,13 +203,13 @@ def cmd_sample(args) -> int:
 
     check_output_file(args.out)
     if args.subset and args.subset[:1] in ("T", "t") and args.subset[1:].isdigit():
-        args.target, args.subset = int(args.subset[1:]), None
+        args.subset_tokens, args.subset = int(args.subset[1:]), None
     if args.subset:
         sub = subsets.get(args.subset)
     else:
-        if args.target <= 0:
-            raise InputError(f"--target must be positive, got {args.target}")
-        sub = subsets.scaled(args.target, args.like)
+        if args.subset_tokens <= 0:
+            raise InputError(f"--subset-tokens must be positive, got {args.subset_tokens}")
+        sub = subsets.scaled(args.subset_tokens, args.like)
     for k in ("max_samples", "per_book"):
         v = getattr(args, k)
         if v is not None and v <= 0:

@@ -233,7 +233,7 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, fr
         p = data / f"eval_T{tg}_s{seed}.jsonl"
         if not p.is_file():
             in_process("python -m data_concat", data_main, recall + [
-                "--part", "heldout", "--target", str(tg), "--n", str(samples), "--max-answer-tokens",
+                "--part", "heldout", "--eval-tokens", str(tg), "--n", str(samples), "--max-answer-tokens",
                 str(max_new_tokens), "--out", str(p)])
         evals[tg] = p
     times["data"] = time.time() - t

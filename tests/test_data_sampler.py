@@ -123,10 +123,10 @@ def test_cli_sample_and_bad_input(tmp_path, capsys):
     good = json.dumps({"book": "b", "chapter": 1, "title": "甲 乙", "text": "话说。"}, ensure_ascii=False)
     bad.write_text(good + "\n" + json.dumps({"book": "b", "chapter": 2, "title": "", "text": "x"}) + "\n",
                    encoding="utf-8")
-    rc = cli_main(["sample", "--chapters", str(bad), "--tokenizer", str(QWEN2_TOKENIZER), "--target", "512",
+    rc = cli_main(["sample", "--chapters", str(bad), "--tokenizer", str(QWEN2_TOKENIZER), "--subset-tokens", "512",
                    "--out", str(tmp_path / "o.jsonl")])
     assert rc == 2 and "ch.jsonl:2: empty or non-string 'title'" in capsys.readouterr().err
-    rc = cli_main(["sample", "--chapters", str(bad), "--tokenizer", str(QWEN2_TOKENIZER), "--target", "512",
+    rc = cli_main(["sample", "--chapters", str(bad), "--tokenizer", str(QWEN2_TOKENIZER), "--subset-tokens", "512",
                    "--on-bad", "skip", "--out", str(tmp_path / "o.jsonl"), "--json"])
     rep = json.loads(capsys.readouterr().out)
     assert rc == 0 and rep["skipped_bad_lines"] == 1 and rep["samples"] == 0
@@ -174,7 +174,7 @@ def _chapters_file(path, n_books=2, n_ch=6, reps=18):  # ~1,900 tiny-tokenizer t
 def test_every_record_names_its_subset(tmp_path, capsys, tiny_tokenizer_dir):
     ch = _chapters_file(tmp_path / "ch.jsonl")
     out = tmp_path / "t.jsonl"
-    assert cli_main(["sample", "--chapters", str(ch), "--tokenizer", str(tiny_tokenizer_dir), "--target", "2048",
+    assert cli_main(["sample", "--chapters", str(ch), "--tokenizer", str(tiny_tokenizer_dir), "--subset-tokens", "2048",
                      "--out", str(out), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     recs = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
@@ -200,7 +200,7 @@ def test_preset_subsets_name_the_records(few_chapters, qwen2_tokenizer, name, wa
 def test_sample_bad_input_one_line_exit_2(tmp_path, capsys, tiny_tokenizer_dir):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("", encoding="utf-8")
-    base = ["sample", "--tokenizer", str(tiny_tokenizer_dir), "--target", "512"]
+    base = ["sample", "--tokenizer", str(tiny_tokenizer_dir), "--subset-tokens", "512"]
     out = tmp_path / "o.jsonl"
 
     def run(*extra):

@@ -151,7 +151,7 @@ def test_cli(tmp_path, tiny_tokenizer_dir, capsys):
     from data_concat.cli import main
 
     out = tmp_path / "r.jsonl"
-    rc = main(["recall", "--tokenizer", str(tiny_tokenizer_dir), "--target", "300", "--n", "3", "--heldout", "2",
+    rc = main(["recall", "--tokenizer", str(tiny_tokenizer_dir), "--eval-tokens", "300", "--n", "3", "--heldout", "2",
                "--out", str(out), "--json"])
     assert rc == 0
     rep = json.loads(capsys.readouterr().out)
