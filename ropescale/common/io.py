@@ -179,7 +179,7 @@ def check_output_dir(path: str | os.PathLike, what: str | None = None) -> Path:
     path = Path(path)
     pre = f"{what}: " if what else ""
     if path.exists() and not path.is_dir():
-        raise InputError(f"{pre}output exists and is not a directory", path)
+        raise InputError(f"output exists and is not a directory{f' ({what})' if what else ''}", path)
     _check_parents(path, pre or "the output directory ")
     return path
 

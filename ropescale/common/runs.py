@@ -539,7 +539,7 @@ def open_run_dir(path: str | os.PathLike, kind: str, *, what: str = "--out") -> 
     """Where a run of ``kind`` writes, checked before any work: ``path`` is a directory or does not exist yet (no
     parent of it is a file), and holds no run of another kind (:func:`claim_run_dir`). Returns (the path, the run
     already there or None); the caller decides whether that run may continue (:func:`check_resume`)."""
-    p = check_output_dir(path)
+    p = check_output_dir(path, what)
     return p, claim_run_dir(p, kind, what=what)
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ropescale.common.cli import dtype_name
 from ropescale.common.io import InputError, read_json
 from ropescale.common.runs import (RunDir, RunMeta, RunRecord, check_resume, length_of, model_id,
                                    model_ref, open_run_dir, read_train_record, refuse_resume, settings_record)
@@ -205,7 +206,7 @@ def plan_run(args: TrainSettings, *, recipe: str | None, resume: str | None, ove
     mid = model_id(model_dir)
     resolved = dataclasses.replace(args, model=model_ref(args.model, model_dir), out=str(run_dir),
                                    attn=resolve_attn(args.attn, cuda), deepspeed=str(ds_path) if ds_path else None,
-                                   dtype=str(dtype).replace("torch.", ""))
+                                   dtype=dtype_name(str(dtype).replace("torch.", "")))  # fp32: --dtype's words
     sequence_parallel.check_settings(args.sequence_parallel, config=config, world=env.world_size(),
                                      deepspeed=ds_path, attn=resolved.attn)
     resume_from = None
