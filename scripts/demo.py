@@ -270,7 +270,7 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, fr
                 ft += ["--resume", "auto"]
             ft += list(finetune_args)
             if launcher == "deepspeed":  # a free rendezvous port: 29500 may be taken by another job
-                launch = [str(Path(py).parent / "deepspeed"), "--master_port", str(free_port())]
+                launch = [str(Path(py).parent / "deepspeed"), "-q", "--master_port", str(free_port())]
             else:
                 launch = [py]
             sh(launch + ft)
