@@ -1,4 +1,5 @@
-"""LoRA fine-tuning with RoPE scaling (CNNSum Sec 5). See ``python finetune.py --help``; internals in ropescale/training/."""
+"""LoRA fine-tuning with RoPE scaling (CNNSum Sec 5). See ``python finetune.py --help``; internals in
+ropescale/training/."""
 import sys
 
 from ropescale.training.env import setup_env

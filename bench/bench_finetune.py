@@ -40,8 +40,8 @@ def build_data(out: Path, seq: int, n_samples: int) -> Path:
     from data_concat.cuts import read_chapters
     from data_concat.pairs import build_pairs
     from data_concat.tokenizer import load_tokenizer
-    from ropescale.common.paths import CHAPTERS_JSONL, QWEN2_TOKENIZER
     from ropescale.common.io import write_jsonl_atomic
+    from ropescale.common.paths import CHAPTERS_JSONL, QWEN2_TOKENIZER
 
     tok = load_tokenizer(QWEN2_TOKENIZER)
     chapters = [c for c in read_chapters(CHAPTERS_JSONL) if c.book == "hongloumeng"][:40]

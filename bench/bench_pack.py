@@ -18,13 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-
 from ropescale.common.cli import prepare_process  # noqa: E402
 
 prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 
-from data_concat.pack import (TARGETS, EncodedPair, compute_stats, pack_encoded,  # noqa: E402
-                              write_packed)
+from data_concat.pack import TARGETS, EncodedPair, compute_stats, pack_encoded, write_packed  # noqa: E402
 
 K = 1024
 

@@ -18,15 +18,13 @@ import random
 import sys
 import time
 
-
 from ropescale.common.cli import prepare_process  # noqa: E402
 
 prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 
 from ropescale.common import rouge as R  # noqa: E402
-from ropescale.common.rouge_reference import run_big_stack  # noqa: E402
 from ropescale.common.paths import CHAPTERS_JSONL, DATA_DIR  # noqa: E402
-
+from ropescale.common.rouge_reference import run_big_stack  # noqa: E402
 
 CPU = {}
 

@@ -193,8 +193,8 @@ def main(argv=None) -> int:
     ap.add_argument("--toy", action="store_true", help="toy shape on CPU (hidden 64, 2 layers) to test the script")
     ap.add_argument("--bf16", action="store_true", help="with --toy: the GPU's mixed-precision path on CPU")
     ap.add_argument("--offload-checkpoints", default="auto",
-                    help="ours: checkpoints in pinned host memory (ropescale.training.memory): auto (on CUDA from 65536 "
-                         "tokens), true, false")
+                    help="ours: checkpoints in pinned host memory (ropescale.training.memory): auto (on CUDA from "
+                         "65536 tokens), true, false")
     ap.add_argument("--tile-mlp", default="auto", help="ours: MLP over chunks of N tokens: auto (the hidden size on "
                                                        "CUDA from 65536 tokens), N, 0 = off")
     ap.add_argument("--json", action="store_true", help="print one JSON object with every result")

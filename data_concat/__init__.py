@@ -9,7 +9,7 @@ Modules: ``pack`` (reading and encoding pairs, the command), ``packing`` (the co
 (the packed-set format: its one writer and one reader), ``pairs``, ``sampler``, ``cuts`` (chapters measured in
 tokens), ``recall``. CLI: ``python -m data_concat {pack,stats,pairs,sample,recall} --help``.
 """
-from .pack import TARGETS, EncodedPair, Pair, PackSettings, encode_pairs, pack, pack_encoded, read_pairs, resolve_range
+from .pack import TARGETS, EncodedPair, PackSettings, Pair, encode_pairs, pack, pack_encoded, read_pairs, resolve_range
 from .packed import PackedSet, compute_stats, load_meta, load_packed, read_packed, stats_of
 from .packing import Plan, plan_packing
 from .pairs import build_pairs

@@ -11,14 +11,14 @@ What a pair becomes (``encode_pairs``)::
 so the loss falls on the summaries only. How pairs become samples (``plan_packing``): the pairs are shuffled
 with the seed and taken in that order. Each sample draws a length goal uniformly from [min, max] (seeded), grows
 pair by pair and is closed once it reaches its goal, or once it is at least ``min`` long and the next pair would
-push it past ``max`` or farther past the goal than it now falls short (that pair starts the next sample). So lengths spread over the whole range and average
-about its middle, as the paper's "14k~18k ... with average lengths of about 16k" (Sec 5). A pair that would push
-a sample still below ``min`` past ``max`` waits in a pool and goes into the next sample it fits. At the end the
-pairs still out (an unfinished last sample, the pool) are placed, best fit, into finished samples that still
-have room below ``max``; what cannot be placed anywhere is reported as ``leftover`` (ids in
-stats.json). A pair longer than ``max`` can never fit: ``--on-bad error`` stops with its file:line, ``skip``
-counts it as dropped. Samples have variable length inside [min, max] and carry no padding at all; every pair
-is used at most once.
+push it past ``max`` or farther past the goal than it now falls short (that pair starts the next sample). So lengths
+spread over the whole range and average about its middle, as the paper's "14k~18k ... with average lengths of about
+16k" (Sec 5). A pair that would push a sample still below ``min`` past ``max`` waits in a pool and goes into the next
+sample it fits. At the end the pairs still out (an unfinished last sample, the pool) are placed, best fit, into
+finished samples that still have room below ``max``; what cannot be placed anywhere is reported as ``leftover`` (ids in
+stats.json). A pair longer than ``max`` can never fit: ``--on-bad error`` stops with its file:line, ``skip`` counts it
+as dropped. Samples have variable length inside [min, max] and carry no padding at all; every pair is used at most
+once.
 
 The output directory's format (train.parquet, meta.json, stats.json), its writer and its one reader are
 ``data_concat.packed``; the packing algorithm is ``data_concat.packing``; this module reads and encodes the pairs
@@ -43,8 +43,7 @@ from ropescale.common.cli import add_command, add_json
 from ropescale.common.io import InputError, check_output_dir, read_jsonl, sha256_file
 from ropescale.common.settings import add_settings, check, from_args, make, setting
 
-from .packed import (FORMAT, FORMAT_VERSION, IGNORE_INDEX, compute_stats, format_stats, load_meta,  # noqa: F401
-                     write_packed)
+from .packed import FORMAT, FORMAT_VERSION, IGNORE_INDEX, compute_stats, format_stats, load_meta, write_packed  # noqa: F401
 from .packing import Plan, build_columns, plan_packing  # noqa: F401  (Plan, build_columns: also imported from here)
 
 K = 1024
@@ -59,8 +58,8 @@ ON_BAD = ("error", "skip")
 
 
 def parse_target(target) -> tuple[str, int, int]:
-    """(name, min, max) of a --sample-length: 16k / 32k (the paper's ranges) or a token count N (a k suffix allowed) with
-    the 16k preset's proportions, N x 7/8 .. N x 9/8."""
+    """(name, min, max) of a --sample-length: 16k / 32k (the paper's ranges) or a token count N (a k suffix allowed)
+    with the 16k preset's proportions, N x 7/8 .. N x 9/8."""
     key = str(target).strip().lower()
     if key in TARGETS:
         return key, *TARGETS[key]

@@ -5,10 +5,10 @@
     OUT/meta.json      tokenizer, target, min/max, prompt, seed, counts
     OUT/stats.json     length histogram, pairs per sample, supervised-token share, dropped and leftover ids
 
-:func:`write_packed` writes a directory atomically (``ropescale.common.io.atomic_dir``); :func:`read_packed` reads it into a
-:class:`PackedSet` (two flat int32 arrays + offsets: a 16K x 1,000-sample set stays ~130 MB per process), which
-training, ``stats`` and the tests all use. Hugging Face ``datasets`` reads OUT as it is:
-``load_dataset(str(OUT), split="train")``.
+:func:`write_packed` writes a directory atomically (``ropescale.common.io.atomic_dir``); :func:`read_packed` reads it
+into a :class:`PackedSet` (two flat int32 arrays + offsets: a 16K x 1,000-sample set stays ~130 MB per process), which
+training, ``stats`` and the tests all use. Hugging Face ``datasets`` reads OUT as it is: ``load_dataset(str(OUT),
+split="train")``.
 """
 from __future__ import annotations
 

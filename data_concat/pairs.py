@@ -25,8 +25,17 @@ from typing import Sequence
 from ropescale.common.cli import add_command, add_json
 from ropescale.common.io import InputError, check_output_file, write_jsonl_atomic
 
-from .cuts import (MERGE_SEP, Chapter, by_book, count_tokens, merged_title, paragraph_cuts, read_chapters,
-                       sentence_cuts, tokenize_with_offsets)
+from .cuts import (
+    MERGE_SEP,
+    Chapter,
+    by_book,
+    count_tokens,
+    merged_title,
+    paragraph_cuts,
+    read_chapters,
+    sentence_cuts,
+    tokenize_with_offsets,
+)
 
 SPLITS = ("first", "all")
 

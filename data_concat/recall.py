@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
+import ropescale.common.recall as _task
 from ropescale.common.chapters import read_chapters
 from ropescale.common.cli import add_alias, add_command, add_json
 from ropescale.common.io import InputError, check_output_file, write_jsonl_atomic
-import ropescale.common.recall as _task
 from ropescale.common.recall import HELDOUT, MARKS, PARTS, recall_samples, sources, split_part
 
 

@@ -21,7 +21,8 @@ window over paragraphs instead of chapters; the summary is then the merged headi
 touches.
 
 Each output record is ``{id, context, summary, book, chapters, tokens, subset}``; ``subset`` names the subset
-(``L``, ``XL``, ``2XL``, ``3XL``, or ``T<N>`` for ``--subset-tokens N``, e.g. ``T2048``), the name eval_summ uses for it.
+(``L``, ``XL``, ``2XL``, ``3XL``, or ``T<N>`` for ``--subset-tokens N``, e.g. ``T2048``), the name eval_summ uses for
+it.
 """
 from __future__ import annotations
 

@@ -27,8 +27,8 @@ from ropescale.common.cli import Tool, add_alias, add_command, add_json
 from ropescale.common.io import InputError, read_json
 
 from .args import add_rope_args, spec_from_args
-from .hf import apply_rope, extended_context, plan_rope, rope_state
 from .formulas import reach, yarn_correction_range
+from .hf import apply_rope, extended_context, plan_rope, rope_state
 from .spec import RopeSpec
 
 REL_TOL = 1e-6

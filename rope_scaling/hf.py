@@ -30,7 +30,8 @@ import dataclasses
 import math
 
 from ropescale.common import compat
-from ropescale.common.compat import config_get as _get, config_set as _set
+from ropescale.common.compat import config_get as _get
+from ropescale.common.compat import config_set as _set
 from ropescale.common.io import InputError
 
 from .formulas import HF_READERS, Freqs, frequencies, hf_entries

@@ -10,7 +10,8 @@ scripts/envbuild.py: torch pinned to the CPU wheel, deepspeed without build isol
 The whole test suite runs in each (one after the other: the suite takes both cores), each run's log is kept
 (.cache/compat/logs/DATE-SIDE.log, with the build's pip output and the pytest output), and a table of versions,
 passed/failed counts, exit status and minutes is printed (and written to .cache/compat/table.md and
-logs/DATE-table.md). Exit status 1 when a side fails. ``--side lowest --pin transformers==5.1.0 -- tests/test_generate.py`` bisects a bound.
+logs/DATE-table.md). Exit status 1 when a side fails. ``--side lowest --pin transformers==5.1.0 --
+tests/test_generate.py`` bisects a bound.
 """
 from __future__ import annotations
 

@@ -165,9 +165,9 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, fr
              fresh: bool = False) -> dict:
     from transformers import AutoConfig
 
+    from rope_scaling import RopeSpec, read_rope
     from ropescale.common.paths import CHAPTERS_JSONL
     from ropescale.common.recall import MARKS
-    from rope_scaling import RopeSpec, read_rope
 
     py = sys.executable
     out = Path(out)
@@ -215,8 +215,8 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, fr
         f"samples of {lo}-{hi} tokens ({train_lo:g}x-{train_hi:g}x the context); eval sets from the held-out "
         f"chapters")
     if not (packed / "train.parquet").is_file():
-        from ropescale.common.recall import pair_range
         from data_concat.tokenizer import load_tokenizer
+        from ropescale.common.recall import pair_range
 
         ctx_lo, ctx_hi = pair_range(load_tokenizer(str(model_dir)), lo, hi)
         in_process("python -m data_concat", data_main, recall + [
@@ -342,12 +342,13 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, fr
         table.append([r.label + (" (under-trained)" if under else ""), reach_txt, tl and tl.text(), loss_txt,
                       *[cells.get(c) for c in cols], mse])
         records.append({"row": r.label, "key": r.key, "method": r.method, "fine_tuned": r.train_dir is not None,
-                        "predicted_reach": reach, "train_length": tl and tl.to_dict(), "loss_step1": loss and loss[0], "loss_last": loss and loss[1],
-                        "steps": loss and loss[2], "under_trained": under, "cells": cells, "mse_ie_ib": mse,
-                        "prompts": "F.2"})
+                        "predicted_reach": reach, "train_length": tl and tl.to_dict(), "loss_step1": loss and loss[0],
+                        "loss_last": loss and loss[1], "steps": loss and loss[2], "under_trained": under,
+                        "cells": cells, "mse_ie_ib": mse, "prompts": "F.2"})
         if r is rows[0] and baseline_prompts:  # the same model with the F.1 baseline prompts
             cells, mse = row_cells([gen_f1 / f"base_{pr}_T{tg}" for pr in F1 for tg in targets], cols)
-            table.append([f"{r.label}, F.1 baseline prompts", reach_txt, None, None, *[cells.get(c) for c in cols], mse])
+            table.append([f"{r.label}, F.1 baseline prompts", reach_txt, None, None, *[cells.get(c) for c in cols],
+                          mse])
             records.append({"row": f"{r.label}, F.1 baseline prompts", "key": "base-f1", "method": "none",
                             "fine_tuned": False, "predicted_reach": reach, "cells": cells, "mse_ie_ib": mse,
                             "prompts": "F.1"})

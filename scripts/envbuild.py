@@ -18,8 +18,9 @@ import re
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH = "2.13.0"  # the CPU wheel (find-links /opt/wheels); never an unpinned torch

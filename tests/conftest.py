@@ -98,8 +98,9 @@ def make_tiny_model(tmp_path_factory, tiny_tokenizer_dir):
     """
     import shutil
 
-    from ropescale.common.tiny import random_model, tiny_config
     from transformers import AutoTokenizer
+
+    from ropescale.common.tiny import random_model, tiny_config
 
     tok = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
     counter = [0]

@@ -8,10 +8,10 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("rope_scaling", "data_concat", "ropescale")
@@ -19,9 +19,9 @@ PACKAGES = ("rope_scaling", "data_concat", "ropescale")
 
 def _tools():
     from data_concat.cli import TOOL as data
+    from rope_scaling.__main__ import TOOL as rope
     from ropescale.evaluation.cli import TOOL as evaluation
     from ropescale.probes.cli import TOOL as probes
-    from rope_scaling.__main__ import TOOL as rope
     from ropescale.training.cli import TOOL as finetune
 
     return {"finetune": finetune, "eval": evaluation, "data": data, "probes": probes, "rope": rope}
@@ -29,9 +29,9 @@ def _tools():
 
 def _single_tools():
     """The one-command tools: the same Tool style (issue 26.6)."""
+    from rope_scaling.describe import TOOL as describe
     from ropescale.common.make_tiny import TOOL as make_tiny
     from ropescale.training.memory_model import TOOL as memory_model
-    from rope_scaling.describe import TOOL as describe
 
     return {"make-tiny": make_tiny, "describe": describe, "memory-model": memory_model}
 
@@ -236,8 +236,8 @@ def test_dtype_takes_one_vocabulary_everywhere():
 
 
 def test_report_format_md_and_describe_base_are_accepted():
-    from ropescale.evaluation.cli import build_parser
     from rope_scaling.describe import build_parser as describe_parser
+    from ropescale.evaluation.cli import build_parser
 
     assert build_parser().parse_args(["report", "--format", "md"]).format == "markdown"
     assert build_parser().parse_args(["report", "--json"]).format == "json"

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from data_concat import load_meta, load_packed, pack, plan_packing, resolve_range, stats_of
-from data_concat.cuts import MERGE_SEP, Chapter
 from data_concat.cli import main as cli_main
+from data_concat.cuts import MERGE_SEP, Chapter
 from data_concat.pairs import build_pairs
-from ropescale.common.paths import QWEN2_TOKENIZER
 from ropescale.common import prompts
 from ropescale.common.io import InputError
+from ropescale.common.paths import QWEN2_TOKENIZER
 
 K = 1024
 
@@ -52,7 +52,7 @@ def packed16k(pairs_file, tmp_path_factory):
 
 
 def _pairs_by_id(path):
-    return {json.loads(l)["id"]: json.loads(l) for l in Path(path).read_text(encoding="utf-8").splitlines()}
+    return {json.loads(x)["id"]: json.loads(x) for x in Path(path).read_text(encoding="utf-8").splitlines()}
 
 
 # ---------------------------------------------------------------- pairs from the novels
@@ -78,7 +78,8 @@ def test_pairs_sizes_and_summaries(real_pairs, chapter_objs, qwen2_tokenizer):
 
 def test_pairs_merge_short_chapters_and_split_all(qwen2_tokenizer):
     # Three tiny hand-made chapters of one book: each is far below the minimum, so they merge.
-    chs = [Chapter("b", i, f"标题{i}上 标题{i}下", "\n".join(["天下大势，分久必合，合久必分。"] * 6), "") for i in (1, 2, 3)]
+    text = "\n".join(["天下大势，分久必合，合久必分。"] * 6)
+    chs = [Chapter("b", i, f"标题{i}上 标题{i}下", text, "") for i in (1, 2, 3)]
     n1 = len(qwen2_tokenizer(chs[0].text, add_special_tokens=False)["input_ids"])
     pairs, rep = build_pairs(chs, qwen2_tokenizer, 2 * n1 + 1, 10 * n1)
     assert len(pairs) == 1 and rep["merged_windows"] == 1
@@ -304,14 +305,15 @@ def test_cli_pairs_end_to_end(chapters, tmp_path, capsys):
     assert not (tmp_path / "p.jsonl").exists()
     assert cli_main(args + ["--on-bad", "skip", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    got = [json.loads(l) for l in (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
+    got = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
     assert rep["skipped_bad_lines"] == 1 and rep["pairs"] == len(got) == 3
     assert [g["summary"] for g in got] == [r["title"] for r in rows]
     assert cli_main(args + ["--books", "nosuchbook"]) == 2
 
 
 def test_books_filter_and_unknown_book(tmp_path):
-    """--books (pairs and sample) goes through ropescale.common.chapters.read_chapters: order kept, unknown names named."""
+    """--books (pairs and sample) goes through ropescale.common.chapters.read_chapters: order kept, unknown names
+    named."""
     from ropescale.common.chapters import read_chapters
 
     p = tmp_path / "ch.jsonl"

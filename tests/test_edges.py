@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from ft_helpers import finetune_cmd, packed, run
+
 from ropescale.common.io import InputError, read_json, read_jsonl, share_private_files
 from ropescale.training.env import free_port
 
@@ -117,9 +117,10 @@ def test_json_errors_name_line_and_column(tmp_path):
 
 
 def test_an_absurd_scale_is_refused(make_tiny_model, tmp_path):
+    from transformers import AutoConfig
+
     from rope_scaling import RopeSpec, apply_rope
     from rope_scaling.spec import MAX_CONTEXT
-    from transformers import AutoConfig
 
     assert MAX_CONTEXT == 16_777_216
     with pytest.raises(InputError, match="beyond 16,777,216 tokens"):

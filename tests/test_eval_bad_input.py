@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ropescale.evaluation.cli import main
 from ropescale.common.runs import RunDir
+from ropescale.evaluation.cli import main
 
 
 def one_line_error(capsys, rc, *what):

@@ -28,8 +28,8 @@ def model_dir(make_tiny_model):
 
 
 def test_find_release_files_spellings_and_gaps(tmp_path, chapters):
-    from ropescale.evaluation.data import find_release_files
     from ropescale.common.io import InputError
+    from ropescale.evaluation.data import find_release_files
 
     d = write_release(tmp_path / "rel", chapters)
     (d / "notes.jsonl").write_text("{}\n")

@@ -48,8 +48,8 @@ def base_dir(make_tiny_model):
 
 
 def scaled(base_dir, **spec):
-    from ropescale.evaluation.generate import prepare_config
     from rope_scaling import RopeSpec
+    from ropescale.evaluation.generate import prepare_config
 
     config, eff, overrides = prepare_config(base_dir, RopeSpec(**spec) if spec else None)
     return config, overrides

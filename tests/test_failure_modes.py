@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from ropescale.evaluation import failure_modes as F
 from ropescale.common.paths import DATA_DIR
+from ropescale.evaluation import failure_modes as F
 
 # Appendix E.4 Case 1, Yi-1.5-34B-Chat-16K (meaningless repetition + instruction-like echo), abridged
 E4_REPEAT = ("杜少甫在古天宗内横扫三大商行, 重创众多弟子, 随后在天下阁外与曹肇等人交手。 \"\n\n 请注意, 摘要应简洁明了, "

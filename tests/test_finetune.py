@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from ft_helpers import ROOT, packed, run, train_log
+
 from ropescale.training.env import free_port
 
 STEPS = 3
@@ -47,8 +47,9 @@ def test_launcher_run_two_processes_zero3_offload(ds_run):
     for d in (out / "final", out / "checkpoint-2" / "export"):
         assert (d / "adapter_model.safetensors").is_file() and (d / "trained_tensors.safetensors").is_file()
     # the rope setting is in every saved config (ntk x8 = default rope type with a larger base)
-    from rope_scaling import read_rope
     from transformers import AutoConfig
+
+    from rope_scaling import read_rope
 
     for d in (out, out / "final"):
         spec = read_rope(AutoConfig.from_pretrained(str(d)))
@@ -112,9 +113,8 @@ def test_init_from_continues_from_a_checkpoint_export(ds_run, tmp_path):
     """The 32K recipes start from the 16K run's step-300 export: --init-from RUN --init-step N (ZeRO-3 here, where
     the embedding and norms are partitioned while loading). With lr 1e-30 (lr must be > 0) every update is below
     fp32 resolution, so the new run's tensors equal the source bit for bit."""
-    from safetensors.torch import load_file
-
     from ft_helpers import finetune_cmd
+    from safetensors.torch import load_file
 
     out = tmp_path / "cont"
     p = run(finetune_cmd("--model", ds_run["model_dir"], "--data", ds_run["data"], "--rope", "ntk", "--scale", "8",

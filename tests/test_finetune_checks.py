@@ -7,8 +7,8 @@ import json
 import shutil
 
 import pytest
-
 from ft_helpers import finetune_cmd, packed, run, train_log
+
 from ropescale.training.cli import main
 
 

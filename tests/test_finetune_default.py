@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from ft_helpers import finetune_cmd, run, train_log
+
 from ropescale.training.data import default_data_range
 
 

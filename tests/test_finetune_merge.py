@@ -13,7 +13,8 @@ from ropescale.training.cli import main
 
 @pytest.fixture(scope="module")
 def exported(make_tiny_model, tmp_path_factory):
-    """A run directory with a final export (LoRA on a tiny model, ntk x8), written by ropescale.training.saving.export."""
+    """A run directory with a final export (LoRA on a tiny model, ntk x8), written by
+    ropescale.training.saving.export."""
     from rope_scaling import RopeSpec, read_rope
     from ropescale.training.model import add_lora, load_config, load_model
     from ropescale.training.saving import export

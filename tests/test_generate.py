@@ -17,7 +17,7 @@ from ropescale.common.io import InputError
 ROOT = Path(__file__).resolve().parent.parent
 
 # The baseline prompts as the issue quotes them (independent of common/prompts.py).
-RELEASE_IE = "下面是一个小说节选，内容如下：\n\n{}\n\n请你阅读以上内容后写出相应的摘要，不要输出其他任何内容。\n\n摘要："
+RELEASE_IE = "下面是一个小说节选，内容如下：\n\n{}\n\n请你阅读以上内容后写出相应的摘要，不要输出其他任何内容。\n\n摘要："  # noqa: E501  (verbatim)
 PAPER_IB = "下面是一个小说节选，请你阅读后写出相应的摘要，不要输出其他任何内容。\n小说节选如下：\n\n{}\n\n摘要："
 FT_IE = "[原文_开始]\n{}\n[原文_结束]\n\n以上[原文_开始][原文_结束]之中的内容来自一本小说，请对其进行摘要。\n[摘要]\n"
 
@@ -205,8 +205,8 @@ def test_run_json_contents_and_train_length(make_tiny_model, data, tmp_path):
 def test_rope_flags_vs_saved_scaling(make_tiny_model, data, tmp_path):
     from transformers import AutoConfig
 
-    from ropescale.evaluation.generate import generate
     from rope_scaling import RopeSpec, apply_rope
+    from ropescale.evaluation.generate import generate
 
     _, d = varied(make_tiny_model, "qwen2", orig_ctx=64, seed=1)
     # the same model saved with NTK x4 in its config
@@ -389,8 +389,8 @@ def test_dynamic_ntk_each_sample_as_batch1_generate_on_a_fresh_model(make_tiny_m
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ropescale.evaluation.backends import HFBackend, Item
     from rope_scaling import RopeSpec, apply_rope
+    from ropescale.evaluation.backends import HFBackend, Item
 
     _, d = varied(make_tiny_model, "qwen2", orig_ctx=64, seed=5)
     cfg = AutoConfig.from_pretrained(d)

@@ -1,5 +1,5 @@
-"""ropescale.common.io: atomically written files get the modes a plain open()/mkdir would give (not tempfile's 0600/0700),
-and a directory or file where the other kind is expected is a clear InputError (issue 15)."""
+"""ropescale.common.io: atomically written files get the modes a plain open()/mkdir would give (not tempfile's
+0600/0700), and a directory or file where the other kind is expected is a clear InputError (issue 15)."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,17 @@ import stat
 
 import pytest
 
-from ropescale.common.io import (InputError, atomic_dir, atomic_open, check_output_dir, check_output_file, read_jsonl,
-                          write_json_atomic, write_jsonl_atomic, write_text_atomic)
+from ropescale.common.io import (
+    InputError,
+    atomic_dir,
+    atomic_open,
+    check_output_dir,
+    check_output_file,
+    read_jsonl,
+    write_json_atomic,
+    write_jsonl_atomic,
+    write_text_atomic,
+)
 from ropescale.common.runs import RecordLog, RunDir, find_run_dirs
 
 

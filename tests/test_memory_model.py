@@ -6,8 +6,16 @@ import math
 
 import pytest
 
-from ropescale.training.memory_model import (GIB, H100_MEASURED, QWEN15_7B, Setup, check_h100, estimate,
-                                             longest_context, main)
+from ropescale.training.memory_model import (
+    GIB,
+    H100_MEASURED,
+    QWEN15_7B,
+    Setup,
+    check_h100,
+    estimate,
+    longest_context,
+    main,
+)
 
 H, F, V, L = 4096, 11008, 151936, 32
 LAYER = 4 * H * H + 3 * H * F  # q, k, v, o (MHA: 32 KV heads) + gate, up, down = 202,375,168

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ropescale.common.io import InputError
 from ropescale.probes.common import Loaded, summarize
 from ropescale.probes.copy import copy_probe, paste
 from ropescale.probes.data import Doc, chapter_index, chinese_numeral, load_docs, split_sentences
@@ -24,7 +25,6 @@ from ropescale.probes.report import load_runs, plot, render
 from ropescale.probes.scorer import score_candidates, score_continuations, score_document, window_starts
 from ropescale.probes.shuffle import block_shuffle, shuffle_probe
 from ropescale.probes.suffix_id import chapter_candidate, chapter_examples
-from ropescale.common.io import InputError
 
 
 # ---------------------------------------------------------------- the oracle LM
@@ -84,7 +84,7 @@ def _random_docs(n_docs: int, n_tokens: int, vocab: int, seed: int = 0) -> list[
 
 # ---------------------------------------------------------------- text
 def test_sentence_split_chinese_with_closing_quotes():
-    t = "玄德曰：“我三人义同生死，岂可相离？”飞曰：“若如此，稍解吾恨。”\n于是三人连夜引军。只见?得玄德面如土色！好「是。」"
+    t = "玄德曰：“我三人义同生死，岂可相离？”飞曰：“若如此，稍解吾恨。”\n于是三人连夜引军。只见?得玄德面如土色！好「是。」"  # noqa: E501
     assert split_sentences(t) == ["玄德曰：“我三人义同生死，岂可相离？”", "飞曰：“若如此，稍解吾恨。”\n",
                                   "于是三人连夜引军。", "只见?得玄德面如土色！", "好「是。」"]
     assert "".join(split_sentences(t)) == t
@@ -378,7 +378,8 @@ def test_run_dir_resume_report_and_plot(tmp_path):
 def test_summarize_groups_and_orders_columns():
     s = summarize([{"group": "g", "col": 8, "value": 1}, {"group": "g", "col": 2, "value": 0},
                    {"group": "g", "col": 8, "value": 0}])
-    assert s["cells"] == [{"group": "g", "col": 2, "value": 0.0, "n": 1}, {"group": "g", "col": 8, "value": 0.5, "n": 2}]
+    assert s["cells"] == [{"group": "g", "col": 2, "value": 0.0, "n": 1},
+                          {"group": "g", "col": 8, "value": 0.5, "n": 2}]
 
 
 def test_bad_input_exits_2_naming_file_and_line(tmp_path, capsys):

@@ -99,8 +99,9 @@ def test_memorized_model_identifies_the_suffix_after_a_full_stop(memorized, shor
 
 
 def test_rope_flags_reach_the_model_and_run_json(make_tiny_model, short_book, tmp_path, capsys, one_thread):
-    from rope_scaling import RopeSpec, apply_rope
     from transformers import AutoConfig
+
+    from rope_scaling import RopeSpec, apply_rope
 
     book, _ = short_book
     _, d = make_tiny_model(orig_ctx=64, seed=1)

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from ropescale.common.recall import MARK, build, recall_samples, sources, split_part
 from ropescale.common.io import InputError
+from ropescale.common.recall import MARK, build, recall_samples, sources, split_part
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,8 @@ def test_build_gives_none_without_markable_sentences(tiny_tokenizer):
 
     from ropescale.common.recall import Source
 
-    src = Source("x", ["这是一句非常非常非常非常非常非常非常非常非常非常非常非常非常非常非常非常长的句子而且没有结束。"] * 20,
+    long_sentence = "这是一句" + "非常" * 16 + "长的句子而且没有结束。"
+    src = Source("x", [long_sentence] * 20,
                  [40] * 20, [1] * 20)
     assert build(src, 0, 400, random.Random(0)) is None
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from ropescale.common.runs import RunDir, RunRecord, TrainLength
 from ropescale.evaluation import report as RP
 from ropescale.evaluation import score as SC
 from ropescale.evaluation.cli import main as cli
 from ropescale.evaluation.plot import moving_median
-from ropescale.common.runs import RunDir, RunRecord, TrainLength
 
 DATA = Path(__file__).parent / "data"
 TABLE7 = DATA / "cnnsum_table7.csv"  # CNNSum Appendix C, Table 7 (gray = Prompt-IE, white = Prompt-IB)
@@ -361,8 +361,8 @@ def test_model_paths_and_generate_style_ids(tmp_path):
     make_run(root, "c", model="/hub/cache/Qwen/Qwen1.5-7B", subset="L", samples=[(REF, REF, 10)])
     make_run(root, "d", model="tiny", subset="L", samples=[(REF, REF, 10)])
     rep = RP.build_report([root])
-    assert sorted(rep.labels[s].model for s in rep.series) == ["/data/a/exp1/merged", "/data/b/exp1/merged", "Qwen/Qwen1.5-7B",
-                                                   "tiny"]
+    assert sorted(rep.labels[s].model for s in rep.series) == ["/data/a/exp1/merged", "/data/b/exp1/merged",
+                                                               "Qwen/Qwen1.5-7B", "tiny"]
     fails = {Path(r["run"]).name: r for r in rep.failures()}
     assert fails["a"]["copy"] == 0.5  # id 3 = line 3 holds ctx (line 2 is blank); id 1's context is another text
 

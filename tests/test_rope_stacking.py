@@ -2,8 +2,8 @@
 the same spec again is a no-op, a different spec is refused (InputError) unless --replace, which replaces it.
 
 Entry points: eval_summ generate (ropescale.evaluation.generate.prepare_config, and generate itself), the probes'
-model loader (ropescale.probes.common.load_model), ``python -m rope_scaling describe --config DIR`` and finetune's config
-loading (ropescale.training.model.load_config)."""
+model loader (ropescale.probes.common.load_model), ``python -m rope_scaling describe --config DIR`` and finetune's
+config loading (ropescale.training.model.load_config)."""
 from __future__ import annotations
 
 import json

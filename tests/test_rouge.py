@@ -16,8 +16,8 @@ from rouge import rouge_score as pkg_rouge_score
 from rouge_score import rouge_scorer
 
 from ropescale.common import rouge as R
-from ropescale.common.rouge_reference import run_big_stack
 from ropescale.common.paths import DATA_DIR
+from ropescale.common.rouge_reference import run_big_stack
 
 CLONGEVAL = sorted((DATA_DIR / "clongeval").glob("*.jsonl"))
 

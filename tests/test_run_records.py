@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from ft_helpers import finetune_cmd, packed, run, train_log
+
 from ropescale.common.io import InputError
 from ropescale.training.cli import main as ft_main
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from ft_helpers import ROOT, finetune_cmd, packed, run, run_env, train_log
+
 from ropescale.common.io import InputError
 from ropescale.training import sequence_parallel as sp
 from ropescale.training.env import free_port
@@ -163,10 +163,10 @@ def test_launch_without_enough_ranks_exits_2_in_one_line(setup):
 
 
 def test_recipe_key():
-    from ropescale.training.config import TrainSettings
-    from ropescale.common.settings import resolve
-
     import tempfile
+
+    from ropescale.common.settings import resolve
+    from ropescale.training.config import TrainSettings
 
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / "r.yaml"
@@ -190,7 +190,8 @@ def test_shard_batch_pads_shifts_and_keeps_global_positions():
     assert shards[1]["input_ids"].tolist() == [[14, 15, 9], [0, 0, 9]]
     assert shards[0]["shift_labels"].tolist() == [[-100, 13, 14], [22, 23, -100]]
     assert shards[1]["shift_labels"].tolist() == [[15, -100, -100], [-100, -100, -100]]
-    assert shards[0]["position_ids"].tolist() == [[0, 1, 2]] * 2 and shards[1]["position_ids"].tolist() == [[3, 4, 5]] * 2
+    assert shards[0]["position_ids"].tolist() == [[0, 1, 2]] * 2
+    assert shards[1]["position_ids"].tolist() == [[3, 4, 5]] * 2
     assert shards[1]["attention_mask"].tolist() == [[1, 1, 0], [0, 0, 0]]
     assert all(s["max_position"] == 4 for s in shards)
     # every labelled target of the unsplit batch is scored exactly once across the shards
@@ -230,8 +231,9 @@ def test_shard_rope_equals_the_slice_of_the_whole_sample(rope, make_tiny_model):
     sample, for every RoPE method; dynamic NTK would differ if a shard saw only its own positions."""
     import copy
 
-    from rope_scaling import RopeSpec, apply_rope
     from transformers import AutoModelForCausalLM
+
+    from rope_scaling import RopeSpec, apply_rope
 
     model, _ = make_tiny_model(orig_ctx=64, save=False)
     spec = RopeSpec(rope, scale=8) if rope != "abf" else RopeSpec("abf", rope_base=500000.0)

@@ -1,5 +1,6 @@
-"""ropescale.common.settings: one dataclass -> flags (each default once, old spellings hidden), recipe (file:line errors),
-precedence (defaults < recipe < flags), run.json record and resume diff; the RoPE spec nested and flattened."""
+"""ropescale.common.settings: one dataclass -> flags (each default once, old spellings hidden), recipe (file:line
+errors), precedence (defaults < recipe < flags), run.json record and resume diff; the RoPE spec nested and
+flattened."""
 from __future__ import annotations
 
 import argparse
@@ -8,10 +9,20 @@ import json
 
 import pytest
 
-from ropescale.common.io import InputError
-from ropescale.common.settings import (add_arguments, build, diff, from_record, given, nested, read_recipe, resolve, setting,
-                             to_record)
 from rope_scaling import RopeSpec
+from ropescale.common.io import InputError
+from ropescale.common.settings import (
+    add_arguments,
+    build,
+    diff,
+    from_record,
+    given,
+    nested,
+    read_recipe,
+    resolve,
+    setting,
+    to_record,
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,9 +5,8 @@ import shutil
 
 import pytest
 
-from ropescale.common.io import InputError, sha256_file
 import ropescale.common.tiny as tiny
-
+from ropescale.common.io import InputError, sha256_file
 
 MINI = tiny.TinySpec(vocab_size=1000, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
                      orig_ctx=512, tokenizer_chars=150_000, steps=4, batch_size=2, warmup=2, short_steps=2,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ropescale.common.paths import REPO_ROOT
 from ropescale.common.io import InputError
+from ropescale.common.paths import REPO_ROOT
 from ropescale.common.settings import build, spec_by_key
 from ropescale.training.cli import TOOL, main
 from ropescale.training.config import TrainSettings, load_recipe, settings_from_args

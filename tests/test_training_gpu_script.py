@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import torch
-
 from ft_helpers import ROOT, run_env
 
 

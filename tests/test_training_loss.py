@@ -72,9 +72,9 @@ def test_installed_forward_on_peft_model_matches_reference(make_tiny_model):
 
 
 def test_packed_dataset_matches_data_concat_rows(tmp_path, chapters, tiny_tokenizer_dir):
-    from data_concat import load_packed
     from ft_helpers import packed
 
+    from data_concat import load_packed
     from ropescale.training.data import PackedDataset, check_rows, load_rows
 
     d = packed(chapters, tiny_tokenizer_dir, tmp_path / "p", 300, 480, n=12)

@@ -1,8 +1,8 @@
-"""ropescale.training.memory on toy Qwen2 / Llama models in fp32: checkpoints offloaded to host memory, the tiled MLP and
-both give the loss and every trained gradient of the plain gradient-checkpointed path (to 1e-5), on plain and
-PEFT LoRA models; the host-memory refusal; the settings' auto rules; the CUDA allocator setting (ropescale.training.env);
-the trainer's per-step / steady rates (ropescale.training.trainer); the ZeRO-3 path; bench/bench_train_path.py's toy mode.
-On a machine with CUDA the equality tests also run on the GPU (pinned pages, the side stream)."""
+"""ropescale.training.memory on toy Qwen2 / Llama models in fp32: checkpoints offloaded to host memory, the tiled MLP
+and both give the loss and every trained gradient of the plain gradient-checkpointed path (to 1e-5), on plain and PEFT
+LoRA models; the host-memory refusal; the settings' auto rules; the CUDA allocator setting (ropescale.training.env);
+the trainer's per-step / steady rates (ropescale.training.trainer); the ZeRO-3 path; bench/bench_train_path.py's toy
+mode. On a machine with CUDA the equality tests also run on the GPU (pinned pages, the side stream)."""
 from __future__ import annotations
 
 import argparse

@@ -1,9 +1,9 @@
 """The shared novels' chapters: one reader, one ``Chapter`` record, one printed heading.
 
-Format (``ropescale.common.paths.CHAPTERS_JSONL``): one chapter a line, ``{book, chapter, title, text}``; ``chapter`` is an
-integer (水浒传's prologue 楔子 is chapter 0), books are contiguous and in reading order. ``data_concat`` (pairs, the
-CNNSum sampler), ``probes`` (books for suffix identification / shuffles), ``training`` and the tiny default all read it
-through :func:`read_chapters`.
+Format (``ropescale.common.paths.CHAPTERS_JSONL``): one chapter a line, ``{book, chapter, title, text}``; ``chapter``
+is an integer (水浒传's prologue 楔子 is chapter 0), books are contiguous and in reading order. ``data_concat`` (pairs,
+the CNNSum sampler), ``probes`` (books for suffix identification / shuffles), ``training`` and the tiny default all
+read it through :func:`read_chapters`.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .paths import CHAPTERS_JSONL
 from .io import InputError, read_jsonl
+from .paths import CHAPTERS_JSONL
 
 _DIGITS = "零一二三四五六七八九"
 

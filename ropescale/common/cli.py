@@ -13,8 +13,8 @@
   command writes, ``--json`` wherever it prints a result, ``--format markdown|csv|json`` for tables.
 - Help in plain words: module docstrings lose their reST markup, each default is shown once.
 - Results go to stdout, progress and logs to stderr (:func:`prepare_process` also sends DeepSpeed's and transformers'
-  loggers there, filters library warnings nobody here can act on and sets the CUDA allocator); bad input is one ``error: FILE:LINE: ...``
-  line and exit code 2 (:func:`cli_main`).
+  loggers there, filters library warnings nobody here can act on and sets the CUDA allocator); bad input is one
+  ``error: FILE:LINE: ...`` line and exit code 2 (:func:`cli_main`).
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from . import compat
 from .io import InputError
 from .settings import MissingSettings, choices_metavar, plain
 from .tables import FORMATS
+
 FORMAT_ALIASES = {"md": "markdown"}
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .cli import Tool, add_command
 from .io import InputError
-from .tiny import ASSET_DIR, DEFAULT_SPEC, MODEL_FILE, _VERIFIED, asset_info, build_tiny, ensure_tiny
+from .tiny import _VERIFIED, ASSET_DIR, DEFAULT_SPEC, MODEL_FILE, asset_info, build_tiny, ensure_tiny
 
 
 def register(sub) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from .io import InputError
 
 # Appendix F.1 — official release strings (default).
-RELEASE_IE = "下面是一个小说节选，内容如下：\n\n{}\n\n请你阅读以上内容后写出相应的摘要，不要输出其他任何内容。\n\n摘要："
+RELEASE_IE = "下面是一个小说节选，内容如下：\n\n{}\n\n请你阅读以上内容后写出相应的摘要，不要输出其他任何内容。\n\n摘要："  # noqa: E501  (verbatim)
 RELEASE_IB = "下面是一个小说节选，请你阅读后写出相应的摘要，不要输出其他任何内容。\n小说节选如下：\n\n{}\n\n摘要："
 # Appendix F.1 — as printed in the paper.
 PAPER_IE = "下面是一个小说节选，节选如下：\n\n{}\n\n请你阅读以上节选后写出相应的摘要，不要输出其他任何内容。\n摘要："

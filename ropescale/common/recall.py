@@ -1,4 +1,5 @@
-"""The recall task: the demo's long-range task, a stand-in for CNNSum's human-written summaries that a tiny model can do.
+"""The recall task: the demo's long-range task, a stand-in for CNNSum's human-written summaries that a tiny model can
+do.
 
 A sample is an excerpt of a novel (consecutive sentences of the shared novels) in which ``K`` sentences, one in
 each of ``K`` equal stretches of the excerpt, are marked ``【1】`` ... ``【K】`` where they stand; its reference

@@ -3,8 +3,8 @@
 A Qwen2-architecture model (Llama-style RoPE, RMSNorm, SwiGLU; 3.5M parameters, 4 layers) with a short original
 context (512 tokens, rope_theta 10000) and a 2,048-token byte-level BPE tokenizer, both made here from the shared
 novels, pretrained so that it *uses* its context: it copies passages it has seen and answers the recall task of
-``ropescale.common.recall`` (write out the sentences marked 【1】..【K】 in the input) inside its 512 tokens. That is what
-lets RoPE scaling show a real effect on a CPU: what a method does to positions past 512 changes what it can reach.
+``ropescale.common.recall`` (write out the sentences marked 【1】..【K】 in the input) inside its 512 tokens. That is
+what lets RoPE scaling show a real effect on a CPU: what a method does to positions past 512 changes what it can reach.
 
 The build is deterministic for a :class:`TinySpec` on a given machine, torch version and thread count. The build of
 the default spec is committed in ``assets/tiny/`` (its ``tiny.json`` holds the spec, the sha256 of the weights, the
@@ -174,15 +174,16 @@ class Mixture:
     """The windows the tiny default is pretrained on, drawn with one seeded RNG.
 
     Phase 1 (the first ``short_steps`` steps): ``short_batch`` windows of ``short_len`` tokens: half are random
-    token sequences of 4 to a quarter of the window (at most 64) tokens, each repeated 2-4 times (nothing but looking back predicts them), a quarter are
-    novel passages repeated after a short gap, a quarter plain text. On short windows the induction heads (attend
-    to the token after an earlier occurrence of the current one, copy it) form within a few hundred steps; on
-    512-token windows of text they did not form in 1,500 (measured while designing this build).
+    token sequences of 4 to a quarter of the window (at most 64) tokens, each repeated 2-4 times (nothing but looking
+    back predicts them), a quarter are novel passages repeated after a short gap, a quarter plain text. On short
+    windows the induction heads (attend to the token after an earlier occurrence of the current one, copy it) form
+    within a few hundred steps; on 512-token windows of text they did not form in 1,500 (measured while designing this
+    build).
 
     Phase 2: ``batch_size`` windows of ``orig_ctx`` tokens:
-    - **recall** (``p_task``): a recall sample (ropescale.common.recall: sentences marked 【k】, the marked sentences as the
-      answer) of random length, rendered with an Appendix F.2 prompt (ft-ie or ft-ib) + answer + EOS, the rest of
-      the window novel text: the task the demo measures, learned inside the original context;
+    - **recall** (``p_task``): a recall sample (ropescale.common.recall: sentences marked 【k】, the marked sentences
+      as the answer) of random length, rendered with an Appendix F.2 prompt (ft-ie or ft-ib) + answer + EOS, the rest
+      of the window novel text: the task the demo measures, learned inside the original context;
     - **copy** (``p_copy``): novel passages of 20-150 tokens each repeated exactly after a gap of up to 120 tokens;
     - **synthetic** (``p_synth``): repeated random-token sequences, as in phase 1;
     - otherwise plain novel text.

@@ -1,18 +1,16 @@
 """Generation backends for ``eval_summ generate``: ``hf`` (transformers, CPU or GPU) and ``vllm`` (GPU only).
 
-Both take token ids (tokenized once by :mod:`ropescale.evaluation.generate`, so ``input_tokens`` means the same thing for
-both) and return, per sample, the greedy continuation's token ids cut at the first EOS. Settings are the paper's
-(Sec 4.2 / Appendix B.1): greedy decoding, at least ``min_new_tokens`` (10) new tokens, at most
-``max_new_tokens``.
+Both take token ids (tokenized once by :mod:`ropescale.evaluation.generate`, so ``input_tokens`` means the same thing
+for both) and return, per sample, the greedy continuation's token ids cut at the first EOS. Settings are the paper's
+(Sec 4.2 / Appendix B.1): greedy decoding, at least ``min_new_tokens`` (10) new tokens, at most ``max_new_tokens``.
 
-hf backend, ``cache="slots"`` (the default; :mod:`ropescale.evaluation.engine`): ropescale's own greedy loop over a fixed
-slot cache — each sample prefilled alone (no padding, SDPA's causal flash path), continuous batching (a finished
-slot is refilled from the length-sorted queue), and on CUDA a decode step captured once as a CUDA graph. The slot
-count comes from a token budget: slots x (longest prompt + 2 x max new tokens) <= ``batch_tokens`` (default 32K
-tokens on CPU, at most a quarter of the RAM; on CUDA what 90% of the free memory holds after one prefill's
-activations). On an H100 with a 7B
-shape at 12-17K prompts this is 12.4x plain batch-1 ``generate`` (README). It needs transformers 5.x and SDPA;
-otherwise the backend falls back to ``static`` with a note.
+hf backend, ``cache="slots"`` (the default; :mod:`ropescale.evaluation.engine`): ropescale's own greedy loop over a
+fixed slot cache — each sample prefilled alone (no padding, SDPA's causal flash path), continuous batching (a finished
+slot is refilled from the length-sorted queue), and on CUDA a decode step captured once as a CUDA graph. The slot count
+comes from a token budget: slots x (longest prompt + 2 x max new tokens) <= ``batch_tokens`` (default 32K tokens on
+CPU, at most a quarter of the RAM; on CUDA what 90% of the free memory holds after one prefill's activations). On an
+H100 with a 7B shape at 12-17K prompts this is 12.4x plain batch-1 ``generate`` (README). It needs transformers 5.x and
+SDPA; otherwise the backend falls back to ``static`` with a note.
 
 hf backend, ``cache="static"`` / ``"dynamic"``: transformers ``generate`` on length-sorted, left-padded batches
 whose size is set by a token budget (batch x (longest input + max new tokens) <= budget; CUDA: 70% of the free
@@ -30,8 +28,8 @@ token for token on tiny random Qwen2 / Llama models on CPU, for every cache; on 
 random-weight logits an argmax flips after a few tokens.
 
 With dynamic NTK, transformers' rotary module keeps the largest base it has computed; every prefill (slots) or
-batch (static / dynamic) starts from the original base again (:func:`ropescale.evaluation.engine.reset_dynamic_rope`), and the
-slot decoder gives each slot its own frequencies, so each sample is decoded as batch-1 ``generate`` on a fresh
+batch (static / dynamic) starts from the original base again (:func:`ropescale.evaluation.engine.reset_dynamic_rope`),
+and the slot decoder gives each slot its own frequencies, so each sample is decoded as batch-1 ``generate`` on a fresh
 model decodes it. (A padded batch of ``generate`` still shares one base: the longest row's.)
 
 vllm backend: imported lazily (``pip install vllm`` on a CUDA machine); ``max_model_len`` is twice the subset's
@@ -66,7 +64,8 @@ GROUP = "advanced: backend (how predictions are computed; never part of what a r
 
 @dataclass(frozen=True)
 class BackendSettings:
-    """How generation runs (nested in ``ropescale.evaluation.generate.GenerateSettings``; the same flags on generate/run)."""
+    """How generation runs (nested in ``ropescale.evaluation.generate.GenerateSettings``; the same flags on
+    generate/run)."""
 
     backend: str = setting("hf", "hf (CPU or GPU) or vllm (GPU; imported only then)", choices=BACKENDS, group=GROUP)
     device: str = setting("auto", "hf backend: auto, cpu or cuda[:N]", group=GROUP)

@@ -7,12 +7,12 @@ Input: records with ``context`` and ``summary`` (the reference); ``id`` is optio
 ``subset`` too. ``--data`` is a JSONL file, or (read with HF ``datasets``, imported only then) a Parquet file, a
 ``save_to_disk`` directory, a folder of JSONL/Parquet files, or a dataset name such as the CNNSum release
 ``CxsGHost/CNNSum`` (``--data-files cnnsum_L_16k.jsonl`` picks one of its four files); see
-:mod:`ropescale.evaluation.data`. Prompts come from :mod:`ropescale.common.prompts` (baseline IE/IB in the release or paper
-wording, or the fine-tuning F.2 prompts for fine-tuned models); no chat template unless ``--chat-template``.
-Decoding: greedy, at most 400 (L, XL) / 500 (2XL, 3XL) new tokens (paper Sec 4.2) or ``--max-new-tokens``, at least
-10 (the official release's Inference.py, ``min_tokens=10``; not in the paper) or ``--min-new-tokens``; the
-subset comes from ``--subset``, else the records' ``subset`` field (``data_concat sample`` writes it; all
-records must agree), else the release file name (``cnnsum_XXL_64k.jsonl`` -> 2XL).
+:mod:`ropescale.evaluation.data`. Prompts come from :mod:`ropescale.common.prompts` (baseline IE/IB in the release or
+paper wording, or the fine-tuning F.2 prompts for fine-tuned models); no chat template unless ``--chat-template``.
+Decoding: greedy, at most 400 (L, XL) / 500 (2XL, 3XL) new tokens (paper Sec 4.2) or ``--max-new-tokens``, at least 10
+(the official release's Inference.py, ``min_tokens=10``; not in the paper) or ``--min-new-tokens``; the subset comes
+from ``--subset``, else the records' ``subset`` field (``data_concat sample`` writes it; all records must agree), else
+the release file name (``cnnsum_XXL_64k.jsonl`` -> 2XL).
 
 RoPE: ``--rope/--scale/...`` follow :func:`rope_scaling.apply_rope`'s rule, as every ropescale command does: on an
 unscaled model they apply the method; on a model whose config already carries scaling, the same setting is a
@@ -24,10 +24,11 @@ vllm backend gets ``max_model_len`` = 2x the subset's target (the release's Infe
 paper), raised to fit the longest prompt
 plus generation, with its precomputed rotary cache made to cover it (``max_position_embeddings`` raised for
 plain / ntk / abf / pi rope); vLLM's dynamic NTK, and YaRN past vLLM's rotary cache, are refused (use the hf
-backend there): see :func:`ropescale.evaluation.backends.vllm_settings`. ``--truncate middle`` instead keeps the head and tail of the *context* (LongBench-style middle
-truncation; the instructions around it are kept whole) so the prompt is at most ``--max-input-tokens`` tokens
-(default: the model's extended context minus the max new tokens). run.json counts ``truncated`` samples and
-``over_context`` samples (prompt + max new tokens beyond the extended context, i.e. extrapolated).
+backend there): see :func:`ropescale.evaluation.backends.vllm_settings`. ``--truncate middle`` instead keeps the head
+and tail of the *context* (LongBench-style middle truncation; the instructions around it are kept whole) so the prompt
+is at most ``--max-input-tokens`` tokens (default: the model's extended context minus the max new tokens). run.json
+counts ``truncated`` samples and ``over_context`` samples (prompt + max new tokens beyond the extended context, i.e.
+extrapolated).
 
 Output (a run directory, see :mod:`ropescale.common.runs`): ``DIR/predictions.jsonl`` — one record per sample
 (id, subset, prompt, input_tokens, truncated, new_tokens, prediction, reference), appended and fsynced as each
@@ -45,17 +46,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rope_scaling import RopeSpec
 from ropescale.common import prompts, subsets
 from ropescale.common.cli import add_command, add_json, doc_sections, print_result
 from ropescale.common.io import InputError
-from ropescale.common.runs import (RunDir, RunRecord, check_resume, model_id as model_id_of, model_ref, open_run_dir,
-                                   read_train_record, settings_record)
+from ropescale.common.runs import (
+    RunDir,
+    RunRecord,
+    check_resume,
+    model_ref,
+    open_run_dir,
+    read_train_record,
+    settings_record,
+)
+from ropescale.common.runs import model_id as model_id_of
 from ropescale.common.settings import add_settings, from_args, nested, require, setting
-from rope_scaling import RopeSpec
 
 from .backends import BackendSettings, Item, make_backend
-from .data import (CNNSUM_HUB_ID, load_samples, open_source, parse_subset, records_subset,  # noqa: F401
-                   subset_from_filename)
+from .data import CNNSUM_HUB_ID, load_samples, open_source, parse_subset, records_subset, subset_from_filename  # noqa: F401
 
 TRUNCATE = ("none", "middle")
 MORE_DATA = "advanced: data and prompt"
@@ -209,8 +217,8 @@ def generate(settings: GenerateSettings | None = None, *args, progress: bool = T
 
 
 def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict:
-    from transformers import AutoTokenizer
     from tqdm import tqdm
+    from transformers import AutoTokenizer
 
     from rope_scaling import extended_context
     from ropescale.common.tiny import resolve_model

@@ -21,14 +21,14 @@ import sys
 from pathlib import Path
 from typing import Iterable, Optional
 
+from rope_scaling import RopeSpec
 from ropescale.common.io import InputError, read_jsonl, sha256_file, write_json_atomic, write_jsonl_atomic
 from ropescale.common.prompts import prompt_kind
 from ropescale.common.recall import mark_recall, marks_only
+from ropescale.common.rouge import DEFAULT_METRIC, METRICS, check_metric, rouge_l
 from ropescale.common.runs import RunDir, RunMeta, now
-from rope_scaling import RopeSpec
 
 from . import failure_modes
-from ropescale.common.rouge import DEFAULT_METRIC, METRICS, check_metric, rouge_l
 
 PRED_FIELDS = ("prediction", "reference")
 ALIASES = {"summary": "reference"}
@@ -104,8 +104,8 @@ def _data_path(meta: RunMeta) -> Optional[Path]:
 
 
 def load_contexts(meta: RunMeta) -> dict:
-    """id -> context from the local data named in run.json (a JSONL file, or what :mod:`ropescale.evaluation.data` reads with
-    ``datasets``), or {} if unknown (a dataset name is not fetched again).
+    """id -> context from the local data named in run.json (a JSONL file, or what :mod:`ropescale.evaluation.data`
+    reads with ``datasets``), or {} if unknown (a dataset name is not fetched again).
 
     A data line's id is its ``id`` field, else its 1-based line (row) number (as ``eval_summ.py generate`` numbers
     it)."""

@@ -26,11 +26,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ropescale.common.paths import CHAPTERS_JSONL
-from ropescale.common.runs import (RunDir, RunRecord, check_resume, model_id, model_ref, now, open_run_dir,
-                                   read_train_record, settings_record)
-from ropescale.common.settings import check, make, nested, setting
 from rope_scaling import RopeSpec
+from ropescale.common.paths import CHAPTERS_JSONL
+from ropescale.common.runs import (
+    RunDir,
+    RunRecord,
+    check_resume,
+    model_id,
+    model_ref,
+    now,
+    open_run_dir,
+    read_train_record,
+    settings_record,
+)
+from ropescale.common.settings import check, make, nested, setting
 
 ITEMS = "items.jsonl"
 SUMMARY = "summary.json"
@@ -67,7 +76,8 @@ def load_model(name: str | os.PathLike | None, spec=None) -> Loaded:
     from transformers import AutoTokenizer
 
     from rope_scaling import extended_context, read_rope, rope_state
-    from rope_scaling.load import load_config, load_model as load_lm
+    from rope_scaling.load import load_config
+    from rope_scaling.load import load_model as load_lm
     from ropescale.common.tiny import resolve_model
 
     path = resolve_model(name)

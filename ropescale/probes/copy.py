@@ -75,5 +75,6 @@ def copy_probe(loaded, docs, settings: CopySettings | None = None, **fields) -> 
 
 
 def register(sub) -> None:
-    register_probe(sub, "copy", CopySettings, help="target span pasted into the prefix at a distance (Sun et al. Sec 5)", description=__doc__,
+    register_probe(sub, "copy", CopySettings, description=__doc__,
+                   help="target span pasted into the prefix at a distance (Sun et al. Sec 5)",
                    load=lambda s: load_docs(s.data, s.tail_chapters), run=copy_probe)

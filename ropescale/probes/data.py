@@ -20,11 +20,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ropescale.common.chapters import (Chapter, by_book, chapter_heading, chapter_index,  # noqa: F401  (re-exported)
-                                chinese_numeral, read_chapters)
+from ropescale.common.chapters import Chapter, by_book, chapter_heading, chapter_index, chinese_numeral, read_chapters  # noqa: F401  (re-exported)
 from ropescale.common.io import InputError, read_jsonl, write_jsonl_atomic
 from ropescale.common.paths import CACHE_DIR, CHAPTERS_JSONL
 from ropescale.common.text import split_sentences  # noqa: F401  (the one sentence splitter, re-exported for the probes)
+
 
 @dataclass
 class Doc:

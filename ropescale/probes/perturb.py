@@ -142,5 +142,6 @@ def perturb_probe(loaded, docs, settings: PerturbSettings | None = None, **field
 
 
 def register(sub) -> None:
-    register_probe(sub, "perturb", PerturbSettings, help="loss change when only the distant prefix is perturbed (Sun et al. Sec 4)", description=__doc__,
+    register_probe(sub, "perturb", PerturbSettings, description=__doc__,
+                   help="loss change when only the distant prefix is perturbed (Sun et al. Sec 4)",
                    load=lambda s: load_docs(s.data, s.tail_chapters), run=perturb_probe)

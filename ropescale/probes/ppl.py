@@ -118,5 +118,6 @@ def _data_name(docs) -> str:
 
 
 def register(sub) -> None:
-    register_probe(sub, "ppl", PplSettings, help="loss on a fixed target span vs prefix length (Sun et al. 2021 Sec 3)", description=__doc__,
+    register_probe(sub, "ppl", PplSettings, description=__doc__,
+                   help="loss on a fixed target span vs prefix length (Sun et al. 2021 Sec 3)",
                    load=lambda s: load_docs(s.data, s.tail_chapters), run=ppl_probe)

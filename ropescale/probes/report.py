@@ -18,11 +18,11 @@ import dataclasses
 import os
 from pathlib import Path
 
+from rope_scaling import RopeSpec
 from ropescale.common.cli import FORMAT_ALIASES, add_command, add_format
 from ropescale.common.io import InputError, atomic_open, check_output_dir, check_output_file, write_text_atomic
 from ropescale.common.runs import RunMeta, find_run_dirs
 from ropescale.common.tables import Setting, Table, json_text, number, setting_labels, write_tables
-from rope_scaling import RopeSpec
 
 from .common import ITEMS, SUMMARY, summarize
 

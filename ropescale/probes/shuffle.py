@@ -136,5 +136,6 @@ def shuffle_probe(loaded, docs: list[Doc], settings: ShuffleSettings | None = No
 
 
 def register(sub) -> None:
-    register_probe(sub, "shuffle", ShuffleSettings, help="zero-shot k-Block Shuffle Test (Laban et al. 2021 Sec 3-4)", description=__doc__,
+    register_probe(sub, "shuffle", ShuffleSettings, description=__doc__,
+                   help="zero-shot k-Block Shuffle Test (Laban et al. 2021 Sec 3-4)",
                    load=lambda s: shuffle_docs(s.data), run=shuffle_probe)

@@ -1,9 +1,9 @@
 """Training settings: one dataclass, :class:`TrainSettings` (the RoPE spec nested), and what is built from it.
 
 Its fields are the flags of ``finetune.py`` (help, defaults, checks), the keys of a recipe, the ``settings``
-record of run.json and what ``--resume`` compares (``ropescale.common.settings``). Precedence: built-in defaults < recipe
-(``--recipe FILE``; for the tiny default model without a recipe, ``recipes/tiny_demo.yaml``) < flags given on the
-command line. A recipe key that is not a setting, or a value of the wrong type or out of range, is an error naming
+record of run.json and what ``--resume`` compares (``ropescale.common.settings``). Precedence: built-in defaults <
+recipe (``--recipe FILE``; for the tiny default model without a recipe, ``recipes/tiny_demo.yaml``) < flags given on
+the command line. A recipe key that is not a setting, or a value of the wrong type or out of range, is an error naming
 the file and line; the resolved settings are checked again (naming the flag) before any work.
 """
 from __future__ import annotations
@@ -12,11 +12,11 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from rope_scaling import RopeSpec
 from ropescale.common.cli import DTYPES, dtype_name
 from ropescale.common.io import InputError
 from ropescale.common.paths import DS_CONFIGS_DIR, RECIPES_DIR
 from ropescale.common.settings import add_settings, from_args, given, nested, read_recipe, setting
-from rope_scaling import RopeSpec
 
 TINY_DEMO_RECIPE = RECIPES_DIR / "tiny_demo.yaml"
 

@@ -11,9 +11,9 @@ import os
 import sys
 from pathlib import Path
 
+from data_concat.packed import IGNORE_INDEX
 from ropescale.common.io import InputError
 from ropescale.common.paths import CACHE_DIR, CHAPTERS_JSONL
-from data_concat.packed import IGNORE_INDEX
 
 
 def log(msg: str) -> None:
@@ -46,7 +46,6 @@ def build_default_data(model_dir: str | os.PathLike, orig_ctx: int, extended: in
     its reach. Returns the packed directory."""
     from data_concat import pack
     from data_concat.tokenizer import load_tokenizer
-
     from ropescale.common.chapters import read_chapters
     from ropescale.common.io import write_jsonl_atomic
     from ropescale.common.recall import HELDOUT, pair_range, recall_samples, sources, split_part

@@ -29,12 +29,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rope_scaling import RopeSpec
 from ropescale.common.cli import dtype_name
 from ropescale.common.io import InputError, read_json
-from ropescale.common.runs import (RunDir, RunMeta, RunRecord, check_resume, length_of, model_id,
-                                   model_ref, open_run_dir, read_train_record, refuse_resume, settings_record)
+from ropescale.common.runs import (
+    RunDir,
+    RunMeta,
+    RunRecord,
+    check_resume,
+    length_of,
+    model_id,
+    model_ref,
+    open_run_dir,
+    read_train_record,
+    refuse_resume,
+    settings_record,
+)
 from ropescale.common.settings import check, fmt, from_record
-from rope_scaling import RopeSpec
 
 from . import env, sequence_parallel
 from .config import TrainSettings, default_global_batch, resolve_ds_config

@@ -192,6 +192,7 @@ def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_mod
     ``overwrite``, the run, its export or the base model are refused before any work."""
     from peft import PeftModel
     from safetensors.torch import load_file
+
     from rope_scaling.load import load_config, load_model
 
     d = Path(export_dir)

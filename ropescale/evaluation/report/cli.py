@@ -9,8 +9,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 from ropescale.common.cli import add_command, add_format
 from ropescale.common.io import InputError
-
 from ropescale.common.rouge import DEFAULT_METRIC, METRICS
+
 from .intake import build_report, save_fresh_scores
 from .model import Report, parse_buckets
 from .render import VIEWS, render, write_report

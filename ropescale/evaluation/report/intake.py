@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
+from rope_scaling import RopeSpec
 from ropescale.common.io import InputError
 from ropescale.common.prompts import prompt_kind
+from ropescale.common.rouge import DEFAULT_METRIC, check_metric
 from ropescale.common.runs import RunMeta, TrainLength, find_run_dirs
 from ropescale.common.subsets import get as get_subset
 from ropescale.common.tables import Setting
-from rope_scaling import RopeSpec
 
-from ropescale.common.rouge import DEFAULT_METRIC, check_metric
 from ..score import PREDICTIONS, load_run_scores, write_run_scores
 from .model import Report, RunResult, assemble
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ropescale.common.io import InputError
 from ropescale.common import subsets
+from ropescale.common.io import InputError
 from ropescale.common.tables import Setting, setting_labels
 
 KINDS = ("IE", "IB")
