@@ -3,7 +3,7 @@ PY := .venv/bin/python
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test bench lock compat clean
+.PHONY: setup demo test lint bench lock compat clean
 setup:
 	@bash scripts/setup.sh
 
@@ -12,6 +12,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest
+
+# the linter alone (tests/test_lint.py runs it too): pyproject.toml [tool.ruff]
+lint: setup
+	.venv/bin/ruff check .
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
