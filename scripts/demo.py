@@ -97,14 +97,6 @@ def in_process(prog: str, main, argv: list[str]) -> None:
         raise SystemExit(f"[demo] step failed (exit {rc}): {prog} {' '.join(argv)}")
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @dataclass
 class Row:
     """One evaluated setting: the model it loads, the RoPE flags given at load time, its fine-tune run (if any)."""
@@ -270,6 +262,8 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, fr
                 ft += ["--resume", "auto"]
             ft += list(finetune_args)
             if launcher == "deepspeed":  # a free rendezvous port: 29500 may be taken by another job
+                from ropescale.training.env import free_port
+
                 launch = [str(Path(py).parent / "deepspeed"), "-q", "--master_port", str(free_port())]
             else:
                 launch = [py]
