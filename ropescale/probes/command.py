@@ -13,13 +13,19 @@ from ropescale.common.io import check_output_dir
 from ropescale.common.settings import add_settings, from_args, given
 
 from .common import ProbeSettings, load_model, set_threads
-from .data import heldout_default
+from .data import heldout_default, load_docs
 from .report import print_summary
 
 
-def register_probe(sub, name: str, cls, *, help: str, description: str, load: Callable[[ProbeSettings], object],
-                   run: Callable) -> argparse.ArgumentParser:
-    """A probe's subcommand: ``load(settings)`` reads its data, ``run(loaded, data, settings)`` returns the summary."""
+def book_docs(s: ProbeSettings):
+    """The documents of a probe that reads running text: ``--data`` (or the held-out chapters), its last chapters."""
+    return load_docs(s.data, s.tail_chapters)
+
+
+def register_probe(sub, name: str, cls, *, help: str, description: str, run: Callable,
+                   load: Callable[[ProbeSettings], object] = book_docs) -> argparse.ArgumentParser:
+    """A probe's subcommand: ``load(settings)`` reads its data (default: :func:`book_docs`),
+    ``run(loaded, data, settings)`` returns the summary."""
     ap = add_command(sub, name, help=help, description=description)
     add_settings(ap, cls)
     add_json(ap, "the summary")

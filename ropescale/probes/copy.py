@@ -18,7 +18,6 @@ from ropescale.common.settings import setting
 
 from .command import register_probe
 from .common import NOT_NEGATIVE, POSITIVE, ProbeRun, ProbeSettings, probe_settings
-from .data import load_docs
 from .perturb import default_distances
 from .ppl import _data_name, target_spans
 from .scorer import score_continuations
@@ -76,5 +75,4 @@ def copy_probe(loaded, docs, settings: CopySettings | None = None, **fields) -> 
 
 def register(sub) -> None:
     register_probe(sub, "copy", CopySettings, description=__doc__,
-                   help="target span pasted into the prefix at a distance (Sun et al. Sec 5)",
-                   load=lambda s: load_docs(s.data, s.tail_chapters), run=copy_probe)
+                   help="target span pasted into the prefix at a distance (Sun et al. Sec 5)", run=copy_probe)

@@ -26,7 +26,6 @@ from ropescale.common.settings import setting
 
 from .command import register_probe
 from .common import NOT_NEGATIVE, POSITIVE, ProbeRun, ProbeSettings, data_setting, probe_settings, rng_for
-from .data import load_docs
 from .ppl import DEFAULT_TARGET_LEN, _data_name, target_spans
 from .scorer import score_continuations
 
@@ -143,5 +142,4 @@ def perturb_probe(loaded, docs, settings: PerturbSettings | None = None, **field
 
 def register(sub) -> None:
     register_probe(sub, "perturb", PerturbSettings, description=__doc__,
-                   help="loss change when only the distant prefix is perturbed (Sun et al. Sec 4)",
-                   load=lambda s: load_docs(s.data, s.tail_chapters), run=perturb_probe)
+                   help="loss change when only the distant prefix is perturbed (Sun et al. Sec 4)", run=perturb_probe)

@@ -18,7 +18,6 @@ from ropescale.common.settings import setting
 
 from .command import register_probe
 from .common import POSITIVE, ProbeRun, ProbeSettings, default_lengths, encode, probe_settings, progress, rng_for
-from .data import load_docs
 from .scorer import score_continuations
 
 # Sun et al. 2021 Sec 2.2: "we set the number of target tokens per context k = 10" (token-level experiments, Sec 3-4)
@@ -119,5 +118,4 @@ def _data_name(docs) -> str:
 
 def register(sub) -> None:
     register_probe(sub, "ppl", PplSettings, description=__doc__,
-                   help="loss on a fixed target span vs prefix length (Sun et al. 2021 Sec 3)",
-                   load=lambda s: load_docs(s.data, s.tail_chapters), run=ppl_probe)
+                   help="loss on a fixed target span vs prefix length (Sun et al. 2021 Sec 3)", run=ppl_probe)
