@@ -81,8 +81,12 @@ def show(argv: list[str]) -> None:
 def sh(argv: list[str], capture: bool = False) -> str:
     """Run a command (echoed first); its stderr (progress, logs) passes through; stop the demo if it fails."""
     show(argv)
+    from ropescale.training.env import DIST_DEFAULTS
+
+    # each fine-tune picks its own rendezvous port: never one an in-process step of this demo set and may still hold
+    env = {k: v for k, v in os.environ.items() if k not in {*DIST_DEFAULTS, "MASTER_PORT"}}
     res = subprocess.run(argv, cwd=ROOT, text=True, stdout=subprocess.PIPE if capture else None,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                         env=dict(env, PYTHONPATH=str(ROOT)))
     if res.returncode != 0:
         raise SystemExit(f"[demo] step failed (exit {res.returncode}): {' '.join(argv)}")
     return res.stdout or ""

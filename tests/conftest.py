@@ -25,6 +25,17 @@ from ropescale.common.paths import CHAPTERS_JSONL, QWEN2_TOKENIZER  # noqa: E402
 _skipped: list[str] = []
 
 
+@pytest.fixture(autouse=True)
+def _environ_restored():
+    """Each test sees the environment this file set up, not what an earlier test left: an in-process fine-tune
+    (``ropescale.training.env.setup_env``) sets MASTER_PORT, and a later test's subprocesses would inherit a port
+    this process may still hold (EADDRINUSE)."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 def pytest_runtest_logreport(report):
     if report.skipped:
         _skipped.append(report.nodeid)
