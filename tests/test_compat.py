@@ -110,6 +110,22 @@ def test_last_logits_kwargs_keep_only_the_last_positions():
     assert torch.allclose(last, full[:, -2:], atol=1e-5)
 
 
+def test_cache_argument_and_output_field_are_the_forwards_own():
+    """The name the forward takes the KV cache by (and the outputs carry it under) is a parameter of the forward
+    itself, not an alias it warns about; a decode step through it continues the prefix exactly."""
+    model = tiny()
+    name = compat.cache_name()
+    assert name in inspect.signature(type(model).forward).parameters, changed(
+        "transformers", "the forward's cache argument", "cache_kwargs")
+    with torch.no_grad():
+        full = model(input_ids=IDS).logits
+        first = model(input_ids=IDS[:, :-1], use_cache=True)
+        cache = compat.output_cache(first)
+        assert cache is not None, changed("transformers", "the outputs' cache field", "output_cache")
+        step = model(input_ids=IDS[:, -1:], **compat.cache_kwargs(cache), use_cache=True).logits
+    assert torch.allclose(step[0, -1], full[0, -1], atol=1e-5)
+
+
 def test_registered_attention_runs_in_every_layer_while_selected():
     model = tiny()
     calls = []

@@ -23,6 +23,9 @@ transformers
   transformers' own SDPA function (engine.py, backends.py): :func:`attn_implementation`,
   :func:`using_attention`, :func:`register_attention`, :func:`sdpa_attention`
 - a decoder given a prepared 4D additive mask uses it as is (5.x; engine.supported): :func:`prepared_mask_blocker`
+- the model forward's cache argument and the outputs' cache field (engine.py, probes/scorer.py): ``cache`` from 5.24
+  (``past_key_values`` warns "deprecated" there and goes in 5.40), ``past_key_values`` before: :func:`cache_kwargs`,
+  :func:`output_cache`
 - the KV-cache protocol (engine.SlotCache, engine._prefill_writer): attention layers call
   ``past_key_values.update(key, value, layer_idx, ...)`` (5.24 passes ``kwargs=``, earlier ``cache_kwargs``) and
   attend to what it returns; ``DynamicCache(config=)``: :class:`DuckCache`, :func:`writer_cache`
@@ -69,6 +72,7 @@ test_training_memory).
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import re
 
@@ -190,6 +194,25 @@ def last_logits_kwargs(n: int) -> dict:
     """Forward kwargs for logits of the last ``n`` positions only: ``logits_to_keep`` (4.50+, 5.x; 4.46 called it
     ``num_logits_to_keep``)."""
     return {"logits_to_keep": int(n)}
+
+
+@functools.lru_cache(maxsize=None)
+def cache_name() -> str:
+    """The name of the cache in a model's forward and in its outputs: ``cache`` (transformers 5.24+; the old name
+    ``past_key_values`` warns until 5.40, then is gone), ``past_key_values`` before 5.24."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return "cache" if "cache" in getattr(CausalLMOutputWithPast, "__dataclass_fields__", {}) else "past_key_values"
+
+
+def cache_kwargs(cache) -> dict:
+    """Forward kwargs that hand the model a KV cache (:func:`cache_name`)."""
+    return {cache_name(): cache}
+
+
+def output_cache(out):
+    """The KV cache a forward with ``use_cache=True`` returned (:func:`cache_name`)."""
+    return getattr(out, cache_name())
 
 
 def attn_implementation(config, default: str = "sdpa") -> str:

@@ -341,8 +341,8 @@ class SlotDecoder:
             reset_dynamic_rope(self.model, [d.m for d in self.dynamic])
         out = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
                          position_ids=torch.arange(n, device=dev).unsqueeze(0),
-                         past_key_values=_prefill_writer(self.model.config, self.cache, row, start), use_cache=True,
-                         **compat.last_logits_kwargs(1))
+                         **compat.cache_kwargs(_prefill_writer(self.model.config, self.cache, row, start)),
+                         use_cache=True, **compat.last_logits_kwargs(1))
         logits = out.logits[0, -1].float()
         if self.min_new > 0:
             logits = logits.masked_fill(self.eos_mask, float("-inf"))
@@ -379,7 +379,7 @@ class SlotDecoder:
         try:  # the attention is read by every layer as it runs (and as it is captured)
             with compat.using_attention(self.model.config, ATTN_NAME):
                 out = self.model(input_ids=self.tok, position_ids=self.pos, attention_mask=self.mask,
-                                 past_key_values=self.cache, use_cache=True)
+                                 **compat.cache_kwargs(self.cache), use_cache=True)
         finally:
             for d in self.dynamic:
                 del d.m.forward

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
-from ropescale.common.compat import last_logits_kwargs
+from ropescale.common.compat import cache_kwargs, last_logits_kwargs, output_cache
 
 
 @dataclass
@@ -154,7 +154,7 @@ def score_candidates(model, prefix: Sequence[int], candidates: Sequence[Sequence
     with torch.no_grad():
         first = model(input_ids=torch.tensor([prefix]), use_cache=True)
         last = torch.log_softmax(first.logits[0, -1].float(), dim=-1)  # predicts each candidate's first token
-        cache = first.past_key_values
+        cache = output_cache(first)
         P = len(prefix)
         for b in range(0, len(candidates), batch_size):
             chunk = [list(c) for c in candidates[b:b + batch_size]]
@@ -169,7 +169,7 @@ def score_candidates(model, prefix: Sequence[int], candidates: Sequence[Sequence
                 mask[i, P:P + len(c)] = 1
             kv = copy.deepcopy(cache)
             kv.batch_repeat_interleave(B)
-            res = model(input_ids=ids, attention_mask=mask, past_key_values=kv, use_cache=True)
+            res = model(input_ids=ids, attention_mask=mask, **cache_kwargs(kv), use_cache=True)
             logp = torch.log_softmax(res.logits.float(), dim=-1)
             for i, c in enumerate(chunk):
                 n = len(c)
