@@ -113,7 +113,12 @@ def test_sp2_matches_one_process(runs, rope):
     la, lb = train_log(one), train_log(two)
     assert [r["step"] for r in la] == [r["step"] for r in lb] == list(range(1, STEPS + 1))
     dloss = max(abs(a["loss"] - b["loss"]) for a, b in zip(la, lb))
-    dnorm = max(abs(a["grad_norm"] - b["grad_norm"]) / a["grad_norm"] for a, b in zip(la, lb))
+    # the Trainer logs the gradient norm under DeepSpeed with the lock (transformers 5.24), not at the lower bounds
+    # (transformers 5.13, accelerate 1.3, deepspeed 0.19.3: make compat, 2026-11-25):
+    # compared wherever it is logged, and logged by both runs or by neither
+    assert all("grad_norm" in r for r in la + lb) or not any("grad_norm" in r for r in la + lb)
+    dnorm = max((abs(a["grad_norm"] - b["grad_norm"]) / a["grad_norm"] for a, b in zip(la, lb) if "grad_norm" in a),
+                default=0.0)
     ta, tb = _tensors(one), _tensors(two)
     assert ta.keys() == tb.keys() and len(ta) > 10
     dw = max((ta[k] - tb[k]).abs().max().item() for k in ta)
