@@ -72,6 +72,11 @@ def runs(setup):
     step-2 checkpoint and is resumed (--resume auto) for step 3, so its comparison covers resume under SP too."""
     tmp, model_dir, data = setup
     dirs = {rope: (tmp / f"{rope}-1", tmp / f"{rope}-sp2") for rope in ("yarn", "ntk")}
+    if sp.unverified_versions():  # releases below sequence_parallel.VERIFIED: the launch must be refused, in one line
+        proc = _start(_launch(2, *_args(model_dir, data, dirs["yarn"][1], "yarn"), "--sequence-parallel", "2"))
+        _, err = proc.communicate(timeout=400)
+        assert proc.returncode == 2 and "is verified to train what one process trains only with" in err, err[-2000:]
+        return None
 
     def sp2(rope, *extra, steps=STEPS):
         return _start(_launch(2, *_args(model_dir, data, dirs[rope][1], rope, steps=steps, save=2),
@@ -89,6 +94,8 @@ def runs(setup):
 
 
 def test_resume_under_sp(runs):
+    if runs is None:
+        return  # refused below the verified releases (checked by the fixture)
     dirs, logs = runs
     assert "resuming from" in logs["resume"] and "checkpoint-2" in logs["resume"]
     assert [r["step"] for r in train_log(dirs["yarn"][1])] == list(range(1, STEPS + 1))  # each step once
@@ -103,6 +110,8 @@ def test_uneven_lengths_are_padded(setup):
 
 @pytest.mark.parametrize("rope", ["yarn", "ntk"])
 def test_sp2_matches_one_process(runs, rope):
+    if runs is None:
+        return  # refused below the verified releases (checked by the fixture)
     dirs, logs = runs
     one, two = dirs[rope]
     assert "sequence parallel 2 (Ulysses): 1 group(s) of 2 processes" in logs[rope]
@@ -147,13 +156,29 @@ def _cfg(heads=4, kv=2):
     (dict(config=_cfg(heads=4, kv=1)), "4 attention heads and 1 KV heads"),
     (dict(attn="eager"), "--attn sdpa or flash_attention_2"),
 ])
-def test_bad_settings_refused(kw, needle):
+def test_bad_settings_refused(kw, needle, monkeypatch):
+    monkeypatch.setattr(sp, "unverified_versions", lambda: [])  # the releases are test_older_releases_are_refused's
     args = dict(config=_cfg(), world=2, deepspeed="ds_configs/zero3.json", attn="sdpa")
     args.update(kw)
     with pytest.raises(InputError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         sp.check_settings(2, **args)
     sp.check_settings(1, **{**args})  # K = 1 is always fine
     sp.check_settings(2, config=_cfg(), world=4, deepspeed="x.json", attn="sdpa")  # 2 groups of 2
+
+
+def test_older_releases_are_refused(monkeypatch):
+    """Below the releases SP was verified with (sp.VERIFIED), --sequence-parallel is refused in one line naming them."""
+    from ropescale.common import compat
+
+    lowest = {"transformers": (5, 13, 0), "accelerate": (1, 3, 0), "deepspeed": (0, 19, 3)}
+    monkeypatch.setattr(compat, "version", lambda d: lowest.get(d, (99,)))
+    assert sp.unverified_versions() == ["transformers 5.13.0", "accelerate 1.3.0", "deepspeed 0.19.3"]
+    with pytest.raises(InputError, match="only with transformers>=5.24, accelerate>=1.15, deepspeed>=0.19.8; this "
+                                         "environment has transformers 5.13.0"):
+        sp.check_settings(2, config=_cfg(), world=2, deepspeed="x.json", attn="sdpa")
+    verified = {"transformers": (5, 24, 0), "accelerate": (1, 15, 0), "deepspeed": (0, 19, 8)}
+    monkeypatch.setattr(compat, "version", lambda d: verified[d])
+    assert sp.unverified_versions() == []
 
 
 def test_launch_without_enough_ranks_exits_2_in_one_line(setup):

@@ -69,6 +69,19 @@ class Layout:
         return self.rank % self.degree
 
 
+# The releases with which two processes under --sequence-parallel 2 were checked to train what one process trains
+# (tests/test_sequence_parallel.py). At pyproject's lower bounds (transformers 5.13, accelerate 1.3, deepspeed 0.19.3)
+# the same test gave losses 0.026 and weights 5.9e-3 apart (make compat, 2026-11-25), so older releases are refused.
+VERIFIED = {"transformers": (5, 24), "accelerate": (1, 15), "deepspeed": (0, 19, 8)}
+
+
+def unverified_versions() -> list[str]:
+    """``name version`` of each installed release below :data:`VERIFIED` (empty: sequence parallelism may run)."""
+    from ropescale.common.compat import version
+
+    return [f"{d} {'.'.join(map(str, version(d)))}" for d, v in VERIFIED.items() if version(d) and version(d) < v]
+
+
 def check_settings(k: int, *, config, world: int, deepspeed, attn: str) -> None:
     """Refuse (InputError, one line) what sequence parallelism of degree ``k`` cannot run, before any model is
     loaded: no DeepSpeed config or package, a launch whose process count is not a multiple of ``k``, attention
@@ -81,6 +94,11 @@ def check_settings(k: int, *, config, world: int, deepspeed, attn: str) -> None:
                          f"zero3, a JSON file)")
     if importlib.util.find_spec("deepspeed") is None:
         raise InputError(f"{flag} needs the deepspeed package (pip install -r requirements-deepspeed.txt)")
+    old = unverified_versions()
+    if old:
+        want = ", ".join(f"{d}>={'.'.join(map(str, v))}" for d, v in VERIFIED.items())
+        raise InputError(f"{flag} is verified to train what one process trains only with {want}; this environment has "
+                         f"{', '.join(old)} (install requirements.lock)")
     if world < k or world % k:
         raise InputError(f"{flag} needs a multiple of {k} processes and this launch has {world}: start it with "
                          f"`deepspeed --num_gpus {k} finetune.py ...` (or a multiple of {k} GPUs)")
