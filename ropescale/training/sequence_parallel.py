@@ -85,7 +85,7 @@ def unverified_versions() -> list[str]:
 def check_settings(k: int, *, config, world: int, deepspeed, attn: str) -> None:
     """Refuse (InputError, one line) what sequence parallelism of degree ``k`` cannot run, before any model is
     loaded: no DeepSpeed config or package, a launch whose process count is not a multiple of ``k``, attention
-    heads or KV heads that do not divide by ``k``, eager attention."""
+    heads or KV heads that do not divide by ``k``, eager attention, releases older than :data:`VERIFIED`."""
     if k <= 1:
         return
     flag = f"--sequence-parallel {k}"
@@ -94,11 +94,6 @@ def check_settings(k: int, *, config, world: int, deepspeed, attn: str) -> None:
                          f"zero3, a JSON file)")
     if importlib.util.find_spec("deepspeed") is None:
         raise InputError(f"{flag} needs the deepspeed package (pip install -r requirements-deepspeed.txt)")
-    old = unverified_versions()
-    if old:
-        want = ", ".join(f"{d}>={'.'.join(map(str, v))}" for d, v in VERIFIED.items())
-        raise InputError(f"{flag} is verified to train what one process trains only with {want}; this environment has "
-                         f"{', '.join(old)} (install requirements.lock)")
     if world < k or world % k:
         raise InputError(f"{flag} needs a multiple of {k} processes and this launch has {world}: start it with "
                          f"`deepspeed --num_gpus {k} finetune.py ...` (or a multiple of {k} GPUs)")
@@ -111,6 +106,11 @@ def check_settings(k: int, *, config, world: int, deepspeed, attn: str) -> None:
     if attn == "eager":
         raise InputError(f"{flag} needs --attn sdpa or flash_attention_2 (eager attention builds a full 4D mask, "
                          f"which Ulysses cannot split)")
+    old = unverified_versions()
+    if old:
+        want = ", ".join(f"{d}>={'.'.join(map(str, v))}" for d, v in VERIFIED.items())
+        raise InputError(f"{flag} is verified to train what one process trains only with {want}; this environment has "
+                         f"{', '.join(old)} (install requirements.lock)")
 
 
 # ---------------------------------------------------------------- the model
