@@ -118,8 +118,9 @@ def train_losses(train_dir: Path) -> tuple[float, float, int] | None:
     p = Path(train_dir) / "train_log.jsonl"
     if not p.is_file():
         return None
-    rows = [json.loads(x) for x in p.read_text(encoding="utf-8").splitlines() if x.strip()]
-    steps = {r["step"]: r["loss"] for r in rows if isinstance(r.get("loss"), (int, float))}
+    from ropescale.common.io import read_jsonl
+
+    steps = {r["step"]: r["loss"] for r in read_jsonl(p) if isinstance(r.get("loss"), (int, float))}
     if not steps:
         return None
     order = sorted(steps)
@@ -134,24 +135,16 @@ def predicted_reach(model: str, spec=None) -> float | None:
     return describe(load_config(model), spec)["reach"]
 
 
-def marks_only_floor(eval_file: Path, marks: int) -> float:
-    """Mean CNNSum ROUGE-L x100 of an answer holding only the marks (【1】..【K】, one a line) on an eval set: the
-    score a model gets for the format alone, with no marked sentence recalled."""
-    from ropescale.common.recall import reference
-    from ropescale.evaluation.score import score_records
-
-    recs = [json.loads(x) for x in eval_file.read_text(encoding="utf-8").splitlines() if x.strip()]
-    return score_records({"prediction": reference([""] * marks), "reference": r["summary"]} for r in recs)["rouge_l"]
-
-
-def row_cells(run_dirs: list[Path], columns: list[str]) -> tuple[dict, float | None]:
-    """({column: ROUGE-L}, MSE(P-IE vs P-IB)) of one row, by the report's own formulas (one row's runs)."""
+def row_cells(run_dirs: list[Path]) -> tuple[dict, float | None, dict]:
+    """({column: ROUGE-L}, MSE(P-IE vs P-IB), {column: marks-only floor}) of one row, by the report's own formulas
+    (one row's runs; the floor is the recall view's: the score of an answer holding only the marks)."""
     from ropescale.evaluation.report import build_report
 
     rep = build_report([str(d) for d in run_dirs if (d / "predictions.jsonl").is_file()])
     _, rows = rep.extrapolation()
     t2 = list(rep.table2().values())
-    return (rows[0]["cells"] if rows else {}), (t2[0]["mse"] if t2 else None)
+    floor = {r["subset"]: r["rouge_l"] for r in rep.recall()[1] if r["label"] is None}
+    return (rows[0]["cells"] if rows else {}), (t2[0]["mse"] if t2 else None), floor
 
 
 def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, free=FREE, scale: float = 8,
@@ -163,7 +156,6 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, fr
 
     from rope_scaling import RopeSpec, read_rope
     from ropescale.common.paths import CHAPTERS_JSONL
-    from ropescale.common.recall import MARKS
 
     py = sys.executable
     out = Path(out)
@@ -323,17 +315,18 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, fr
     from ropescale.common.tables import csv_text, json_text, markdown, number
 
     cols = [f"T{tg}" for tg in targets]
-    floor = {f"T{tg}": marks_only_floor(evals[tg], MARKS) for tg in targets}
+    cells_of = {r.key: row_cells([gen / f"{r.key}_{pr}_T{tg}" for pr in F2 for tg in targets]) for r in rows}
+    floor = cells_of[rows[0].key][2]
     header = ["row", "predicted reach", "train length: mean (range)", "answer loss: step 1 -> last", *cols,
               "MSE (P-IE vs P-IB)"]
-    table = [["marks only (the floor)", None, None, None, *[floor[c] for c in cols], None]]
+    table = [["marks only (the floor)", None, None, None, *[floor.get(c) for c in cols], None]]
     records = [{"row": "marks only (the floor)", "cells": floor}]
     for r in rows:
         reach = predicted_reach(str(model_dir), RopeSpec(r.method, scale=scale) if r.flags else None) \
             if r.train_dir is None else predicted_reach(r.model)
         loss = train_losses(r.train_dir) if r.train_dir is not None else None
         under = loss is not None and loss[1] > LEARNED
-        cells, mse = row_cells([gen / f"{r.key}_{pr}_T{tg}" for pr in F2 for tg in targets], cols)
+        cells, mse, _ = cells_of[r.key]
         loss_txt = None if loss is None else f"{loss[0]:.2f} -> {loss[1]:.2f} ({loss[2]} steps)"
         tl = TrainLength.of((read_train_record(r.model) or {}).get("length")) if r.train_dir is not None else None
         reach_txt = "unbounded" if reach is None else f"{reach:.0f}"
@@ -344,7 +337,7 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, fr
                         "loss_last": loss and loss[1], "steps": loss and loss[2], "under_trained": under,
                         "cells": cells, "mse_ie_ib": mse, "prompts": "F.2"})
         if r is rows[0] and baseline_prompts:  # the same model with the F.1 baseline prompts
-            cells, mse = row_cells([gen_f1 / f"base_{pr}_T{tg}" for pr in F1 for tg in targets], cols)
+            cells, mse, _ = row_cells([gen_f1 / f"base_{pr}_T{tg}" for pr in F1 for tg in targets])
             table.append([f"{r.label}, F.1 baseline prompts", reach_txt, None, None, *[cells.get(c) for c in cols],
                           mse])
             records.append({"row": f"{r.label}, F.1 baseline prompts", "key": "base-f1", "method": "none",
