@@ -141,6 +141,17 @@ def test_mse_and_floor_by_hand():
     assert U.mse_with_floor(cells, resamples=1000) == m
 
 
+def test_mse_interval_replays_the_generator_by_hand():
+    cells = {"T512": ({1: 10.0, 2: 20.0, 3: 30.0}, {1: 8.0, 2: 14.0, 3: 29.0}),  # d = 2, 6, 1
+             "T1024": ({1: 50.0, 2: 40.0}, {1: 45.0, 2: 41.0})}  # d = 5, -1
+    rng = np.random.default_rng(9)  # one generator, the cells in order; a pair (an id) is resampled as one
+    d1 = np.array([2.0, 6.0, 1.0])[rng.integers(0, 3, size=(41, 3))].mean(axis=1)
+    d2 = np.array([5.0, -1.0])[rng.integers(0, 2, size=(41, 2))].mean(axis=1)
+    mse = np.sort((d1 ** 2 + d2 ** 2) / 2)
+    m = U.mse_with_floor(cells, resamples=41, seed=9)
+    assert (m.lo, m.hi) == (pytest.approx(mse[1]), pytest.approx(mse[39]))
+
+
 def test_mse_interval_exact_enumeration():
     ie = {1: 10.0, 2: 30.0, 3: 45.0, 4: 100.0}
     ib = {1: 10.0, 2: 20.0, 3: 5.0, 4: 0.0}  # d = 0, 10, 40, 100: MSE* = (mean d*)^2, a monotone map of mean d* >= 0
