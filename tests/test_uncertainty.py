@@ -75,6 +75,9 @@ def test_cell_of_prompts_is_the_mean_of_prompt_means_and_pairs_by_id():
     # s_ie^2 = (400 + 100 + 900) / 2 = 700; s_ib^2 = (100 + 100) / 1 = 200; s_ie,ib over a, b = (-5)(-10)*2 / 1 = 100
     assert est.se == pytest.approx(math.sqrt((700 / 3 + 200 / 2 + 4 * 100 / 6) / 4))
     assert est.lo <= est.mean <= est.hi
+    # plain sequences do not pair by position: var = (s_ie^2 / 3 + s_ib^2 / 2) / 4
+    seqs = U.cell_of_prompts([list(ie.values()), list(ib.values())], resamples=500)
+    assert seqs.mean == est.mean and seqs.se == pytest.approx(math.sqrt((700 / 3 + 200 / 2) / 4))
 
 
 # ------------------------------------------------------------------------------------------------ IE - IB
