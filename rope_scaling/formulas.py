@@ -98,9 +98,6 @@ def reach(orig_ctx: float, inv_freq: Sequence[float], scaled_inv_freq: Sequence[
     return finetune_bound(orig_ctx, inv_freq, scaled_inv_freq, None)
 
 
-angle_bound = reach  # the name says what it is; ``reach`` stays for callers
-
-
 def finetune_bound(orig_ctx: float, inv_freq: Sequence[float], scaled_inv_freq: Sequence[float],
                    trained_len: float | None) -> float:
     """The angle bound after a fine-tune on positions up to ``trained_len`` with the scaled frequencies: pair i has
