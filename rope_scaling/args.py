@@ -9,7 +9,8 @@ from .spec import RopeSpec
 
 
 def add_rope_args(parser: argparse.ArgumentParser, *, suppress_defaults: bool = False) -> argparse.ArgumentParser:
-    """Add --rope --scale --rope-base --orig-ctx --yarn-alpha --yarn-beta --yarn-mscale --replace."""
+    """Add --rope --scale --rope-base --orig-ctx --yarn-alpha --yarn-beta --yarn-mscale --replace
+    --llama3-low-freq-factor --llama3-high-freq-factor --longrope-factors (RopeSpec's fields)."""
     return add_arguments(parser, RopeSpec, suppress_defaults=suppress_defaults)
 
 

@@ -3,10 +3,16 @@
 A method is a :class:`Method`: its formula (rotary dimension ``d`` (head_dim), the base after any ABF step, the
 :class:`RopeSpec` and the current sequence length -> :class:`Freqs`: the ``d/2`` inverse frequencies in float64, the
 attention factor that multiplies cos/sin, and the effective base), how it is written as plain Hugging Face rope
-entries, what its settings must satisfy, and the one line ``--rope``'s help shows. A new method is one function pair
-and one :data:`REGISTRY` entry here (plus a test): ``RopeSpec`` takes its name, ``--rope`` offers it, ``hf.apply_rope``
-writes it and ``describe`` explains it. No torch, no transformers: plain math and dicts, so ``describe``, the HF
-adapter and the tests' expectations can all be checked against it.
+entries and read back from them, what its settings must satisfy (alone, and against a model's rotary dim), and the
+one line ``--rope``'s help shows.
+
+Beside the methods: the angle bounds of a scaled rope (:func:`reach`, the pre-training bound; :func:`finetune_bound`,
+the same after a fine-tune; :func:`critical_dimension` / :func:`critical_period`, Liu et al. 2023's closed form) and
+the per-pair rescale factors theta_i / theta'_i a spec implies (:func:`rescale_factors`, the LongRoPE search's start).
+
+A new method is one function pair and one :data:`REGISTRY` entry here (plus a test): ``RopeSpec`` takes its name,
+``--rope`` offers it, ``hf.apply_rope`` writes it and ``describe`` explains it. No torch, no transformers: plain math
+and dicts, so ``describe``, the HF adapter and the tests' expectations can all be checked against it.
 """
 from __future__ import annotations
 
@@ -30,6 +36,16 @@ class RopeSpec(Protocol):
     yarn_mscale: float | None
     llama3_low: float
     llama3_high: float
+    longrope_factors: "LongRopeFactors | None"
+
+
+class LongRopeFactors(Protocol):
+    """LongRoPE's per-pair rescale factors (``rope_scaling.spec.LongRopeFactors`` has them): theta'_i = theta_i /
+    factor_i, ``short_factor`` within the original context, ``long_factor`` past it."""
+
+    short_factor: tuple[float, ...]
+    long_factor: tuple[float, ...]
+    attention_factor: float | None
 
 
 class Freqs(NamedTuple):
@@ -68,21 +84,53 @@ def yarn_attention_factor(s: float) -> float:
 
 
 def reach(orig_ctx: float, inv_freq: Sequence[float], scaled_inv_freq: Sequence[float]) -> float:
-    """Predicted reach: the longest context N in which every rotary pair stays inside the angles it saw in
-    pre-training, N = orig_ctx * min(theta_i / theta'_i) over the pairs with orig_ctx * theta_i < 2*pi (wavelength
+    """The pre-training angle bound: the longest context N in which every rotary pair stays inside the angles it saw
+    in pre-training, N = orig_ctx * min(theta_i / theta'_i) over the pairs with orig_ctx * theta_i < 2*pi (wavelength
     longer than orig_ctx: they never completed a turn, so only [0, orig_ctx * theta_i] was seen; the others saw
     every angle and bound nothing); inf when no pair is bounded.
 
-    Derived here from the angles (pair i at distance m turns m * theta'_i; inside the pre-training range while
-    m * theta'_i <= orig_ctx * theta_i; positions treated as continuous). The bounded pairs are the "critical
-    dimensions for extrapolation" of Liu et al. 2023, "Scaling Laws of RoPE-based Extrapolation" (arXiv
-    2310.05209), which names them as the origin of RoPE's extrapolation limit; their closed form for a changed
-    base is not reproduced here. The angle range is all this counts: not attention temperature, not what a
-    fine-tune teaches the model."""
+    A bound, not a prediction: a necessary condition for a training-free model to read every distance up to N with
+    angles it knows (pair i at distance m turns m * theta'_i; inside the pre-training range while m * theta'_i <=
+    orig_ctx * theta_i; positions treated as continuous). It counts angles only -- not attention temperature, not
+    what a fine-tune teaches the model (:func:`finetune_bound` adds the angles a fine-tune saw). The bounded pairs
+    are Liu et al. 2023's "critical dimensions for extrapolation" (arXiv 2310.05209); their closed form for a
+    changed base is :func:`critical_period`, a different number (the critical pair's full turn, not its seen arc)."""
+    return finetune_bound(orig_ctx, inv_freq, scaled_inv_freq, None)
+
+
+def finetune_bound(orig_ctx: float, inv_freq: Sequence[float], scaled_inv_freq: Sequence[float],
+                   trained_len: float | None) -> float:
+    """The angle bound after a fine-tune on positions up to ``trained_len`` with the scaled frequencies: pair i has
+    seen the angles [0, seen_i], seen_i = max(orig_ctx * theta_i, trained_len * theta'_i) (pre-training, then the
+    fine-tune); a pair with seen_i >= 2*pi saw every angle and bounds nothing; the bound is min(seen_i / theta'_i)
+    over the other pairs (inf when none). ``trained_len`` None (no fine-tune) gives :func:`reach`.
+
+    Derived here as :func:`reach` is, from the angles alone (issue 31.4): a fine-tune that trained at T_ft tokens
+    lifts every pair's bound to at least T_ft, so a fine-tuned row's bound says what its training length allows."""
     if len(inv_freq) != len(scaled_inv_freq):
         raise ValueError("inv_freq and scaled_inv_freq must have the same length")
-    bounded = [a / b for a, b in zip(inv_freq, scaled_inv_freq) if orig_ctx * a < 2 * math.pi]
-    return orig_ctx * min(bounded) if bounded else math.inf
+    out = math.inf
+    for a, b in zip(inv_freq, scaled_inv_freq):
+        seen = max(orig_ctx * a, (trained_len or 0) * b)
+        if seen < 2 * math.pi:
+            out = min(out, seen / b)
+    return out
+
+
+def critical_dimension(d: int, base: float, train_len: float) -> int:
+    """d_extra = 2 * ceil((d/2) * log_base(T_train / (2*pi))), clamped to [0, d]: the dims whose pairs turned a full
+    period in pre-training -- Liu et al. 2023 (arXiv 2310.05209), critical dimension for extrapolation (Lemma 1,
+    Eq. 13 as the authors' README numbers it, OpenLMLab/scaling-rope)."""
+    x = (d / 2) * math.log(train_len / (2 * math.pi)) / math.log(base)
+    return min(max(2 * math.ceil(x), 0), d)
+
+
+def critical_period(d: int, base: float, scaled_base: float, train_len: float) -> float:
+    """T_extra = 2*pi * base'^(d_extra / d), the full period of the first critical pair under the new base base'
+    (inf when every pair turned a full period) -- Liu et al. 2023 (arXiv 2310.05209), extrapolation upper bound for
+    a larger base (Theorem 3, Eq. 16b as the authors' README numbers it, OpenLMLab/scaling-rope)."""
+    de = critical_dimension(d, base, train_len)
+    return math.inf if de >= d else 2 * math.pi * scaled_base ** (de / d)
 
 
 # ---------------------------------------------------------------- one function per method
@@ -110,15 +158,35 @@ def _dynamic_ntk(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Fr
 
 def _yarn(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Freqs:
     """NTK-by-parts (linear ramp between the correction dims) + attention 0.1*ln(s)+1 -- YaRN 2309.00071 Sec 3.2-3.4."""
-    low, high = yarn_correction_range(d, base, spec.orig_ctx, spec.yarn_beta, spec.yarn_alpha)
+    att = spec.yarn_mscale if spec.yarn_mscale is not None else yarn_attention_factor(spec.scale)
+    return Freqs(yarn_inv_freq(d, base, spec.scale, spec.orig_ctx, spec.yarn_alpha, spec.yarn_beta), att, base)
+
+
+def yarn_inv_freq(d: int, base: float, s: float, orig_ctx: int, alpha: float, beta: float) -> list[float]:
+    """theta_i/s * ramp_i + theta_i * (1 - ramp_i), the ramp linear in i between the correction dims -- YaRN arXiv
+    2309.00071 Sec 3.2 (NTK-by-parts), as its reference code (jquesnelle/yarn) and transformers compute it."""
+    low, high = yarn_correction_range(d, base, orig_ctx, beta, alpha)
     if high == low:
         high += 0.001  # as the reference implementation: avoid a zero-width ramp
     out = []
     for i, f in enumerate(rope_inv_freq(d, base)):
         ramp = min(max((i - low) / (high - low), 0.0), 1.0)  # 0: keep (extrapolate), 1: divide by s
-        out.append(f / spec.scale * ramp + f * (1 - ramp))
-    att = spec.yarn_mscale if spec.yarn_mscale is not None else yarn_attention_factor(spec.scale)
-    return Freqs(out, att, base)
+        out.append(f / s * ramp + f * (1 - ramp))
+    return out
+
+
+def _dynamic_yarn(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Freqs:
+    """YaRN at s = max(1, L / L_orig) for the current length L -- YaRN arXiv 2309.00071 Sec 3.3 (dynamic scaling)
+    + 3.2-3.4; jquesnelle/yarn ``LlamaDynamicYaRNScaledRotaryEmbedding``.
+
+    ``--scale`` is the extension the setting is meant for (the extended context orig x s), not a floor: at L <=
+    orig this is plain RoPE. Written into a config as the static ``yarn`` entry at factor s (HF has no dynamic
+    YaRN), which is what plain transformers and vLLM then run: the same frequencies at the extended context, YaRN x s
+    (not the dynamic ones) below it; this repo reads the ``ropescale_rope`` record back as dynamic_yarn and must
+    recompute the frequencies per forward from the current length (its own rotary hook)."""
+    s = max(1.0, (seq_len or spec.orig_ctx) / spec.orig_ctx)
+    return Freqs(yarn_inv_freq(d, base, s, spec.orig_ctx, spec.yarn_alpha, spec.yarn_beta), yarn_attention_factor(s),
+                 base)
 
 
 def _abf(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Freqs:
@@ -140,6 +208,24 @@ def _llama3(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Freqs:
             smooth = (L / wavelen - lo) / (hi - lo)
             out.append((1 - smooth) * f / spec.scale + smooth * f)
     return Freqs(out, 1.0, base)
+
+
+def longrope_attention_factor(s: float, orig_ctx: int) -> float:
+    """sqrt(1 + ln(s) / ln(L_orig)) (1 for s <= 1) -- LongRoPE's default magnitude scaling ("su", microsoft/LongRoPE
+    rope/longrope.py; Phi-3), transformers' longrope default."""
+    return 1.0 if s <= 1 else math.sqrt(1 + math.log(s) / math.log(orig_ctx))
+
+
+def _longrope(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Freqs:
+    """theta_i / lambda_i with per-pair rescale factors lambda_i: long_factor past the original context, short_factor
+    within it -- LongRoPE arXiv 2402.13753 Sec 3.1-3.2; transformers ``longrope`` (Phi-3)."""
+    f = spec.longrope_factors
+    lam = f.long_factor if seq_len is not None and seq_len > spec.orig_ctx else f.short_factor
+    if len(lam) != d // 2:
+        raise ValueError(f"longrope factors have {len(lam)} values, rotary dim {d} needs {d // 2}")
+    att = f.attention_factor if f.attention_factor is not None else longrope_attention_factor(spec.scale,
+                                                                                               spec.orig_ctx)
+    return Freqs([t / x for t, x in zip(rope_inv_freq(d, base), lam)], att, base)
 
 
 # ---------------------------------------------------------------- how each method is written into an HF config
@@ -174,6 +260,22 @@ def _yarn_hf(spec: RopeSpec, b: float, d: int) -> tuple[dict, int]:
 def _llama3_hf(spec: RopeSpec, b: float, d: int) -> tuple[dict, int]:
     return {"rope_type": "llama3", "rope_theta": b, "factor": spec.scale, "original_max_position_embeddings":
             spec.orig_ctx, "low_freq_factor": spec.llama3_low, "high_freq_factor": spec.llama3_high}, _extended(spec)
+
+
+def _dynamic_yarn_hf(spec: RopeSpec, b: float, d: int) -> tuple[dict, int]:
+    # HF has no dynamic YaRN: plain transformers / vLLM run static YaRN at the full factor (equal at orig x s); this
+    # repo reads its ropescale_rope record back as dynamic_yarn
+    return {"rope_type": "yarn", "rope_theta": b, "factor": spec.scale, "original_max_position_embeddings":
+            spec.orig_ctx, "beta_fast": spec.yarn_beta, "beta_slow": spec.yarn_alpha}, _extended(spec)
+
+
+def _longrope_hf(spec: RopeSpec, b: float, d: int) -> tuple[dict, int]:
+    f = spec.longrope_factors
+    e = {"rope_type": "longrope", "rope_theta": b, "factor": spec.scale, "original_max_position_embeddings":
+         spec.orig_ctx, "short_factor": list(f.short_factor), "long_factor": list(f.long_factor)}
+    if f.attention_factor is not None:
+        e["attention_factor"] = f.attention_factor
+    return e, _extended(spec)
 
 
 def _extended(spec: RopeSpec) -> int:
@@ -212,12 +314,23 @@ def _llama3_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
             "llama3_high": e["high_freq_factor"]}
 
 
+def _longrope_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
+    # Phi-3 configs name no factor: transformers then takes max_position_embeddings / original as it
+    orig = orig or max_pos
+    for k in ("short_factor", "long_factor"):
+        if not isinstance(e.get(k), (list, tuple)):
+            raise InputError(f"longrope entries without a {k} list")
+    return {"method": "longrope", "scale": e.get("factor") or max_pos / orig, "orig_ctx": orig,
+            "longrope_factors": {"short_factor": e["short_factor"], "long_factor": e["long_factor"],
+                                 "attention_factor": e.get("attention_factor")}}
+
+
 # ---------------------------------------------------------------- what each method's settings must satisfy
 def _check_none(spec: RopeSpec) -> None:
     if spec.rope_base is not None:
         raise InputError("--rope-base with --rope none: use --rope abf --rope-base B to change the base only")
     if spec.scale != 1:
-        raise InputError(f"--scale {spec.scale:g} with --rope none: pick a method (pi, ntk, dynamic_ntk, yarn)")
+        raise InputError(f"--scale {spec.scale:g} with --rope none: pick a method ({', '.join(METHODS[1:])})")
 
 
 def _check_abf(spec: RopeSpec) -> None:
@@ -232,6 +345,21 @@ def _check_yarn(spec: RopeSpec) -> None:
         raise InputError(f"yarn alpha (slow, {spec.yarn_alpha:g}) must be < yarn beta (fast, {spec.yarn_beta:g})")
     if spec.yarn_mscale is not None and not (isinstance(spec.yarn_mscale, (int, float)) and spec.yarn_mscale > 0):
         raise InputError(f"yarn mscale must be a number > 0, got {spec.yarn_mscale!r}")
+
+
+def _check_longrope(spec: RopeSpec) -> None:
+    if spec.longrope_factors is None:
+        raise InputError("--rope longrope needs --longrope-factors FILE (JSON: short_factor, long_factor lists of "
+                         "rotary_dim/2 numbers, optional attention_factor)")
+
+
+def _check_longrope_model(spec: RopeSpec, d: int) -> None:
+    f = spec.longrope_factors
+    for k in ("short_factor", "long_factor"):
+        n = len(getattr(f, k))
+        if n != d // 2:
+            where = f"{f.source}: " if getattr(f, "source", None) else "the config's longrope entries: "
+            raise InputError(f"{where}{k} has {n} values; this model's rotary dim {d} needs {d // 2} (one per pair)")
 
 
 def _check_llama3(spec: RopeSpec) -> None:
@@ -250,10 +378,12 @@ class Method:
     freqs: Callable[[int, float, "RopeSpec", int | None], Freqs]
     hf: Callable[["RopeSpec", float, int], tuple[dict, int]]
     check: Callable[["RopeSpec"], None] | None = None
-    user: bool = True  # --rope may ask for it (False: only read from a model's config, e.g. Llama-3.x llama3)
+    user: bool = True  # --rope may ask for it (False: only read from a model's config)
     needs_orig_ctx: bool = False  # the formula uses the original context
     reads: str | None = None  # the HF rope_type read back as this method from a config alone
     from_hf: Callable[[dict, int | None, int], dict] | None = None  # (entries, orig, max_pos) -> spec fields
+    check_model: Callable[["RopeSpec", int], None] | None = None  # the spec against a model's rotary dim d
+    by_length: bool = False  # the frequencies depend on the current length (seq_len)
 
 
 REGISTRY: dict[str, Method] = {m.name: m for m in (
@@ -261,12 +391,18 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
     Method("pi", "position interpolation (positions / s)", _pi, _pi_hf, reads="linear", from_hf=_pi_from_hf),
     Method("ntk", "static NTK-aware (base * s^(d/(d-2)))", _ntk, _ntk_hf),
     Method("dynamic_ntk", "NTK base recomputed from the current length (transformers 'dynamic')", _dynamic_ntk,
-           _dynamic_ntk_hf, needs_orig_ctx=True, reads="dynamic", from_hf=_dynamic_ntk_from_hf),
+           _dynamic_ntk_hf, needs_orig_ctx=True, reads="dynamic", from_hf=_dynamic_ntk_from_hf, by_length=True),
     Method("yarn", "NTK-by-parts + attention temperature", _yarn, _yarn_hf, _check_yarn, needs_orig_ctx=True,
            reads="yarn", from_hf=_yarn_from_hf),
+    Method("dynamic_yarn", "YaRN at scale max(1, current length / orig-ctx), per sample (the YaRN repo's dynamic "
+           "YaRN; written as static yarn x s for plain transformers)", _dynamic_yarn, _dynamic_yarn_hf, _check_yarn,
+           needs_orig_ctx=True, by_length=True),
     Method("abf", "a new base (--rope-base)", _abf, _default_hf, _check_abf),
-    Method("llama3", "Llama 3.1 scaling, as Llama-3.x configs ship it", _llama3, _llama3_hf, _check_llama3,
-           user=False, needs_orig_ctx=True, reads="llama3", from_hf=_llama3_from_hf),
+    Method("llama3", "Llama 3.1 scaling (--llama3-low-freq-factor, --llama3-high-freq-factor)", _llama3, _llama3_hf,
+           _check_llama3, needs_orig_ctx=True, reads="llama3", from_hf=_llama3_from_hf),
+    Method("longrope", "per-pair rescale factors from --longrope-factors FILE (LongRoPE / Phi-3 'longrope')",
+           _longrope, _longrope_hf, _check_longrope, needs_orig_ctx=True, reads="longrope",
+           from_hf=_longrope_from_hf, check_model=_check_longrope_model, by_length=True),
 )}
 HF_READERS: dict[str, Method] = {m.reads: m for m in REGISTRY.values() if m.reads}  # HF rope_type -> method
 METHODS = tuple(n for n, m in REGISTRY.items() if m.user)  # what a user can ask for (--rope)
@@ -274,9 +410,17 @@ NATIVE_METHODS = tuple(n for n, m in REGISTRY.items() if not m.user)  # read fro
 FORMULAS: dict[str, Callable[[int, float, "RopeSpec", int | None], Freqs]] = {n: m.freqs for n, m in REGISTRY.items()}
 
 
+def check_model(spec: RopeSpec, d: int) -> None:
+    """InputError when ``spec`` cannot run on a model with rotary dim ``d`` (longrope: one factor per pair)."""
+    m = REGISTRY[spec.method]
+    if m.check_model is not None:
+        m.check_model(spec, d)
+
+
 def frequencies(spec: RopeSpec, head_dim: int, base: float, seq_len: int | None = None) -> Freqs:
     """The rope a spec implies for a model with ``head_dim`` and original ``base``: ABF first (``rope_base``
-    replaces the base), then the method. ``seq_len`` matters only for dynamic_ntk (default: the original context)."""
+    replaces the base), then the method. ``seq_len`` (the current length) matters only for the methods that follow
+    it (``Method.by_length``: dynamic_ntk, dynamic_yarn, longrope); None means the original context."""
     if spec.orig_ctx is None and REGISTRY[spec.method].needs_orig_ctx:
         raise ValueError(f"{spec.method} needs orig_ctx")
     b = spec.rope_base if spec.rope_base is not None else base
@@ -288,3 +432,13 @@ def hf_entries(spec: RopeSpec, base: float, d: int) -> tuple[dict, int]:
     ``base`` and rotary dim ``d``."""
     b = spec.rope_base if spec.rope_base is not None else base
     return REGISTRY[spec.method].hf(spec, float(b), d)
+
+
+def rescale_factors(spec: RopeSpec, head_dim: int, base: float, seq_len: int | None = None) -> list[float]:
+    """theta_i / theta'_i per pair: the spec as LongRoPE's per-pair rescale factors lambda_i (PI: s everywhere; NTK:
+    s^(2i/(d-2)); YaRN: 1 to s along its ramp) -- the search's initial population (LongRoPE arXiv 2402.13753 Sec
+    3.2). The model's own base (no ABF: a new base is not a rescale of the old one)."""
+    if spec.rope_base is not None:
+        raise ValueError("rescale factors of a spec with --rope-base: the base itself changes")
+    new = frequencies(spec, head_dim, base, seq_len).inv_freq
+    return [a / b for a, b in zip(rope_inv_freq(head_dim, float(base)), new)]

@@ -14,6 +14,12 @@ dynamic_ntk     dynamic, factor s  (HF reads max_position_embeddings as    orig
 yarn            yarn, factor, beta_fast, beta_slow, original_max_position  orig * s
                 _embeddings (+ attention_factor, and vLLM's attn_factor,
                 when --yarn-mscale is given)
+dynamic_yarn    yarn as above at factor s: plain transformers / vLLM run    orig * s
+                static YaRN x s (equal at orig * s); this repo reads the
+                record below as dynamic_yarn
+llama3          llama3, factor, low/high_freq_factor, original_max_...     orig * s
+longrope        longrope, factor s, short_factor, long_factor, original    orig * s
+                _max_position_embeddings (+ attention_factor when set)
 ==============  =========================================================  ==========================
 
 ``--rope-base`` replaces rope_theta first (ABF), then the method applies. transformers 5.x keeps everything in
@@ -34,12 +40,13 @@ from ropescale.common.compat import config_get as _get
 from ropescale.common.compat import config_set as _set
 from ropescale.common.io import InputError
 
-from .formulas import HF_READERS, Freqs, frequencies, hf_entries
+from .formulas import HF_READERS, Freqs, check_model, frequencies, hf_entries
 from .spec import RopeSpec
 
 RECORD_KEY = "ropescale_rope"
 DEFAULT_THETA = 10000.0  # transformers' default_theta when a config names no base
 _SUPPORTED_TYPES = tuple(HF_READERS)  # the HF rope types a config may carry (formulas.REGISTRY: Method.reads)
+_WRITTEN_LISTS = ("short_factor", "long_factor")  # longrope's entries the record must still match
 
 
 # ---------------------------------------------------------------- config access: the 4.x / 5.x layouts live in compat
@@ -84,6 +91,9 @@ def _record(cfg, entries: dict) -> dict | None:
         if entries.get("factor") is not None and not math.isclose(float(w.get("factor") or 0), float(entries["factor"]),
                                                                  rel_tol=1e-9):
             return None
+        for k in _WRITTEN_LISTS:  # longrope's factors, edited by hand: the entries win
+            if k in w and [float(x) for x in w[k]] != [float(x) for x in entries.get(k) or ()]:
+                return None
     except (TypeError, ValueError):
         return None
     return rec
@@ -96,7 +106,7 @@ def _from_entries(cfg, e: dict) -> RopeSpec:
     orig = e.get("original_max_position_embeddings") or _get(cfg, "original_max_position_embeddings")
     if t not in HF_READERS:
         raise InputError(f"rope type {t!r} is not supported (supported: {', '.join(_SUPPORTED_TYPES)})")
-    if t != "default" and e.get("factor") is None:
+    if t not in ("default", "longrope") and e.get("factor") is None:  # Phi-3's longrope names none (HF: max/orig)
         raise InputError(f"rope type {t!r} without a factor")
     return RopeSpec(**HF_READERS[t].from_hf(e, orig, max_pos))
 
@@ -135,6 +145,7 @@ def rope_state(cfg) -> RopeState:
         return RopeState(RopeSpec.from_dict(rec["spec"]), float(o["base"]), int(o["orig_ctx"]),
                          int(o["max_position_embeddings"]), d)
     spec = _from_entries(cfg, e)
+    check_model(spec, d)  # a config's longrope lists must hold one factor per rotary pair
     max_pos = _get(cfg, "max_position_embeddings")
     if not max_pos:
         raise InputError("config has no max_position_embeddings")
@@ -199,6 +210,7 @@ def plan_rope(cfg, spec: RopeSpec) -> RopeChange:
     st = rope_state(cfg)
     cur = st.spec
     target = dataclasses.replace(spec, orig_ctx=spec.orig_ctx or st.orig_ctx, replace=False)  # checks the context
+    check_model(target, st.rotary_dim)  # e.g. longrope: one factor per rotary pair of this model
     if spec.method == "none" and (not spec.replace or cur.method == "none"):
         return RopeChange("kept", cur, spec)
     if cur.method == "none":
@@ -237,6 +249,6 @@ def apply_rope(cfg, spec: RopeSpec):
     _set(cfg, RECORD_KEY, {
         "spec": target.to_dict(),
         "original": {"base": st.base, "orig_ctx": st.orig_ctx, "max_position_embeddings": st.max_position_embeddings},
-        "written": {k: entries[k] for k in ("rope_type", "rope_theta", "factor") if k in entries},
+        "written": {k: entries[k] for k in ("rope_type", "rope_theta", "factor", *_WRITTEN_LISTS) if k in entries},
     })
     return cfg

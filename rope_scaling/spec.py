@@ -1,15 +1,23 @@
 """RopeSpec: what RoPE setting to apply (or what a config carries), validated on construction.
 
 Its fields are settings (``ropescale.common.settings``): every stage nests it in its own settings, so the same ``--rope
---scale --rope-base --orig-ctx --yarn-alpha --yarn-beta --yarn-mscale --replace`` flags, recipe keys and run.json
-record come from this one list.
+--scale --rope-base --orig-ctx --yarn-alpha --yarn-beta --yarn-mscale --replace --llama3-low-freq-factor
+--llama3-high-freq-factor --longrope-factors`` flags, recipe keys and run.json record come from this one list.
+
+LongRoPE's factors (:class:`LongRopeFactors`) are read from their file once, when the flag or recipe key is parsed,
+and held in the spec as tuples: the spec records them whole (run.json), compares them (resume checks, "the same
+setting again"), and names them in its label by a hash of their content (``longrope x8 factors=3f2a9c1b``), so two
+files with the same numbers are the same setting and a run never depends on the file still being there.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
-from ropescale.common.io import InputError
+from ropescale.common.io import InputError, read_json
 from ropescale.common.settings import setting
 
 from .formulas import METHODS, NATIVE_METHODS, REGISTRY
@@ -20,6 +28,131 @@ GROUP = "RoPE scaling (written into the model's config as plain transformers ent
 MAX_CONTEXT = 1 << 24
 
 
+FACTOR_KEYS = ("short_factor", "long_factor", "attention_factor")
+
+
+@dataclass(frozen=True)
+class LongRopeFactors:
+    """LongRoPE's per-pair rescale factors: theta'_i = theta_i / factor_i, ``short_factor`` for lengths within the
+    original context, ``long_factor`` past it (transformers' switch), and the attention factor on cos/sin (None:
+    sqrt(1 + ln s / ln orig), LongRoPE's and transformers' default). Checked on construction (same length, every
+    value a finite number > 0; the length against a model's rotary dim is checked where the spec meets a config,
+    ``formulas.check_model``). ``source``: the file they came from (messages only; not compared, not hashed)."""
+
+    short_factor: tuple[float, ...]
+    long_factor: tuple[float, ...]
+    attention_factor: float | None = None
+    source: str | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        where = self.source
+        for k in ("short_factor", "long_factor"):
+            v = getattr(self, k)
+            if not isinstance(v, (list, tuple)) or not v:
+                raise InputError(f"{k} must be a non-empty list of numbers, got {_short(v)}", where)
+            bad = [x for x in v if not _positive(x)]
+            if bad:
+                raise InputError(f"{k} values must be finite numbers > 0, got {_short(bad[0])} "
+                                 f"(at index {list(v).index(bad[0])})", where)
+            object.__setattr__(self, k, tuple(float(x) for x in v))
+        if len(self.short_factor) != len(self.long_factor):
+            raise InputError(f"short_factor has {len(self.short_factor)} values, long_factor {len(self.long_factor)}: "
+                             f"both need one per rotary pair", where)
+        if self.attention_factor is not None:
+            if not _positive(self.attention_factor):
+                raise InputError(f"attention_factor must be a finite number > 0, got {_short(self.attention_factor)}",
+                                 where)
+            object.__setattr__(self, "attention_factor", float(self.attention_factor))
+
+    def to_json(self) -> dict:
+        """The factor file's content (``--longrope-factors FILE``): short_factor, long_factor, attention_factor when
+        set."""
+        d = {"short_factor": list(self.short_factor), "long_factor": list(self.long_factor)}
+        if self.attention_factor is not None:
+            d["attention_factor"] = self.attention_factor
+        return d
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the factors' content (canonical JSON of the float values; the file's formatting, its name and
+        the way a number is written -- 1 or 1.0 -- do not change it)."""
+        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    @property
+    def short_hash(self) -> str:
+        """The first 8 hex digits of :attr:`digest`: how a label names the factors."""
+        return self.digest[:8]
+
+    def check_monotone(self) -> None:
+        """InputError unless long_factor is non-decreasing with the pair index (longer wavelength, larger factor:
+        LongRoPE's search constraint, arXiv 2402.13753 Sec 3.2)."""
+        for i in range(1, len(self.long_factor)):
+            if self.long_factor[i] < self.long_factor[i - 1]:
+                raise InputError(f"long_factor is not monotone: value {i} ({self.long_factor[i]:g}) is below value "
+                                 f"{i - 1} ({self.long_factor[i - 1]:g}); the factors must not decrease with the pair "
+                                 f"index", self.source)
+
+    def __str__(self) -> str:
+        return f"factors={self.short_hash}" + (f" ({self.source})" if self.source else "")
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str | None = None) -> "LongRopeFactors":
+        """From a factor file's object (or a recorded spec's ``longrope_factors``); an unknown key is an error."""
+        if not isinstance(d, dict):
+            raise InputError(f"LongRoPE factors must be a JSON object with {', '.join(FACTOR_KEYS)}, got "
+                             f"{type(d).__name__}", source)
+        d = dict(d)
+        source = d.pop("source", None) if source is None else source
+        d.pop("source", None)
+        unknown = sorted(set(d) - set(FACTOR_KEYS))
+        if unknown:
+            raise InputError(f"unknown key(s) {', '.join(unknown)} (a LongRoPE factor file holds "
+                             f"{', '.join(FACTOR_KEYS)})", source)
+        missing = [k for k in ("short_factor", "long_factor") if k not in d]
+        if missing:
+            raise InputError(f"no {' / '.join(missing)} (a LongRoPE factor file holds short_factor and long_factor "
+                             f"lists, one number per rotary pair, and optionally attention_factor)", source)
+        return cls(d["short_factor"], d["long_factor"], d.get("attention_factor"), source=source)
+
+
+def read_longrope_factors(path: str | Path, *, rotary_dim: int | None = None,
+                          monotone: bool = False) -> LongRopeFactors:
+    """A LongRoPE factor file (JSON object: short_factor, long_factor, optional attention_factor); every problem is
+    an InputError naming the file: malformed JSON, unknown or missing keys, a value that is not a finite number > 0,
+    lists of different lengths, a length other than ``rotary_dim / 2`` (when given), and with ``monotone`` a
+    long_factor that decreases somewhere."""
+    f = LongRopeFactors.from_dict(read_json(path, "LongRoPE factor file"), source=str(path))
+    if rotary_dim is not None and len(f.long_factor) != rotary_dim // 2:
+        raise InputError(f"{len(f.long_factor)} factors per list; rotary dim {rotary_dim} needs {rotary_dim // 2}",
+                         path)
+    if monotone:
+        f.check_monotone()
+    return f
+
+
+def _factors(v) -> LongRopeFactors | None:
+    """``--longrope-factors`` / the recipe key / a record: a file path, a dict (recorded), or factors already read."""
+    if v is None or isinstance(v, LongRopeFactors):
+        return v
+    if isinstance(v, dict):
+        return LongRopeFactors.from_dict(v)
+    if isinstance(v, (str, Path)) and str(v).strip().lower() in ("", "none", "null"):
+        return None
+    if isinstance(v, (str, Path)):
+        return read_longrope_factors(v)
+    raise InputError(f"LongRoPE factors must be a file path or an object, got {_short(v)}")
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
 def _method_help() -> str:
     return "; ".join(f"{n}: {REGISTRY[n].help}" for n in METHODS)
 
@@ -28,7 +161,7 @@ def _method_help() -> str:
 class RopeSpec:
     """A RoPE scaling setting.
 
-    method      none | pi | ntk | dynamic_ntk | yarn | abf (and llama3, only as read from a Llama-3.x config)
+    method      none | pi | ntk | dynamic_ntk | yarn | dynamic_yarn | abf | llama3 | longrope
     scale       s >= 1: the context extension factor (target context = orig_ctx * s)
     rope_base   a new RoPE base (ABF); required for abf, optional for the others (applied first)
     orig_ctx    the original (pre-training) context; None = take it from the config
@@ -36,7 +169,8 @@ class RopeSpec:
     yarn_beta   YaRN beta_fast: pairs turning more than beta times are left unchanged (extrapolated)
     yarn_mscale YaRN attention factor on cos/sin; None = 0.1*ln(s)+1
     replace     allow replacing scaling the config already carries (e.g. Llama-3.x ``llama3``)
-    llama3_low, llama3_high  low/high_freq_factor of native llama3 scaling
+    llama3_low, llama3_high  low/high_freq_factor of llama3 scaling (Llama 3.1 ships 1 and 4)
+    longrope_factors  LongRoPE's per-pair factors (:class:`LongRopeFactors`), read from ``--longrope-factors FILE``
     """
 
     method: str = setting("none", _method_help(), key="rope", choices=METHODS, metavar="METHOD", group=GROUP)
@@ -48,15 +182,23 @@ class RopeSpec:
                                          "original_max_position_embeddings, else max_position_embeddings",
                                    metavar="N", group=GROUP)
     yarn_alpha: float = setting(1.0, "YaRN alpha (beta_slow): rotary pairs turning fewer than A times over the "
-                                     "original context are fully interpolated", metavar="A", group=GROUP)
-    yarn_beta: float = setting(32.0, "YaRN beta (beta_fast): pairs turning more than B times are left unchanged",
-                               metavar="B", group=GROUP)
+                                     "original context are fully interpolated (yarn, dynamic_yarn)", metavar="A",
+                                group=GROUP)
+    yarn_beta: float = setting(32.0, "YaRN beta (beta_fast): pairs turning more than B times are left unchanged "
+                                     "(yarn, dynamic_yarn)", metavar="B", group=GROUP)
     yarn_mscale: float | None = setting(None, "YaRN attention factor on cos/sin; default: 0.1 ln(s) + 1",
                                         metavar="M", group=GROUP)
     replace: bool = setting(False, "replace RoPE scaling the model already carries (e.g. Llama-3.x llama3) "
                                    "instead of refusing to stack a second method", group=GROUP)
-    llama3_low: float = setting(1.0, "low_freq_factor of native llama3 scaling", cli=False, recipe=False)
-    llama3_high: float = setting(4.0, "high_freq_factor of native llama3 scaling", cli=False, recipe=False)
+    llama3_low: float = setting(1.0, "--rope llama3: low_freq_factor (pairs with wavelength > orig-ctx / F are "
+                                     "divided by s)", key="llama3_low_freq_factor", metavar="F", group=GROUP)
+    llama3_high: float = setting(4.0, "--rope llama3: high_freq_factor (pairs with wavelength < orig-ctx / F are "
+                                      "kept; a smooth blend between)", key="llama3_high_freq_factor", metavar="F",
+                                 group=GROUP)
+    longrope_factors: LongRopeFactors | None = setting(
+        None, "--rope longrope: JSON file of LongRoPE factors (short_factor and long_factor: one number per rotary "
+              "pair; optional attention_factor), e.g. what 'rope_scaling search' writes", metavar="FILE",
+        parse=_factors, group=GROUP)
 
     def __post_init__(self):
         if isinstance(self.orig_ctx, float) and self.orig_ctx.is_integer():
@@ -81,6 +223,15 @@ class RopeSpec:
             raise InputError(f"original context must be a positive integer, got {self.orig_ctx!r}")
         if self.yarn_mscale is not None and self.method != "yarn":
             raise InputError(f"--yarn-mscale only applies to --rope yarn, not {self.method}")
+        for k in ("llama3_low", "llama3_high"):
+            v = getattr(self, k)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise InputError(f"{k} must be a finite number, got {v!r}")
+        if self.method != "llama3" and (self.llama3_low, self.llama3_high) != (1.0, 4.0):
+            raise InputError(f"--llama3-low/high-freq-factor only apply to --rope llama3, not {self.method}")
+        object.__setattr__(self, "longrope_factors", _factors(self.longrope_factors))
+        if self.longrope_factors is not None and self.method != "longrope":
+            raise InputError(f"--longrope-factors only applies to --rope longrope, not {self.method}")
         check = REGISTRY[self.method].check
         if check is not None:
             check(self)
@@ -127,11 +278,12 @@ class RopeSpec:
         return cls(**d)
 
     def same_rope(self, other: "RopeSpec") -> bool:
-        """True when both describe the same rope (``replace`` ignored; scale/base compared to rel 1e-9)."""
-        a, b = self.to_dict(), other.to_dict()
-        a.pop("replace"), b.pop("replace")
-        for k in a:
-            x, y = a[k], b[k]
+        """True when both describe the same rope (``replace`` ignored; numbers compared to rel 1e-9, LongRoPE factors
+        by value, whatever file they came from)."""
+        for f in fields(self):
+            if f.name == "replace":
+                continue
+            x, y = getattr(self, f.name), getattr(other, f.name)
             if isinstance(x, float) and isinstance(y, float):
                 if not math.isclose(x, y, rel_tol=1e-9):
                     return False
@@ -141,23 +293,26 @@ class RopeSpec:
 
     def label(self, shown=()) -> str:
         """The one way a RoPE setting is written, in messages and in every report: ``none``, ``ntk x8``,
-        ``abf x1 base=8e4``, ``yarn x8 a=0.1``. The method and scale always; a set base and YaRN fields off their
-        defaults too; ``shown`` adds fields by name even at their defaults (``rope_base``, ``yarn_alpha``,
-        ``yarn_beta``, ``yarn_mscale``, ``orig_ctx``, ``llama3_low``, ``llama3_high``): a report passes the
-        fields that differ between the rows it shows, so two rows never read the same."""
+        ``abf x1 base=8e4``, ``yarn x8 a=0.1``, ``longrope x8 factors=3f2a9c1b``. The method and scale always; a
+        set base, YaRN / llama3 fields off their defaults and LongRoPE factors (by content hash) too; ``shown`` adds
+        fields by name even at their defaults (``rope_base``, ``yarn_alpha``, ``yarn_beta``, ``yarn_mscale``,
+        ``orig_ctx``, ``llama3_low``, ``llama3_high``): a report passes the fields that differ between the rows it
+        shows, so two rows never read the same."""
         parts = ["none"] if self.method == "none" else [f"{self.method} x{_num(self.scale)}"]
         defaults = {f.name: f.default for f in fields(self)}
         for name, short in _LABEL_FIELDS:
-            owner = name.split("_")[0]  # yarn_* belong to yarn, llama3_* to llama3
-            if owner in ("yarn", "llama3") and self.method != owner or self.method == "none" and name != "rope_base":
+            owners = _OWNERS.get(name.split("_")[0])  # yarn_* / llama3_* fields belong to their methods
+            if owners is not None and self.method not in owners or self.method == "none" and name != "rope_base":
                 continue
             v = getattr(self, name)
-            if name in shown or (v is not None and v != defaults[name] and name not in ("orig_ctx", "llama3_low",
-                                                                                        "llama3_high")):
+            if name in shown or (v is not None and v != defaults[name] and name != "orig_ctx"):
                 parts.append(f"{short}={_num(v)}")
+        if self.longrope_factors is not None:
+            parts.append(f"factors={self.longrope_factors.short_hash}")
         return " ".join(parts)
 
 
+_OWNERS = {"yarn": ("yarn", "dynamic_yarn"), "llama3": ("llama3",)}
 _LABEL_FIELDS = (("rope_base", "base"), ("yarn_alpha", "a"), ("yarn_beta", "b"), ("yarn_mscale", "mscale"),
                  ("orig_ctx", "orig"), ("llama3_low", "low"), ("llama3_high", "high"))
 

@@ -14,11 +14,13 @@ from rope_scaling.hf import _from_entries, rope_entries
 
 def test_every_hf_type_has_exactly_one_reader_and_it_is_the_writer():
     # the HF types transformers 4.x/5.x define for these models, each read by one method
-    assert set(HF_READERS) == {"default", "linear", "dynamic", "yarn", "llama3"}
+    assert set(HF_READERS) == {"default", "linear", "dynamic", "yarn", "llama3", "longrope"}
     for t, m in HF_READERS.items():
         assert m.reads == t and m.from_hf is not None
     # ntk and abf write "default" too, but only none reads it back (a base alone cannot say which it was)
     assert REGISTRY["ntk"].reads is None and REGISTRY["abf"].reads is None
+    # dynamic_yarn writes static "yarn" (HF has no dynamic YaRN): only its ropescale_rope record says dynamic
+    assert REGISTRY["dynamic_yarn"].reads is None and HF_READERS["yarn"].name == "yarn"
 
 
 @pytest.mark.parametrize("spec", [

@@ -401,6 +401,8 @@ def test_bad_configs(capsys, tmp_path):
         describe_main(["--preset", "yi-6b", "--rope", "bogus"])
     assert e.value.code == 2 and capsys.readouterr().out == ""
     with pytest.raises(InputError, match="unknown RoPE method"):
+        RopeSpec("su")  # Phi-3's old name for longrope
+    with pytest.raises(InputError, match="needs --longrope-factors FILE"):
         RopeSpec("longrope")
     with pytest.raises(InputError, match="no RoPE fields"):
         apply_rope({"hidden_size": 64, "num_attention_heads": 4}, RopeSpec("pi", scale=2))

@@ -65,7 +65,7 @@ def test_given_flags_override_the_recipe_over_the_defaults(tmp_path):
     ("steps: 2.5\n", 1, ["'steps'", "integer"]),
     ("steps: 0\n", 1, ["'steps'", ">= 1", "got 0"]),
     ("lr: fast\n", 1, ["'lr'", "number"]),
-    ("rope: longrope\n", 1, ["'rope'", "longrope", "ntk"]),
+    ("rope: bogus\n", 1, ["'rope'", "bogus", "ntk"]),
     ("fast: maybe\n", 1, ["'fast'", "true or false"]),
     ("lr: .nan\n", 1, ["'lr'", "finite"]),
 ])

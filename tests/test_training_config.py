@@ -197,7 +197,7 @@ def test_existing_run_dir_is_not_reused_silently(capsys, tmp_path, make_tiny_mod
 
 @pytest.mark.parametrize("text,line,words", [
     ("rope: pi\nscale: eight\n", 2, ["'scale'", "number", "eight"]),
-    ("rope: longrope\nscale: 4\n", 1, ["'rope'", "longrope", "ntk"]),
+    ("rope: bogus\nscale: 4\n", 1, ["'rope'", "bogus", "ntk"]),
     ("rope: ntk\nscale: 4\norig_ctx: 4k\n", 3, ["'orig_ctx'", "integer"]),
     ("rope: ntk\nscale: 4\norig_ctx: 4096.5\n", 3, ["'orig_ctx'", "integer"]),
     ("rope: yarn\nscale: 4\nyarn_beta: [32]\n", 3, ["'yarn_beta'", "number"]),
