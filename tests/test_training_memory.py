@@ -345,6 +345,8 @@ from ropescale.training.loss import install_label_only_forward
 from ropescale.training.model import add_lora, setup_memory
 
 model_dir, with_plan, out = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+from ropescale.common.compat import disable_deepspeed_shm_op
+disable_deepspeed_shm_op()  # no JIT build of the shm op (minutes on 2 cores)
 deepspeed.init_distributed(dist_backend="gloo")
 ds = json.load(open("ds_configs/zero3.json"))
 ds.update({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "train_batch_size": 1,
