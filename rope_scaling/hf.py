@@ -149,10 +149,11 @@ def read_rope(cfg) -> RopeSpec:
     return rope_state(cfg).spec
 
 
-def extended_context(cfg) -> int:
+def extended_context(cfg, state: RopeState | None = None) -> int:
     """The context the (scaled) config is meant for: orig_ctx * scale (max_position_embeddings when unscaled or
-    for native llama3 scaling, whose configs state it)."""
-    st = rope_state(cfg)
+    for native llama3 scaling, whose configs state it). ``state``: the config's :func:`rope_state`, when the caller
+    has read it already."""
+    st = state if state is not None else rope_state(cfg)
     if st.spec.method in ("none", "llama3"):
         return int(_get(cfg, "max_position_embeddings"))
     return int(round(st.orig_ctx * st.spec.scale))
@@ -191,12 +192,13 @@ class RopeChange:
                 "message": self.message()}
 
 
-def plan_rope(cfg, spec: RopeSpec) -> RopeChange:
+def plan_rope(cfg, spec: RopeSpec, state: RopeState | None = None) -> RopeChange:
     """What applying ``spec`` to ``cfg`` means, without changing it: InputError when the config already carries
-    other scaling and ``spec.replace`` is not set (see :func:`apply_rope`)."""
+    other scaling and ``spec.replace`` is not set (see :func:`apply_rope`). ``state``: the config's
+    :func:`rope_state`, when the caller has read it already."""
     if not isinstance(spec, RopeSpec):
         raise TypeError(f"apply_rope needs a RopeSpec, got {type(spec).__name__}")
-    st = rope_state(cfg)
+    st = state if state is not None else rope_state(cfg)
     cur = st.spec
     target = dataclasses.replace(spec, orig_ctx=spec.orig_ctx or st.orig_ctx, replace=False)  # checks the context
     if spec.method == "none" and (not spec.replace or cur.method == "none"):
@@ -221,16 +223,24 @@ def apply_rope(cfg, spec: RopeSpec):
     carries is a no-op. ``orig_ctx`` None means the config's original context. Every CLI goes through this one
     rule (``describe``, ``finetune.py``, ``eval_summ generate``, the probes).
     """
-    change = plan_rope(cfg, spec)
-    if change.action in ("kept", "unchanged"):
-        return cfg
+    change_rope(cfg, spec)
+    return cfg
+
+
+def change_rope(cfg, spec: RopeSpec) -> tuple[RopeChange, RopeState]:
+    """:func:`apply_rope` reading the config once: (what was done, what the config carries now, as
+    :func:`rope_state` would read it back)."""
     st = rope_state(cfg)
+    change = plan_rope(cfg, spec, st)
+    if change.action in ("kept", "unchanged"):
+        return change, st
     e = _entries(cfg)
     extra = {k: e[k] for k in ("partial_rotary_factor",) if k in e}
     if change.action == "removed":
         _write(cfg, {"rope_type": "default", "rope_theta": st.base, **extra}, st.max_position_embeddings)
         _set(cfg, RECORD_KEY, None)
-        return cfg
+        orig = _get(cfg, "original_max_position_embeddings") or st.max_position_embeddings  # as rope_state reads it
+        return change, dataclasses.replace(st, spec=RopeSpec(orig_ctx=st.max_position_embeddings), orig_ctx=int(orig))
     target = change.target
     entries, max_pos = hf_entries(target, st.base, st.rotary_dim)
     _write(cfg, {**entries, **extra}, max_pos)
@@ -239,4 +249,4 @@ def apply_rope(cfg, spec: RopeSpec):
         "original": {"base": st.base, "orig_ctx": st.orig_ctx, "max_position_embeddings": st.max_position_embeddings},
         "written": {k: entries[k] for k in ("rope_type", "rope_theta", "factor") if k in entries},
     })
-    return cfg
+    return change, dataclasses.replace(st, spec=target)

@@ -409,12 +409,13 @@ class VLLMBackend:
 
 
 # ---------------------------------------------------------------- what vLLM is told
-def vllm_settings(config, overrides: dict, *, need: int, want: int) -> tuple[dict, int]:
+def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None) -> tuple[dict, int]:
     """(hf_overrides, max_model_len) for vLLM, or an InputError where vLLM would compute something else than HF.
 
     ``config`` is the effective HF config (RoPE applied), ``overrides`` the fields the RoPE flags changed, ``need``
     the longest prompt + max new tokens, ``want`` the max_model_len asked for (2x the subset's target, as the
-    official release's Inference.py sizes it; the paper gives no max_model_len).
+    official release's Inference.py sizes it; the paper gives no max_model_len); ``state`` the config's
+    ``rope_scaling.RopeState`` when the caller has read it (``rope_scaling.load.ModelConfig.state``).
 
     vLLM precomputes a cos/sin cache at load time and indexes it by position; ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``
     only skips its length check, so a position past the cache reads garbage. Its length (vLLM source,
@@ -458,7 +459,8 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int) -> tuple[dic
             raise InputError(f"--backend vllm: prompt + new tokens reach {need} tokens, past vLLM's YaRN rotary cache "
                              f"of {cache} positions (original_max_position_embeddings {orig} x factor {factor:g}), "
                              f"where it would read garbage; use --backend hf, or a larger --scale")
-        st = rope_state(cfg)  # the spec the config carries (mscale forms it cannot say are refused there)
+        st = state if state is not None else rope_state(cfg)  # the spec the config carries (mscale forms it
+        # cannot say are refused there)
         af = st.frequencies().attention_factor  # the registry's formula: what transformers multiplies cos/sin by
         rope = {**e, "attention_factor": af, "attn_factor": af / yarn_attention_factor(st.spec.scale)}
         if key == "rope_scaling":
@@ -470,18 +472,21 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int) -> tuple[dic
     raise InputError(f"--backend vllm: rope type {t!r} is not supported here; use --backend hf")
 
 
-def make_backend(settings: BackendSettings, model_dir, config, tokenizer, *, model=None, rope_overrides=None,
-                 max_model_len: int | None = None, need_len: int | None = None, log=None, reuse: dict | None = None):
-    """The backend ``settings`` ask for (``rope_overrides`` / ``max_model_len`` / ``need_len`` matter to vllm only;
-    ``model``: a loaded model for hf). ``reuse`` (a dict the caller keeps across calls) returns the backend an
-    earlier call built when the settings are the same; a different one is dropped first (GPU memory)."""
+def make_backend(settings: BackendSettings, cfg, tokenizer, *, model=None, max_model_len: int | None = None,
+                 need_len: int | None = None, log=None, reuse: dict | None = None):
+    """The backend ``settings`` ask for, for ``cfg`` (a ``rope_scaling.load.ModelConfig``: the model's config with
+    the RoPE flags applied, read once); ``max_model_len`` / ``need_len`` matter to vllm only; ``model``: a loaded
+    model for hf. ``reuse`` (a dict the caller keeps across calls) returns the backend an earlier call built when
+    the settings are the same; a different one is dropped first (GPU memory)."""
+    model_dir, config = cfg.path, cfg.config
     if settings.backend == "hf":
         key = ("hf", str(model_dir), settings, id(model))
 
         def factory():
             return HFBackend(model_dir, config, tokenizer, settings, model=model, log=log)
     elif settings.backend == "vllm":
-        ov, mml = vllm_settings(config, rope_overrides or {}, need=int(need_len), want=int(max_model_len or need_len))
+        ov, mml = vllm_settings(config, cfg.rope_fields(), need=int(need_len), want=int(max_model_len or need_len),
+                                state=cfg.state)
         key = ("vllm", str(model_dir), settings, repr(sorted(ov.items())), mml)
 
         def factory():

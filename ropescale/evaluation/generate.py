@@ -137,20 +137,6 @@ def default_max_new_tokens(sub: subsets.Subset | None, data_path=None) -> int:
     return sub.max_new_tokens
 
 
-def prepare_config(model_dir: Path, spec=None, log=None):
-    """(config, effective RopeSpec, hf_overrides): the saved config with ``spec`` applied by the one loader
-    (:func:`rope_scaling.load.load_config`, whose rule every entry point follows: method none or the spec the config
-    already carries is a no-op, noted on ``log``; a different spec on a scaled config is refused unless
-    ``spec.replace``)."""
-    from rope_scaling import read_rope
-    from rope_scaling.load import load_config, rope_fields
-
-    config, change = load_config(model_dir, spec)
-    if change.action in ("unchanged", "replaced", "removed") and log is not None:
-        log(f"[generate] note: {change.message()}")
-    return config, read_rope(config), rope_fields(config, change)
-
-
 class Tokenize:
     """Prompt rendering + tokenization (+ optional chat template and middle truncation) for one model."""
 
@@ -220,7 +206,7 @@ def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from rope_scaling import extended_context
+    from rope_scaling.load import load_config
     from ropescale.common.tiny import resolve_model
 
     t_start = time.time()
@@ -233,8 +219,10 @@ def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict
     sub = resolve_subset(s.subset, src.file_name, samples, src.label)
     max_new_tokens = s.max_new_tokens or default_max_new_tokens(sub, src.label)
     model_dir = resolve_model(s.model)
-    config, eff_rope, overrides = prepare_config(model_dir, s.rope, log=log)
-    ext_ctx = int(extended_context(config))
+    cfg = load_config(model_dir, s.rope)  # read once: every step below uses this object
+    if cfg.change.action in ("unchanged", "replaced", "removed"):
+        log(f"[generate] note: {cfg.change.message()}")
+    eff_rope, ext_ctx = cfg.rope, cfg.context
     max_input_tokens = s.max_input_tokens
     if s.truncate == "middle":
         max_input_tokens = max_input_tokens or ext_ctx - max_new_tokens
@@ -279,8 +267,8 @@ def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict
     if items:  # the backend first: a backend that cannot start (no vllm, no GPU) leaves no run directory behind
         need = max(len(it.input_ids) for it in items) + int(max_new_tokens)
         want = max(2 * sub.target if sub else 0, need)  # vllm: 2x the subset's target (the release's Inference.py)
-        be = make_backend(s.backend, model_dir, config, tokenizer, model=hf_model, rope_overrides=overrides,
-                          max_model_len=want, need_len=need, log=log, reuse=backends)
+        be = make_backend(s.backend, cfg, tokenizer, model=hf_model, max_model_len=want, need_len=need, log=log,
+                          reuse=backends)
         rec.info["backend_info"] = be.describe()
     if old is not None:  # resuming: keep when the run began
         rec.created = old.get("created")

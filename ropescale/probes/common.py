@@ -75,20 +75,17 @@ def load_model(name: str | os.PathLike | None, spec=None) -> Loaded:
     import torch
     from transformers import AutoTokenizer
 
-    from rope_scaling import extended_context, read_rope, rope_state
     from rope_scaling.load import load_config
     from rope_scaling.load import load_model as load_lm
     from ropescale.common.tiny import resolve_model
 
     path = resolve_model(name)
-    config, _ = load_config(path, spec)
-    eff = read_rope(config)
-    model = load_lm(path, config, dtype=torch.float32, attn="sdpa")
+    cfg = load_config(path, spec)  # read once: the spec, context and original context below all come from it
+    model = load_lm(path, cfg.config, dtype=torch.float32, attn="sdpa")
     model.float().eval()
     tok = AutoTokenizer.from_pretrained(str(path))
-    orig = int(rope_state(config).orig_ctx)
-    return Loaded(model, tok, Path(path), str(name or "tiny"), eff.to_dict(), float(eff.scale or 1.0), orig,
-                  int(extended_context(config)), model_id(path), read_train_record(path))
+    return Loaded(model, tok, Path(path), str(name or "tiny"), cfg.rope.to_dict(), float(cfg.rope.scale or 1.0),
+                  int(cfg.orig_ctx), int(cfg.context), model_id(path), read_train_record(path))
 
 
 def encode(tokenizer, text: str) -> list[int]:

@@ -4,7 +4,7 @@
 - ``config``: ``TrainSettings``, every setting of a run (its flag, recipe key, check and resume rule; the RoPE spec
   nested): the CLI, recipes (YAML), run.json and ``--resume`` are built from it.
 - ``data``: packed samples (data_concat format), the tiny model's default data, length checks, batching.
-- ``model``: config + RoPE and model loading (``rope_scaling.load``), LoRA + trainable embeddings/norms.
+- ``model``: the model under its RoPE setting (``rope_scaling.load``), LoRA + trainable embeddings/norms.
 - ``loss``: the label-only loss (LM head only at labelled positions).
 - ``trainer``: HF Trainer subclass + progress / export callbacks.
 - ``saving``: ZeRO-aware export of what was trained, merge into a full model.

@@ -207,7 +207,7 @@ def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_mod
     check_merge_out(out, protect={**protect, "the base model": base}, overwrite=overwrite)
     if not (base / "config.json").is_file():
         raise InputError("base model of the run not found (pass --base-model)", base)
-    config, _ = load_config(d)  # the trained config: rope applied
+    config = load_config(d).config  # the trained config: rope applied
     if dtype == "auto":
         torch_dtype = compat.config_dtype(config) or torch.float32
         if isinstance(torch_dtype, str):
