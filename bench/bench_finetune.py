@@ -56,7 +56,7 @@ def build_model(model_dir: Path) -> Path:
     from transformers import AutoTokenizer
 
     from ropescale.common.paths import QWEN2_TOKENIZER
-    from ropescale.common.tiny import random_model, tiny_config
+    from ropescale.tiny.build import random_model, tiny_config
 
     tok = AutoTokenizer.from_pretrained(str(QWEN2_TOKENIZER))
     cfg = tiny_config(len(tok), "qwen2", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,

@@ -67,9 +67,10 @@ def tiny_prompts(n: int, lo: int, hi: int, seed: int):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ropescale.common import prompts
-    from ropescale.common.tiny import ensure_tiny, load_chapters
+    from ropescale.common.chapters import load_chapters
+    from ropescale.common.models import resolve_model
 
-    d = ensure_tiny()
+    d = resolve_model("tiny")
     tok = AutoTokenizer.from_pretrained(str(d))
     model = AutoModelForCausalLM.from_pretrained(str(d), dtype="float32", attn_implementation="sdpa").eval()
     rng = random.Random(seed)

@@ -76,7 +76,7 @@ def load_model(model_dir: str | os.PathLike, config, *, dtype, attn: str | None 
     from transformers import AutoModelForCausalLM
 
     from ropescale.common.compat import dtype_kwargs
-    from ropescale.common.tiny import check_weights
+    from ropescale.common.models import check_weights
 
     if Path(model_dir).exists():  # a hub id is transformers' to fetch and check
         check_weights(Path(model_dir))

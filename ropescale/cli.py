@@ -19,7 +19,7 @@ TOOLS = {
     "finetune": ("ropescale.training.cli", "LoRA fine-tuning with RoPE scaling ([train]), merge a run into a model"),
     "eval": ("ropescale.evaluation.cli", "CNNSum evaluation: generate, score, report, run"),
     "probes": ("ropescale.probes.cli", "long-context probes and their report"),
-    "make-tiny": ("ropescale.common.make_tiny", "build (or show) the embedded tiny default model"),
+    "make-tiny": ("ropescale.tiny.make_tiny", "build (or show) the embedded tiny default model"),
 }
 
 

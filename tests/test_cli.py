@@ -30,7 +30,7 @@ def _tools():
 def _single_tools():
     """The one-command tools: the same Tool style (issue 26.6)."""
     from rope_scaling.describe import TOOL as describe
-    from ropescale.common.make_tiny import TOOL as make_tiny
+    from ropescale.tiny.make_tiny import TOOL as make_tiny
     from ropescale.training.memory_model import TOOL as memory_model
 
     return {"make-tiny": make_tiny, "describe": describe, "memory-model": memory_model}
@@ -278,10 +278,10 @@ def _module_graph() -> dict[str, set[str]]:
 
 
 # The floors, bottom up (issue 26): a module may import its own room and rooms on lower floors, never higher ones.
-LAYERS = (("ropescale", "ropescale.common"),  # the floor: files, settings, records, prompts, metric, tiny default
+LAYERS = (("ropescale", "ropescale.common"),  # the floor: files, settings, records, prompts, metric, where a model is
           ("rope_scaling",),
           ("data_concat",),
-          ("ropescale.training", "ropescale.evaluation", "ropescale.probes"),  # the stages
+          ("ropescale.training", "ropescale.evaluation", "ropescale.probes", "ropescale.tiny"),  # stages, builder
           ("ropescale.cli", "ropescale.__main__"))  # the front door: only dispatches
 
 

@@ -15,7 +15,7 @@ summaries are human-written plot summaries, which a model of a few million param
 CNNSum path (Appendix F prompts, the release files, ``data_concat sample``) is unchanged. Samples are rendered with
 the same prompts (``ft-ie`` / ``ft-ib``, Appendix F.2) and scored with the same ROUGE-L as CNNSum.
 
-The tiny default (``ropescale.common.tiny``) is pretrained with these samples inside its 512-token context; the demo
+The tiny default (``ropescale.tiny``) is pretrained with these samples inside its 512-token context; the demo
 fine-tunes on longer ones and evaluates at 1x-8x the original context. Held-out text: the last ``--heldout``
 chapters of each book (the tiny default never trains on them).
 
@@ -40,7 +40,7 @@ MARK = "【{}】"
 MARKS = 4  # marked sentences per sample
 MIN_CHARS, MAX_CHARS = 6, 40  # length of a sentence that may be marked (characters, without its line break)
 PARTS = ("train", "heldout", "all")
-HELDOUT = 12  # last chapters of each book held out (ropescale.common.tiny.TinySpec.heldout_per_book is this value)
+HELDOUT = 12  # last chapters of each book held out (ropescale.tiny.build.TinySpec.heldout_per_book is this value)
 
 
 def mark(k: int) -> str:

@@ -178,9 +178,9 @@ def read_train_record(model_dir: str | os.PathLike | None) -> dict | None:
 def model_ref(given: str | os.PathLike | None, model_dir: str | os.PathLike) -> str:
     """How a run records the model it read: ``tiny`` for the embedded default, else the absolute path of the
     directory used (a hub id that is not a local path stays as given)."""
-    from .tiny import TINY_NAMES
+    from .models import is_tiny
 
-    if given is None or str(given) in TINY_NAMES:
+    if is_tiny(given):
         return "tiny"
     p = Path(model_dir)
     return str(p.resolve()) if p.exists() else str(given)

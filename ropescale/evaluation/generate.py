@@ -207,7 +207,7 @@ def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict
     from transformers import AutoTokenizer
 
     from rope_scaling.load import load_config
-    from ropescale.common.tiny import resolve_model
+    from ropescale.common.models import resolve_model
 
     t_start = time.time()
     require(s, NEEDS)

@@ -77,7 +77,7 @@ def load_model(name: str | os.PathLike | None, spec=None) -> Loaded:
 
     from rope_scaling.load import load_config
     from rope_scaling.load import load_model as load_lm
-    from ropescale.common.tiny import resolve_model
+    from ropescale.common.models import resolve_model
 
     path = resolve_model(name)
     cfg = load_config(path, spec)  # read once: the spec, context and original context below all come from it

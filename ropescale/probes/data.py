@@ -89,9 +89,9 @@ def tiny_heldout_file(model: str | os.PathLike) -> Path | None:
     """A chapters JSONL of the chapters a tiny build held out from its training (its ``tiny.json``
     ``heldout_chapters``, taken from the shared novels in file order; written once under the cache), or None
     when ``model`` is not a tiny build."""
-    from ropescale.common.tiny import TINY_NAMES, resolve_model
+    from ropescale.common.models import is_tiny, resolve_model
 
-    d = resolve_model(model) if str(model) in TINY_NAMES else Path(model)
+    d = resolve_model(model) if is_tiny(model) else Path(model)
     info = d / "tiny.json"
     if not info.is_file():
         return None

@@ -62,9 +62,9 @@ def log(msg: str) -> None:
 
 
 def model_name(model_arg: str) -> str:
-    from ropescale.common.tiny import TINY_NAMES
+    from ropescale.common.models import is_tiny
 
-    return "tiny" if str(model_arg) in TINY_NAMES else Path(str(model_arg).rstrip("/")).name
+    return "tiny" if is_tiny(model_arg) else Path(str(model_arg).rstrip("/")).name
 
 
 def default_output_dir(model_arg: str, spec) -> Path:
@@ -212,7 +212,7 @@ def plan_run(args: TrainSettings, *, recipe: str | None, resume: str | None, ove
     import torch
 
     from rope_scaling.load import load_config
-    from ropescale.common.tiny import resolve_model
+    from ropescale.common.models import resolve_model
 
     from .model import resolve_attn, resolve_dtype
     from .saving import find_export

@@ -105,7 +105,7 @@ def check_merge_out(out: Path, *, protect: dict[str, Path], overwrite: bool = Fa
     """``merge --out``: a new path or an empty directory; an existing model directory only with ``overwrite``
     (then replaced atomically); never a file, another directory, or one of the inputs (``protect``: what -> path).
     Checked before any work."""
-    from ropescale.common.tiny import check_model_dir
+    from ropescale.common.models import check_model_dir
 
     for what, p in protect.items():
         if p is not None and out.resolve() == Path(p).resolve():
