@@ -37,9 +37,9 @@ setup_env()
 
 def build_data(out: Path, seq: int, n_samples: int) -> Path:
     from data_concat import pack
-    from data_concat.cuts import read_chapters
     from data_concat.pairs import build_pairs
     from data_concat.tokenizer import load_tokenizer
+    from ropescale.common.chapters import read_chapters
     from ropescale.common.io import write_jsonl_atomic
     from ropescale.common.paths import CHAPTERS_JSONL, QWEN2_TOKENIZER
 

@@ -84,7 +84,7 @@ def write_packed(out: str | os.PathLike, cols: dict, meta: dict, stats: dict) ->
     import pyarrow.parquet as pq
 
     with atomic_dir(out) as tmp:
-        pq.write_table(_table(cols), tmp / "train.parquet")
+        pq.write_table(_table(cols), tmp / TRAIN_FILE)
         write_json_atomic(tmp / "meta.json", meta)
         write_json_atomic(tmp / "stats.json", stats)
     return Path(out)

@@ -22,20 +22,11 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
+from ropescale.common.chapters import Chapter, by_book, read_chapters
 from ropescale.common.cli import add_command, add_json
 from ropescale.common.io import InputError, check_output_file, write_jsonl_atomic
 
-from .cuts import (
-    MERGE_SEP,
-    Chapter,
-    by_book,
-    count_tokens,
-    merged_title,
-    paragraph_cuts,
-    read_chapters,
-    sentence_cuts,
-    tokenize_with_offsets,
-)
+from .cuts import MERGE_SEP, count_tokens, merged_title, paragraph_cuts, sentence_cuts, tokenize_with_offsets
 
 SPLITS = ("first", "all")
 

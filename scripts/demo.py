@@ -202,7 +202,9 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, fr
     say(f"step 2/6: data: {pairs} recall pairs from the training chapters, packed with the F.2 prompts into "
         f"samples of {lo}-{hi} tokens ({train_lo:g}x-{train_hi:g}x the context); eval sets from the held-out "
         f"chapters")
-    if not (packed / "train.parquet").is_file():
+    from data_concat.packed import TRAIN_FILE
+
+    if not (packed / TRAIN_FILE).is_file():
         from data_concat.tokenizer import load_tokenizer
         from ropescale.common.recall import pair_range
 

@@ -47,8 +47,9 @@ import dataclasses
 import math
 import os
 import sys
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, ClassVar, Hashable, Sequence
 
 from ropescale.common import compat
 from ropescale.common.cli import DTYPES, TORCH_NAMES, dtype_name, torch_dtype
@@ -57,34 +58,8 @@ from ropescale.common.settings import setting
 
 from .engine import cut_at_eos
 
-BACKENDS = ("hf", "vllm")
 CACHES = ("slots", "static", "dynamic")  # hf backend: our slot decoder, or transformers generate with that cache
 GROUP = "advanced: backend (how predictions are computed; never part of what a resumed run must match)"
-
-
-@dataclass(frozen=True)
-class BackendSettings:
-    """How generation runs (nested in ``ropescale.evaluation.generate.GenerateSettings``; the same flags on
-    generate/run)."""
-
-    backend: str = setting("hf", "hf (CPU or GPU) or vllm (GPU; imported only then)", choices=BACKENDS, group=GROUP)
-    device: str = setting("auto", "hf backend: auto, cpu or cuda[:N]", group=GROUP)
-    dtype: str = setting("auto", "weights' dtype; auto: fp32 on CPU, bf16 on GPU", parse=dtype_name, choices=DTYPES,
-                         group=GROUP)
-    batch_tokens: int | None = setting(None, "hf backend: token budget of a batch, i.e. slots x (longest prompt + 2 x "
-                                             "max new tokens) with --cache slots; default: 32K on CPU with slots, "
-                                             "else 8K; from free memory on GPU", check=(lambda v: v >= 1, ">= 1"),
-                                       group=GROUP)
-    max_batch: int = setting(64, "hf backend: most samples per batch", check=(lambda v: v >= 1, ">= 1"), group=GROUP)
-    cache: str = setting("slots", "hf backend decoder: slots (ropescale's slot decoder: per-sample prefill, "
-                                  "continuous batching, a CUDA-graph decode step on GPU; needs transformers 5.x + "
-                                  "SDPA, else falls back to static), or transformers generate on length-sorted "
-                                  "padded batches with a static (written in place) or dynamic (concatenated every "
-                                  "step) KV cache", choices=CACHES, group=GROUP)
-    compile: bool = setting(False, "hf backend, --cache static: let transformers compile the decode step (CUDA)",
-                            group=GROUP)
-    cuda_graph: bool = setting(True, "hf backend, --cache slots: capture the decode step as a CUDA graph (false: "
-                                     "eager steps, for debugging)", negative="--no-cuda-graph", group=GROUP)
 
 
 @dataclass
@@ -97,6 +72,43 @@ class Item:
 
 
 OnDone = Callable[[Item, list[int]], None]
+
+
+@dataclass(frozen=True)
+class BackendJob:
+    """What a backend is asked to serve: its settings, the model's config read once (``rope_scaling.load.ModelConfig``:
+    the RoPE flags applied), the tokenizer, and the sizes of the run."""
+
+    settings: "BackendSettings"
+    cfg: Any  # rope_scaling.load.ModelConfig
+    tokenizer: Any
+    model: Any = None  # an already-loaded model (hf; tests, benchmarks)
+    max_model_len: int | None = None  # what the run asks for (vllm)
+    need_len: int | None = None  # the longest prompt + max new tokens (vllm)
+    log: Callable[[str], None] | None = None
+
+
+class Backend(ABC):
+    """What every generation backend is: a new backend is one subclass (its ``name`` and ``help``, :meth:`plan`,
+    :meth:`describe`, :meth:`generate`) and one line in :data:`BACKENDS`."""
+
+    name: ClassVar[str]
+    help: ClassVar[str]  # --backend's help for it
+
+    @classmethod
+    @abstractmethod
+    def plan(cls, job: BackendJob) -> tuple[Hashable, Callable[[], "Backend"]]:
+        """(what must be equal for a backend built for another job to serve this one, a function that builds it).
+        A job the backend cannot run is refused here (InputError), before anything is written."""
+
+    @abstractmethod
+    def describe(self) -> dict:
+        """What run.json records about the backend (``info.backend_info``)."""
+
+    @abstractmethod
+    def generate(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int, on_done: OnDone) -> None:
+        """Greedy continuations of every item; ``on_done(item, new token ids cut at the first EOS)`` as each
+        finishes."""
 
 
 def eos_ids_of(model_dir, config, tokenizer) -> list[int]:
@@ -166,10 +178,19 @@ def attn_implementation(device: str, dtype) -> str:
     return "sdpa"
 
 
-class HFBackend:
-    """transformers ``generate`` on length-sorted, left-padded batches (see module doc)."""
+class HFBackend(Backend):
+    """transformers on CPU or GPU: the slot decoder, or ``generate`` on length-sorted, left-padded batches (see
+    module doc)."""
 
     name = "hf"
+    help = "CPU or GPU"
+
+    @classmethod
+    def plan(cls, job: BackendJob):
+        def build():
+            return cls(job.cfg.path, job.cfg.config, job.tokenizer, job.settings, model=job.model, log=job.log)
+
+        return ("hf", str(job.cfg.path), job.settings, id(job.model)), build
 
     def __init__(self, model_dir, config, tokenizer, settings: BackendSettings | None = None, *, model=None, log=None,
                  **fields):
@@ -354,11 +375,24 @@ class HFBackend:
                 on_done(it, o)
 
 
-class VLLMBackend:
+class VLLMBackend(Backend):
     """vLLM offline inference (GPU only; imported lazily). ``hf_overrides`` and ``max_model_len`` come from
     :func:`vllm_settings` (see there for what vLLM's rotary cache needs)."""
 
     name = "vllm"
+    help = "GPU, imported only then"
+
+    @classmethod
+    def plan(cls, job: BackendJob):
+        cfg, need = job.cfg, int(job.need_len)
+        ov, mml = vllm_settings(cfg.config, cfg.rope_fields(), need=need, want=int(job.max_model_len or need),
+                                state=cfg.state)
+
+        def build():
+            return cls(cfg.path, cfg.config, job.tokenizer, hf_overrides=ov, max_model_len=mml,
+                       dtype=job.settings.dtype, log=job.log)
+
+        return ("vllm", str(cfg.path), job.settings, repr(sorted(ov.items())), mml), build
 
     def __init__(self, model_dir, config, tokenizer, *, hf_overrides: dict, max_model_len: int,
                  dtype: str = "auto", gpu_memory_utilization: float = 0.9, chunk: int = 64, log=None, **_ignored):
@@ -472,30 +506,49 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None) 
     raise InputError(f"--backend vllm: rope type {t!r} is not supported here; use --backend hf")
 
 
+# ---------------------------------------------------------------- the registry and the settings
+BACKENDS: dict[str, type[Backend]] = {"hf": HFBackend, "vllm": VLLMBackend}  # --backend NAME -> its class
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """How generation runs (nested in ``ropescale.evaluation.generate.GenerateSettings``; the same flags on
+    generate/run)."""
+
+    backend: str = setting("hf", "; ".join(f"{n}: {c.help}" for n, c in BACKENDS.items()), choices=tuple(BACKENDS),
+                           group=GROUP)
+    device: str = setting("auto", "hf backend: auto, cpu or cuda[:N]", group=GROUP)
+    dtype: str = setting("auto", "weights' dtype; auto: fp32 on CPU, bf16 on GPU", parse=dtype_name, choices=DTYPES,
+                         group=GROUP)
+    batch_tokens: int | None = setting(None, "hf backend: token budget of a batch, i.e. slots x (longest prompt + 2 x "
+                                             "max new tokens) with --cache slots; default: 32K on CPU with slots, "
+                                             "else 8K; from free memory on GPU", check=(lambda v: v >= 1, ">= 1"),
+                                       group=GROUP)
+    max_batch: int = setting(64, "hf backend: most samples per batch", check=(lambda v: v >= 1, ">= 1"), group=GROUP)
+    cache: str = setting("slots", "hf backend decoder: slots (ropescale's slot decoder: per-sample prefill, "
+                                  "continuous batching, a CUDA-graph decode step on GPU; needs transformers 5.x + "
+                                  "SDPA, else falls back to static), or transformers generate on length-sorted "
+                                  "padded batches with a static (written in place) or dynamic (concatenated every "
+                                  "step) KV cache", choices=CACHES, group=GROUP)
+    compile: bool = setting(False, "hf backend, --cache static: let transformers compile the decode step (CUDA)",
+                            group=GROUP)
+    cuda_graph: bool = setting(True, "hf backend, --cache slots: capture the decode step as a CUDA graph (false: "
+                                     "eager steps, for debugging)", negative="--no-cuda-graph", group=GROUP)
+
+
+
 def make_backend(settings: BackendSettings, cfg, tokenizer, *, model=None, max_model_len: int | None = None,
-                 need_len: int | None = None, log=None, reuse: dict | None = None):
+                 need_len: int | None = None, log=None, reuse: dict | None = None) -> Backend:
     """The backend ``settings`` ask for, for ``cfg`` (a ``rope_scaling.load.ModelConfig``: the model's config with
     the RoPE flags applied, read once); ``max_model_len`` / ``need_len`` matter to vllm only; ``model``: a loaded
     model for hf. ``reuse`` (a dict the caller keeps across calls) returns the backend an earlier call built when
     the settings are the same; a different one is dropped first (GPU memory)."""
-    model_dir, config = cfg.path, cfg.config
-    if settings.backend == "hf":
-        key = ("hf", str(model_dir), settings, id(model))
-
-        def factory():
-            return HFBackend(model_dir, config, tokenizer, settings, model=model, log=log)
-    elif settings.backend == "vllm":
-        ov, mml = vllm_settings(config, cfg.rope_fields(), need=int(need_len), want=int(max_model_len or need_len),
-                                state=cfg.state)
-        key = ("vllm", str(model_dir), settings, repr(sorted(ov.items())), mml)
-
-        def factory():
-            return VLLMBackend(model_dir, config, tokenizer, hf_overrides=ov, max_model_len=mml, dtype=settings.dtype,
-                               log=log)
-    else:
+    if settings.backend not in BACKENDS:
         raise InputError(f"unknown backend {settings.backend!r} (choose from {', '.join(BACKENDS)})")
+    job = BackendJob(settings, cfg, tokenizer, model=model, max_model_len=max_model_len, need_len=need_len, log=log)
+    key, build = BACKENDS[settings.backend].plan(job)
     if reuse is None:
-        return factory()
+        return build()
     if key in reuse:
         return reuse[key]
     if reuse:
@@ -510,5 +563,5 @@ def make_backend(settings: BackendSettings, cfg, tokenizer, *, model=None, max_m
                 torch.cuda.empty_cache()
         except ImportError:
             pass
-    reuse[key] = be = factory()
+    reuse[key] = be = build()
     return be

@@ -45,7 +45,7 @@ import sys
 from typing import Callable, Sequence
 
 from ropescale.common import compat
-from ropescale.common.compat import dynamic_rope_modules  # noqa: F401  (re-exported: the backends use it)
+from ropescale.common.compat import dynamic_rope_modules
 
 SYNC_EVERY = 16  # decode steps between host syncs (finished slots are noticed at these points)
 

@@ -63,7 +63,7 @@ from ropescale.common.runs import model_id as model_id_of
 from ropescale.common.settings import add_settings, from_args, nested, require, setting
 
 from .backends import BackendSettings, Item, make_backend
-from .data import CNNSUM_HUB_ID, load_samples, open_source, parse_subset, records_subset, subset_from_filename  # noqa: F401
+from .data import CNNSUM_HUB_ID, load_samples, open_source, records_subset
 
 TRUNCATE = ("none", "middle")
 MORE_DATA = "advanced: data and prompt"
@@ -120,12 +120,12 @@ def resolve_subset(name: str | None, data_path, samples: list[dict] | None = Non
     """--subset (L, XL, 2XL, 3XL, or T<tokens> for a scaled-down subset), else the records' ``subset`` field (all
     records must agree; ``label`` names the data in that error), else the release file name, else None."""
     if name:
-        return parse_subset(name)
+        return subsets.parse(name)
     if samples:
         sub = records_subset(samples, label or str(data_path))
         if sub is not None:
             return sub
-    return subset_from_filename(data_path)
+    return subsets.from_filename(data_path)
 
 
 def default_max_new_tokens(sub: subsets.Subset | None, data_path=None) -> int:

@@ -11,5 +11,3 @@
 All scoring is batched teacher-forced log-likelihood (ropescale.probes.scorer), no generation. Each probe writes a run
 directory (run.json, items.jsonl, summary.json) of the same shape as generation's (ropescale.common.runs).
 """
-
-PROBES = ("suffix-id", "ppl", "perturb", "copy", "shuffle")  # the subcommands, one module each (suffix_id.py, ...)

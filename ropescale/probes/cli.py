@@ -4,7 +4,10 @@ from __future__ import annotations
 from ropescale import probes
 from ropescale.common.cli import Tool
 
-SUBCOMMANDS = tuple(f"ropescale.probes.{m.replace('-', '_')}" for m in (*probes.PROBES, "report"))
+from . import copy, perturb, ppl, report, shuffle, suffix_id
+
+# each subcommand's register, in --help order
+SUBCOMMANDS = (suffix_id.register, ppl.register, perturb.register, copy.register, shuffle.register, report.register)
 TOOL = Tool("ropescale probes", probes.__doc__, SUBCOMMANDS)
 build_parser = TOOL.parser
 main = TOOL.entry()

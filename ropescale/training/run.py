@@ -263,13 +263,15 @@ def prepare_data(run: Run) -> None:
     """Phase 2, data: the packed set (--data, the resumed run's, or the default one built for the tiny model),
     checked against the model (vocabulary, the extended context) and, on resume, against the recorded stats; the
     batch arithmetic (Appendix B.2)."""
+    from data_concat.packed import TRAIN_FILE
+
     from .data import build_default_data, check_rows, load_rows
 
     args, old = run.settings, run.old
     rope_desc = "no RoPE scaling" if run.rope.method == "none" else f"RoPE {run.rope.label()}"
     if args.data:
         data_dir = Path(args.data)
-    elif old is not None and old.data and (Path(old.data) / "train.parquet").is_file():
+    elif old is not None and old.data and (Path(old.data) / TRAIN_FILE).is_file():
         data_dir = Path(old.data)  # a resume continues on the run's own data
     else:
         orig = run.rope.orig_ctx or run.extended

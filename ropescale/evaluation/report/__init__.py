@@ -32,9 +32,9 @@ directories), ``model`` (series, cells, the paper's formulas), ``render`` (markd
 """
 from .cli import check_report_out, make_report, plot_report, register
 from .intake import build_report, canon_kind, canon_subset, load_runs, read_scores_csv, save_fresh_scores
-from .model import Report, RunResult, mse_ie_ib, parse_buckets, prompt_average, subset_key
+from .model import Report, RunResult, mse_ie_ib, parse_buckets, prompt_average
 from .render import render, view_json, write_report
 
 __all__ = ["Report", "RunResult", "build_report", "canon_kind", "canon_subset", "check_report_out",
            "load_runs", "make_report", "mse_ie_ib", "parse_buckets", "plot_report", "prompt_average",
-           "read_scores_csv", "register", "render", "save_fresh_scores", "subset_key", "view_json", "write_report"]
+           "read_scores_csv", "register", "render", "save_fresh_scores", "view_json", "write_report"]
