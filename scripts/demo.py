@@ -138,7 +138,7 @@ def predicted_reach(model: str, spec=None) -> float | None:
 def row_cells(run_dirs: list[Path]) -> tuple[dict, float | None, dict]:
     """({column: ROUGE-L}, MSE(P-IE vs P-IB), {column: marks-only floor}) of one row, by the report's own formulas
     (one row's runs; the floor is the recall view's: the score of an answer holding only the marks)."""
-    from ropescale.evaluation.report import build_report
+    from ropescale.evaluation.report.intake import build_report
 
     rep = build_report([str(d) for d in run_dirs if (d / "predictions.jsonl").is_file()])
     _, rows = rep.extrapolation()
@@ -290,7 +290,7 @@ def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, fr
     say(f"generation done in {times['generation']:.0f}s")
 
     # 5 ---------------------------------------------------------------- score + report
-    from ropescale.evaluation.report import make_report
+    from ropescale.evaluation.report.cli import make_report
 
     t = time.time()
     report, fig = out / f"report{sfx}", out / f"fig3{sfx}.png"

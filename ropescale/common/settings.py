@@ -1,7 +1,8 @@
 """Settings: one dataclass per stage, and everything built from it.
 
-A stage's settings (``ropescale.training.config.TrainSettings``, ``evaluation.settings.GenerateSettings``,
-``probes.settings.ProbeSettings``, ``data_concat.pack.PackSettings``) are a dataclass whose fields carry their help
+A stage's settings (``ropescale.training.config.TrainSettings``, ``ropescale.evaluation.generate.GenerateSettings``
+with ``evaluation.backends.BackendSettings`` nested, ``ropescale.probes.common.ProbeSettings`` and each probe's
+subclass of it, ``data_concat.pack.PackSettings``) are a dataclass whose fields carry their help
 text, flag, checks and resume rule (:func:`setting`); the RoPE spec (``rope_scaling.RopeSpec``) is nested with
 :func:`nested`. From that one list:
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from ropescale.common.cli import Tool
 
-from . import generate, report, run_all, score
+from . import generate, run_all, score
+from .report import cli as report
 
 # each subcommand's register, in --help order
 SUBCOMMANDS = (generate.register, score.register, report.register, run_all.register)

@@ -24,11 +24,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from rope_scaling import RopeSpec
 from ropescale.common.paths import CHAPTERS_JSONL
 from ropescale.common.runs import (
+    ITEMS,
+    SUMMARY,
     RunDir,
     RunRecord,
     check_resume,
@@ -38,11 +40,9 @@ from ropescale.common.runs import (
     open_run_dir,
     read_train_record,
     settings_record,
+    summarize,
 )
 from ropescale.common.settings import check, make, nested, setting
-
-ITEMS = "items.jsonl"
-SUMMARY = "summary.json"
 
 
 # ---------------------------------------------------------------- model
@@ -194,28 +194,6 @@ class ProbeRun:
         self.rec.info.update(finished=now(), items=len(self.log))
         self.dir.write_record(self.rec)
         return summary
-
-
-def summarize(records: Iterable[dict]) -> dict:
-    """Mean ``value`` and count per (group, col), in first-seen group order and ascending column order."""
-    acc: dict[tuple, list[float]] = {}
-    groups: list = []
-    for r in records:
-        key = (r.get("group", ""), r["col"])
-        if key[0] not in groups:
-            groups.append(key[0])
-        acc.setdefault(key, []).append(float(r["value"]))
-    cells = []
-    for g in groups:
-        cols = sorted({c for (gg, c) in acc if gg == g}, key=_col_key)
-        for c in cols:
-            vals = acc[(g, c)]
-            cells.append({"group": g, "col": c, "value": sum(vals) / len(vals), "n": len(vals)})
-    return {"cells": cells}
-
-
-def _col_key(c):
-    return (0, c) if isinstance(c, (int, float)) else (1, str(c))
 
 
 def set_threads(n: int) -> None:

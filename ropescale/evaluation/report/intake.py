@@ -1,10 +1,11 @@
-"""What a report reads: scores CSV files (the paper's tables) and run directories (scored on the fly when their
-scores.json is missing or stale). A run's row is its full setting as its run.json records it (``tables.Setting``:
-model and model id, the full RoPE spec, the model's training record, the prompt wording), never the method and
-scale alone."""
+"""What a report reads: scores CSV files (the paper's tables), generation run directories (scored on the fly when
+their scores.json is missing or stale) and probe run directories (their cells: :func:`load_probe_runs`). A run's
+row is its full setting as its run.json records it (``tables.Setting``: model and model id, the full RoPE spec,
+the model's training record, the prompt wording or the probe's variant), never the method and scale alone."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
 import os
@@ -17,7 +18,7 @@ from rope_scaling import RopeSpec
 from ropescale.common.io import InputError
 from ropescale.common.prompts import prompt_kind
 from ropescale.common.rouge import DEFAULT_METRIC, check_metric
-from ropescale.common.runs import RunMeta, TrainLength, find_run_dirs
+from ropescale.common.runs import ITEMS, SUMMARY, RunMeta, TrainLength, find_run_dirs, summarize
 from ropescale.common.subsets import get as get_subset
 from ropescale.common.tables import Setting
 
@@ -143,6 +144,50 @@ def load_runs(paths: Iterable[str | os.PathLike], metric: str = DEFAULT_METRIC) 
         setting = Setting.of_run(meta, RopeSpec.from_record(meta.rope, rd.meta_path))
         found.append(RunResult(rd.path, setting, canon_kind(prompt, (rd.meta_path, None)), summary, samples, fresh))
     return found
+
+
+def load_probe_runs(paths: list[str]) -> list[dict]:
+    """Summaries of the probe runs under ``paths`` (recomputed from items.jsonl when summary.json is missing,
+    e.g. for an interrupted run), each with the run's meta fields (probe, model, rope, metric, column) and its
+    row key (``_setting``: a tables.Setting)."""
+    out, owner = [], {}
+    for rd in find_run_dirs(paths):
+        meta = RunMeta.read(rd.path)
+        if meta.kind != "probe":
+            continue
+        if (rd.path / SUMMARY).is_file():
+            s = rd.read_json(SUMMARY)
+        elif (rd.path / ITEMS).is_file():
+            s = summarize(rd.log(ITEMS).records())
+        else:
+            continue
+        for k in ("probe", "model", "rope", "metric", "column"):
+            s.setdefault(k, meta.get(k))
+        s["run_dir"] = str(rd.path)
+        s["setting"] = probe_variant(meta)
+        setting = Setting.of_run(meta, RopeSpec.from_record(meta.rope, meta.meta_path), variant=s["setting"])
+        if owner.setdefault((s.get("probe"), setting), rd.path) != rd.path:
+            setting = dataclasses.replace(setting, tag=rd.path.name)  # the same setting twice: by run directory
+        s["_setting"] = setting
+        out.append(s)
+    if not out:
+        raise InputError("no probe run directories found", ", ".join(map(str, paths)))
+    return out
+
+
+def probe_variant(meta: RunMeta) -> str:
+    """What tells apart runs of one probe beyond the model and its RoPE spec and training: the input length N of
+    copy / perturb, the suffix-id variant, heading mode and score (empty for the defaults)."""
+    st = meta.settings
+    if meta.get("probe") in ("copy", "perturb") and meta.get("lengths"):
+        return f"N={meta.get('lengths')[0]}"
+    if meta.get("probe") == "suffix-id":
+        parts = [p for p in (st.get("variant"), st.get("heading"), st.get("score"))
+                 if p and p not in ("chapter", "index", "logprob")]
+        return " ".join(parts)
+    return ""
+
+
 
 
 def build_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.PathLike] = (),
