@@ -213,7 +213,7 @@ def plan_rope(cfg, spec: RopeSpec, state: RopeState | None = None) -> RopeChange
     return RopeChange("removed" if spec.method == "none" else "replaced", cur, spec, target)
 
 
-def apply_rope(cfg, spec: RopeSpec):
+def apply_rope(cfg, spec: RopeSpec, state: RopeState | None = None):
     """Write ``spec`` into ``cfg`` in place (and return it), as plain HF entries; apply before building the model.
     :func:`plan_rope` says beforehand what it will do (the same rule, for reports).
 
@@ -221,26 +221,19 @@ def apply_rope(cfg, spec: RopeSpec):
     scaling (Llama-3.x ``llama3``, or one applied earlier) is an InputError unless ``spec.replace``, in which
     case the new method is applied to the unscaled model underneath; re-applying the spec a config already
     carries is a no-op. ``orig_ctx`` None means the config's original context. Every CLI goes through this one
-    rule (``describe``, ``finetune.py``, ``eval_summ generate``, the probes).
+    rule (``describe``, ``finetune.py``, ``eval_summ generate``, the probes). ``state``: the config's
+    :func:`rope_state`, when the caller has read it already.
     """
-    change_rope(cfg, spec)
-    return cfg
-
-
-def change_rope(cfg, spec: RopeSpec) -> tuple[RopeChange, RopeState]:
-    """:func:`apply_rope` reading the config once: (what was done, what the config carries now, as
-    :func:`rope_state` would read it back)."""
-    st = rope_state(cfg)
+    st = state if state is not None else rope_state(cfg)
     change = plan_rope(cfg, spec, st)
     if change.action in ("kept", "unchanged"):
-        return change, st
+        return cfg
     e = _entries(cfg)
     extra = {k: e[k] for k in ("partial_rotary_factor",) if k in e}
     if change.action == "removed":
         _write(cfg, {"rope_type": "default", "rope_theta": st.base, **extra}, st.max_position_embeddings)
         _set(cfg, RECORD_KEY, None)
-        orig = _get(cfg, "original_max_position_embeddings") or st.max_position_embeddings  # as rope_state reads it
-        return change, dataclasses.replace(st, spec=RopeSpec(orig_ctx=st.max_position_embeddings), orig_ctx=int(orig))
+        return cfg
     target = change.target
     entries, max_pos = hf_entries(target, st.base, st.rotary_dim)
     _write(cfg, {**entries, **extra}, max_pos)
@@ -249,4 +242,18 @@ def change_rope(cfg, spec: RopeSpec) -> tuple[RopeChange, RopeState]:
         "original": {"base": st.base, "orig_ctx": st.orig_ctx, "max_position_embeddings": st.max_position_embeddings},
         "written": {k: entries[k] for k in ("rope_type", "rope_theta", "factor") if k in entries},
     })
-    return change, dataclasses.replace(st, spec=target)
+    return cfg
+
+
+def change_rope(cfg, spec: RopeSpec) -> tuple[RopeChange, RopeState]:
+    """:func:`apply_rope` reading the config once: (what was done, what the config carries now, as
+    :func:`rope_state` would read it back)."""
+    st = rope_state(cfg)
+    change = plan_rope(cfg, spec, st)
+    apply_rope(cfg, spec, st)
+    if change.action in ("kept", "unchanged"):
+        return change, st
+    if change.action == "removed":
+        orig = _get(cfg, "original_max_position_embeddings") or st.max_position_embeddings  # as rope_state reads it
+        return change, dataclasses.replace(st, spec=RopeSpec(orig_ctx=st.max_position_embeddings), orig_ctx=int(orig))
+    return change, dataclasses.replace(st, spec=change.target)
