@@ -95,8 +95,8 @@ class _OneCommand:
 
 
 def _commands(ap: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for a in ap._actions:  # noqa: SLF001 - argparse has no public accessor for its subparsers
-        if isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
+    for a in ap._actions:  # argparse has no public accessor for its subparsers
+        if isinstance(a, argparse._SubParsersAction):
             return dict(a.choices)
     return {}
 
@@ -165,7 +165,7 @@ def _plain_parser(p: argparse.ArgumentParser) -> None:
     p.formatter_class = HelpFormatter
     p.description = plain(p.description) if p.description else p.description
     p.epilog = plain(p.epilog) if p.epilog else p.epilog
-    for a in p._actions:  # noqa: SLF001 - argparse has no public accessor for its actions
+    for a in p._actions:  # argparse has no public accessor for its actions
         if a.help and a.help != argparse.SUPPRESS:
             a.help = plain(a.help)
     _short_usage(p)
@@ -177,11 +177,11 @@ SHORT_USAGE_FROM = 24  # a command with more flags shows only its ungrouped ones
 def _short_usage(p: argparse.ArgumentParser) -> None:
     """A command with many flags: the usage names the flags a newcomer needs (those outside the ``advanced: ...``
     groups, required first, as required), then ``[FLAGS ...]`` for the advanced ones, listed under their titles."""
-    shown = [a for a in p._actions if a.option_strings and a.help != argparse.SUPPRESS]  # noqa: SLF001
+    shown = [a for a in p._actions if a.option_strings and a.help != argparse.SUPPRESS]
     if p.usage or len(shown) <= SHORT_USAGE_FROM:
         return
-    main = [a for g in p._action_groups if not (g.title or "").startswith("advanced")  # noqa: SLF001
-            for a in g._group_actions  # noqa: SLF001 - argparse has no public accessor for a group's flags
+    main = [a for g in p._action_groups if not (g.title or "").startswith("advanced")
+            for a in g._group_actions  # argparse has no public accessor for a group's flags
             if a.help != argparse.SUPPRESS and a.option_strings and not isinstance(a, argparse._HelpAction)]
     needed = lambda a: a.required or getattr(a, "shown_required", False)  # noqa: E731
     parts = [_usage_part(a, needed(a)) for a in sorted(main, key=lambda a: not needed(a))] + ["[FLAGS ...]"]
@@ -346,7 +346,7 @@ def cuda_available() -> bool:
         import torch
 
         return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001 - no torch / broken driver: treat as CPU
+    except Exception:  # no torch / broken driver: treat as CPU
         return False
 
 
@@ -368,8 +368,8 @@ def set_cuda_allocator(environ: dict | None = None, cuda: bool | None = None) ->
         torch = sys.modules.get("torch")
         try:
             if torch is not None and torch.cuda.is_initialized():
-                torch.cuda.memory._set_allocator_settings(ALLOC_CONF)  # noqa: SLF001 - no public setter
-        except Exception:  # noqa: BLE001 - an older torch without the setter: keep the default allocator
+                torch.cuda.memory._set_allocator_settings(ALLOC_CONF)  # no public setter
+        except Exception:  # an older torch without the setter: keep the default allocator
             pass
     return {ALLOC_CONF_VARS[0]: ALLOC_CONF}, has_cuda
 

@@ -397,12 +397,9 @@ def _line_of(text: str, key: str) -> int | None:
     return None
 
 
-def read_recipe(path: str | Path, cls, *, search: Path | None = None) -> dict[str, Any]:
-    """A recipe: a YAML mapping of ``cls``'s keys (old spellings too) -> converted, checked values. An unknown
-    key, a value of the wrong type or out of range is an InputError naming ``file:line``. ``search``: a folder
-    where a bare name (``tiny_demo`` or ``tiny_demo.yaml``) is looked up."""
-    import yaml
-
+def _recipe_path(path: str | Path, search: Path | None) -> Path:
+    """The recipe file ``path`` names: the path itself, else (a bare name) the YAML file of that name in
+    ``search``; an InputError when it is a directory or nothing."""
     p = Path(path)
     if not p.is_file() and search is not None:
         alt = search / (str(path) if str(path).endswith(".yaml") else f"{path}.yaml")
@@ -412,6 +409,16 @@ def read_recipe(path: str | Path, cls, *, search: Path | None = None) -> dict[st
         raise InputError("is a directory, expected a recipe file (YAML)", p)
     if not p.is_file():
         raise InputError("no such recipe", path)
+    return p
+
+
+def read_recipe(path: str | Path, cls, *, search: Path | None = None) -> dict[str, Any]:
+    """A recipe: a YAML mapping of ``cls``'s keys (old spellings too) -> converted, checked values. An unknown
+    key, a value of the wrong type or out of range is an InputError naming ``file:line``. ``search``: a folder
+    where a bare name (``tiny_demo`` or ``tiny_demo.yaml``) is looked up."""
+    import yaml
+
+    p = _recipe_path(path, search)
     text = p.read_text(encoding="utf-8")
     try:
         data = yaml.safe_load(text) or {}

@@ -231,6 +231,7 @@ class HFBackend(Backend):
                          "static cache")
                 self.cache = "static"
         self.graph_used = None
+        self.compactions = 0  # left shifts of the slot decoder's buffers (tests check the path is taken)
 
     def describe(self) -> dict:
         d = {"backend": "hf", "device": self.device, "dtype": str(self.dtype).replace("torch.", ""),
@@ -242,50 +243,23 @@ class HFBackend(Backend):
             d["compile"] = self.compile
         return d
 
-    def _auto_budget(self, max_new_tokens: int, longest: int) -> int:
-        """Token budget for a batch: on CPU a fixed 8K tokens (measured on the tiny model: a CPU decode step costs
-        about linearly in the batch, and a padded prefill runs SDPA's slower masked path, so the gain comes from
-        amortising per-step overhead over a few samples, not from big batches); on CUDA what 70% of the free memory
-        holds, counting per token the KV cache plus prefill activations and one row of the padding mask."""
-        import torch
+    def decoding(self) -> "SlotDecoding | PaddedDecoding":
+        """How this backend decodes (its ``--cache``): the slot decoder, or padded ``generate`` batches."""
+        return SlotDecoding(self) if self.cache == "slots" else PaddedDecoding(self)
 
-        from .engine import slot_bytes_per_token
+    def generate(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int, on_done: OnDone) -> None:
+        if items:
+            self.decoding().run(items, max_new_tokens, min_new_tokens, on_done)
 
-        if not self.device.startswith("cuda"):
-            return 8192
-        cfg = self.model.config
-        b = torch.finfo(self.dtype).bits // 8
-        kv_bytes = slot_bytes_per_token(cfg, self.dtype)
-        act_bytes = (6 * cfg.hidden_size + 3 * cfg.intermediate_size) * b + (longest + max_new_tokens)
-        free, _ = torch.cuda.mem_get_info(torch.device(self.device))
-        return max(longest + max_new_tokens, int(0.7 * free / (kv_bytes + act_bytes)))
 
-    def _generate_batch(self, seqs: list[list[int]], max_new_tokens: int, min_new_tokens: int) -> list[list[int]]:
-        import torch
-        from transformers import GenerationConfig
+class SlotDecoding:
+    """The hf backend's ``--cache slots``: the slot decoder (:class:`ropescale.evaluation.engine.SlotDecoder`)
+    with as many slots as the token budget holds, halved and retried on a CUDA out-of-memory error."""
 
-        longest = max(map(len, seqs))
-        ids = torch.full((len(seqs), longest), self.pad, dtype=torch.long)
-        mask = torch.zeros((len(seqs), longest), dtype=torch.long)
-        for r, s in enumerate(seqs):  # left padding: the last prompt token of every row sits at the same column
-            ids[r, longest - len(s):] = torch.tensor(s, dtype=torch.long)
-            mask[r, longest - len(s):] = 1
-        gc = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
-                              min_new_tokens=min(min_new_tokens, max_new_tokens), eos_token_id=self.eos,
-                              pad_token_id=self.pad, use_cache=True,
-                              cache_implementation="static" if self.cache == "static" else None,
-                              disable_compile=not self.compile)
-        from .engine import reset_dynamic_rope
+    def __init__(self, be: HFBackend):
+        self.be = be
 
-        reset_dynamic_rope(self.model)  # dynamic NTK: start each batch from the original base, not the last one's
-        with torch.inference_mode():
-            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                      generation_config=gc)
-        new = out[:, longest:].tolist()
-        eos = set(self.eos)
-        return [cut_at_eos(row, eos) for row in new]
-
-    def _slots(self, max_new_tokens: int, longest: int) -> int:
+    def slots(self, max_new_tokens: int, longest: int) -> int:
         """How many slots the slot decoder gets: what the token budget holds at ``longest + 2 x max_new_tokens``
         tokens a slot (its buffer length); on CUDA the budget is 90% of the free memory less one prefill of the
         longest prompt, counted as KV bytes per token."""
@@ -293,47 +267,48 @@ class HFBackend(Backend):
 
         from .engine import slot_bytes_per_token
 
+        be = self.be
         per_slot = longest + 2 * max_new_tokens
-        if self.batch_tokens:
-            budget = self.batch_tokens
-        elif not self.device.startswith("cuda"):
+        if be.batch_tokens:
+            budget = be.batch_tokens
+        elif not be.device.startswith("cuda"):
             # CPU: a decode step is bound by reading the slots' caches, plus a fixed per-step cost that more slots
             # share (tiny default, 2K prompts, 400 new tokens: 2 slots 2.0x, 12 slots 2.7x plain generate); at
             # most a quarter of the RAM
             ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-            budget = min(32768, int(ram / 4 / slot_bytes_per_token(self.model.config, self.dtype)))
+            budget = min(32768, int(ram / 4 / slot_bytes_per_token(be.model.config, be.dtype)))
         else:
-            cfg = self.model.config
-            b = torch.finfo(self.dtype).bits // 8
+            cfg = be.model.config
+            b = torch.finfo(be.dtype).bits // 8
             # one prefill's activations (hidden-size and MLP-width tensors of the longest prompt, x1.5 for the
             # allocator's slack; measured peak at 17K on a 7B shape: ~3.5 GiB) and 1 GiB for the decode graph
             prefill = 1.5 * longest * (8 * cfg.hidden_size + 4 * cfg.intermediate_size) * b + 2 ** 30
             torch.cuda.empty_cache()  # cached blocks from earlier work count as free
-            free, _ = torch.cuda.mem_get_info(torch.device(self.device))
-            budget = int((0.9 * free - prefill) / slot_bytes_per_token(cfg, self.dtype))
-        return max(1, min(self.max_batch, budget // per_slot))
+            free, _ = torch.cuda.mem_get_info(torch.device(be.device))
+            budget = int((0.9 * free - prefill) / slot_bytes_per_token(cfg, be.dtype))
+        return max(1, min(be.max_batch, budget // per_slot))
 
-    def _generate_slots(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int,
-                        on_done: OnDone) -> None:
+    def run(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int, on_done: OnDone) -> None:
         import torch
 
         from .engine import SlotDecoder
 
+        be = self.be
         todo = {id(it): it for it in items}
 
         def done(it, ids):
             todo.pop(id(it), None)
             on_done(it, ids)
 
-        slots = self._slots(max_new_tokens, max(len(it.input_ids) for it in items))
+        slots = self.slots(max_new_tokens, max(len(it.input_ids) for it in items))
         while todo:
             oom = False
-            dec = SlotDecoder(self.model, slots=slots, eos=self.eos, device=self.device,
-                              cuda_graph=self.cuda_graph, log=self.log)
+            dec = SlotDecoder(be.model, slots=slots, eos=be.eos, device=be.device, cuda_graph=be.cuda_graph,
+                              log=be.log)
             try:
                 dec.run(list(todo.values()), max_new_tokens, min_new_tokens, done)
-                self.graph_used = dec.graph_used
-                self.compactions = dec.compactions
+                be.graph_used = dec.graph_used
+                be.compactions = dec.compactions
             except torch.OutOfMemoryError:
                 if slots == 1:
                     raise
@@ -342,19 +317,72 @@ class HFBackend(Backend):
             if oom:
                 torch.cuda.empty_cache()
                 slots = max(1, slots // 2)
-                self.log(f"[generate] out of memory; retrying the {len(todo)} unfinished samples with {slots} "
-                         "slots")
+                be.log(f"[generate] out of memory; retrying the {len(todo)} unfinished samples with {slots} slots")
 
-    def generate(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int, on_done: OnDone) -> None:
+
+class PaddedDecoding:
+    """The hf backend's ``--cache static|dynamic``: transformers ``generate`` on length-sorted, left-padded batches
+    sized by a token budget, a batch halved and retried on a CUDA out-of-memory error."""
+
+    def __init__(self, be: HFBackend):
+        self.be = be
+
+    def budget(self, max_new_tokens: int, longest: int) -> int:
+        """Token budget for a batch: ``--batch-tokens``, else on CPU a fixed 8K tokens (measured on the tiny model:
+        a CPU decode step costs about linearly in the batch, and a padded prefill runs SDPA's slower masked path, so
+        the gain comes from amortising per-step overhead over a few samples, not from big batches); on CUDA what
+        70% of the free memory holds, counting per token the KV cache plus prefill activations and one row of the
+        padding mask."""
         import torch
 
-        if not items:
-            return
-        if self.cache == "slots":
-            return self._generate_slots(items, max_new_tokens, min_new_tokens, on_done)
+        from .engine import slot_bytes_per_token
+
+        be = self.be
+        if be.batch_tokens:
+            return be.batch_tokens
+        if not be.device.startswith("cuda"):
+            return 8192
+        cfg = be.model.config
+        b = torch.finfo(be.dtype).bits // 8
+        kv_bytes = slot_bytes_per_token(cfg, be.dtype)
+        act_bytes = (6 * cfg.hidden_size + 3 * cfg.intermediate_size) * b + (longest + max_new_tokens)
+        free, _ = torch.cuda.mem_get_info(torch.device(be.device))
+        return max(longest + max_new_tokens, int(0.7 * free / (kv_bytes + act_bytes)))
+
+    def batch(self, seqs: list[list[int]], max_new_tokens: int, min_new_tokens: int) -> list[list[int]]:
+        """One left-padded batch through ``generate``: each row's new tokens cut at the first EOS."""
+        import torch
+        from transformers import GenerationConfig
+
+        from .engine import reset_dynamic_rope
+
+        be = self.be
+        longest = max(map(len, seqs))
+        ids = torch.full((len(seqs), longest), be.pad, dtype=torch.long)
+        mask = torch.zeros((len(seqs), longest), dtype=torch.long)
+        for r, s in enumerate(seqs):  # left padding: the last prompt token of every row sits at the same column
+            ids[r, longest - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[r, longest - len(s):] = 1
+        gc = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
+                              min_new_tokens=min(min_new_tokens, max_new_tokens), eos_token_id=be.eos,
+                              pad_token_id=be.pad, use_cache=True,
+                              cache_implementation="static" if be.cache == "static" else None,
+                              disable_compile=not be.compile)
+        reset_dynamic_rope(be.model)  # dynamic NTK: start each batch from the original base, not the last one's
+        with torch.inference_mode():
+            out = be.model.generate(input_ids=ids.to(be.device), attention_mask=mask.to(be.device),
+                                    generation_config=gc)
+        new = out[:, longest:].tolist()
+        eos = set(be.eos)
+        return [cut_at_eos(row, eos) for row in new]
+
+    def run(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int, on_done: OnDone) -> None:
+        import torch
+
+        be = self.be
         lengths = [len(it.input_ids) for it in items]
-        budget = self.batch_tokens or self._auto_budget(max_new_tokens, max(lengths))
-        cap = self.max_batch
+        cap = be.max_batch
+        budget = self.budget(max_new_tokens, max(lengths))
         queue = [[items[i] for i in b] for b in plan_batches(lengths, max_new_tokens, budget, cap)]
         while queue:
             batch = queue.pop(0)
@@ -362,13 +390,13 @@ class HFBackend(Backend):
                 queue.insert(0, batch[cap:])
                 batch = batch[:cap]
             try:
-                outs = self._generate_batch([it.input_ids for it in batch], max_new_tokens, min_new_tokens)
+                outs = self.batch([it.input_ids for it in batch], max_new_tokens, min_new_tokens)
             except torch.OutOfMemoryError:
                 if len(batch) == 1:
                     raise
                 torch.cuda.empty_cache()
                 cap = max(1, len(batch) // 2)
-                self.log(f"[generate] out of memory with a batch of {len(batch)}; retrying with {cap}")
+                be.log(f"[generate] out of memory with a batch of {len(batch)}; retrying with {cap}")
                 queue.insert(0, batch)
                 continue
             for it, o in zip(batch, outs):

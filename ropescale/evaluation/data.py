@@ -94,7 +94,7 @@ def _load_dataset(src: Source):
                                        data_files=src.data_files)
     except InputError:
         raise
-    except Exception as e:  # noqa: BLE001 — datasets raises many types (FileNotFound, DatasetNotFound, HTTP, ...)
+    except Exception as e:  # datasets raises many types (FileNotFound, DatasetNotFound, HTTP, ...)
         msg = (str(e).strip().splitlines() or [""])[0][:300]
         raise InputError(f"datasets could not load it: {type(e).__name__}: {msg}", src.label) from None
     finally:

@@ -62,6 +62,26 @@ def csv_setting(model: str, rope: str | None, scale: float | None, train_length:
 def read_scores_csv(path: str | os.PathLike) -> list[dict]:
     """Rows {model, setting, kind, subset, rouge_l, _line} of a scores CSV (file:line errors)."""
     path = Path(path)
+    reader = _csv_reader(path)
+    rows, seen = [], {}
+    try:
+        for rec in reader:
+            row = _score_row(rec, path, reader.line_num)
+            if row is None:  # a missing cell ("-" or empty)
+                continue
+            key = (row["setting"], row["kind"], row["subset"])
+            if key in seen:
+                raise InputError(f"duplicate row for {row['model']} {row['kind']} {row['subset']} (first at line "
+                                 f"{seen[key]})", path, row["_line"])
+            seen[key] = row["_line"]
+            rows.append(row)
+    except csv.Error as e:
+        raise InputError(f"malformed CSV: {e}", path, reader.line_num) from None
+    return rows
+
+
+def _csv_reader(path: Path) -> csv.DictReader:
+    """A scores CSV's reader: the file UTF-8 throughout (the first bad line named), the required columns present."""
     if not path.is_file():
         raise InputError("no such file", path)
     raw = path.read_bytes()
@@ -70,49 +90,40 @@ def read_scores_csv(path: str | os.PathLike) -> list[dict]:
             line.decode("utf-8")
         except UnicodeDecodeError as e:
             raise InputError(f"not valid UTF-8 (byte {e.start})", path, lineno) from None
-    text = raw.decode("utf-8-sig")
-    reader = csv.DictReader(io.StringIO(text, newline=""))
+    reader = csv.DictReader(io.StringIO(raw.decode("utf-8-sig"), newline=""))
     header = [h.strip() for h in (reader.fieldnames or [])]
     missing = [c for c in CSV_REQUIRED if c not in header]
     if missing:
         raise InputError(f"missing column(s) {', '.join(missing)} (need {','.join(CSV_REQUIRED)})", path, 1)
     reader.fieldnames = header
-    rows, seen = [], {}
+    return reader
+
+
+def _score_row(rec: dict, path: Path, ln: int) -> dict | None:
+    """One CSV record as a score row; None for a missing cell; an InputError naming the line otherwise."""
+    if None in rec or any(rec.get(c) is None for c in CSV_REQUIRED):
+        raise InputError("wrong number of fields", path, ln)
+    model = rec["model"].strip()
+    if not model:
+        raise InputError("empty model", path, ln)
+    kind = canon_kind(rec["prompt"], (path, ln))
+    subset = canon_subset(rec["subset"])
+    if not subset:
+        raise InputError("empty subset", path, ln)
+    v = rec["rouge_l"].strip()
+    if v in ("", "-"):
+        return None
     try:
-        for rec in reader:
-            ln = reader.line_num
-            if None in rec or any(rec.get(c) is None for c in CSV_REQUIRED):
-                raise InputError("wrong number of fields", path, ln)
-            model = rec["model"].strip()
-            if not model:
-                raise InputError("empty model", path, ln)
-            kind = canon_kind(rec["prompt"], (path, ln))
-            subset = canon_subset(rec["subset"])
-            if not subset:
-                raise InputError("empty subset", path, ln)
-            v = rec["rouge_l"].strip()
-            if v in ("", "-"):
-                continue
-            try:
-                val = float(v)
-            except ValueError:
-                raise InputError(f"rouge_l is not a number: {v!r}", path, ln) from None
-            if not math.isfinite(val):
-                raise InputError(f"rouge_l is not finite: {v!r}", path, ln)
-            rope = (rec.get("rope") or "").strip() or None
-            scale = _opt_float(rec.get("scale"), "scale", path, ln)
-            tl = _opt_float(rec.get("train_length"), "train_length", path, ln)
-            row = {"model": model, "setting": csv_setting(model, rope, scale, tl, (path, ln)), "kind": kind,
-                   "subset": subset,
-                   "rouge_l": val, "_line": ln}
-            key = (row["setting"], kind, subset)
-            if key in seen:
-                raise InputError(f"duplicate row for {model} {kind} {subset} (first at line {seen[key]})", path, ln)
-            seen[key] = ln
-            rows.append(row)
-    except csv.Error as e:
-        raise InputError(f"malformed CSV: {e}", path, reader.line_num) from None
-    return rows
+        val = float(v)
+    except ValueError:
+        raise InputError(f"rouge_l is not a number: {v!r}", path, ln) from None
+    if not math.isfinite(val):
+        raise InputError(f"rouge_l is not finite: {v!r}", path, ln)
+    rope = (rec.get("rope") or "").strip() or None
+    scale = _opt_float(rec.get("scale"), "scale", path, ln)
+    tl = _opt_float(rec.get("train_length"), "train_length", path, ln)
+    return {"model": model, "setting": csv_setting(model, rope, scale, tl, (path, ln)), "kind": kind,
+            "subset": subset, "rouge_l": val, "_line": ln}
 
 
 def _opt_float(v, name, path, ln) -> Optional[float]:
