@@ -37,9 +37,9 @@ setup_env()
 
 def build_data(out: Path, seq: int, n_samples: int) -> Path:
     from data_concat import pack
-    from data_concat.cuts import read_chapters
     from data_concat.pairs import build_pairs
     from data_concat.tokenizer import load_tokenizer
+    from ropescale.common.chapters import read_chapters
     from ropescale.common.io import write_jsonl_atomic
     from ropescale.common.paths import CHAPTERS_JSONL, QWEN2_TOKENIZER
 
@@ -56,7 +56,7 @@ def build_model(model_dir: Path) -> Path:
     from transformers import AutoTokenizer
 
     from ropescale.common.paths import QWEN2_TOKENIZER
-    from ropescale.common.tiny import random_model, tiny_config
+    from ropescale.tiny.build import random_model, tiny_config
 
     tok = AutoTokenizer.from_pretrained(str(QWEN2_TOKENIZER))
     cfg = tiny_config(len(tok), "qwen2", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,

@@ -67,9 +67,10 @@ def tiny_prompts(n: int, lo: int, hi: int, seed: int):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ropescale.common import prompts
-    from ropescale.common.tiny import ensure_tiny, load_chapters
+    from ropescale.common.chapters import load_chapters
+    from ropescale.common.models import resolve_model
 
-    d = ensure_tiny()
+    d = resolve_model("tiny")
     tok = AutoTokenizer.from_pretrained(str(d))
     model = AutoModelForCausalLM.from_pretrained(str(d), dtype="float32", attn_implementation="sdpa").eval()
     rng = random.Random(seed)
@@ -87,13 +88,29 @@ def tiny_prompts(n: int, lo: int, hi: int, seed: int):
 
 
 def run(args) -> dict:
-    import torch
-
-    from ropescale.evaluation.backends import HFBackend, Item, pick_device, pick_dtype
+    """The benchmark's phases: model and prompts -> warm-up -> both sides' streams of work -> the streams run
+    interleaved -> the summary (see module doc)."""
+    from ropescale.evaluation.backends import pick_device, pick_dtype
 
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     shape = "toy" if args.toy else args.shape
+    model, tok, seqs = model_and_prompts(args, shape, device, dtype)
+    warm_up(model, seqs, device)
+    # Streams of work, run interleaved (always the stream with the smallest share done goes next), so a change
+    # in machine load during the run hits both sides alike: the baseline = plain model.generate, greedy, batch 1,
+    # one prompt a task; ours = the hf backend of eval_summ generate, one of its length-sorted batches a task.
+    base_out: dict = {}
+    streams = {"baseline": [_base_task(model, seqs, i, args.new_tokens, device, base_out)
+                            for i in range(args.base_samples)]}
+    backends, outs = ours_streams(args, model, tok, seqs, device, streams)
+    secs, peaks = run_interleaved(streams, device)
+    return summary(args, shape, device, dtype, seqs, base_out, outs, backends, secs, peaks)
+
+
+def model_and_prompts(args, shape: str, device: str, dtype):
+    """(model, tokenizer or None, prompts as token ids): the tiny default with novel prompts, or a random-weight
+    shape with random ids."""
     rng = random.Random(args.seed)
     if shape == "tiny":
         model, tok, seqs = tiny_prompts(args.samples, args.min_len or 1536, args.max_len or 2304, args.seed)
@@ -107,37 +124,48 @@ def run(args) -> dict:
         tok = None
         vocab = model.config.vocab_size
         seqs = [[rng.randrange(1, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(args.samples)]
-    new = args.new_tokens
     nparams = sum(p.numel() for p in model.parameters())
     log(f"[bench] {shape}: {nparams / 1e6:.1f}M params, {device}, {str(dtype).replace('torch.', '')}, "
-        f"{len(seqs)} prompts of {min(map(len, seqs))}-{max(map(len, seqs))} tokens, {new} new tokens each")
+        f"{len(seqs)} prompts of {min(map(len, seqs))}-{max(map(len, seqs))} tokens, {args.new_tokens} new tokens "
+        f"each")
+    return model, tok, seqs
 
-    def sync():
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
 
-    # warm-up (CUDA kernels / allocator; CPU thread pools), excluded from both timings
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def warm_up(model, seqs, device: str) -> None:
+    """CUDA kernels / allocator, CPU thread pools: excluded from both timings."""
+    import torch
+
     with torch.inference_mode():
         model.generate(input_ids=torch.tensor([seqs[0][:64]], device=device), do_sample=False, max_new_tokens=4,
                        min_new_tokens=4, pad_token_id=0)
-    sync()
+    _sync(device)
 
-    # Streams of work, run interleaved (always the stream with the smallest share done goes next), so a change
-    # in machine load during the run hits both sides alike: the baseline = plain model.generate, greedy, batch 1,
-    # one prompt a task; ours = the hf backend of eval_summ generate, one of its length-sorted batches a task.
-    from ropescale.evaluation.backends import plan_batches
 
-    base_out: dict = {}
+def _base_task(model, seqs, i: int, new: int, device: str, base_out: dict):
+    """The baseline's task for prompt ``i``: plain batch-1 greedy generate of exactly ``new`` tokens."""
+    import torch
 
-    def base_task(i):
-        def run_():
-            with torch.inference_mode():
-                o = model.generate(input_ids=torch.tensor([seqs[i]], device=device), do_sample=False,
-                                   max_new_tokens=new, min_new_tokens=new, pad_token_id=0)
-            base_out[i] = o[0, len(seqs[i]):].tolist()
-        return run_
+    def run_():
+        with torch.inference_mode():
+            o = model.generate(input_ids=torch.tensor([seqs[i]], device=device), do_sample=False,
+                               max_new_tokens=new, min_new_tokens=new, pad_token_id=0)
+        base_out[i] = o[0, len(seqs[i]):].tolist()
+    return run_
 
-    streams = {"baseline": [base_task(i) for i in range(args.base_samples)]}
+
+def ours_streams(args, model, tok, seqs, device: str, streams: dict) -> tuple[dict, dict]:
+    """One stream per --cache measured (added to ``streams``): the hf backend's batches (static / dynamic) or
+    slot groups (slots) as tasks. Returns (backends, outputs) by stream name."""
+    from ropescale.evaluation.backends import HFBackend, Item, plan_batches
+
+    new = args.new_tokens
     backends: dict = {}
     outs: dict = {}
     for cache in (["slots", "static", "dynamic"] if args.cache == "all" else [args.cache]):
@@ -156,31 +184,47 @@ def run(args) -> dict:
             # every sample decodes exactly `new` tokens, so slots free up together: a task of `slots` samples
             # (longest first) is what continuous batching would run anyway; each task sets up its own buffers and
             # CUDA graph, so that cost is counted
-            n = be._slots(new, max(map(len, seqs)))
+            n = be.decoding().slots(new, max(map(len, seqs)))
             order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
             batches = [order[j:j + n] for j in range(0, len(order), n)]
             log(f"[bench] ours ({key}): {len(batches)} tasks of {n} slots")
         else:
-            budget = be.batch_tokens or be._auto_budget(new, max(map(len, seqs)))
+            budget = be.decoding().budget(new, max(map(len, seqs)))
             batches = plan_batches([len(x) for x in seqs], new, budget, args.max_batch)
             log(f"[bench] ours ({key}): {len(batches)} batches (token budget {budget})")
         streams[key] = [ours_task(b) for b in batches]
         backends[key] = be
+    return backends, outs
+
+
+def run_interleaved(streams: dict, device: str) -> tuple[dict, dict]:
+    """Run every stream's tasks, always the stream with the smallest share done next; (seconds, CUDA peak bytes)
+    by stream."""
+    import torch
+
     done = {k: 0 for k in streams}
     secs = {k: 0.0 for k in streams}
     peaks = {k: 0 for k in streams}
     while any(done[k] < len(v) for k, v in streams.items()):
         k = min((k for k in streams if done[k] < len(streams[k])), key=lambda k: done[k] / len(streams[k]))
-        sync()
+        _sync(device)
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         t0 = time.time()
         streams[k][done[k]]()
-        sync()
+        _sync(device)
         secs[k] += time.time() - t0
         if device.startswith("cuda"):
             peaks[k] = max(peaks[k], torch.cuda.max_memory_allocated())
         done[k] += 1
+    return secs, peaks
+
+
+def summary(args, shape, device, dtype, seqs, base_out, outs, backends, secs, peaks) -> dict:
+    """The result: each side's samples/hour, whether ours produced the baseline's tokens, the ratio."""
+    import torch
+
+    new = args.new_tokens
     t_base = secs["baseline"]
     graph_used = {k: getattr(be, "graph_used", None) for k, be in backends.items()}
     log(f"[bench] plain generate (batch 1): {len(base_out)} samples in {t_base:.1f}s")
@@ -201,7 +245,7 @@ def run(args) -> dict:
             results[key]["peak_gib"] = round(peaks[key] / 2 ** 30, 1)
     base_sph = len(base_out) * 3600 / t_base
     best = max(results.values(), key=lambda r: r["samples_per_hour"])
-    out = {
+    return {
         "shape": shape, "device": device, "dtype": str(dtype).replace("torch.", ""),
         "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None,
         "prompt_tokens": [min(map(len, seqs)), max(map(len, seqs))], "new_tokens": new,
@@ -211,7 +255,6 @@ def run(args) -> dict:
         "ours": results, "ratio": round(best["samples_per_hour"] / base_sph, 2),
         "goal": 5.0 if shape.startswith("7b") else 2.0,
     }
-    return out
 
 
 class _NoTok:

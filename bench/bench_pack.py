@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ropescale.common.cli import prepare_process  # noqa: E402
+from ropescale.common.cli import prepare_process
 
 prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 
-from data_concat.pack import TARGETS, EncodedPair, compute_stats, pack_encoded, write_packed  # noqa: E402
+from data_concat.pack import TARGETS, EncodedPair, pack_encoded  # noqa: E402
+from data_concat.packed import compute_stats, write_packed  # noqa: E402
 
 K = 1024
 

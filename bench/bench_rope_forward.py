@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from ropescale.common.cli import prepare_process  # noqa: E402
+from ropescale.common.cli import prepare_process
 
 prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 
@@ -28,7 +28,7 @@ ALL = [RopeSpec("pi", 8.0), RopeSpec("ntk", 8.0), RopeSpec("dynamic_ntk", 8.0), 
 
 
 def build(spec: RopeSpec | None, args):
-    from ropescale.common.tiny import random_model, tiny_config
+    from ropescale.tiny.build import random_model, tiny_config
 
     cfg = tiny_config(args.vocab, args.arch, hidden_size=args.hidden, num_layers=args.layers, num_heads=4,
                       num_kv_heads=2, intermediate_size=args.hidden * 11 // 4, orig_ctx=args.orig_ctx)

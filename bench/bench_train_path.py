@@ -107,9 +107,11 @@ def write_packed_data(out: Path, length: int, samples: int, *, pairs: int = 6, l
     summaries are ``label_share`` of the tokens, in data_concat's packed format."""
     import numpy as np
 
-    from data_concat.pack import EncodedPair, Plan, build_columns, compute_stats, write_packed
+    from data_concat.pack import EncodedPair
+    from data_concat.packed import TRAIN_FILE, compute_stats, write_packed
+    from data_concat.packing import Plan, build_columns
 
-    if (out / "train.parquet").is_file():
+    if (out / TRAIN_FILE).is_file():
         return out
     rng = np.random.default_rng(seed)
     encoded, plan = [], Plan(samples=[], leftover=[], too_long=[])

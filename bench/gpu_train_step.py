@@ -89,33 +89,70 @@ def one(variant: str, seq: int, warmup: int, steps: int, toy: bool, label_share:
         bf16: bool = False, offload: str = "auto", tile: str = "auto") -> dict:
     """Run ``warmup + steps`` optimizer steps of ``variant`` (ours | baseline) in this process."""
     import torch
-    from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
-    from ropescale.training.data import Collator, PackedDataset
-    from ropescale.training.loss import install_label_only_forward
-    from ropescale.training.model import add_lora, fp32_master, param_counts, resolve_attn, setup_memory
-    from ropescale.training.trainer import LabelOnlyTrainer
+    from ropescale.training.model import param_counts, resolve_attn
 
     cuda = torch.cuda.is_available() and not toy
-    device = "cuda" if cuda else "cpu"
     mixed = cuda or bf16  # bf16 weights + autocast, fp32 trained tensors (the GPU path; on CPU only to test it)
     dtype = torch.bfloat16 if mixed else torch.float32
     attn = resolve_attn(attn_arg, cuda)
     cfg = make_config(SHAPE_TOY if toy else SHAPE_7B, seq)
-    set_seed(0)
     t0 = time.time()
+    pm, plan = build_peft(variant, cfg, "cuda" if cuda else "cpu", dtype, attn, mixed, seq, offload, tile)
+    trainable, total = param_counts(pm)
+    build_s = time.time() - t0
+    rows = make_rows(seq, warmup + steps, cfg.vocab_size, label_share)
+    res = {"variant": variant, "seq": seq, "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+           "attn": attn, "dtype": str(dtype).replace("torch.", ""), "trainable_params": trainable,
+           "total_params": total, "build_seconds": round(build_s, 1), "warmup_steps": warmup, "timed_steps": steps}
+    times, tr, t_start, oom = timed_training(variant, pm, rows, warmup + steps, cuda, mixed)
+    if oom is not None:
+        res.update({"oom": True, "error": str(oom).splitlines()[0][:200], "steps_done": len(times)})
+    else:
+        first = times[warmup - 1] if warmup > 0 else t_start
+        dt = times[-1] - first
+        res.update({"oom": False, "seconds_timed": round(dt, 3), "seconds_per_step": round(dt / steps, 3),
+                    "tokens_per_s": round(seq * steps / dt, 1),
+                    "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+                    "final_loss": round(float(tr.state.log_history[-1].get("train_loss", float("nan"))), 4)
+                    if tr.state.log_history else None})
+    if plan is not None:
+        res["memory_plan"] = plan.record()
+    if oom is not None and cuda:
+        res["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return res
+
+
+def build_peft(variant: str, cfg, device: str, dtype, attn: str, mixed: bool, seq: int, offload: str, tile: str):
+    """(the LoRA model as finetune.py builds it, ours' memory plan or None): seeded weights, LoRA with gradient
+    checkpointing, fp32 trained tensors under mixed precision, and for ours finetune.py's memory settings."""
+    from transformers import set_seed
+
+    from ropescale.training.model import add_lora, fp32_master, setup_memory
+
+    set_seed(0)
     model = make_model(cfg, device, dtype, attn)
-    pm, extra = add_lora(model, r=8, alpha=16, dropout=0.05, gradient_checkpointing=True)
+    pm, _ = add_lora(model, r=8, alpha=16, dropout=0.05, gradient_checkpointing=True)
     if mixed:
         fp32_master(pm, dtype)  # as finetune.py without DeepSpeed: fp32 trained tensors, bf16 autocast forward
     plan = None
     if variant == "ours":  # finetune.py's memory settings (ropescale.training.memory): auto = from 64K tokens on CUDA
         ns = argparse.Namespace(offload_checkpoints=offload, tile_mlp=None if tile == "auto" else int(tile),
                                 gradient_checkpointing=True, micro_batch=1)
-        plan = setup_memory(pm, ns, max_len=seq, cuda=cuda, dtype=dtype)
-    trainable, total = param_counts(pm)
-    build_s = time.time() - t0
-    rows = make_rows(seq, warmup + steps, cfg.vocab_size, label_share)
+        plan = setup_memory(pm, ns, max_len=seq, cuda=device == "cuda", dtype=dtype)
+    return pm, plan
+
+
+def timed_training(variant: str, pm, rows, max_steps: int, cuda: bool, mixed: bool):
+    """(the end time of each step, the trainer, the start time, the out-of-memory error or None): ours is the
+    label-only Trainer, the baseline HF's plain Trainer."""
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from ropescale.training.data import Collator, PackedDataset
+    from ropescale.training.loss import install_label_only_forward
+    from ropescale.training.trainer import LabelOnlyTrainer
+
     times: list[float] = []
 
     class Clock(TrainerCallback):
@@ -124,11 +161,8 @@ def one(variant: str, seq: int, warmup: int, steps: int, toy: bool, label_share:
                 torch.cuda.synchronize()
             times.append(time.perf_counter())
 
-    res = {"variant": variant, "seq": seq, "device": torch.cuda.get_device_name(0) if cuda else "cpu",
-           "attn": attn, "dtype": str(dtype).replace("torch.", ""), "trainable_params": trainable,
-           "total_params": total, "build_seconds": round(build_s, 1), "warmup_steps": warmup, "timed_steps": steps}
     with tempfile.TemporaryDirectory() as tmp:
-        targs = TrainingArguments(output_dir=tmp, max_steps=warmup + steps, per_device_train_batch_size=1,
+        targs = TrainingArguments(output_dir=tmp, max_steps=max_steps, per_device_train_batch_size=1,
                                   gradient_accumulation_steps=1, learning_rate=2e-5, warmup_steps=0,
                                   lr_scheduler_type="constant", bf16=mixed, use_cpu=not cuda, report_to=[],
                                   save_strategy="no", logging_strategy="no", disable_tqdm=True,
@@ -147,22 +181,8 @@ def one(variant: str, seq: int, warmup: int, steps: int, toy: bool, label_share:
         try:
             tr.train()
         except torch.OutOfMemoryError as e:
-            res.update({"oom": True, "error": str(e).splitlines()[0][:200], "steps_done": len(times)})
-            if plan is not None:
-                res["memory_plan"] = plan.record()
-            if cuda:
-                res["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-            return res
-    first = times[warmup - 1] if warmup > 0 else t_start
-    dt = times[-1] - first
-    res.update({"oom": False, "seconds_timed": round(dt, 3), "seconds_per_step": round(dt / steps, 3),
-                "tokens_per_s": round(seq * steps / dt, 1),
-                "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
-                "final_loss": round(float(tr.state.log_history[-1].get("train_loss", float("nan"))), 4)
-                if tr.state.log_history else None})
-    if plan is not None:
-        res["memory_plan"] = plan.record()
-    return res
+            return times, tr, t_start, e
+    return times, tr, t_start, None
 
 
 def run_sub(variant: str, seq: int, a) -> dict:

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from ropescale.common.cli import Tool
 
-SUBCOMMANDS = ("data_concat.pack", "data_concat.packed", "data_concat.pairs", "data_concat.sampler",
-               "data_concat.recall")
+from . import packed, pairs, recall, sampler
+from .pack import register as register_pack  # (the package's name ``pack`` is the pack function)
+
+SUBCOMMANDS = (register_pack, packed.register, pairs.register, sampler.register, recall.register)
 TOOL = Tool("python -m data_concat", "CNNSum-style data: pack fine-tuning samples (Sec 5), build pairs from the shared "
                                      "novels, sample multi-scale windows (Sec 3.2).", SUBCOMMANDS)
 build_parser = TOOL.parser

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from ropescale.common.chapters import Chapter, by_book, read_chapters  # noqa: F401  (the one reader, re-exported)
+from ropescale.common.chapters import Chapter
 from ropescale.common.io import write_json_atomic
 from ropescale.common.text import sentence_ends
 

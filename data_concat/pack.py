@@ -43,8 +43,8 @@ from ropescale.common.cli import add_command, add_json
 from ropescale.common.io import InputError, check_output_dir, read_jsonl, sha256_file
 from ropescale.common.settings import add_settings, check, from_args, make, setting
 
-from .packed import FORMAT, FORMAT_VERSION, IGNORE_INDEX, compute_stats, format_stats, load_meta, write_packed  # noqa: F401
-from .packing import Plan, build_columns, plan_packing  # noqa: F401  (Plan, build_columns: also imported from here)
+from .packed import FORMAT, FORMAT_VERSION, IGNORE_INDEX, compute_stats, format_stats, load_meta, write_packed
+from .packing import Plan, build_columns, plan_packing
 
 K = 1024
 # Sec 5: "setting ranges to 14k~18k and 30k~34k" (k = 1024, as in Sec 3.2).

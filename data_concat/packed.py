@@ -84,7 +84,7 @@ def write_packed(out: str | os.PathLike, cols: dict, meta: dict, stats: dict) ->
     import pyarrow.parquet as pq
 
     with atomic_dir(out) as tmp:
-        pq.write_table(_table(cols), tmp / "train.parquet")
+        pq.write_table(_table(cols), tmp / TRAIN_FILE)
         write_json_atomic(tmp / "meta.json", meta)
         write_json_atomic(tmp / "stats.json", stats)
     return Path(out)
@@ -133,7 +133,7 @@ def read_packed(out: str | os.PathLike, columns: Sequence[str] | None = None) ->
         raise InputError("not a packed dataset (no train.parquet; build one with python -m data_concat pack)", d)
     try:
         t = pq.read_table(f, columns=list(columns) if columns else None)
-    except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a bad file
+    except Exception as e:  # pyarrow raises many types for a bad file
         raise InputError(f"unreadable packed dataset: {e}", f) from None
     if t.num_rows == 0:
         return PackedSet(d, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(1, np.int64), t)

@@ -22,61 +22,83 @@ class Plan:
 
 
 def plan_packing(lengths: Sequence[int], lo: int, hi: int, seed: int) -> Plan:
-    """Random concatenation into samples of length in [lo, hi] (Sec 5), each pair at most once (see module doc)."""
+    """Random concatenation into samples of length in [lo, hi] (Sec 5), each pair at most once (see module doc):
+    the pairs in a seeded random order go into samples of a random goal length (:class:`_Concatenation`), then
+    what is still out is placed by best fit (:func:`_best_fit`)."""
     rng = random.Random(seed)
     order = list(range(len(lengths)))
     rng.shuffle(order)
-    samples: list[list[int]] = []
-    totals: list[int] = []
-    too_long: list[int] = []
-    pool: list[int] = []  # pairs that did not fit an open sample still below lo, in arrival order
-    cur: list[int] = []
-    total = 0
-    goal = rng.randint(lo, hi)  # this sample's length goal, uniform in [lo, hi]
+    cat = _Concatenation(lengths, lo, hi, rng)
+    for i in order:
+        cat.take(i)
+    cat.finish()
+    leftover = _best_fit(cat.cur + cat.pool, cat.samples, cat.totals, lengths, hi)
+    rank = {i: k for k, i in enumerate(order)}
+    return Plan(cat.samples, sorted(leftover, key=rank.__getitem__), cat.too_long)
 
-    def close():
-        nonlocal cur, total, goal
-        samples.append(cur)
-        totals.append(total)
-        cur, total, goal = [], 0, rng.randint(lo, hi)
 
-    def add(i):
-        nonlocal total
-        cur.append(i)
-        total += lengths[i]
-        if total >= goal:
-            close()
-            refill()
+class _Concatenation:
+    """The open sample and the finished ones: each sample has a length goal drawn uniformly in [lo, hi] (the same
+    seeded RNG as the order); a pair that does not fit the open sample waits in a pool, which refills each new
+    sample first."""
 
-    def refill():
+    def __init__(self, lengths: Sequence[int], lo: int, hi: int, rng: random.Random):
+        self.lengths, self.lo, self.hi, self.rng = lengths, lo, hi, rng
+        self.samples: list[list[int]] = []
+        self.totals: list[int] = []
+        self.too_long: list[int] = []
+        self.pool: list[int] = []  # pairs that did not fit an open sample still below lo, in arrival order
+        self.cur: list[int] = []
+        self.total = 0
+        self.goal = rng.randint(lo, hi)  # this sample's length goal, uniform in [lo, hi]
+
+    def take(self, i: int) -> None:
+        n = self.lengths[i]
+        if n > self.hi:
+            self.too_long.append(i)
+            return
+        # Close a sample that is long enough when the pair does not fit, or would land it farther past its
+        # goal than it now is short of it (so lengths centre on the goals, not above them).
+        if self.total >= self.lo and (self.total + n > self.hi or self.total + n - self.goal > self.goal - self.total):
+            self.close()
+            self.refill()
+        if self.total + n <= self.hi:
+            self.add(i)
+        else:
+            self.pool.append(i)
+
+    def finish(self) -> None:
+        if self.total >= self.lo:
+            self.close()
+
+    def close(self) -> None:
+        self.samples.append(self.cur)
+        self.totals.append(self.total)
+        self.cur, self.total, self.goal = [], 0, self.rng.randint(self.lo, self.hi)
+
+    def add(self, i: int) -> None:
+        self.cur.append(i)
+        self.total += self.lengths[i]
+        if self.total >= self.goal:
+            self.close()
+            self.refill()
+
+    def refill(self) -> None:
         k = 0
-        while k < len(pool):
-            j = pool[k]
-            if total + lengths[j] <= hi:
-                pool.pop(k)
-                add(j)  # may close the sample and refill the next one from the pool
+        while k < len(self.pool):
+            j = self.pool[k]
+            if self.total + self.lengths[j] <= self.hi:
+                self.pool.pop(k)
+                self.add(j)  # may close the sample and refill the next one from the pool
                 k = 0
             else:
                 k += 1
 
-    for i in order:
-        n = lengths[i]
-        if n > hi:
-            too_long.append(i)
-            continue
-        # Close a sample that is long enough when the pair does not fit, or would land it farther past its
-        # goal than it now is short of it (so lengths centre on the goals, not above them).
-        if total >= lo and (total + n > hi or total + n - goal > goal - total):
-            close()
-            refill()
-        if total + n <= hi:
-            add(i)
-        else:
-            pool.append(i)
-    if total >= lo:
-        close()
-    # Place what is still out into finished samples with room (best fit: the least room that suffices).
-    rest = cur + pool
+
+def _best_fit(rest: list[int], samples: list[list[int]], totals: list[int], lengths: Sequence[int],
+              hi: int) -> list[int]:
+    """Place the pairs still out into finished samples with room (longest first; best fit: the least room that
+    suffices); returns those that fit nowhere."""
     leftover: list[int] = []
     for i in sorted(rest, key=lambda j: -lengths[j]):
         n = lengths[i]
@@ -90,8 +112,7 @@ def plan_packing(lengths: Sequence[int], lo: int, hi: int, seed: int) -> Plan:
         else:
             samples[best].append(i)
             totals[best] += n
-    rank = {i: k for k, i in enumerate(order)}
-    return Plan(samples, sorted(leftover, key=rank.__getitem__), too_long)
+    return leftover
 
 
 def build_columns(encoded: Sequence, plan: Plan) -> dict:

@@ -22,20 +22,11 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
+from ropescale.common.chapters import Chapter, by_book, read_chapters
 from ropescale.common.cli import add_command, add_json
 from ropescale.common.io import InputError, check_output_file, write_jsonl_atomic
 
-from .cuts import (
-    MERGE_SEP,
-    Chapter,
-    by_book,
-    count_tokens,
-    merged_title,
-    paragraph_cuts,
-    read_chapters,
-    sentence_cuts,
-    tokenize_with_offsets,
-)
+from .cuts import MERGE_SEP, count_tokens, merged_title, paragraph_cuts, sentence_cuts, tokenize_with_offsets
 
 SPLITS = ("first", "all")
 
@@ -136,22 +127,14 @@ def _cut_window(win: _Window, tz, tok, lo: int, hi: int, split: str, pairs: list
         if rest_tokens < lo:
             rep["tail_tokens"] += max(0, rest_tokens)
             return
-        end = None
-        for kind, cuts in (("paragraph", paragraph_cuts(text)), ("sentence", sentence_cuts(text))):
-            for p in _pick_cut(tz, start_char, start_tok, lo, hi, cuts):
-                ctx = text[start_char:p].strip("\n")
-                n = count_tokens(tok, [ctx])[0]
-                if lo <= n <= hi:
-                    end = p
-                    break
-            if end is not None:
-                break
-        if end is None:
+        cut = _next_cut(tz, tok, text, start_char, start_tok, lo, hi)
+        if cut is None:
             if start_char == 0:
                 rep["dropped_uncuttable"] += 1
             else:
                 rep["tail_tokens"] += rest_tokens
             return
+        end, kind, ctx, n = cut
         rep["cut_" + kind] += 1
         pairs.append(_record(win, start_char, end, ctx, n, kind, piece if multi else None))
         used = tz.tokens_upto(end)
@@ -162,6 +145,18 @@ def _cut_window(win: _Window, tz, tok, lo: int, hi: int, split: str, pairs: list
         start_char, start_tok = end, used
         if start_tok >= tz.n_tokens:
             return
+
+
+def _next_cut(tz, tok, text: str, start_char: int, start_tok: int, lo: int, hi: int):
+    """(end, kind, context, tokens) of the first cut after ``start_char`` -- at a paragraph end, else at a sentence
+    end -- whose piece has ``lo`` to ``hi`` tokens; None when there is none."""
+    for kind, cuts in (("paragraph", paragraph_cuts(text)), ("sentence", sentence_cuts(text))):
+        for p in _pick_cut(tz, start_char, start_tok, lo, hi, cuts):
+            ctx = text[start_char:p].strip("\n")
+            n = count_tokens(tok, [ctx])[0]
+            if lo <= n <= hi:
+                return p, kind, ctx, n
+    return None
 
 
 def _record(win: _Window, a: int, b: int, ctx: str, n: int, cut: str, piece: int | None) -> dict:

@@ -34,10 +34,11 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ropescale.common import subsets
+from ropescale.common.chapters import Chapter, by_book, read_chapters
 from ropescale.common.cli import add_command, add_json
 from ropescale.common.io import InputError, check_output_file, write_jsonl_atomic
 
-from .cuts import Chapter, by_book, count_tokens, merged_title, paragraph_token_counts, read_chapters
+from .cuts import count_tokens, merged_title, paragraph_token_counts
 
 UNITS = ("chapter", "paragraph")
 
@@ -203,8 +204,8 @@ def cmd_sample(args) -> int:
     from .tokenizer import load_tokenizer
 
     check_output_file(args.out)
-    if args.subset and args.subset[:1] in ("T", "t") and args.subset[1:].isdigit():
-        args.subset_tokens, args.subset = int(args.subset[1:]), None
+    if args.subset and subsets.scaled_tokens(args.subset) is not None:
+        args.subset_tokens, args.subset = subsets.scaled_tokens(args.subset), None
     if args.subset:
         sub = subsets.get(args.subset)
     else:

@@ -8,11 +8,11 @@ from ropescale.common.io import InputError
 
 
 def resolve_tokenizer_dir(name_or_dir: str | os.PathLike) -> Path:
-    """``tiny`` -> the cached tiny default model dir (its tokenizer lives beside the model); else a directory."""
-    from ropescale.common.tiny import TINY_NAMES, resolve_model
+    """``tiny`` -> the committed tiny default's model dir (its tokenizer lives beside the model); else a
+    directory."""
+    from ropescale.common.models import is_tiny, resolve_model
 
-    if str(name_or_dir) in TINY_NAMES:
-
+    if is_tiny(name_or_dir):
         return Path(resolve_model("tiny"))
     p = Path(name_or_dir)
     if p.exists() and not p.is_dir():

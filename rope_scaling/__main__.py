@@ -5,8 +5,10 @@ import sys
 
 from ropescale.common.cli import Tool
 
+from . import describe
+
 TOOL = Tool("python -m rope_scaling", "RoPE context extension (PI, NTK, dynamic NTK, YaRN, ABF).",
-            ("rope_scaling.describe",))
+            (describe.register,))
 main = TOOL.entry()
 
 

@@ -28,7 +28,7 @@ from ropescale.common.io import InputError, read_json
 
 from .args import add_rope_args, spec_from_args
 from .formulas import reach, yarn_correction_range
-from .hf import apply_rope, extended_context, plan_rope, rope_state
+from .hf import change_rope, extended_context
 from .spec import RopeSpec
 
 REL_TOL = 1e-6
@@ -76,11 +76,9 @@ def describe(cfg, spec: RopeSpec | None = None, seq_len: int | None = None) -> d
     """The per-pair explanation of ``spec`` applied to ``cfg`` (a config object or dict, not modified).
     With ``spec`` None (or method none), what the config itself carries is described."""
     cfg = copy.deepcopy(cfg)
-    change = plan_rope(cfg, spec if spec is not None else RopeSpec())  # the one rule (InputError when stacking)
-    apply_rope(cfg, change.requested)
-    st = rope_state(cfg)
+    change, st = change_rope(cfg, spec if spec is not None else RopeSpec())  # the one rule (InputError: stacking)
     sp = st.spec
-    ext = extended_context(cfg)
+    ext = extended_context(cfg, st)
     if seq_len is None:
         seq_len = ext
     if seq_len < 1:

@@ -160,10 +160,11 @@ def read_rope(cfg) -> RopeSpec:
     return rope_state(cfg).spec
 
 
-def extended_context(cfg) -> int:
+def extended_context(cfg, state: RopeState | None = None) -> int:
     """The context the (scaled) config is meant for: orig_ctx * scale (max_position_embeddings when unscaled or
-    for native llama3 scaling, whose configs state it)."""
-    st = rope_state(cfg)
+    for native llama3 scaling, whose configs state it). ``state``: the config's :func:`rope_state`, when the caller
+    has read it already."""
+    st = state if state is not None else rope_state(cfg)
     if st.spec.method in ("none", "llama3"):
         return int(_get(cfg, "max_position_embeddings"))
     return int(round(st.orig_ctx * st.spec.scale))
@@ -202,12 +203,13 @@ class RopeChange:
                 "message": self.message()}
 
 
-def plan_rope(cfg, spec: RopeSpec) -> RopeChange:
+def plan_rope(cfg, spec: RopeSpec, state: RopeState | None = None) -> RopeChange:
     """What applying ``spec`` to ``cfg`` means, without changing it: InputError when the config already carries
-    other scaling and ``spec.replace`` is not set (see :func:`apply_rope`)."""
+    other scaling and ``spec.replace`` is not set (see :func:`apply_rope`). ``state``: the config's
+    :func:`rope_state`, when the caller has read it already."""
     if not isinstance(spec, RopeSpec):
         raise TypeError(f"apply_rope needs a RopeSpec, got {type(spec).__name__}")
-    st = rope_state(cfg)
+    st = state if state is not None else rope_state(cfg)
     cur = st.spec
     target = dataclasses.replace(spec, orig_ctx=spec.orig_ctx or st.orig_ctx, replace=False)  # checks the context
     check_model(target, st.rotary_dim)  # e.g. longrope: one factor per rotary pair of this model
@@ -223,7 +225,7 @@ def plan_rope(cfg, spec: RopeSpec) -> RopeChange:
     return RopeChange("removed" if spec.method == "none" else "replaced", cur, spec, target)
 
 
-def apply_rope(cfg, spec: RopeSpec):
+def apply_rope(cfg, spec: RopeSpec, state: RopeState | None = None):
     """Write ``spec`` into ``cfg`` in place (and return it), as plain HF entries; apply before building the model.
     :func:`plan_rope` says beforehand what it will do (the same rule, for reports).
 
@@ -231,12 +233,13 @@ def apply_rope(cfg, spec: RopeSpec):
     scaling (Llama-3.x ``llama3``, or one applied earlier) is an InputError unless ``spec.replace``, in which
     case the new method is applied to the unscaled model underneath; re-applying the spec a config already
     carries is a no-op. ``orig_ctx`` None means the config's original context. Every CLI goes through this one
-    rule (``describe``, ``finetune.py``, ``eval_summ generate``, the probes).
+    rule (``describe``, ``finetune.py``, ``eval_summ generate``, the probes). ``state``: the config's
+    :func:`rope_state`, when the caller has read it already.
     """
-    change = plan_rope(cfg, spec)
+    st = state if state is not None else rope_state(cfg)
+    change = plan_rope(cfg, spec, st)
     if change.action in ("kept", "unchanged"):
         return cfg
-    st = rope_state(cfg)
     e = _entries(cfg)
     extra = {k: e[k] for k in ("partial_rotary_factor",) if k in e}
     if change.action == "removed":
@@ -252,3 +255,17 @@ def apply_rope(cfg, spec: RopeSpec):
         "written": {k: entries[k] for k in ("rope_type", "rope_theta", "factor", *_WRITTEN_LISTS) if k in entries},
     })
     return cfg
+
+
+def change_rope(cfg, spec: RopeSpec) -> tuple[RopeChange, RopeState]:
+    """:func:`apply_rope` reading the config once: (what was done, what the config carries now, as
+    :func:`rope_state` would read it back)."""
+    st = rope_state(cfg)
+    change = plan_rope(cfg, spec, st)
+    apply_rope(cfg, spec, st)
+    if change.action in ("kept", "unchanged"):
+        return change, st
+    if change.action == "removed":
+        orig = _get(cfg, "original_max_position_embeddings") or st.max_position_embeddings  # as rope_state reads it
+        return change, dataclasses.replace(st, spec=RopeSpec(orig_ctx=st.max_position_embeddings), orig_ctx=int(orig))
+    return change, dataclasses.replace(st, spec=change.target)

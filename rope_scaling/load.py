@@ -1,15 +1,19 @@
 """Loading a model with a RoPE spec: the one way finetune, merge, generate and the probes get a config with the spec
 applied (:func:`load_config`, the rule of :func:`rope_scaling.apply_rope`) and the model under it
-(:func:`load_model`). transformers is imported here, lazily; the rest of the package stays plain math and dicts.
+(:func:`load_model`). The config is read into a RoPE spec once, here: :class:`ModelConfig` carries the config, what
+was done to it, what it carries now and its extended context, and every stage passes that object on instead of
+reading the config again. transformers is imported here, lazily; the rest of the package stays plain math and dicts.
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ropescale.common.io import InputError, read_json
 
-from .hf import RopeChange, apply_rope, plan_rope
+from .hf import RopeChange, RopeState, change_rope, extended_context
 from .spec import RopeSpec
 
 # the config fields apply_rope writes (what vLLM must be told as hf_overrides)
@@ -17,10 +21,39 @@ ROPE_FIELDS = ("rope_scaling", "rope_parameters", "rope_theta", "max_position_em
 CHANGED = ("applied", "replaced", "removed")
 
 
-def load_config(model_dir: str | os.PathLike, spec: RopeSpec | None = None):
-    """(the model's config with ``spec`` applied, what was done: a :class:`RopeChange`), before any weights are
-    loaded. ``spec`` None (or method none) keeps the config as saved; a config that already carries scaling takes
-    the same spec again as a no-op and another one only with ``replace``. Errors name the model's config.json."""
+@dataclass(frozen=True)
+class ModelConfig:
+    """A model's config with a RoPE spec applied, read once (:func:`load_config`): what every stage passes on."""
+
+    path: Path  # the model directory (or a hub id)
+    config: Any  # the transformers config, the spec written in
+    change: RopeChange  # what applying the spec did (kept, unchanged, applied, replaced, removed)
+    state: RopeState  # what the config carries now: the spec, and the unscaled model underneath
+    context: int  # the context the config is meant for (rope_scaling.extended_context)
+
+    @property
+    def rope(self) -> RopeSpec:
+        """The spec the model runs with (the flags, or what its config already carries)."""
+        return self.state.spec
+
+    @property
+    def orig_ctx(self) -> int:
+        """The unscaled model's original context."""
+        return self.state.orig_ctx
+
+    def rope_fields(self) -> dict:
+        """The config fields the RoPE change wrote (empty when the config was kept as saved): vLLM's
+        hf_overrides."""
+        if self.change.action not in CHANGED:
+            return {}
+        d = self.config.to_dict()
+        return {k: d[k] for k in ROPE_FIELDS if k in d}
+
+
+def load_config(model_dir: str | os.PathLike, spec: RopeSpec | None = None) -> ModelConfig:
+    """The model's config with ``spec`` applied (a :class:`ModelConfig`), before any weights are loaded. ``spec``
+    None (or method none) keeps the config as saved; a config that already carries scaling takes the same spec
+    again as a no-op and another one only with ``replace``. Errors name the model's config.json."""
     from transformers import AutoConfig
 
     model_dir = Path(model_dir)
@@ -31,19 +64,10 @@ def load_config(model_dir: str | os.PathLike, spec: RopeSpec | None = None):
     config = AutoConfig.from_pretrained(str(model_dir))
     spec = spec if spec is not None else RopeSpec()
     try:
-        change = plan_rope(config, spec)
-        apply_rope(config, spec)
+        change, state = change_rope(config, spec)
     except InputError as e:
         raise InputError(e.message, e.path or model_dir / "config.json", e.line) from None
-    return config, change
-
-
-def rope_fields(config, change: RopeChange) -> dict:
-    """The config fields a RoPE change wrote (empty when the config was kept as saved)."""
-    if change.action not in CHANGED:
-        return {}
-    d = config.to_dict()
-    return {k: d[k] for k in ROPE_FIELDS if k in d}
+    return ModelConfig(model_dir, config, change, state, int(extended_context(config, state)))
 
 
 def load_model(model_dir: str | os.PathLike, config, *, dtype, attn: str | None = None):
@@ -52,7 +76,7 @@ def load_model(model_dir: str | os.PathLike, config, *, dtype, attn: str | None 
     from transformers import AutoModelForCausalLM
 
     from ropescale.common.compat import dtype_kwargs
-    from ropescale.common.tiny import check_weights
+    from ropescale.common.models import check_weights
 
     if Path(model_dir).exists():  # a hub id is transformers' to fetch and check
         check_weights(Path(model_dir))

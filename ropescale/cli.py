@@ -9,17 +9,55 @@
 """
 from __future__ import annotations
 
-import importlib
 import sys
 
-# tool -> (module with main(argv, prog), a common.cli.Tool's entry; what it does); in --help order
+
+# Each tool's entry (a common.cli.Tool's main(argv, prog)), imported only when that tool runs: `ropescale --help`
+# lists the tools without loading any of them.
+def _rope():
+    from rope_scaling.__main__ import main
+
+    return main
+
+
+def _data():
+    from data_concat.cli import main
+
+    return main
+
+
+def _finetune():
+    from ropescale.training.cli import main
+
+    return main
+
+
+def _eval():
+    from ropescale.evaluation.cli import main
+
+    return main
+
+
+def _probes():
+    from ropescale.probes.cli import main
+
+    return main
+
+
+def _make_tiny():
+    from ropescale.tiny.make_tiny import main
+
+    return main
+
+
+# tool -> (its entry, what it does); in --help order
 TOOLS = {
-    "rope": ("rope_scaling.__main__", "RoPE settings: describe what a method does to each rotary pair"),
-    "data": ("data_concat.cli", "data: pack fine-tuning samples, build pairs, sample CNNSum-style eval sets"),
-    "finetune": ("ropescale.training.cli", "LoRA fine-tuning with RoPE scaling ([train]), merge a run into a model"),
-    "eval": ("ropescale.evaluation.cli", "CNNSum evaluation: generate, score, report, run"),
-    "probes": ("ropescale.probes.cli", "long-context probes and their report"),
-    "make-tiny": ("ropescale.common.make_tiny", "build (or show) the embedded tiny default model"),
+    "rope": (_rope, "RoPE settings: describe what a method does to each rotary pair"),
+    "data": (_data, "data: pack fine-tuning samples, build pairs, sample CNNSum-style eval sets"),
+    "finetune": (_finetune, "LoRA fine-tuning with RoPE scaling ([train]), merge a run into a model"),
+    "eval": (_eval, "CNNSum evaluation: generate, score, report, run"),
+    "probes": (_probes, "long-context probes and their report"),
+    "make-tiny": (_make_tiny, "build (or show) the embedded tiny default model"),
 }
 
 
@@ -47,5 +85,4 @@ def main(argv: list[str] | None = None) -> int:
 
         setup_env()
     prepare_process()
-    module = importlib.import_module(TOOLS[name][0])
-    return module.main(rest, prog=f"ropescale {name}")
+    return TOOLS[name][0]()(rest, prog=f"ropescale {name}")

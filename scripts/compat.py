@@ -25,7 +25,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import envbuild  # noqa: E402
+import envbuild
 
 SHOWN = ("torch", "transformers", "peft", "accelerate", "deepspeed", "datasets", "tokenizers", "huggingface-hub",
          "safetensors", "numpy")

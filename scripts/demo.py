@@ -41,7 +41,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,7 +138,7 @@ def predicted_reach(model: str, spec=None) -> float | None:
 def row_cells(run_dirs: list[Path]) -> tuple[dict, float | None, dict]:
     """({column: ROUGE-L}, MSE(P-IE vs P-IB), {column: marks-only floor}) of one row, by the report's own formulas
     (one row's runs; the floor is the recall view's: the score of an answer holding only the marks)."""
-    from ropescale.evaluation.report import build_report
+    from ropescale.evaluation.report.intake import build_report
 
     rep = build_report([str(d) for d in run_dirs if (d / "predictions.jsonl").is_file()])
     _, rows = rep.extrapolation()
@@ -147,226 +147,323 @@ def row_cells(run_dirs: list[Path]) -> tuple[dict, float | None, dict]:
     return (rows[0]["cells"] if rows else {}), (t2[0]["mse"] if t2 else None), floor
 
 
+@dataclass
+class Demo:
+    """One demo run: its settings (run_demo's arguments), then what each step adds for the next."""
+
+    out: Path
+    model: str
+    methods: tuple
+    free: tuple
+    scale: float
+    factors: tuple
+    samples: int
+    max_new_tokens: int
+    train_lo: float
+    train_hi: float
+    pairs: int
+    launcher: str
+    finetune_args: tuple
+    seed: int
+    chapters: str
+    heldout: int | None
+    baseline_prompts: bool
+    times: dict = field(default_factory=dict)
+    # step 1: the model
+    model_dir: Path | None = None
+    orig: int = 0
+    # step 2: data
+    packed: Path | None = None
+    evals: dict = field(default_factory=dict)  # eval length -> eval set
+    # step 3: the rows and the fine-tunes
+    rows: list = field(default_factory=list)
+    merged: dict = field(default_factory=dict)  # method -> merged model dir
+
+    @property
+    def s_txt(self) -> str:
+        return f"{self.scale:g}"
+
+    @property
+    def targets(self) -> list[int]:
+        return [int(self.orig * f) for f in self.factors]
+
+    @property
+    def sfx(self) -> str:
+        return f"_s{self.seed}" if self.seed else ""
+
+    @property
+    def gen(self) -> Path:
+        return self.out / f"gen{self.sfx}"
+
+    @property
+    def gen_f1(self) -> Path:
+        return self.out / f"gen_f1{self.sfx}"
+
+    @property
+    def report(self) -> Path:
+        return self.out / f"report{self.sfx}"
+
+    @property
+    def fig(self) -> Path:
+        return self.out / f"fig3{self.sfx}.png"
+
+
 def run_demo(out: str = "runs/demo", *, model: str = "tiny", methods=METHODS, free=FREE, scale: float = 8,
              factors=(1, 2, 4, 8), samples: int = 16, max_new_tokens: int = 128, train_lo: float = 2,
              train_hi: float = 4, pairs: int = 256, launcher: str = "deepspeed", finetune_args=(), seed: int = 0,
              chapters: str | None = None, heldout: int | None = None, baseline_prompts: bool = True,
              fresh: bool = False) -> dict:
-    from transformers import AutoConfig
-
-    from rope_scaling import RopeSpec, read_rope
+    """The demo's six steps (module doc), in order; returns where everything went and the demo table's rows."""
     from ropescale.common.paths import CHAPTERS_JSONL
 
-    py = sys.executable
-    out = Path(out)
-    chapters = str(chapters or CHAPTERS_JSONL)
-    s_txt = f"{scale:g}"
-    if fresh and out.exists():
-        say(f"--fresh: removing {rel(out)}")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    times: dict[str, float] = {}
+    d = Demo(Path(out), model, tuple(methods), tuple(free), scale, tuple(factors), samples, max_new_tokens, train_lo,
+             train_hi, pairs, launcher, tuple(finetune_args), seed, str(chapters or CHAPTERS_JSONL), heldout,
+             baseline_prompts)
+    if fresh and d.out.exists():
+        say(f"--fresh: removing {rel(d.out)}")
+        shutil.rmtree(d.out)
+    d.out.mkdir(parents=True, exist_ok=True)
+    the_model(d)
+    the_data(d)
+    fine_tunes(d)
+    generation(d)
+    t = time.time()
+    reports(d)
+    records = demo_table(d)
+    d.times["report"] = time.time() - t
+    print()
+    say(f"all tables in {rel(d.report)}/ (demo.md: the table above), Fig. 3 in {rel(d.fig)}")
+    say("time: " + ", ".join(f"{k} {v:.0f}s" for k, v in d.times.items()))
+    say(f"demo finished in {time.time() - T0:.0f}s")
+    return {"model_dir": str(d.model_dir), "packed": str(d.packed),
+            "merged": {m: str(p) for m, p in d.merged.items()}, "evals": {tg: str(p) for tg, p in d.evals.items()},
+            "gen": str(d.gen), "gen_f1": str(d.gen_f1), "report": str(d.report), "fig": str(d.fig),
+            "rows": [r.key for r in d.rows], "table": records, "times": d.times}
 
-    # 1 ---------------------------------------------------------------- the model
-    if model == "tiny":
+
+def the_model(d: Demo) -> None:
+    """Step 1: the model (the committed tiny default, or the one given), its original context, the held-out
+    chapters its build kept."""
+    from transformers import AutoConfig
+
+    from rope_scaling import read_rope
+
+    if d.model == "tiny":
         say("step 1/6: the embedded tiny default (Qwen2 architecture, 512-token context; assets/tiny)")
-        info = json.loads(sh([py, "-m", "ropescale", "make-tiny"], capture=True).strip().splitlines()[-1])
-        model_dir = Path(info["model"])
+        info = json.loads(sh([sys.executable, "-m", "ropescale", "make-tiny"], capture=True).strip().splitlines()[-1])
+        d.model_dir = Path(info["model"])
         say(f"tiny default: {info['params'] / 1e6:.1f}M params; held-out perplexity {info['ppl_heldout']:.1f} "
             f"(random weights {info['ppl_heldout_random']:.1f}); loss on a passage seen earlier in the window "
             f"{info['copy_loss']:.2f} vs {info['nocopy_loss']:.2f} unseen; recall ROUGE-L inside its context "
             f"{info['recall_rouge_l']}")
     else:
-        model_dir = Path(model)
-        say(f"step 1/6: model {rel(model_dir)} (given)")
-    orig = read_rope(AutoConfig.from_pretrained(str(model_dir))).orig_ctx
-    if not orig:
-        raise SystemExit(f"[demo] cannot tell the original context of {model_dir}")
-    if heldout is None:
+        d.model_dir = Path(d.model)
+        say(f"step 1/6: model {rel(d.model_dir)} (given)")
+    d.orig = read_rope(AutoConfig.from_pretrained(str(d.model_dir))).orig_ctx
+    if not d.orig:
+        raise SystemExit(f"[demo] cannot tell the original context of {d.model_dir}")
+    if d.heldout is None:
         from ropescale.common.recall import HELDOUT
 
-        heldout = HELDOUT
-    if model == "tiny":
-        heldout = json.loads((model_dir / "tiny.json").read_text(encoding="utf-8"))["spec"]["heldout_per_book"]
-    say(f"original context {orig} tokens; every method at scale {s_txt} ({int(orig * scale)} tokens)")
+        d.heldout = HELDOUT
+    if d.model == "tiny":
+        d.heldout = json.loads((d.model_dir / "tiny.json").read_text(encoding="utf-8"))["spec"]["heldout_per_book"]
+    say(f"original context {d.orig} tokens; every method at scale {d.s_txt} ({int(d.orig * d.scale)} tokens)")
 
-    # 2 ---------------------------------------------------------------- data
+
+def the_data(d: Demo) -> None:
+    """Step 2: recall pairs from the training chapters packed with the F.2 prompts; an eval set per length from
+    the held-out chapters (each reused when it is there)."""
     from data_concat.cli import main as data_main
+    from data_concat.packed import TRAIN_FILE
 
     t = time.time()
-    data = out / "data"
-    pairs_file, packed = data / f"pairs_s{seed}.jsonl", data / f"packed_s{seed}"
-    lo, hi = int(orig * train_lo), int(orig * train_hi)
-    recall = ["recall", "--chapters", chapters, "--tokenizer", str(model_dir), "--heldout", str(heldout),
-              "--seed", str(seed)]
-    say(f"step 2/6: data: {pairs} recall pairs from the training chapters, packed with the F.2 prompts into "
-        f"samples of {lo}-{hi} tokens ({train_lo:g}x-{train_hi:g}x the context); eval sets from the held-out "
+    data = d.out / "data"
+    pairs_file, d.packed = data / f"pairs_s{d.seed}.jsonl", data / f"packed_s{d.seed}"
+    lo, hi = int(d.orig * d.train_lo), int(d.orig * d.train_hi)
+    recall = ["recall", "--chapters", d.chapters, "--tokenizer", str(d.model_dir), "--heldout", str(d.heldout),
+              "--seed", str(d.seed)]
+    say(f"step 2/6: data: {d.pairs} recall pairs from the training chapters, packed with the F.2 prompts into "
+        f"samples of {lo}-{hi} tokens ({d.train_lo:g}x-{d.train_hi:g}x the context); eval sets from the held-out "
         f"chapters")
-    if not (packed / "train.parquet").is_file():
+    if not (d.packed / TRAIN_FILE).is_file():
         from data_concat.tokenizer import load_tokenizer
         from ropescale.common.recall import pair_range
 
-        ctx_lo, ctx_hi = pair_range(load_tokenizer(str(model_dir)), lo, hi)
+        ctx_lo, ctx_hi = pair_range(load_tokenizer(str(d.model_dir)), lo, hi)
         in_process("python -m data_concat", data_main, recall + [
-            "--part", "train", "--min-tokens", str(ctx_lo), "--max-tokens", str(ctx_hi), "--n", str(pairs),
+            "--part", "train", "--min-tokens", str(ctx_lo), "--max-tokens", str(ctx_hi), "--n", str(d.pairs),
             "--out", str(pairs_file)])
         in_process("python -m data_concat", data_main, [
-            "pack", "--pairs", str(pairs_file), "--tokenizer", str(model_dir), "--min-tokens", str(lo),
-            "--max-tokens", str(hi), "--prompt", "mix", "--seed", str(seed), "--on-bad", "skip", "--out", str(packed)])
+            "pack", "--pairs", str(pairs_file), "--tokenizer", str(d.model_dir), "--min-tokens", str(lo),
+            "--max-tokens", str(hi), "--prompt", "mix", "--seed", str(d.seed), "--on-bad", "skip", "--out",
+            str(d.packed)])
     else:
-        say(f"reusing {rel(packed)}")
-    targets = [int(orig * f) for f in factors]
-    evals = {}
-    for tg in targets:
-        p = data / f"eval_T{tg}_s{seed}.jsonl"
+        say(f"reusing {rel(d.packed)}")
+    for tg in d.targets:
+        p = data / f"eval_T{tg}_s{d.seed}.jsonl"
         if not p.is_file():
             in_process("python -m data_concat", data_main, recall + [
-                "--part", "heldout", "--eval-tokens", str(tg), "--n", str(samples), "--max-answer-tokens",
-                str(max_new_tokens), "--out", str(p)])
-        evals[tg] = p
-    times["data"] = time.time() - t
+                "--part", "heldout", "--eval-tokens", str(tg), "--n", str(d.samples), "--max-answer-tokens",
+                str(d.max_new_tokens), "--out", str(p)])
+        d.evals[tg] = p
+    d.times["data"] = time.time() - t
 
-    # 3 ---------------------------------------------------------------- fine-tune + merge
+
+def fine_tunes(d: Demo) -> None:
+    """Step 3: the rows (the base model, each free method, each fine-tune), each method fine-tuned and merged
+    (reused when merged already; an interrupted fine-tune is resumed)."""
     from ropescale.training.cli import main as finetune_main
 
     t = time.time()
-    name = "tiny" if model == "tiny" else model_dir.name
-    base_model = "tiny" if model == "tiny" else str(model_dir)
-    rows = [Row("base", f"{name} (no fine-tune)", base_model, "none")]
-    rows += [Row(f"free-{m}-x{s_txt}", f"{name}, {m} x{s_txt} at load time", base_model, m,
-                 ("--rope", m, "--scale", s_txt)) for m in free]
-    merged = {}
-    for m in methods:
-        run_name = f"{name}-{m}" if m == "none" else f"{name}-{m}-x{s_txt}"
-        train_dir = out / "train" / (run_name + (f"-s{seed}" if seed else ""))
-        merged[m] = train_dir / "merged"
-        say(f"step 3/6: fine-tuning {'without RoPE scaling' if m == 'none' else f'with {m} x{s_txt}'} "
-            f"({launcher}), then merging into {rel(merged[m])}")
-        rows.append(Row(f"ft-{m}" if m == "none" else f"ft-{m}-x{s_txt}",
-                        f"fine-tuned, {'no RoPE change' if m == 'none' else f'{m} x{s_txt}'}", str(merged[m]), m,
-                        train_dir=train_dir))
-        if (merged[m] / "config.json").is_file():
-            say(f"reusing {rel(merged[m])}")
+    name = "tiny" if d.model == "tiny" else d.model_dir.name
+    base_model = "tiny" if d.model == "tiny" else str(d.model_dir)
+    d.rows = [Row("base", f"{name} (no fine-tune)", base_model, "none")]
+    d.rows += [Row(f"free-{m}-x{d.s_txt}", f"{name}, {m} x{d.s_txt} at load time", base_model, m,
+                   ("--rope", m, "--scale", d.s_txt)) for m in d.free]
+    for m in d.methods:
+        run_name = f"{name}-{m}" if m == "none" else f"{name}-{m}-x{d.s_txt}"
+        train_dir = d.out / "train" / (run_name + (f"-s{d.seed}" if d.seed else ""))
+        d.merged[m] = merged = train_dir / "merged"
+        say(f"step 3/6: fine-tuning {'without RoPE scaling' if m == 'none' else f'with {m} x{d.s_txt}'} "
+            f"({d.launcher}), then merging into {rel(merged)}")
+        d.rows.append(Row(f"ft-{m}" if m == "none" else f"ft-{m}-x{d.s_txt}",
+                          f"fine-tuned, {'no RoPE change' if m == 'none' else f'{m} x{d.s_txt}'}", str(merged), m,
+                          train_dir=train_dir))
+        if (merged / "config.json").is_file():
+            say(f"reusing {rel(merged)}")
             continue
         if not (train_dir / "final").is_dir():
-            # none: the same fine-tune at the same lengths, past the original context with no RoPE change
-            ft = ["finetune.py"] + (["--allow-extrapolation"] if m == "none" else ["--rope", m, "--scale", s_txt])
-            ft += ["--data", str(packed), "--out", str(train_dir), "--seed", str(seed)]
-            if model != "tiny":
-                ft += ["--model", str(model_dir)]
-            if train_dir.exists():  # an interrupted earlier demo run: continue it
-                ft += ["--resume", "auto"]
-            ft += list(finetune_args)
-            if launcher == "deepspeed":  # a free rendezvous port: 29500 may be taken by another job
-                from ropescale.training.env import free_port
+            sh(finetune_command(d, m, train_dir))
+        in_process("python finetune.py", finetune_main, ["merge", "--run", str(train_dir), "--out", str(merged)])
+    d.times["fine-tunes"] = time.time() - t
 
-                launch = [str(Path(py).parent / "deepspeed"), "-q", "--master_port", str(free_port())]
-            else:
-                launch = [py]
-            sh(launch + ft)
-        in_process("python finetune.py", finetune_main, ["merge", "--run", str(train_dir), "--out", str(merged[m])])
-    times["fine-tunes"] = time.time() - t
 
-    # 4 ---------------------------------------------------------------- generation
+def finetune_command(d: Demo, method: str, train_dir: Path) -> list[str]:
+    """The fine-tune of ``method`` (none: the same fine-tune at the same lengths, past the original context with
+    no RoPE change), under the demo's launcher; an interrupted earlier one is continued."""
+    py = sys.executable
+    ft = ["finetune.py"] + (["--allow-extrapolation"] if method == "none" else ["--rope", method, "--scale", d.s_txt])
+    ft += ["--data", str(d.packed), "--out", str(train_dir), "--seed", str(d.seed)]
+    if d.model != "tiny":
+        ft += ["--model", str(d.model_dir)]
+    if train_dir.exists():  # an interrupted earlier demo run: continue it
+        ft += ["--resume", "auto"]
+    ft += list(d.finetune_args)
+    if d.launcher == "deepspeed":  # a free rendezvous port: 29500 may be taken by another job
+        from ropescale.training.env import free_port
+
+        return [str(Path(py).parent / "deepspeed"), "-q", "--master_port", str(free_port())] + ft
+    return [py] + ft
+
+
+def generation(d: Demo) -> None:
+    """Step 4: greedy generation of every row with both F.2 prompts (and the base model with the F.1 baseline
+    prompts) at every length."""
     from ropescale.evaluation.cli import main as eval_main
 
-    sfx = f"_s{seed}" if seed else ""
-    gen, gen_f1 = out / f"gen{sfx}", out / f"gen_f1{sfx}"
-    jobs = [(gen, r, pr) for r in rows for pr in F2] + ([(gen_f1, rows[0], pr) for pr in F1] if baseline_prompts
-                                                          else [])
-    say(f"step 4/6: greedy generation: {len(jobs) * len(targets)} runs ({len(rows)} settings x 2 F.2 prompts"
-        + (" + the base model x 2 F.1 prompts" if baseline_prompts else "")
-        + f", x {len(targets)} lengths, {samples} samples each, at most {max_new_tokens} new tokens; a fine-tuned "
-          f"model keeps the RoPE setting saved in its config)")
+    jobs = [(d.gen, r, pr) for r in d.rows for pr in F2]
+    jobs += [(d.gen_f1, d.rows[0], pr) for pr in F1] if d.baseline_prompts else []
+    say(f"step 4/6: greedy generation: {len(jobs) * len(d.targets)} runs ({len(d.rows)} settings x 2 F.2 prompts"
+        + (" + the base model x 2 F.1 prompts" if d.baseline_prompts else "")
+        + f", x {len(d.targets)} lengths, {d.samples} samples each, at most {d.max_new_tokens} new tokens; a "
+          f"fine-tuned model keeps the RoPE setting saved in its config)")
     t = time.time()
     for where, r, pr in jobs:
-        for tg in targets:
+        for tg in d.targets:
             in_process("python eval_summ.py", eval_main, [
-                "generate", "--model", r.model, *r.flags, "--data", str(evals[tg]), "--prompt", pr,
-                "--max-new-tokens", str(max_new_tokens), "--out", str(where / f"{r.key}_{pr}_T{tg}")])
-    times["generation"] = time.time() - t
-    say(f"generation done in {times['generation']:.0f}s")
+                "generate", "--model", r.model, *r.flags, "--data", str(d.evals[tg]), "--prompt", pr,
+                "--max-new-tokens", str(d.max_new_tokens), "--out", str(where / f"{r.key}_{pr}_T{tg}")])
+    d.times["generation"] = time.time() - t
+    say(f"generation done in {d.times['generation']:.0f}s")
 
-    # 5 ---------------------------------------------------------------- score + report
-    from ropescale.evaluation.report import make_report
 
-    t = time.time()
-    report, fig = out / f"report{sfx}", out / f"fig3{sfx}.png"
-    report_f1 = report / "baseline_prompts"
+def reports(d: Demo) -> None:
+    """Step 5: scores and the report of the F.2 runs (with Fig. 3), the F.1 runs in a report of their own."""
+    from ropescale.evaluation.report.cli import make_report
+
     say("step 5/6: scoring (CNNSum ROUGE-L) and the report: extrapolation table (ROUGE-L x100 by eval length; rows: "
         "model, RoPE method, scale, training length), Table 2 (IE/IB averages, MSE), exact recall per mark, failure "
         "modes, Fig. 3; the F.1 (baseline prompt) runs in a report of their own")
-    show(["python", "eval_summ.py", "report", str(gen), "--out", str(report), "--plot", str(fig)])
-    make_report([gen], out_dir=report, plot=fig)
-    if baseline_prompts:
-        show(["python", "eval_summ.py", "report", str(gen_f1), "--out", str(report_f1)])
-        make_report([gen_f1], out_dir=report_f1)
+    show(["python", "eval_summ.py", "report", str(d.gen), "--out", str(d.report), "--plot", str(d.fig)])
+    make_report([d.gen], out_dir=d.report, plot=d.fig)
+    if d.baseline_prompts:
+        show(["python", "eval_summ.py", "report", str(d.gen_f1), "--out", str(d.report / "baseline_prompts")])
+        make_report([d.gen_f1], out_dir=d.report / "baseline_prompts")
     for view in ("extrapolation", "recall"):
-        p = report / f"{view}.md"
+        p = d.report / f"{view}.md"
         if p.is_file():  # recall.md: the exact recall per mark, where the report writes it
             print()
             print(p.read_text(encoding="utf-8").strip())
 
-    # 6 ---------------------------------------------------------------- the demo's table
-    say("step 6/6: the demo table: predicted reach (rope_scaling describe), the fine-tunes' answer loss, ROUGE-L per "
-        "length beside the marks-only floor, MSE(P-IE vs P-IB)")
+
+def demo_table(d: Demo) -> list[dict]:
+    """Step 6: the demo's own table (report/demo.{md,csv,json}), printed with both Table 2 views; returns its
+    rows."""
     from ropescale.common.io import write_text_atomic
-    from ropescale.common.runs import TrainLength, read_train_record
     from ropescale.common.tables import csv_text, json_text, markdown, number
 
-    cols = [f"T{tg}" for tg in targets]
-    cells_of = {r.key: row_cells([gen / f"{r.key}_{pr}_T{tg}" for pr in F2 for tg in targets]) for r in rows}
-    floor = cells_of[rows[0].key][2]
+    say("step 6/6: the demo table: predicted reach (rope_scaling describe), the fine-tunes' answer loss, ROUGE-L per "
+        "length beside the marks-only floor, MSE(P-IE vs P-IB)")
+    cols = [f"T{tg}" for tg in d.targets]
+    cells_of = {r.key: row_cells([d.gen / f"{r.key}_{pr}_T{tg}" for pr in F2 for tg in d.targets]) for r in d.rows}
+    floor = cells_of[d.rows[0].key][2]
     header = ["row", "predicted reach", "train length: mean (range)", "answer loss: step 1 -> last", *cols,
               "MSE (P-IE vs P-IB)"]
     table = [["marks only (the floor)", None, None, None, *[floor.get(c) for c in cols], None]]
     records = [{"row": "marks only (the floor)", "cells": floor}]
-    for r in rows:
-        reach = predicted_reach(str(model_dir), RopeSpec(r.method, scale=scale) if r.flags else None) \
-            if r.train_dir is None else predicted_reach(r.model)
-        loss = train_losses(r.train_dir) if r.train_dir is not None else None
-        under = loss is not None and loss[1] > LEARNED
-        cells, mse, _ = cells_of[r.key]
-        loss_txt = None if loss is None else f"{loss[0]:.2f} -> {loss[1]:.2f} ({loss[2]} steps)"
-        tl = TrainLength.of((read_train_record(r.model) or {}).get("length")) if r.train_dir is not None else None
-        reach_txt = "unbounded" if reach is None else f"{reach:.0f}"
-        table.append([r.label + (" (under-trained)" if under else ""), reach_txt, tl and tl.text(), loss_txt,
-                      *[cells.get(c) for c in cols], mse])
-        records.append({"row": r.label, "key": r.key, "method": r.method, "fine_tuned": r.train_dir is not None,
-                        "predicted_reach": reach, "train_length": tl and tl.to_dict(), "loss_step1": loss and loss[0],
-                        "loss_last": loss and loss[1], "steps": loss and loss[2], "under_trained": under,
-                        "cells": cells, "mse_ie_ib": mse, "prompts": "F.2"})
-        if r is rows[0] and baseline_prompts:  # the same model with the F.1 baseline prompts
-            cells, mse, _ = row_cells([gen_f1 / f"base_{pr}_T{tg}" for pr in F1 for tg in targets])
-            table.append([f"{r.label}, F.1 baseline prompts", reach_txt, None, None, *[cells.get(c) for c in cols],
+    for r in d.rows:
+        line, rec = table_row(d, r, cells_of[r.key], cols)
+        table.append(line)
+        records.append(rec)
+        if r is d.rows[0] and d.baseline_prompts:  # the same model with the F.1 baseline prompts
+            cells, mse, _ = row_cells([d.gen_f1 / f"base_{pr}_T{tg}" for pr in F1 for tg in d.targets])
+            table.append([f"{r.label}, F.1 baseline prompts", line[1], None, None, *[cells.get(c) for c in cols],
                           mse])
             records.append({"row": f"{r.label}, F.1 baseline prompts", "key": "base-f1", "method": "none",
-                            "fine_tuned": False, "predicted_reach": reach, "cells": cells, "mse_ie_ib": mse,
-                            "prompts": "F.1"})
+                            "fine_tuned": False, "predicted_reach": rec["predicted_reach"], "cells": cells,
+                            "mse_ie_ib": mse, "prompts": "F.1"})
     md = markdown(header, table, number(2))
     title = ("### The demo table: CNNSum ROUGE-L x100 (mean of the two prompts: F.2 unless the row says F.1) by eval "
              "length, the predicted reach "
              f"(tokens), the fine-tunes' answer loss (nats/token; under-trained: above {LEARNED:g} over the last "
              f"{LAST} steps)")
-    write_text_atomic(report / "demo.md", f"{title}\n{md}\n")
-    write_text_atomic(report / "demo.csv", csv_text(header, table))
-    write_text_atomic(report / "demo.json", json_text({"columns": cols, "rows": records}))
+    write_text_atomic(d.report / "demo.md", f"{title}\n{md}\n")
+    write_text_atomic(d.report / "demo.csv", csv_text(header, table))
+    write_text_atomic(d.report / "demo.json", json_text({"columns": cols, "rows": records}))
     print()
     print(title)
     print(md)
-    for p, what in ((report / "table2.md", "F.2 prompts"), (report_f1 / "table2.md", "F.1 baseline prompts")):
+    for p, what in ((d.report / "table2.md", "F.2 prompts"),
+                    (d.report / "baseline_prompts" / "table2.md", "F.1 baseline prompts")):
         if p.is_file():
             print()
             print(f"({what})")
             print(p.read_text(encoding="utf-8").strip())
-    times["report"] = time.time() - t
-    print()
-    say(f"all tables in {rel(report)}/ (demo.md: the table above), Fig. 3 in {rel(fig)}")
-    say("time: " + ", ".join(f"{k} {v:.0f}s" for k, v in times.items()))
-    say(f"demo finished in {time.time() - T0:.0f}s")
-    return {"model_dir": str(model_dir), "packed": str(packed), "merged": {m: str(p) for m, p in merged.items()},
-            "evals": {tg: str(p) for tg, p in evals.items()}, "gen": str(gen), "gen_f1": str(gen_f1),
-            "report": str(report), "fig": str(fig), "rows": [r.key for r in rows], "table": records, "times": times}
+    return records
+
+
+def table_row(d: Demo, r: Row, row_cells_: tuple, cols: list[str]) -> tuple[list, dict]:
+    """One row of the demo table (its markdown line's cells, its JSON record): predicted reach, training length,
+    answer losses, the cells and the MSE."""
+    from rope_scaling import RopeSpec
+    from ropescale.common.runs import TrainLength, read_train_record
+
+    reach = predicted_reach(str(d.model_dir), RopeSpec(r.method, scale=d.scale) if r.flags else None) \
+        if r.train_dir is None else predicted_reach(r.model)
+    loss = train_losses(r.train_dir) if r.train_dir is not None else None
+    under = loss is not None and loss[1] > LEARNED
+    cells, mse, _ = row_cells_
+    loss_txt = None if loss is None else f"{loss[0]:.2f} -> {loss[1]:.2f} ({loss[2]} steps)"
+    tl = TrainLength.of((read_train_record(r.model) or {}).get("length")) if r.train_dir is not None else None
+    reach_txt = "unbounded" if reach is None else f"{reach:.0f}"
+    line = [r.label + (" (under-trained)" if under else ""), reach_txt, tl and tl.text(), loss_txt,
+            *[cells.get(c) for c in cols], mse]
+    rec = {"row": r.label, "key": r.key, "method": r.method, "fine_tuned": r.train_dir is not None,
+           "predicted_reach": reach, "train_length": tl and tl.to_dict(), "loss_step1": loss and loss[0],
+           "loss_last": loss and loss[1], "steps": loss and loss[2], "under_trained": under, "cells": cells,
+           "mse_ie_ib": mse, "prompts": "F.2"}
+    return line, rec
 
 
 def main(argv=None) -> int:

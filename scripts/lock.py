@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import envbuild  # noqa: E402
+import envbuild
 
 HEADER = """\
 # requirements.lock: the exact version of every package scripts/setup.sh installs (make demo, make test, .ci/run).

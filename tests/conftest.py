@@ -63,7 +63,7 @@ def one_thread():
 @pytest.fixture(scope="session")
 def chapters():
     """All chapters of the shared novels: [{book, chapter, title, text}]."""
-    from ropescale.common.tiny import load_chapters
+    from ropescale.common.chapters import load_chapters
 
     assert CHAPTERS_JSONL.is_file(), f"shared novels missing at {CHAPTERS_JSONL}"
     return load_chapters(CHAPTERS_JSONL)
@@ -80,7 +80,7 @@ def qwen2_tokenizer():
 @pytest.fixture(scope="session")
 def tiny_tokenizer_dir(tmp_path_factory, chapters):
     """A small byte-level BPE tokenizer (1,000 tokens) trained on ~150K chars of the novels (about a second)."""
-    from ropescale.common.tiny import train_tokenizer
+    from ropescale.tiny.build import train_tokenizer
 
     d = tmp_path_factory.mktemp("tiny_tok")
     texts, n = [], 0
@@ -111,7 +111,7 @@ def make_tiny_model(tmp_path_factory, tiny_tokenizer_dir):
 
     from transformers import AutoTokenizer
 
-    from ropescale.common.tiny import random_model, tiny_config
+    from ropescale.tiny.build import random_model, tiny_config
 
     tok = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
     counter = [0]

@@ -30,15 +30,15 @@ def _tools():
 def _single_tools():
     """The one-command tools: the same Tool style (issue 26.6)."""
     from rope_scaling.describe import TOOL as describe
-    from ropescale.common.make_tiny import TOOL as make_tiny
+    from ropescale.tiny.make_tiny import TOOL as make_tiny
     from ropescale.training.memory_model import TOOL as memory_model
 
     return {"make-tiny": make_tiny, "describe": describe, "memory-model": memory_model}
 
 
 def _subparsers(ap: argparse.ArgumentParser) -> dict:
-    for a in ap._actions:  # noqa: SLF001
-        if isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
+    for a in ap._actions:
+        if isinstance(a, argparse._SubParsersAction):
             return dict(a.choices)
     return {}
 
@@ -58,7 +58,7 @@ def test_every_help_is_plain_words_with_each_default_once():
         seen += 1
         assert "``" not in text and not re.search(r":(mod|func|class):`", text), name
         assert "['" not in text and "('" not in text, (name, "a Python list/tuple repr in the help")
-        for a in ap._actions:  # noqa: SLF001
+        for a in ap._actions:
             h = a.help or ""
             if h == argparse.SUPPRESS:
                 continue
@@ -68,7 +68,7 @@ def test_every_help_is_plain_words_with_each_default_once():
 
 
 def _visible(ap) -> set[str]:
-    return {o for a in ap._actions if a.help != argparse.SUPPRESS for o in a.option_strings}  # noqa: SLF001
+    return {o for a in ap._actions if a.help != argparse.SUPPRESS for o in a.option_strings}
 
 
 def test_the_same_flags_for_the_same_ideas():
@@ -156,7 +156,7 @@ def test_the_front_door_names_each_tool_as_called(capsys):
 def test_handlers_are_named_one_way():
     """A command's handler is ``cmd_<name>(args)``; ``main(argv)`` is only a tool's entry point."""
     for name, ap in _all_parsers():
-        func = ap._defaults.get("func")  # noqa: SLF001
+        func = ap._defaults.get("func")
         if func is not None:
             assert func.__name__.startswith("cmd_"), (name, func.__name__)
 
@@ -170,8 +170,8 @@ def test_choices_print_one_way():
     """Choices print as argparse's {a,b}; never as a|b."""
     seen = 0
     for name, ap in _all_parsers():
-        for a in ap._actions:  # noqa: SLF001
-            if a.help == argparse.SUPPRESS or isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
+        for a in ap._actions:
+            if a.help == argparse.SUPPRESS or isinstance(a, argparse._SubParsersAction):
                 continue
             mv = a.metavar
             assert not (isinstance(mv, str) and re.fullmatch(r"[a-z0-9_.-]+(\|[a-z0-9_.-]+)+", mv)), (name, mv)
@@ -222,11 +222,11 @@ def test_dtype_takes_one_vocabulary_everywhere():
 
     dtypes = {}
     for name, ap in _all_parsers():
-        for a in ap._actions:  # noqa: SLF001
+        for a in ap._actions:
             if "--dtype" in a.option_strings:
                 dtypes[name] = a
                 assert a.metavar == "{" + ",".join(DTYPES) + "}", (name, a.metavar)
-                base = [x for r in ap._actions if r.required for x in (r.option_strings[0], "x")]  # noqa: SLF001
+                base = [x for r in ap._actions if r.required for x in (r.option_strings[0], "x")]
                 assert ap.parse_known_args(base + ["--dtype", "float32"])[0].dtype == "fp32", name
                 assert ap.parse_known_args(base + ["--dtype", "BF16"])[0].dtype == "bf16", name
                 with pytest.raises(SystemExit):
@@ -278,10 +278,10 @@ def _module_graph() -> dict[str, set[str]]:
 
 
 # The floors, bottom up (issue 26): a module may import its own room and rooms on lower floors, never higher ones.
-LAYERS = (("ropescale", "ropescale.common"),  # the floor: files, settings, records, prompts, metric, tiny default
+LAYERS = (("ropescale", "ropescale.common"),  # the floor: files, settings, records, prompts, metric, where a model is
           ("rope_scaling",),
           ("data_concat",),
-          ("ropescale.training", "ropescale.evaluation", "ropescale.probes"),  # the stages
+          ("ropescale.training", "ropescale.evaluation", "ropescale.probes", "ropescale.tiny"),  # stages, builder
           ("ropescale.cli", "ropescale.__main__"))  # the front door: only dispatches
 
 

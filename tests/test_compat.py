@@ -23,7 +23,7 @@ def changed(lib: str, what: str, shim: str) -> str:
 
 def tiny(arch: str = "qwen2", **kw):
     """A random 2-layer GQA model (4 query heads, 2 key/value heads) built from a config, in eval mode."""
-    from ropescale.common.tiny import random_model, tiny_config
+    from ropescale.tiny.build import random_model, tiny_config
 
     args = dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, orig_ctx=16)
     args.update(kw)
@@ -44,7 +44,7 @@ def test_version_reads_the_installed_release():
 def test_rope_layout_is_the_libraries_and_round_trips(tmp_path):
     from transformers import AutoConfig
 
-    from ropescale.common.tiny import tiny_config
+    from ropescale.tiny.build import tiny_config
 
     cfg = tiny_config(VOCAB, "qwen2", rope_theta=12345.0)
     want = "5" if compat.version("transformers") >= (5,) else "4"
@@ -67,7 +67,7 @@ def test_a_4x_config_json_is_read_by_this_library(tmp_path):
     its own layout, and read_rope_entries gets the same entries from the loaded config and from the file."""
     from transformers import AutoConfig
 
-    from ropescale.common.tiny import tiny_config
+    from ropescale.tiny.build import tiny_config
 
     d = tiny_config(VOCAB, "qwen2").to_dict()
     for k in ("rope_parameters", "rope_scaling"):
@@ -203,7 +203,7 @@ def test_writer_cache_sees_every_layer_and_is_empty_to_the_model():
 
 def test_dynamic_ntk_rotary_internals():
     from ropescale.common.compat import read_rope_entries, write_rope_entries
-    from ropescale.common.tiny import random_model, tiny_config
+    from ropescale.tiny.build import random_model, tiny_config
 
     cfg = tiny_config(VOCAB, "qwen2", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
                       orig_ctx=16, eos_token_id=0)

@@ -11,9 +11,10 @@ import pytest
 
 from data_concat import load_meta, load_packed, pack, plan_packing, resolve_range, stats_of
 from data_concat.cli import main as cli_main
-from data_concat.cuts import MERGE_SEP, Chapter
+from data_concat.cuts import MERGE_SEP
 from data_concat.pairs import build_pairs
 from ropescale.common import prompts
+from ropescale.common.chapters import Chapter
 from ropescale.common.io import InputError
 from ropescale.common.paths import QWEN2_TOKENIZER
 

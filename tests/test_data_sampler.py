@@ -6,9 +6,10 @@ import json
 import pytest
 
 from data_concat.cli import main as cli_main
-from data_concat.cuts import MERGE_SEP, Chapter
+from data_concat.cuts import MERGE_SEP
 from data_concat.sampler import balance, sample, sliding_windows
 from ropescale.common import subsets
+from ropescale.common.chapters import Chapter
 from ropescale.common.paths import CHAPTERS_JSONL, QWEN2_TOKENIZER
 
 K = 1024

@@ -15,10 +15,6 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_demo_miniature(make_tiny_model, tiny_tokenizer, tmp_path, capsys):
     sys.path.insert(0, str(ROOT / "scripts"))
     from demo import run_demo
-    from transformers import AutoConfig
-
-    from data_concat import load_packed
-    from rope_scaling import read_rope
 
     _, model_dir = make_tiny_model("qwen2", orig_ctx=64)
     out = tmp_path / "demo"
@@ -30,11 +26,26 @@ def test_demo_miniature(make_tiny_model, tiny_tokenizer, tmp_path, capsys):
         assert f"step {k}/6" in printed
     assert "$ python eval_summ.py generate --model" in printed  # every step shows its command
     assert "data_concat recall" in printed and "python finetune.py merge" in printed
+    train_length = _check_fine_tunes(res)
+    _check_eval_sets(res, tiny_tokenizer)
+    expect = {"base": ("none", None, ("ft-ie", "ft-ib")), "free-ntk-x8": ("ntk", None, ("ft-ie", "ft-ib")),
+              "ft-none": ("none", train_length["none"], ("ft-ie", "ft-ib")),
+              "ft-ntk-x8": ("ntk", train_length["ntk"], ("ft-ie", "ft-ib"))}
+    means = _check_generation(res, expect, model_dir)
+    _check_report(res, expect, means, printed)
+    _check_demo_table(res, expect, means, printed, train_length)
 
-    # fine-tuning data: packed recall samples of 4x-8x the 64-token context
+
+def _check_fine_tunes(res) -> dict:
+    """Fine-tuning data: packed recall samples of 4x-8x the 64-token context; each merged config carries its
+    method, each run knows its training length (returned by method)."""
+    from transformers import AutoConfig
+
+    from data_concat import load_packed
+    from rope_scaling import read_rope
+
     rows = load_packed(res["packed"])
     assert rows and all(256 <= r["length"] <= 512 for r in rows)
-    # fine-tune + merge: each merged config carries its method, each run knows its training length
     train_length = {}
     for m, want in (("none", "none"), ("ntk", "ntk")):
         run = Path(res["merged"][m]).parent
@@ -45,8 +56,11 @@ def test_demo_miniature(make_tiny_model, tiny_tokenizer, tmp_path, capsys):
         assert train_length[m] == {"mean": round(sum(lens) / len(lens), 1), "min": min(lens), "max": max(lens)}
         merged = read_rope(AutoConfig.from_pretrained(res["merged"][m]))
         assert merged.method == want and (want == "none" or (merged.scale, merged.orig_ctx) == (8.0, 64))
+    return train_length
 
-    # eval sets: recall samples of at most T tokens whose references are copied from their inputs
+
+def _check_eval_sets(res, tiny_tokenizer) -> None:
+    """Eval sets: recall samples of at most T tokens whose references are copied from their inputs."""
     for t, p in res["evals"].items():
         recs = [json.loads(x) for x in Path(p).read_text(encoding="utf-8").splitlines()]
         assert len(recs) == 2
@@ -56,11 +70,11 @@ def test_demo_miniature(make_tiny_model, tiny_tokenizer, tmp_path, capsys):
             for line in r["summary"].split("\n"):
                 assert line in r["context"]
 
-    # generation: 4 settings (base, NTK x8 at load time, two fine-tunes) x 2 F.2 prompts x 2 lengths, and the base
-    # model with the two F.1 prompts in a folder of its own; each complete, with the right rope and prompt
-    expect = {"base": ("none", None, ("ft-ie", "ft-ib")), "free-ntk-x8": ("ntk", None, ("ft-ie", "ft-ib")),
-              "ft-none": ("none", train_length["none"], ("ft-ie", "ft-ib")),
-              "ft-ntk-x8": ("ntk", train_length["ntk"], ("ft-ie", "ft-ib"))}
+
+def _check_generation(res, expect: dict, model_dir) -> dict:
+    """Generation: 4 settings (base, NTK x8 at load time, two fine-tunes) x 2 F.2 prompts x 2 lengths, and the
+    base model with the two F.1 prompts in a folder of its own; each complete, with the right rope and prompt.
+    Returns each run's mean ROUGE-L by (folder, setting, length)."""
     means: dict = {}
     for gen, n_runs, names in ((Path(res["gen"]), 16, expect), (Path(res["gen_f1"]), 4, {"base": ("none", None,
                                                                                                       ("ie", "ib"))})):
@@ -80,8 +94,12 @@ def test_demo_miniature(make_tiny_model, tiny_tokenizer, tmp_path, capsys):
             scores = json.loads((rd / "scores.json").read_text())  # scored by the report step
             assert scores["n"] == 2
             means.setdefault((gen.name, name, sub), []).append(scores["rouge_l"])
+    return means
 
-    # the extrapolation table: one row per F.2 setting, a cell = the mean of its two prompts' run means (x100)
+
+def _check_report(res, expect: dict, means: dict, printed: str) -> None:
+    """The extrapolation table: one row per F.2 setting, a cell = the mean of its two prompts' run means (x100);
+    the other views, the F.1 report and Fig. 3 are written."""
     table = (Path(res["report"]) / "extrapolation.md").read_text(encoding="utf-8")
     assert table.strip() in printed
     lines = [ln for ln in table.splitlines() if ln.startswith("|") and not ln.startswith("|---")]
@@ -98,7 +116,9 @@ def test_demo_miniature(make_tiny_model, tiny_tokenizer, tmp_path, capsys):
     png = Path(res["fig"]).read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 
-    # the demo table: floor, then one row per setting (+ the F.1 row), with reach, losses and the same cells
+
+def _check_demo_table(res, expect: dict, means: dict, printed: str, train_length: dict) -> None:
+    """The demo table: floor, then one row per setting (+ the F.1 row), with reach, losses and the same cells."""
     demo = json.loads((Path(res["report"]) / "demo.json").read_text(encoding="utf-8"))
     assert (Path(res["report"]) / "demo.md").read_text(encoding="utf-8").strip().splitlines()[-1] in printed
     by_key = {r.get("key", "floor"): r for r in demo["rows"]}

@@ -64,7 +64,7 @@ def test_load_model_refuses_a_directory_without_weights(make_tiny_model, tmp_pat
     d = tmp_path / "noweights"
     d.mkdir()
     shutil.copy(model_dir / "config.json", d / "config.json")
-    config, _ = load_config(d)
+    config = load_config(d).config
     with pytest.raises(InputError, match="model directory without weights"):
         load_model(d, config, dtype=torch.float32)
     # a sharded model whose index names a shard that is not there
@@ -76,16 +76,17 @@ def test_load_model_refuses_a_directory_without_weights(make_tiny_model, tmp_pat
 
 
 def test_merge_with_a_weightless_base_model_is_one_line(make_tiny_model, tmp_path, capsys):
-    from rope_scaling import RopeSpec, read_rope
+    from rope_scaling import RopeSpec
+    from rope_scaling.load import load_config
     from ropescale.training.cli import main
-    from ropescale.training.model import add_lora, load_config, load_model
+    from ropescale.training.model import add_lora, load_model
     from ropescale.training.saving import export
 
     _, model_dir = make_tiny_model(orig_ctx=64)
-    config, _ = load_config(model_dir, RopeSpec("ntk", 8))
-    peft_model, extra = add_lora(load_model(model_dir, config, torch.float32, "sdpa"), gradient_checkpointing=False)
-    export(peft_model, tmp_path / "run" / "final", extra_names=extra, base_model=str(model_dir), config=config,
-           rope=read_rope(config).to_dict(), step=0, tokenizer_dir=model_dir)
+    cfg = load_config(model_dir, RopeSpec("ntk", 8))
+    peft_model, extra = add_lora(load_model(cfg, torch.float32, "sdpa"), gradient_checkpointing=False)
+    export(peft_model, tmp_path / "run" / "final", extra_names=extra, base_model=str(model_dir), config=cfg.config,
+           rope=cfg.rope.to_dict(), step=0, tokenizer_dir=model_dir)
     base = tmp_path / "base"
     base.mkdir()
     shutil.copy(model_dir / "config.json", base / "config.json")

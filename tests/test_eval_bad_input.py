@@ -104,5 +104,5 @@ def test_report_out_is_an_existing_regular_file(model_dir, chapters, tmp_path, c
     assert not (run / "scores.json").exists()  # checked before the scores computed on the fly were saved
     (tmp_path / "fig").mkdir()
     one_line_error(capsys, main(["report", str(tmp_path / "runs"), "--plot", str(tmp_path / "fig")]),
-                   "is a directory")
+                   "is an existing directory, expected a file path")  # the words of every output check (common.io)
     assert not (run / "scores.json").exists()

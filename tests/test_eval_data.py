@@ -157,7 +157,7 @@ def test_dataset_splits_and_data_files(model_dir, chapters, tmp_path, ds_cache):
     write_jsonl(rel / "cnnsum_XL_32k.jsonl", b)
     src = open_source(rel, data_files="cnnsum_XL_32k.jsonl")
     assert len(load_samples(None, source=src)) == 2 and src.file_name == "cnnsum_XL_32k.jsonl"
-    from ropescale.evaluation.data import subset_from_filename
+    from ropescale.common.subsets import from_filename as subset_from_filename
 
     assert subset_from_filename(src.file_name).name == "XL"
     assert open_source(CNNSUM_HUB_ID).kind == "datasets"  # a name goes to datasets.load_dataset

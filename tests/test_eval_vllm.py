@@ -49,10 +49,10 @@ def base_dir(make_tiny_model):
 
 def scaled(base_dir, **spec):
     from rope_scaling import RopeSpec
-    from ropescale.evaluation.generate import prepare_config
+    from rope_scaling.load import load_config
 
-    config, eff, overrides = prepare_config(base_dir, RopeSpec(**spec) if spec else None)
-    return config, overrides
+    cfg = load_config(base_dir, RopeSpec(**spec) if spec else None)
+    return cfg.config, cfg.rope_fields()
 
 
 def test_vllm_is_absent_here():

@@ -16,12 +16,14 @@ def exported(make_tiny_model, tmp_path_factory):
     """A run directory with a final export (LoRA on a tiny model, ntk x8), written by
     ropescale.training.saving.export."""
     from rope_scaling import RopeSpec, read_rope
-    from ropescale.training.model import add_lora, load_config, load_model
+    from rope_scaling.load import load_config
+    from ropescale.training.model import add_lora, load_model
     from ropescale.training.saving import export
 
     _, model_dir = make_tiny_model(orig_ctx=64)
-    config, _ = load_config(model_dir, RopeSpec("ntk", 8))
-    model = load_model(model_dir, config, torch.float32, "sdpa")
+    cfg = load_config(model_dir, RopeSpec("ntk", 8))
+    config = cfg.config
+    model = load_model(cfg, torch.float32, "sdpa")
     peft_model, extra = add_lora(model, gradient_checkpointing=False)
     run = tmp_path_factory.mktemp("merge") / "run"
     run.mkdir()

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from ropescale.common.io import InputError
-from ropescale.common.tiny import check_model_dir, resolve_model
+from ropescale.common.models import check_model_dir, resolve_model
 
 
 def test_model_dir_without_weights(tmp_path):

@@ -16,12 +16,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from ropescale.common.chapters import chapter_index, chinese_numeral
 from ropescale.common.io import InputError
-from ropescale.probes.common import Loaded, summarize
+from ropescale.common.runs import summarize
+from ropescale.common.text import split_sentences
+from ropescale.evaluation.report.intake import load_probe_runs as load_runs
+from ropescale.evaluation.report.probes import plot_probes as plot
+from ropescale.evaluation.report.probes import render_probes as render
+from ropescale.probes.common import Loaded
 from ropescale.probes.copy import copy_probe, paste
-from ropescale.probes.data import Doc, chapter_index, chinese_numeral, load_docs, split_sentences
+from ropescale.probes.data import Doc, load_docs
 from ropescale.probes.perturb import perturb_prefix, perturb_probe
-from ropescale.probes.report import load_runs, plot, render
 from ropescale.probes.scorer import score_candidates, score_continuations, score_document, window_starts
 from ropescale.probes.shuffle import block_shuffle, shuffle_probe
 from ropescale.probes.suffix_id import chapter_candidate, chapter_examples
@@ -309,7 +314,7 @@ def test_shuffling_a_repeated_pattern_lowers_likelihood(tmp_path):
 
 # ---------------------------------------------------------------- ChapterBreak construction on the real novels
 def test_negatives_are_later_chapters_of_the_same_book_with_the_gold_heading(chapters, tiny_tokenizer):
-    from ropescale.probes.data import Chapter
+    from ropescale.common.chapters import Chapter
 
     books = {}
     for c in chapters:

@@ -6,8 +6,8 @@ import pytest
 
 import ropescale.probes.data as pdata
 from ropescale.common.chapters import read_chapters
+from ropescale.common.models import ASSET_DIR
 from ropescale.common.paths import CHAPTERS_JSONL
-from ropescale.common.tiny import ASSET_DIR
 
 
 @pytest.fixture

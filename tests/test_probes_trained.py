@@ -29,7 +29,8 @@ def short_book(chapters, tmp_path_factory):
 @pytest.fixture(scope="module")
 def memorized(make_tiny_model, short_book, tiny_tokenizer, one_thread):
     """A tiny model trained until it reproduces the short book as printed (headings included)."""
-    from ropescale.probes.data import Chapter, render_chapter
+    from ropescale.common.chapters import Chapter
+    from ropescale.probes.data import render_chapter
 
     _, rows = short_book
     ids = []
@@ -83,7 +84,8 @@ def test_memorized_model_identifies_the_suffix_after_a_full_stop(memorized, shor
                                                                  one_thread):
     model_dir, _ = memorized
     _, rows = short_book
-    from ropescale.probes.data import Chapter, render_chapter
+    from ropescale.common.chapters import Chapter
+    from ropescale.probes.data import render_chapter
 
     docs = tmp_path / "docs.jsonl"
     text = "".join(render_chapter(Chapter(r["book"], r["chapter"], r["title"], r["text"])) for r in rows)

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from ropescale.common.runs import RunDir, RunRecord, TrainLength
-from ropescale.evaluation import report as RP
 from ropescale.evaluation import score as SC
 from ropescale.evaluation.cli import main as cli
-from ropescale.evaluation.plot import moving_median
+from ropescale.evaluation.report.intake import build_report, read_scores_csv
+from ropescale.evaluation.report.plot import moving_median
+from ropescale.evaluation.report.render import render
 
 DATA = Path(__file__).parent / "data"
 TABLE7 = DATA / "cnnsum_table7.csv"  # CNNSum Appendix C, Table 7 (gray = Prompt-IE, white = Prompt-IB)
@@ -59,7 +60,7 @@ def test_table7_fixture_agrees_with_table3():
         "Qwen2-72B": ((12.1, 10.7, 10.3, 9.5), (17.5, 15.7, 13.1, 11.3)),
         "Qwen2-72B-Instruct": ((12.4, 10.5, 10.6, 10.6), (18.5, 15.8, 12.3, 7.8)),
     }
-    rows = RP.read_scores_csv(TABLE7)
+    rows = read_scores_csv(TABLE7)
     assert len(rows) == 32 * 8 - 2 * 2  # GPT-4o and GPT-4o-mini have no 3XL
     vals = {(r["model"], r["kind"], r["subset"]): r["rouge_l"] for r in rows}
     for model, (ie, ib) in table3.items():
@@ -75,7 +76,7 @@ def test_mse_is_over_the_models_subsets():
         {"model": "m", "prompt": "IB", "subset": "XL", "rouge_l": 7.0},
         # 3XL scored with neither prompt (GPT-4o in the paper): not one of m's subsets
     ]
-    t2 = RP.build_report(rows).table2()["m"]
+    t2 = build_report(rows).table2()["m"]
     assert t2["mse"] == pytest.approx((9 + 1) / 2)
     assert t2["avg"] == {"L": 11.5, "XL": 7.5}
 
@@ -88,22 +89,22 @@ def test_table2_one_prompt_missing_is_missing_not_the_other_prompt():
         {"model": "m", "prompt": "IE", "subset": "XL", "rouge_l": 8.0},  # no IB for XL
         {"model": "ie-only", "prompt": "IE", "subset": "L", "rouge_l": 6.0},  # a model run with --prompts ie
     ]
-    rep = RP.build_report(rows)
+    rep = build_report(rows)
     t2 = rep.table2()
     assert t2["m"]["avg"] == {"L": 11.5, "XL": None}
     assert t2["m"]["IB"] == {"L": 13.0, "XL": None} and t2["m"]["mse"] is None
     assert t2["ie-only"] == {"avg": {"L": None}, "mse": None, "IE": {"L": 6.0}, "IB": {"L": None}}
-    js = json.loads(RP.render(rep, "json", "table2"))
+    js = json.loads(render(rep, "json", "table2"))
     assert js["m"]["avg"] == {"L": 11.5, "XL": None} and js["m"]["mse"] is None
     assert js["ie-only"]["IB"] == {"L": None}
-    csv_rows = list(csv.reader(io.StringIO(RP.render(rep, "csv", "table2"))))
+    csv_rows = list(csv.reader(io.StringIO(render(rep, "csv", "table2"))))
     assert csv_rows[0] == ["model", "L", "XL", "mse"]
     assert csv_rows[1:] == [["m", "11.5", "", ""], ["ie-only", "", "", ""]]
-    md = RP.render(rep, "markdown", "table2")
+    md = render(rep, "markdown", "table2")
     assert "| m | 11.50 | - | - |" in md and "| ie-only | - | - | - |" in md
     assert "only one of the two prompts" in md
     # the Table 7 view still shows the single prompt's scores
-    t7 = RP.render(rep, "markdown", "table7")
+    t7 = render(rep, "markdown", "table7")
     assert "| m | 10.00 / 13.00 | 8.00 / - |" in t7 and "| ie-only | 6.00 / - | - / - |" in t7
 
 
@@ -210,7 +211,7 @@ def test_score_run_writes_scores(runs):
 
 
 def test_report_from_run_dirs(runs, tmp_path, capsys):
-    rep = RP.build_report([runs])
+    rep = build_report([runs])
     assert len(rep.runs) == 4
     labels = [rep.label(s) for s in rep.series]
     assert sorted(labels) == ["toy · none (no fine-tune)", "toy · ntk x8 (ft 3900)"]
@@ -244,7 +245,7 @@ def test_report_from_run_dirs(runs, tmp_path, capsys):
 
 
 def test_length_buckets(runs, capsys):
-    rep = RP.build_report([runs], buckets=[1000, 2000])
+    rep = build_report([runs], buckets=[1000, 2000])
     cols, rows = rep.extrapolation()
     assert cols == ["<1000", "1000-2000", ">=2000"]
     ntk = next(r for r in rows if r["setting"].rope.method == "ntk")["cells"]
@@ -360,7 +361,7 @@ def test_model_paths_and_generate_style_ids(tmp_path):
     make_run(root, "b", model="/data/b/exp1/merged", subset="L", samples=[(REF, REF, 10)])
     make_run(root, "c", model="/hub/cache/Qwen/Qwen1.5-7B", subset="L", samples=[(REF, REF, 10)])
     make_run(root, "d", model="tiny", subset="L", samples=[(REF, REF, 10)])
-    rep = RP.build_report([root])
+    rep = build_report([root])
     assert sorted(rep.labels[s].model for s in rep.series) == ["/data/a/exp1/merged", "/data/b/exp1/merged",
                                                                "Qwen/Qwen1.5-7B", "tiny"]
     fails = {Path(r["run"]).name: r for r in rep.failures()}

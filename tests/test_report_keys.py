@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ropescale.evaluation import report as RP
 from ropescale.evaluation.cli import main as eval_main
-from ropescale.evaluation.plot import series_from_runs
+from ropescale.evaluation.report.intake import build_report
+from ropescale.evaluation.report.plot import series_from_runs
 
 REF = "【1】那怪闻言，急回头看。\n【2】三藏在马上叫道。"  # a recall reference: two marked sentences
 NONE = {"method": "none", "scale": 1.0}
@@ -64,7 +64,7 @@ def test_two_settings_are_two_rows_in_every_view(tmp_path, capsys, a, b, differs
     assert {Path(r["run"]).name[0]: r["label"] for r in fails} == {"a": la, "b": lb}
     rec = _report(tmp_path, capsys, "recall")["rows"]
     assert {r["model"]: r["marks"] for r in rec if not r["floor"]} == {la: [100.0, 100.0], lb: [0.0, 0.0]}
-    legend = {s["label"] for s in series_from_runs(RP.build_report([tmp_path]).runs)}
+    legend = {s["label"] for s in series_from_runs(build_report([tmp_path]).runs)}
     assert legend == {la, lb}
 
 
@@ -83,7 +83,8 @@ def test_fine_tuned_and_load_time_rows_are_told_apart(tmp_path, capsys):
 
 
 def test_probe_runs_that_differ_in_the_rope_base_are_two_rows(tmp_path):
-    from ropescale.probes.report import load_runs, render
+    from ropescale.evaluation.report.intake import load_probe_runs as load_runs
+    from ropescale.evaluation.report.probes import render_probes as render
 
     for name, rope, v in (("b8", ABF8, 1.0), ("b5", ABF5, 3.0)):
         d = tmp_path / name

@@ -314,7 +314,7 @@ def test_transformers4_style_config():
                                 rope_theta=10000.0, rope_scaling=None),
                 {"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": ORIG,
                  "rope_theta": 10000.0, "rope_scaling": None}):
-        get = (lambda k: cfg[k]) if isinstance(cfg, dict) else (lambda k: getattr(cfg, k))  # noqa: E731
+        get = (lambda k: cfg[k]) if isinstance(cfg, dict) else (lambda k: getattr(cfg, k))
         apply_rope(cfg, RopeSpec("ntk", scale=4))
         assert get("rope_scaling") is None and get("rope_theta") == pytest.approx(1e4 * 4 ** (16 / 14))
         assert read_rope(cfg).same_rope(RopeSpec("ntk", scale=4, orig_ctx=ORIG))

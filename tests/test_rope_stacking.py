@@ -1,9 +1,9 @@
 """One rule for --rope on a model whose config already carries RoPE scaling (issue 15.8), at every entry point:
 the same spec again is a no-op, a different spec is refused (InputError) unless --replace, which replaces it.
 
-Entry points: eval_summ generate (ropescale.evaluation.generate.prepare_config, and generate itself), the probes'
-model loader (ropescale.probes.common.load_model), ``python -m rope_scaling describe --config DIR`` and finetune's
-config loading (ropescale.training.model.load_config)."""
+Entry points: the one config loader of finetune, merge and eval_summ generate (rope_scaling.load.load_config, and
+generate itself), the probes' model loader (ropescale.probes.common.load_model), ``python -m rope_scaling describe
+--config DIR`` and a whole fine-tune (finetune.py)."""
 from __future__ import annotations
 
 import json
@@ -50,10 +50,10 @@ def _flags(kind: str) -> list[str]:
     return ["--rope", d["method"], "--scale", str(d["scale"])] + (["--replace"] if kind == "replace" else [])
 
 
-def via_generate(d, kind):
-    from ropescale.evaluation.generate import prepare_config
+def via_load_config(d, kind):
+    from rope_scaling.load import load_config
 
-    _, eff, _ = prepare_config(d, _spec(kind))
+    eff = load_config(d, _spec(kind)).rope
     return eff.method, eff.scale
 
 
@@ -81,17 +81,16 @@ def via_describe(d, kind):
 
 
 def via_finetune(d, kind):
-    from rope_scaling import read_rope
-    from ropescale.training.model import load_config
+    from ropescale.training.config import TrainSettings
+    from ropescale.training.run import plan_run
 
-    cfg = load_config(d, _spec(kind))
-    if isinstance(cfg, tuple):  # (config, rope_scaling.RopeChange)
-        cfg = cfg[0]
-    eff = read_rope(cfg)
-    return eff.method, eff.scale
+    settings = TrainSettings(model=str(d), rope=_spec(kind), out=str(d.parent / "finetune-plan"))  # nothing written
+    run = plan_run(settings, recipe=None, resume=None, overwrite=False)
+    return run.rope.method, run.rope.scale
 
 
-ENTRY_POINTS = {"generate": via_generate, "probes": via_probes, "describe": via_describe, "finetune": via_finetune}
+ENTRY_POINTS = {"load_config": via_load_config, "probes": via_probes, "describe": via_describe,
+                "finetune": via_finetune}
 
 
 @pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))

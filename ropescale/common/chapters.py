@@ -109,6 +109,11 @@ def read_chapters(path: str | os.PathLike = CHAPTERS_JSONL, *, on_bad: str = "er
     return out
 
 
+def load_chapters(path: str | os.PathLike = CHAPTERS_JSONL) -> list[dict]:
+    """The chapters as plain dicts ``{book, chapter, title, text}``, through :func:`read_chapters`."""
+    return [{"book": c.book, "chapter": c.chapter, "title": c.title, "text": c.text} for c in read_chapters(path)]
+
+
 def by_book(chapters: Sequence[Chapter]) -> dict[str, list[Chapter]]:
     """Chapters grouped by book, books and chapters in input order."""
     out: dict[str, list[Chapter]] = {}

@@ -1,8 +1,9 @@
 """The one command-line style of every ropescale tool.
 
 - A tool is a set of subcommands, one module each: the module's ``register(subparsers)`` adds its parser with
-  :func:`add_command` and sets ``func``, its handler ``cmd_<name>(args) -> exit code``. :class:`Tool` builds the
-  parser and its ``main(argv)`` (the entry point) parses and runs; a tool may name a default subcommand
+  :func:`add_command` and sets ``func``, its handler ``cmd_<name>(args) -> exit code``. :class:`Tool` takes those
+  ``register`` functions themselves (a reader follows them from the tool to its commands), builds the parser and
+  its ``main(argv)`` (the entry point) parses and runs; a tool may name a default subcommand
   (``finetune.py [train] FLAGS``) or be one command (``single``: ``ropescale make-tiny``, ``rope_scaling
   describe``), registered the same way.
 - One look: choices print as ``{a,b}`` (:func:`~ropescale.common.settings.choices_metavar`), required flags show
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib
 import json
 import logging
 import os
@@ -94,14 +94,9 @@ class _OneCommand:
         return self.parser
 
 
-def _register(command: str | Callable) -> Callable:
-    """A command's ``register``: a module name (its register) or the function itself."""
-    return importlib.import_module(command).register if isinstance(command, str) else command
-
-
 def _commands(ap: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for a in ap._actions:  # noqa: SLF001 - argparse has no public accessor for its subparsers
-        if isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
+    for a in ap._actions:  # argparse has no public accessor for its subparsers
+        if isinstance(a, argparse._SubParsersAction):
             return dict(a.choices)
     return {}
 
@@ -117,7 +112,7 @@ class Tool:
     """A command with subcommands, or one command (``single``), see module doc; ``Tool(...).main(argv)`` parses
     and runs it."""
 
-    def __init__(self, prog: str, description: str, commands: Iterable[str | Callable], *,
+    def __init__(self, prog: str, description: str, commands: Iterable[Callable], *,
                  default: str | None = None, single: bool = False):
         self.prog, self.description, self.commands, self.default = prog, description, tuple(commands), default
         self.single = single
@@ -127,7 +122,7 @@ class Tool:
     def parser(self, prog: str | None = None) -> argparse.ArgumentParser:
         if self.single:
             one = _OneCommand(self.prog_name(prog))
-            _register(self.commands[0])(one)
+            self.commands[0](one)
             _plain_parser(one.parser)
             return one.parser
         desc = plain(self.description)
@@ -135,8 +130,8 @@ class Tool:
             desc += f"\n\nWithout a command, {self.default!r} runs: {self.prog_name(prog)} [{self.default}] FLAGS."
         ap = argparse.ArgumentParser(prog=prog or self.prog, description=desc, formatter_class=HelpFormatter)
         sub = ap.add_subparsers(dest="command", metavar="COMMAND", title="commands")
-        for c in self.commands:
-            _register(c)(sub)
+        for register in self.commands:
+            register(sub)
         for sp in sub.choices.values():  # one style, whatever a module's register wrote
             _plain_parser(sp)
         return ap
@@ -170,7 +165,7 @@ def _plain_parser(p: argparse.ArgumentParser) -> None:
     p.formatter_class = HelpFormatter
     p.description = plain(p.description) if p.description else p.description
     p.epilog = plain(p.epilog) if p.epilog else p.epilog
-    for a in p._actions:  # noqa: SLF001 - argparse has no public accessor for its actions
+    for a in p._actions:  # argparse has no public accessor for its actions
         if a.help and a.help != argparse.SUPPRESS:
             a.help = plain(a.help)
     _short_usage(p)
@@ -182,11 +177,11 @@ SHORT_USAGE_FROM = 24  # a command with more flags shows only its ungrouped ones
 def _short_usage(p: argparse.ArgumentParser) -> None:
     """A command with many flags: the usage names the flags a newcomer needs (those outside the ``advanced: ...``
     groups, required first, as required), then ``[FLAGS ...]`` for the advanced ones, listed under their titles."""
-    shown = [a for a in p._actions if a.option_strings and a.help != argparse.SUPPRESS]  # noqa: SLF001
+    shown = [a for a in p._actions if a.option_strings and a.help != argparse.SUPPRESS]
     if p.usage or len(shown) <= SHORT_USAGE_FROM:
         return
-    main = [a for g in p._action_groups if not (g.title or "").startswith("advanced")  # noqa: SLF001
-            for a in g._group_actions  # noqa: SLF001 - argparse has no public accessor for a group's flags
+    main = [a for g in p._action_groups if not (g.title or "").startswith("advanced")
+            for a in g._group_actions  # argparse has no public accessor for a group's flags
             if a.help != argparse.SUPPRESS and a.option_strings and not isinstance(a, argparse._HelpAction)]
     needed = lambda a: a.required or getattr(a, "shown_required", False)  # noqa: E731
     parts = [_usage_part(a, needed(a)) for a in sorted(main, key=lambda a: not needed(a))] + ["[FLAGS ...]"]
@@ -318,12 +313,11 @@ def add_alias(p: argparse.ArgumentParser, flag: str, *aliases: str, **kw) -> Non
 
 
 # ---------------------------------------------------------------- entry points
-QUIET_WARNINGS = compat.QUIET_WARNINGS  # (category, message regex, module regex): library warnings about themselves
 
 
 def quiet_libraries() -> None:
     """Filter library warnings we cannot act on; send library loggers that default to stdout to stderr."""
-    for category, message, module in QUIET_WARNINGS:
+    for category, message, module in compat.QUIET_WARNINGS:  # library warnings about themselves
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
     logs_to_stderr()
 
@@ -352,7 +346,7 @@ def cuda_available() -> bool:
         import torch
 
         return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001 - no torch / broken driver: treat as CPU
+    except Exception:  # no torch / broken driver: treat as CPU
         return False
 
 
@@ -374,8 +368,8 @@ def set_cuda_allocator(environ: dict | None = None, cuda: bool | None = None) ->
         torch = sys.modules.get("torch")
         try:
             if torch is not None and torch.cuda.is_initialized():
-                torch.cuda.memory._set_allocator_settings(ALLOC_CONF)  # noqa: SLF001 - no public setter
-        except Exception:  # noqa: BLE001 - an older torch without the setter: keep the default allocator
+                torch.cuda.memory._set_allocator_settings(ALLOC_CONF)  # no public setter
+        except Exception:  # an older torch without the setter: keep the default allocator
             pass
     return {ALLOC_CONF_VARS[0]: ALLOC_CONF}, has_cuda
 

@@ -445,7 +445,7 @@ def disable_deepspeed_shm_op() -> bool:
 
     try:
         mod = importlib.import_module("deepspeed.comm.torch")
-    except Exception:  # noqa: BLE001 - deepspeed missing or broken: nothing to disable
+    except Exception:  # deepspeed missing or broken: nothing to disable
         return False
     mod.build_shm_op = lambda: None
     return True

@@ -15,7 +15,7 @@ summaries are human-written plot summaries, which a model of a few million param
 CNNSum path (Appendix F prompts, the release files, ``data_concat sample``) is unchanged. Samples are rendered with
 the same prompts (``ft-ie`` / ``ft-ib``, Appendix F.2) and scored with the same ROUGE-L as CNNSum.
 
-The tiny default (``ropescale.common.tiny``) is pretrained with these samples inside its 512-token context; the demo
+The tiny default (``ropescale.tiny``) is pretrained with these samples inside its 512-token context; the demo
 fine-tunes on longer ones and evaluates at 1x-8x the original context. Held-out text: the last ``--heldout``
 chapters of each book (the tiny default never trains on them).
 
@@ -40,7 +40,7 @@ MARK = "【{}】"
 MARKS = 4  # marked sentences per sample
 MIN_CHARS, MAX_CHARS = 6, 40  # length of a sentence that may be marked (characters, without its line break)
 PARTS = ("train", "heldout", "all")
-HELDOUT = 12  # last chapters of each book held out (ropescale.common.tiny.TinySpec.heldout_per_book is this value)
+HELDOUT = 12  # last chapters of each book held out (ropescale.tiny.build.TinySpec.heldout_per_book is this value)
 
 
 def mark(k: int) -> str:
@@ -211,15 +211,9 @@ def window_starts(src: Source, target: int, k: int, seed: int) -> list[int]:
     return starts
 
 
-def recall_samples(srcs: Sequence[Source], tok, *, n: int, target: int | None = None, min_tokens: int | None = None,
-                   max_tokens: int | None = None, marks: int = MARKS, seed: int = 0,
-                   max_answer: int | None = None) -> list[dict]:
-    """``n`` samples. With ``target``: every context has at most ``target`` tokens (within a few sentences of it),
-    one window in each of equal strata of a book's text, at a place the seed picks (:func:`window_starts`; round
-    robin over books, windows never overlap) — an eval set; with ``max_answer`` too, every reference plus an EOS
-    fits in that many tokens (a window whose marked sentences are longer is moved and its marks drawn again), so
-    a generation of ``max_answer`` new tokens can hold the whole answer.
-    With ``min_tokens``/``max_tokens``: lengths uniform in that range, random starts — training pairs."""
+def _check_sizes(n: int, target: int | None, min_tokens: int | None, max_tokens: int | None, marks: int,
+                 max_answer: int | None) -> None:
+    """recall_samples' sizes are possible: an InputError naming the flag otherwise."""
     if n <= 0:
         raise InputError(f"--n must be positive, got {n}")
     if marks < 1:
@@ -232,48 +226,75 @@ def recall_samples(srcs: Sequence[Source], tok, *, n: int, target: int | None = 
         raise InputError(f"--target {target} is too short for {marks} marked sentences")
     if target is None and not 8 * marks <= min_tokens <= max_tokens:
         raise InputError(f"bad token range [{min_tokens}, {max_tokens}] (need {8 * marks} <= min <= max)")
+
+
+def _eval_windows(srcs: Sequence[Source], tok, n: int, target: int, marks: int, seed: int, rng: random.Random,
+                  max_answer: int | None) -> list[dict]:
+    """An eval set: non-overlapping windows of at most ``target`` tokens spread over each book, books taking
+    turns; a window whose stretch has no markable sentence, or whose answer does not fit ``max_answer``, is moved a
+    little."""
+    out: list[dict] = []
+    queues = [(src, window_starts(src, target, -(-n // len(srcs)), seed)) for src in srcs]
+    i = 0
+    while len(out) < n and any(q[1] for q in queues):
+        src, starts = queues[i % len(queues)]
+        i += 1
+        if not starts:
+            continue
+        start = starts.pop(0)
+        taken = [(e["start"], e["end"]) for e in out if e["book"] == src.book]
+        for shift in (0, *(d for k in range(1, 13) for d in (k, -k))):
+            if not 0 <= start + shift < len(src):
+                continue
+            ex = build(src, start + shift, target, rng, marks)
+            if ex and not any(ex["start"] < b and a < ex["end"] for a, b in taken) \
+                    and exact_tokens(tok, ex["context"]) <= target \
+                    and (max_answer is None or exact_tokens(tok, ex["summary"]) + 1 <= max_answer):
+                out.append(ex)
+                break
+    if len(out) < n:
+        raise InputError(f"only {len(out)} of {n} samples of {target} tokens fit in the chosen text "
+                         f"(use fewer --n, a shorter --target or more chapters)")
+    return out
+
+
+def _training_samples(srcs: Sequence[Source], n: int, min_tokens: int, max_tokens: int, marks: int,
+                      rng: random.Random) -> list[dict]:
+    """Training pairs: lengths uniform in [min_tokens, max_tokens], random books and starts."""
+    out: list[dict] = []
+    tries = 0
+    while len(out) < n:
+        tries += 1
+        if tries > 50 * n:
+            raise InputError(f"could not build {n} samples of {min_tokens}-{max_tokens} tokens from the text")
+        src = srcs[rng.randrange(len(srcs))]
+        length = rng.randint(min_tokens, max_tokens)
+        if len(src) < 2:
+            continue
+        ex = build(src, rng.randrange(len(src)), length, rng, marks)
+        if ex:
+            out.append(ex)
+    return out
+
+
+def recall_samples(srcs: Sequence[Source], tok, *, n: int, target: int | None = None, min_tokens: int | None = None,
+                   max_tokens: int | None = None, marks: int = MARKS, seed: int = 0,
+                   max_answer: int | None = None) -> list[dict]:
+    """``n`` samples. With ``target``: every context has at most ``target`` tokens (within a few sentences of it),
+    one window in each of equal strata of a book's text, at a place the seed picks (:func:`window_starts`; round
+    robin over books, windows never overlap) — an eval set; with ``max_answer`` too, every reference plus an EOS
+    fits in that many tokens (a window whose marked sentences are longer is moved and its marks drawn again), so
+    a generation of ``max_answer`` new tokens can hold the whole answer.
+    With ``min_tokens``/``max_tokens``: lengths uniform in that range, random starts — training pairs."""
+    _check_sizes(n, target, min_tokens, max_tokens, marks, max_answer)
     srcs = [s for s in srcs if len(s)]
     if not srcs:
         raise InputError("no text to sample from")
     rng = random.Random(seed)
-    out: list[dict] = []
     if target is not None:
-        # non-overlapping windows spread over each book; books take turns
-        queues = [(src, window_starts(src, target, -(-n // len(srcs)), seed)) for src in srcs]
-        i = 0
-        while len(out) < n and any(q[1] for q in queues):
-            src, starts = queues[i % len(queues)]
-            i += 1
-            if not starts:
-                continue
-            start = starts.pop(0)
-            taken = [(e["start"], e["end"]) for e in out if e["book"] == src.book]
-            # a stretch without a markable sentence, or the text running out: move the window a little
-            for shift in (0, *(d for k in range(1, 13) for d in (k, -k))):
-                if not 0 <= start + shift < len(src):
-                    continue
-                ex = build(src, start + shift, target, rng, marks)
-                if ex and not any(ex["start"] < b and a < ex["end"] for a, b in taken) \
-                        and exact_tokens(tok, ex["context"]) <= target \
-                        and (max_answer is None or exact_tokens(tok, ex["summary"]) + 1 <= max_answer):
-                    out.append(ex)
-                    break
-        if len(out) < n:
-            raise InputError(f"only {len(out)} of {n} samples of {target} tokens fit in the chosen text "
-                             f"(use fewer --n, a shorter --target or more chapters)")
+        out = _eval_windows(srcs, tok, n, target, marks, seed, rng, max_answer)
     else:
-        tries = 0
-        while len(out) < n:
-            tries += 1
-            if tries > 50 * n:
-                raise InputError(f"could not build {n} samples of {min_tokens}-{max_tokens} tokens from the text")
-            src = srcs[rng.randrange(len(srcs))]
-            length = rng.randint(min_tokens, max_tokens)
-            if len(src) < 2:
-                continue
-            ex = build(src, rng.randrange(len(src)), length, rng, marks)
-            if ex:
-                out.append(ex)
+        out = _training_samples(srcs, n, min_tokens, max_tokens, marks, rng)
     for j, ex in enumerate(out):
         ex["tokens"] = exact_tokens(tok, ex["context"])
         ex["id"] = f"recall:{ex['book']}:{ex['chapters'][0]}:{ex['start']}:{j}"

@@ -16,7 +16,7 @@ def run_big_stack(fn, *args):
     def target():
         try:
             box["value"] = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - handed back to the caller
+        except BaseException as e:  # handed back to the caller
             box["error"] = e
 
     old_limit = sys.getrecursionlimit()

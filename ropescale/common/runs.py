@@ -44,6 +44,8 @@ from typing import Any, Iterable, Iterator
 from .io import InputError, check_output_dir, read_json, write_json_atomic
 
 RUN_JSON = "run.json"
+ITEMS = "items.jsonl"  # a probe run's record log: one scored item a line (id, group, col, value)
+SUMMARY = "summary.json"  # a probe run's cells (summarize)
 TRAIN_JSON = "ropescale_train.json"  # a merged model's training record
 
 
@@ -178,9 +180,9 @@ def read_train_record(model_dir: str | os.PathLike | None) -> dict | None:
 def model_ref(given: str | os.PathLike | None, model_dir: str | os.PathLike) -> str:
     """How a run records the model it read: ``tiny`` for the embedded default, else the absolute path of the
     directory used (a hub id that is not a local path stays as given)."""
-    from .tiny import TINY_NAMES
+    from .models import is_tiny
 
-    if given is None or str(given) in TINY_NAMES:
+    if is_tiny(given):
         return "tiny"
     p = Path(model_dir)
     return str(p.resolve()) if p.exists() else str(given)
@@ -394,7 +396,7 @@ class RunMeta:
             return str(k)
         if (self.path / "predictions.jsonl").exists() or "prompt" in self.raw:
             return "generate"
-        if (self.path / "items.jsonl").exists() or "probe" in self.raw:
+        if (self.path / ITEMS).exists() or "probe" in self.raw:
             return "probe"
         if (self.path / "train_log.jsonl").exists() or "data_stats" in self.raw or any(
                 self.path.glob("checkpoint-*")):
@@ -493,6 +495,30 @@ class RunMeta:
         if key in info:
             return info[key]
         return self.settings.get(key, default)
+
+
+# ---------------------------------------------------------------- a probe run's cells
+def summarize(records: Iterable[dict]) -> dict:
+    """Mean ``value`` and count per (group, col), in first-seen group order and ascending column order."""
+    acc: dict[tuple, list[float]] = {}
+    groups: list = []
+    for r in records:
+        key = (r.get("group", ""), r["col"])
+        if key[0] not in groups:
+            groups.append(key[0])
+        acc.setdefault(key, []).append(float(r["value"]))
+    cells = []
+    for g in groups:
+        cols = sorted({c for (gg, c) in acc if gg == g}, key=column_key)
+        for c in cols:
+            vals = acc[(g, c)]
+            cells.append({"group": g, "col": c, "value": sum(vals) / len(vals), "n": len(vals)})
+    return {"cells": cells}
+
+
+def column_key(c) -> tuple:
+    """A probe's column order: numbers ascending, then names."""
+    return (0, c) if isinstance(c, (int, float)) else (1, str(c))
 
 
 def find_run_dirs(paths: Iterable[str | os.PathLike]) -> Iterator[RunDir]:

@@ -1,7 +1,8 @@
 """Settings: one dataclass per stage, and everything built from it.
 
-A stage's settings (``ropescale.training.config.TrainSettings``, ``evaluation.settings.GenerateSettings``,
-``probes.settings.ProbeSettings``, ``data_concat.pack.PackSettings``) are a dataclass whose fields carry their help
+A stage's settings (``ropescale.training.config.TrainSettings``, ``ropescale.evaluation.generate.GenerateSettings``
+with ``evaluation.backends.BackendSettings`` nested, ``ropescale.probes.common.ProbeSettings`` and each probe's
+subclass of it, ``data_concat.pack.PackSettings``) are a dataclass whose fields carry their help
 text, flag, checks and resume rule (:func:`setting`); the RoPE spec (``rope_scaling.RopeSpec``) is nested with
 :func:`nested`. From that one list:
 
@@ -396,12 +397,9 @@ def _line_of(text: str, key: str) -> int | None:
     return None
 
 
-def read_recipe(path: str | Path, cls, *, search: Path | None = None) -> dict[str, Any]:
-    """A recipe: a YAML mapping of ``cls``'s keys (old spellings too) -> converted, checked values. An unknown
-    key, a value of the wrong type or out of range is an InputError naming ``file:line``. ``search``: a folder
-    where a bare name (``tiny_demo`` or ``tiny_demo.yaml``) is looked up."""
-    import yaml
-
+def _recipe_path(path: str | Path, search: Path | None) -> Path:
+    """The recipe file ``path`` names: the path itself, else (a bare name) the YAML file of that name in
+    ``search``; an InputError when it is a directory or nothing."""
     p = Path(path)
     if not p.is_file() and search is not None:
         alt = search / (str(path) if str(path).endswith(".yaml") else f"{path}.yaml")
@@ -411,6 +409,16 @@ def read_recipe(path: str | Path, cls, *, search: Path | None = None) -> dict[st
         raise InputError("is a directory, expected a recipe file (YAML)", p)
     if not p.is_file():
         raise InputError("no such recipe", path)
+    return p
+
+
+def read_recipe(path: str | Path, cls, *, search: Path | None = None) -> dict[str, Any]:
+    """A recipe: a YAML mapping of ``cls``'s keys (old spellings too) -> converted, checked values. An unknown
+    key, a value of the wrong type or out of range is an InputError naming ``file:line``. ``search``: a folder
+    where a bare name (``tiny_demo`` or ``tiny_demo.yaml``) is looked up."""
+    import yaml
+
+    p = _recipe_path(path, search)
     text = p.read_text(encoding="utf-8")
     try:
         data = yaml.safe_load(text) or {}

@@ -54,14 +54,21 @@ def get(name: str) -> Subset:
     return SUBSETS[key]
 
 
+def scaled_tokens(name: str) -> int | None:
+    """The token count of a scaled-down subset's name, T<tokens> (``T2048`` or ``t2048`` -> 2048); None for any
+    other name. The one reader of that spelling."""
+    m = _SCALED_RE.fullmatch(str(name).strip())
+    return int(m.group(1)) if m else None
+
+
 def parse(name: str, where: tuple = (None, None)) -> Subset:
     """L, XL, 2XL, 3XL (XXL, XXXL, any case) or T<tokens> (a scaled-down subset, e.g. T2048); an InputError
     naming ``where`` (file, line) otherwise."""
-    m = _SCALED_RE.fullmatch(str(name).strip())
-    if m:
-        if int(m.group(1)) < 1:
+    tokens = scaled_tokens(name)
+    if tokens is not None:
+        if tokens < 1:
             raise InputError(f"subset {name!r}: T<tokens> needs a positive token count", *where)
-        return scaled(int(m.group(1)))
+        return scaled(tokens)
     try:
         return get(str(name).strip())
     except InputError as e:
@@ -72,9 +79,9 @@ def order_key(name: str) -> tuple:
     """Table order: L, XL, 2XL, 3XL, then scaled subsets T<n> by n, then anything else by name."""
     if name in ORDER:
         return (0, ORDER.index(name), "")
-    m = _SCALED_RE.fullmatch(name)
-    if m and name.startswith("T"):
-        return (1, int(m.group(1)), "")
+    tokens = scaled_tokens(name)
+    if tokens is not None and name.startswith("T"):
+        return (1, tokens, "")
     return (2, 0, name)
 
 

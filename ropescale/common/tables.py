@@ -85,6 +85,22 @@ def json_text(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, indent=2) + "\n"
 
 
+def tables_text(tables: Sequence[Table], fmt: str, keys: Sequence[str] | None = None) -> str:
+    """Several tables as one text, the way every report prints them: markdown, each table with a blank line
+    between; CSV, one after the other; JSON, the list of their JSON objects, or with ``keys`` an object
+    ``{key: table}``. ``fmt``: markdown (``md``), csv or json; another is an InputError."""
+    from .io import InputError
+
+    fmt = {"md": "markdown"}.get(fmt, fmt)
+    if fmt == "json":
+        return json_text({k: t.json for k, t in zip(keys, tables)} if keys is not None else [t.json for t in tables])
+    if fmt == "csv":
+        return "".join(t.text("csv") for t in tables)
+    if fmt != "markdown":
+        raise InputError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+    return "\n".join(t.text("markdown") for t in tables)
+
+
 def write_tables(tables: Iterable[Table], out_dir: str | os.PathLike) -> list[Path]:
     """The one table writer: each table as ``out_dir/<name>.{md,csv,json}``, atomically; returns the paths."""
     from .io import write_text_atomic

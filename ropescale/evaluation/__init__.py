@@ -3,6 +3,8 @@
 - ``generate``: ``GenerateSettings`` (the RoPE spec and the backend's ``BackendSettings`` nested) and the command;
   ``backends`` / ``engine``: the hf (slot decoder) and vllm backends; ``data``: reading CNNSum-format data.
 - ``score``: CNNSum ROUGE-L (``rouge``) of a run or file, failure modes (``failure_modes``).
-- ``report/``: the paper's tables (intake, model, render, cli) on ``ropescale.common.tables``; ``plot``: Fig. 3.
+- ``report/``: the one report stack, for eval_summ and the probes: ``intake`` (scores CSV, generation and probe
+  runs), ``model`` (the paper's formulas), ``render`` (the paper's views), ``probes`` (the probes' tables), ``plot``
+  (Fig. 3, the probes' panels, one PNG writer), ``cli`` (both report commands), on ``ropescale.common.tables``.
 - ``run_all``: generate + score + report in one command.
 """

@@ -47,8 +47,9 @@ import dataclasses
 import math
 import os
 import sys
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, ClassVar, Hashable, Sequence
 
 from ropescale.common import compat
 from ropescale.common.cli import DTYPES, TORCH_NAMES, dtype_name, torch_dtype
@@ -57,34 +58,8 @@ from ropescale.common.settings import setting
 
 from .engine import cut_at_eos
 
-BACKENDS = ("hf", "vllm")
 CACHES = ("slots", "static", "dynamic")  # hf backend: our slot decoder, or transformers generate with that cache
 GROUP = "advanced: backend (how predictions are computed; never part of what a resumed run must match)"
-
-
-@dataclass(frozen=True)
-class BackendSettings:
-    """How generation runs (nested in ``ropescale.evaluation.generate.GenerateSettings``; the same flags on
-    generate/run)."""
-
-    backend: str = setting("hf", "hf (CPU or GPU) or vllm (GPU; imported only then)", choices=BACKENDS, group=GROUP)
-    device: str = setting("auto", "hf backend: auto, cpu or cuda[:N]", group=GROUP)
-    dtype: str = setting("auto", "weights' dtype; auto: fp32 on CPU, bf16 on GPU", parse=dtype_name, choices=DTYPES,
-                         group=GROUP)
-    batch_tokens: int | None = setting(None, "hf backend: token budget of a batch, i.e. slots x (longest prompt + 2 x "
-                                             "max new tokens) with --cache slots; default: 32K on CPU with slots, "
-                                             "else 8K; from free memory on GPU", check=(lambda v: v >= 1, ">= 1"),
-                                       group=GROUP)
-    max_batch: int = setting(64, "hf backend: most samples per batch", check=(lambda v: v >= 1, ">= 1"), group=GROUP)
-    cache: str = setting("slots", "hf backend decoder: slots (ropescale's slot decoder: per-sample prefill, "
-                                  "continuous batching, a CUDA-graph decode step on GPU; needs transformers 5.x + "
-                                  "SDPA, else falls back to static), or transformers generate on length-sorted "
-                                  "padded batches with a static (written in place) or dynamic (concatenated every "
-                                  "step) KV cache", choices=CACHES, group=GROUP)
-    compile: bool = setting(False, "hf backend, --cache static: let transformers compile the decode step (CUDA)",
-                            group=GROUP)
-    cuda_graph: bool = setting(True, "hf backend, --cache slots: capture the decode step as a CUDA graph (false: "
-                                     "eager steps, for debugging)", negative="--no-cuda-graph", group=GROUP)
 
 
 @dataclass
@@ -97,6 +72,43 @@ class Item:
 
 
 OnDone = Callable[[Item, list[int]], None]
+
+
+@dataclass(frozen=True)
+class BackendJob:
+    """What a backend is asked to serve: its settings, the model's config read once (``rope_scaling.load.ModelConfig``:
+    the RoPE flags applied), the tokenizer, and the sizes of the run."""
+
+    settings: "BackendSettings"
+    cfg: Any  # rope_scaling.load.ModelConfig
+    tokenizer: Any
+    model: Any = None  # an already-loaded model (hf; tests, benchmarks)
+    max_model_len: int | None = None  # what the run asks for (vllm)
+    need_len: int | None = None  # the longest prompt + max new tokens (vllm)
+    log: Callable[[str], None] | None = None
+
+
+class Backend(ABC):
+    """What every generation backend is: a new backend is one subclass (its ``name`` and ``help``, :meth:`plan`,
+    :meth:`describe`, :meth:`generate`) and one line in :data:`BACKENDS`."""
+
+    name: ClassVar[str]
+    help: ClassVar[str]  # --backend's help for it
+
+    @classmethod
+    @abstractmethod
+    def plan(cls, job: BackendJob) -> tuple[Hashable, Callable[[], "Backend"]]:
+        """(what must be equal for a backend built for another job to serve this one, a function that builds it).
+        A job the backend cannot run is refused here (InputError), before anything is written."""
+
+    @abstractmethod
+    def describe(self) -> dict:
+        """What run.json records about the backend (``info.backend_info``)."""
+
+    @abstractmethod
+    def generate(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int, on_done: OnDone) -> None:
+        """Greedy continuations of every item; ``on_done(item, new token ids cut at the first EOS)`` as each
+        finishes."""
 
 
 def eos_ids_of(model_dir, config, tokenizer) -> list[int]:
@@ -166,10 +178,19 @@ def attn_implementation(device: str, dtype) -> str:
     return "sdpa"
 
 
-class HFBackend:
-    """transformers ``generate`` on length-sorted, left-padded batches (see module doc)."""
+class HFBackend(Backend):
+    """transformers on CPU or GPU: the slot decoder, or ``generate`` on length-sorted, left-padded batches (see
+    module doc)."""
 
     name = "hf"
+    help = "CPU or GPU"
+
+    @classmethod
+    def plan(cls, job: BackendJob):
+        def build():
+            return cls(job.cfg.path, job.cfg.config, job.tokenizer, job.settings, model=job.model, log=job.log)
+
+        return ("hf", str(job.cfg.path), job.settings, id(job.model)), build
 
     def __init__(self, model_dir, config, tokenizer, settings: BackendSettings | None = None, *, model=None, log=None,
                  **fields):
@@ -210,6 +231,7 @@ class HFBackend:
                          "static cache")
                 self.cache = "static"
         self.graph_used = None
+        self.compactions = 0  # left shifts of the slot decoder's buffers (tests check the path is taken)
 
     def describe(self) -> dict:
         d = {"backend": "hf", "device": self.device, "dtype": str(self.dtype).replace("torch.", ""),
@@ -221,50 +243,23 @@ class HFBackend:
             d["compile"] = self.compile
         return d
 
-    def _auto_budget(self, max_new_tokens: int, longest: int) -> int:
-        """Token budget for a batch: on CPU a fixed 8K tokens (measured on the tiny model: a CPU decode step costs
-        about linearly in the batch, and a padded prefill runs SDPA's slower masked path, so the gain comes from
-        amortising per-step overhead over a few samples, not from big batches); on CUDA what 70% of the free memory
-        holds, counting per token the KV cache plus prefill activations and one row of the padding mask."""
-        import torch
+    def decoding(self) -> "SlotDecoding | PaddedDecoding":
+        """How this backend decodes (its ``--cache``): the slot decoder, or padded ``generate`` batches."""
+        return SlotDecoding(self) if self.cache == "slots" else PaddedDecoding(self)
 
-        from .engine import slot_bytes_per_token
+    def generate(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int, on_done: OnDone) -> None:
+        if items:
+            self.decoding().run(items, max_new_tokens, min_new_tokens, on_done)
 
-        if not self.device.startswith("cuda"):
-            return 8192
-        cfg = self.model.config
-        b = torch.finfo(self.dtype).bits // 8
-        kv_bytes = slot_bytes_per_token(cfg, self.dtype)
-        act_bytes = (6 * cfg.hidden_size + 3 * cfg.intermediate_size) * b + (longest + max_new_tokens)
-        free, _ = torch.cuda.mem_get_info(torch.device(self.device))
-        return max(longest + max_new_tokens, int(0.7 * free / (kv_bytes + act_bytes)))
 
-    def _generate_batch(self, seqs: list[list[int]], max_new_tokens: int, min_new_tokens: int) -> list[list[int]]:
-        import torch
-        from transformers import GenerationConfig
+class SlotDecoding:
+    """The hf backend's ``--cache slots``: the slot decoder (:class:`ropescale.evaluation.engine.SlotDecoder`)
+    with as many slots as the token budget holds, halved and retried on a CUDA out-of-memory error."""
 
-        longest = max(map(len, seqs))
-        ids = torch.full((len(seqs), longest), self.pad, dtype=torch.long)
-        mask = torch.zeros((len(seqs), longest), dtype=torch.long)
-        for r, s in enumerate(seqs):  # left padding: the last prompt token of every row sits at the same column
-            ids[r, longest - len(s):] = torch.tensor(s, dtype=torch.long)
-            mask[r, longest - len(s):] = 1
-        gc = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
-                              min_new_tokens=min(min_new_tokens, max_new_tokens), eos_token_id=self.eos,
-                              pad_token_id=self.pad, use_cache=True,
-                              cache_implementation="static" if self.cache == "static" else None,
-                              disable_compile=not self.compile)
-        from .engine import reset_dynamic_rope
+    def __init__(self, be: HFBackend):
+        self.be = be
 
-        reset_dynamic_rope(self.model)  # dynamic NTK: start each batch from the original base, not the last one's
-        with torch.inference_mode():
-            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                      generation_config=gc)
-        new = out[:, longest:].tolist()
-        eos = set(self.eos)
-        return [cut_at_eos(row, eos) for row in new]
-
-    def _slots(self, max_new_tokens: int, longest: int) -> int:
+    def slots(self, max_new_tokens: int, longest: int) -> int:
         """How many slots the slot decoder gets: what the token budget holds at ``longest + 2 x max_new_tokens``
         tokens a slot (its buffer length); on CUDA the budget is 90% of the free memory less one prefill of the
         longest prompt, counted as KV bytes per token."""
@@ -272,47 +267,48 @@ class HFBackend:
 
         from .engine import slot_bytes_per_token
 
+        be = self.be
         per_slot = longest + 2 * max_new_tokens
-        if self.batch_tokens:
-            budget = self.batch_tokens
-        elif not self.device.startswith("cuda"):
+        if be.batch_tokens:
+            budget = be.batch_tokens
+        elif not be.device.startswith("cuda"):
             # CPU: a decode step is bound by reading the slots' caches, plus a fixed per-step cost that more slots
             # share (tiny default, 2K prompts, 400 new tokens: 2 slots 2.0x, 12 slots 2.7x plain generate); at
             # most a quarter of the RAM
             ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-            budget = min(32768, int(ram / 4 / slot_bytes_per_token(self.model.config, self.dtype)))
+            budget = min(32768, int(ram / 4 / slot_bytes_per_token(be.model.config, be.dtype)))
         else:
-            cfg = self.model.config
-            b = torch.finfo(self.dtype).bits // 8
+            cfg = be.model.config
+            b = torch.finfo(be.dtype).bits // 8
             # one prefill's activations (hidden-size and MLP-width tensors of the longest prompt, x1.5 for the
             # allocator's slack; measured peak at 17K on a 7B shape: ~3.5 GiB) and 1 GiB for the decode graph
             prefill = 1.5 * longest * (8 * cfg.hidden_size + 4 * cfg.intermediate_size) * b + 2 ** 30
             torch.cuda.empty_cache()  # cached blocks from earlier work count as free
-            free, _ = torch.cuda.mem_get_info(torch.device(self.device))
-            budget = int((0.9 * free - prefill) / slot_bytes_per_token(cfg, self.dtype))
-        return max(1, min(self.max_batch, budget // per_slot))
+            free, _ = torch.cuda.mem_get_info(torch.device(be.device))
+            budget = int((0.9 * free - prefill) / slot_bytes_per_token(cfg, be.dtype))
+        return max(1, min(be.max_batch, budget // per_slot))
 
-    def _generate_slots(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int,
-                        on_done: OnDone) -> None:
+    def run(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int, on_done: OnDone) -> None:
         import torch
 
         from .engine import SlotDecoder
 
+        be = self.be
         todo = {id(it): it for it in items}
 
         def done(it, ids):
             todo.pop(id(it), None)
             on_done(it, ids)
 
-        slots = self._slots(max_new_tokens, max(len(it.input_ids) for it in items))
+        slots = self.slots(max_new_tokens, max(len(it.input_ids) for it in items))
         while todo:
             oom = False
-            dec = SlotDecoder(self.model, slots=slots, eos=self.eos, device=self.device,
-                              cuda_graph=self.cuda_graph, log=self.log)
+            dec = SlotDecoder(be.model, slots=slots, eos=be.eos, device=be.device, cuda_graph=be.cuda_graph,
+                              log=be.log)
             try:
                 dec.run(list(todo.values()), max_new_tokens, min_new_tokens, done)
-                self.graph_used = dec.graph_used
-                self.compactions = dec.compactions
+                be.graph_used = dec.graph_used
+                be.compactions = dec.compactions
             except torch.OutOfMemoryError:
                 if slots == 1:
                     raise
@@ -321,19 +317,72 @@ class HFBackend:
             if oom:
                 torch.cuda.empty_cache()
                 slots = max(1, slots // 2)
-                self.log(f"[generate] out of memory; retrying the {len(todo)} unfinished samples with {slots} "
-                         "slots")
+                be.log(f"[generate] out of memory; retrying the {len(todo)} unfinished samples with {slots} slots")
 
-    def generate(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int, on_done: OnDone) -> None:
+
+class PaddedDecoding:
+    """The hf backend's ``--cache static|dynamic``: transformers ``generate`` on length-sorted, left-padded batches
+    sized by a token budget, a batch halved and retried on a CUDA out-of-memory error."""
+
+    def __init__(self, be: HFBackend):
+        self.be = be
+
+    def budget(self, max_new_tokens: int, longest: int) -> int:
+        """Token budget for a batch: ``--batch-tokens``, else on CPU a fixed 8K tokens (measured on the tiny model:
+        a CPU decode step costs about linearly in the batch, and a padded prefill runs SDPA's slower masked path, so
+        the gain comes from amortising per-step overhead over a few samples, not from big batches); on CUDA what
+        70% of the free memory holds, counting per token the KV cache plus prefill activations and one row of the
+        padding mask."""
         import torch
 
-        if not items:
-            return
-        if self.cache == "slots":
-            return self._generate_slots(items, max_new_tokens, min_new_tokens, on_done)
+        from .engine import slot_bytes_per_token
+
+        be = self.be
+        if be.batch_tokens:
+            return be.batch_tokens
+        if not be.device.startswith("cuda"):
+            return 8192
+        cfg = be.model.config
+        b = torch.finfo(be.dtype).bits // 8
+        kv_bytes = slot_bytes_per_token(cfg, be.dtype)
+        act_bytes = (6 * cfg.hidden_size + 3 * cfg.intermediate_size) * b + (longest + max_new_tokens)
+        free, _ = torch.cuda.mem_get_info(torch.device(be.device))
+        return max(longest + max_new_tokens, int(0.7 * free / (kv_bytes + act_bytes)))
+
+    def batch(self, seqs: list[list[int]], max_new_tokens: int, min_new_tokens: int) -> list[list[int]]:
+        """One left-padded batch through ``generate``: each row's new tokens cut at the first EOS."""
+        import torch
+        from transformers import GenerationConfig
+
+        from .engine import reset_dynamic_rope
+
+        be = self.be
+        longest = max(map(len, seqs))
+        ids = torch.full((len(seqs), longest), be.pad, dtype=torch.long)
+        mask = torch.zeros((len(seqs), longest), dtype=torch.long)
+        for r, s in enumerate(seqs):  # left padding: the last prompt token of every row sits at the same column
+            ids[r, longest - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[r, longest - len(s):] = 1
+        gc = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
+                              min_new_tokens=min(min_new_tokens, max_new_tokens), eos_token_id=be.eos,
+                              pad_token_id=be.pad, use_cache=True,
+                              cache_implementation="static" if be.cache == "static" else None,
+                              disable_compile=not be.compile)
+        reset_dynamic_rope(be.model)  # dynamic NTK: start each batch from the original base, not the last one's
+        with torch.inference_mode():
+            out = be.model.generate(input_ids=ids.to(be.device), attention_mask=mask.to(be.device),
+                                    generation_config=gc)
+        new = out[:, longest:].tolist()
+        eos = set(be.eos)
+        return [cut_at_eos(row, eos) for row in new]
+
+    def run(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int, on_done: OnDone) -> None:
+        import torch
+
+        be = self.be
         lengths = [len(it.input_ids) for it in items]
-        budget = self.batch_tokens or self._auto_budget(max_new_tokens, max(lengths))
-        cap = self.max_batch
+        cap = be.max_batch
+        budget = self.budget(max_new_tokens, max(lengths))
         queue = [[items[i] for i in b] for b in plan_batches(lengths, max_new_tokens, budget, cap)]
         while queue:
             batch = queue.pop(0)
@@ -341,24 +390,37 @@ class HFBackend:
                 queue.insert(0, batch[cap:])
                 batch = batch[:cap]
             try:
-                outs = self._generate_batch([it.input_ids for it in batch], max_new_tokens, min_new_tokens)
+                outs = self.batch([it.input_ids for it in batch], max_new_tokens, min_new_tokens)
             except torch.OutOfMemoryError:
                 if len(batch) == 1:
                     raise
                 torch.cuda.empty_cache()
                 cap = max(1, len(batch) // 2)
-                self.log(f"[generate] out of memory with a batch of {len(batch)}; retrying with {cap}")
+                be.log(f"[generate] out of memory with a batch of {len(batch)}; retrying with {cap}")
                 queue.insert(0, batch)
                 continue
             for it, o in zip(batch, outs):
                 on_done(it, o)
 
 
-class VLLMBackend:
+class VLLMBackend(Backend):
     """vLLM offline inference (GPU only; imported lazily). ``hf_overrides`` and ``max_model_len`` come from
     :func:`vllm_settings` (see there for what vLLM's rotary cache needs)."""
 
     name = "vllm"
+    help = "GPU, imported only then"
+
+    @classmethod
+    def plan(cls, job: BackendJob):
+        cfg, need = job.cfg, int(job.need_len)
+        ov, mml = vllm_settings(cfg.config, cfg.rope_fields(), need=need, want=int(job.max_model_len or need),
+                                state=cfg.state)
+
+        def build():
+            return cls(cfg.path, cfg.config, job.tokenizer, hf_overrides=ov, max_model_len=mml,
+                       dtype=job.settings.dtype, log=job.log)
+
+        return ("vllm", str(cfg.path), job.settings, repr(sorted(ov.items())), mml), build
 
     def __init__(self, model_dir, config, tokenizer, *, hf_overrides: dict, max_model_len: int,
                  dtype: str = "auto", gpu_memory_utilization: float = 0.9, chunk: int = 64, log=None, **_ignored):
@@ -409,12 +471,13 @@ class VLLMBackend:
 
 
 # ---------------------------------------------------------------- what vLLM is told
-def vllm_settings(config, overrides: dict, *, need: int, want: int) -> tuple[dict, int]:
+def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None) -> tuple[dict, int]:
     """(hf_overrides, max_model_len) for vLLM, or an InputError where vLLM would compute something else than HF.
 
     ``config`` is the effective HF config (RoPE applied), ``overrides`` the fields the RoPE flags changed, ``need``
     the longest prompt + max new tokens, ``want`` the max_model_len asked for (2x the subset's target, as the
-    official release's Inference.py sizes it; the paper gives no max_model_len).
+    official release's Inference.py sizes it; the paper gives no max_model_len); ``state`` the config's
+    ``rope_scaling.RopeState`` when the caller has read it (``rope_scaling.load.ModelConfig.state``).
 
     vLLM precomputes a cos/sin cache at load time and indexes it by position; ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``
     only skips its length check, so a position past the cache reads garbage. Its length (vLLM source,
@@ -458,7 +521,8 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int) -> tuple[dic
             raise InputError(f"--backend vllm: prompt + new tokens reach {need} tokens, past vLLM's YaRN rotary cache "
                              f"of {cache} positions (original_max_position_embeddings {orig} x factor {factor:g}), "
                              f"where it would read garbage; use --backend hf, or a larger --scale")
-        st = rope_state(cfg)  # the spec the config carries (mscale forms it cannot say are refused there)
+        st = state if state is not None else rope_state(cfg)  # the spec the config carries (mscale forms it
+        # cannot say are refused there)
         af = st.frequencies().attention_factor  # the registry's formula: what transformers multiplies cos/sin by
         rope = {**e, "attention_factor": af, "attn_factor": af / yarn_attention_factor(st.spec.scale)}
         if key == "rope_scaling":
@@ -470,27 +534,49 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int) -> tuple[dic
     raise InputError(f"--backend vllm: rope type {t!r} is not supported here; use --backend hf")
 
 
-def make_backend(settings: BackendSettings, model_dir, config, tokenizer, *, model=None, rope_overrides=None,
-                 max_model_len: int | None = None, need_len: int | None = None, log=None, reuse: dict | None = None):
-    """The backend ``settings`` ask for (``rope_overrides`` / ``max_model_len`` / ``need_len`` matter to vllm only;
-    ``model``: a loaded model for hf). ``reuse`` (a dict the caller keeps across calls) returns the backend an
-    earlier call built when the settings are the same; a different one is dropped first (GPU memory)."""
-    if settings.backend == "hf":
-        key = ("hf", str(model_dir), settings, id(model))
+# ---------------------------------------------------------------- the registry and the settings
+BACKENDS: dict[str, type[Backend]] = {"hf": HFBackend, "vllm": VLLMBackend}  # --backend NAME -> its class
 
-        def factory():
-            return HFBackend(model_dir, config, tokenizer, settings, model=model, log=log)
-    elif settings.backend == "vllm":
-        ov, mml = vllm_settings(config, rope_overrides or {}, need=int(need_len), want=int(max_model_len or need_len))
-        key = ("vllm", str(model_dir), settings, repr(sorted(ov.items())), mml)
 
-        def factory():
-            return VLLMBackend(model_dir, config, tokenizer, hf_overrides=ov, max_model_len=mml, dtype=settings.dtype,
-                               log=log)
-    else:
+@dataclass(frozen=True)
+class BackendSettings:
+    """How generation runs (nested in ``ropescale.evaluation.generate.GenerateSettings``; the same flags on
+    generate/run)."""
+
+    backend: str = setting("hf", "; ".join(f"{n}: {c.help}" for n, c in BACKENDS.items()), choices=tuple(BACKENDS),
+                           group=GROUP)
+    device: str = setting("auto", "hf backend: auto, cpu or cuda[:N]", group=GROUP)
+    dtype: str = setting("auto", "weights' dtype; auto: fp32 on CPU, bf16 on GPU", parse=dtype_name, choices=DTYPES,
+                         group=GROUP)
+    batch_tokens: int | None = setting(None, "hf backend: token budget of a batch, i.e. slots x (longest prompt + 2 x "
+                                             "max new tokens) with --cache slots; default: 32K on CPU with slots, "
+                                             "else 8K; from free memory on GPU", check=(lambda v: v >= 1, ">= 1"),
+                                       group=GROUP)
+    max_batch: int = setting(64, "hf backend: most samples per batch", check=(lambda v: v >= 1, ">= 1"), group=GROUP)
+    cache: str = setting("slots", "hf backend decoder: slots (ropescale's slot decoder: per-sample prefill, "
+                                  "continuous batching, a CUDA-graph decode step on GPU; needs transformers 5.x + "
+                                  "SDPA, else falls back to static), or transformers generate on length-sorted "
+                                  "padded batches with a static (written in place) or dynamic (concatenated every "
+                                  "step) KV cache", choices=CACHES, group=GROUP)
+    compile: bool = setting(False, "hf backend, --cache static: let transformers compile the decode step (CUDA)",
+                            group=GROUP)
+    cuda_graph: bool = setting(True, "hf backend, --cache slots: capture the decode step as a CUDA graph (false: "
+                                     "eager steps, for debugging)", negative="--no-cuda-graph", group=GROUP)
+
+
+
+def make_backend(settings: BackendSettings, cfg, tokenizer, *, model=None, max_model_len: int | None = None,
+                 need_len: int | None = None, log=None, reuse: dict | None = None) -> Backend:
+    """The backend ``settings`` ask for, for ``cfg`` (a ``rope_scaling.load.ModelConfig``: the model's config with
+    the RoPE flags applied, read once); ``max_model_len`` / ``need_len`` matter to vllm only; ``model``: a loaded
+    model for hf. ``reuse`` (a dict the caller keeps across calls) returns the backend an earlier call built when
+    the settings are the same; a different one is dropped first (GPU memory)."""
+    if settings.backend not in BACKENDS:
         raise InputError(f"unknown backend {settings.backend!r} (choose from {', '.join(BACKENDS)})")
+    job = BackendJob(settings, cfg, tokenizer, model=model, max_model_len=max_model_len, need_len=need_len, log=log)
+    key, build = BACKENDS[settings.backend].plan(job)
     if reuse is None:
-        return factory()
+        return build()
     if key in reuse:
         return reuse[key]
     if reuse:
@@ -505,5 +591,5 @@ def make_backend(settings: BackendSettings, model_dir, config, tokenizer, *, mod
                 torch.cuda.empty_cache()
         except ImportError:
             pass
-    reuse[key] = be = factory()
+    reuse[key] = be = build()
     return be

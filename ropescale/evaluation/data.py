@@ -94,7 +94,7 @@ def _load_dataset(src: Source):
                                        data_files=src.data_files)
     except InputError:
         raise
-    except Exception as e:  # noqa: BLE001 — datasets raises many types (FileNotFound, DatasetNotFound, HTTP, ...)
+    except Exception as e:  # datasets raises many types (FileNotFound, DatasetNotFound, HTTP, ...)
         msg = (str(e).strip().splitlines() or [""])[0][:300]
         raise InputError(f"datasets could not load it: {type(e).__name__}: {msg}", src.label) from None
     finally:
@@ -161,8 +161,6 @@ def load_samples(data, limit: Optional[int] = None, *, data_files: Optional[str]
 
 
 # ---------------------------------------------------------------- subsets
-parse_subset = subsets.parse  # L, XL, 2XL, 3XL or T<tokens>: common.subsets is their one home
-subset_from_filename = subsets.from_filename
 
 
 def records_subset(samples: list[dict], label: str) -> Optional[subsets.Subset]:
@@ -171,10 +169,10 @@ def records_subset(samples: list[dict], label: str) -> Optional[subsets.Subset]:
     if all(s.get("subset") is None for s in samples):
         return None
     first = samples[0]
-    ref = None if first.get("subset") is None else parse_subset(first["subset"], (label, first["line"]))
+    ref = None if first.get("subset") is None else subsets.parse(first["subset"], (label, first["line"]))
     for s in samples[1:]:
         v = s.get("subset")
-        cur = None if v is None else parse_subset(v, (label, s["line"]))
+        cur = None if v is None else subsets.parse(v, (label, s["line"]))
         if (cur is None) != (ref is None) or (cur is not None and cur.name != ref.name):
             here = "has no 'subset'" if cur is None else f"has subset {cur.name!r}"
             there = "none" if ref is None else repr(ref.name)

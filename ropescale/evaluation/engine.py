@@ -45,7 +45,7 @@ import sys
 from typing import Callable, Sequence
 
 from ropescale.common import compat
-from ropescale.common.compat import dynamic_rope_modules  # noqa: F401  (re-exported: the backends use it)
+from ropescale.common.compat import dynamic_rope_modules
 
 SYNC_EVERY = 16  # decode steps between host syncs (finished slots are noticed at these points)
 
@@ -222,8 +222,115 @@ class _Slot:
         self.item, self.start, self.tokens = item, start, [first]
 
 
+class SlotBuffers:
+    """The device state of a run of the slot decoder, allocated once: the slot cache (M columns a slot), the additive
+    mask ``[slots, 1, 1, M]``, each slot's next token, position, count of new tokens, and the tokens of the last
+    decode steps (read on the host at each sync point)."""
+
+    def __init__(self, model, slots: int, length: int, eos: Sequence[int], device: str):
+        import torch
+
+        cfg = model.config
+        dev = torch.device(device)
+        dtype = next(model.parameters()).dtype
+        self.length = length
+        self.cache = SlotCache(cfg.num_hidden_layers, slots, length, dev, dtype)
+        self.neg = torch.finfo(dtype).min
+        self.mask = torch.full((slots, 1, 1, length), self.neg, dtype=dtype, device=dev)
+        self.tok = torch.zeros((slots, 1), dtype=torch.long, device=dev)
+        self.pos = torch.zeros((slots, 1), dtype=torch.long, device=dev)
+        self.gen = torch.zeros((slots,), dtype=torch.long, device=dev)
+        self.hist = torch.zeros((slots, SYNC_EVERY), dtype=torch.long, device=dev)
+        self.hcol = torch.zeros(1, dtype=torch.long, device=dev)
+        vocab = model.get_output_embeddings().weight.shape[0]
+        self.eos_mask = torch.zeros((vocab,), dtype=torch.bool, device=dev)
+        self.eos_mask[[e for e in eos if 0 <= e < vocab]] = True
+
+    def set_col(self, w: int) -> None:
+        """The column the next decode step writes (attended by the step itself)."""
+        self.cache.col.fill_(w)
+        self.mask[:, :, :, w] = 0
+
+    def open_slot(self, row: int, start: int, w: int, first: int, n: int) -> None:
+        """Slot ``row`` after its prompt's prefill: it sees columns ``start .. w``, its next token is ``first`` at
+        position ``n``."""
+        self.mask[row].fill_(self.neg)
+        self.mask[row, :, :, start:w + 1] = 0
+        self.tok[row, 0] = first
+        self.pos[row, 0] = n
+        self.gen[row] = 1
+
+    def shift_left(self, s: int) -> None:
+        """Drop the first ``s`` columns of the cache and the mask."""
+        self.cache.shift_left(s)
+        m = self.mask[:, :, :, s:].clone()
+        self.mask.fill_(self.neg)
+        self.mask[:, :, :, :self.length - s] = m
+
+
+class DecodeStep:
+    """One decode step of every slot, on device tensors only: eager, or (CUDA) captured once as a CUDA graph after
+    two warm-up steps and replayed; a capture that fails falls back to eager steps with a note."""
+
+    def __init__(self, model, buf: SlotBuffers, dynamic: list, *, min_new: int, cuda_graph: bool, log):
+        self.model, self.buf, self.dynamic, self.min_new = model, buf, dynamic, min_new
+        self.cuda_graph, self.log = cuda_graph, log
+        self.graph = None
+        self.graph_used = False
+        self.eager_steps = 0
+
+    def __call__(self) -> None:
+        import torch
+
+        if self.graph is not None:
+            self.graph.replay()
+            return
+        if self.cuda_graph and self.eager_steps >= 2:  # warmed up (lazy inits, cuBLAS handles): capture
+            try:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    self.body()
+                self.graph, self.graph_used = g, True
+                g.replay()  # capture records but does not run: this replay is the step
+                return
+            except Exception as e:  # any capture failure means eager steps, not a failed run
+                self.cuda_graph = False
+                self.log(f"[generate] decode step not capturable as a CUDA graph ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:160]}); decoding eagerly")
+                torch.cuda.synchronize()
+        self.body()
+        self.eager_steps += 1
+
+    def body(self) -> None:
+        """The step (what the CUDA graph captures): forward, EOS suppressed below ``min_new``, argmax, then the
+        cache column, mask, positions and counts moved on."""
+        b = self.buf
+        for d in self.dynamic:  # per-slot dynamic NTK frequencies (an instance attribute shadows the class forward)
+            d.m.forward = d.forward
+        try:  # the attention is read by every layer as it runs (and as it is captured)
+            with compat.using_attention(self.model.config, ATTN_NAME):
+                out = self.model(input_ids=b.tok, position_ids=b.pos, attention_mask=b.mask,
+                                 **compat.cache_kwargs(b.cache), use_cache=True)
+        finally:
+            for d in self.dynamic:
+                del d.m.forward
+        logits = out.logits[:, -1, :].float()
+        if self.min_new > 0:
+            logits = logits.masked_fill((b.gen < self.min_new).unsqueeze(1) & b.eos_mask, float("-inf"))
+        nxt = logits.argmax(-1)
+        b.tok.copy_(nxt.unsqueeze(1))
+        b.hist.index_copy_(1, b.hcol, nxt.unsqueeze(1))
+        b.hcol.add_(1)
+        b.pos.add_(1)
+        b.gen.add_(1)
+        b.cache.col.add_(1)
+        # open the next column: new_col = col (already advanced)
+        b.mask.index_fill_(3, b.cache.col, 0)
+
+
 class SlotDecoder:
-    """Greedy decoding of many prompts through ``slots`` slots (see the module doc)."""
+    """Greedy decoding of many prompts through ``slots`` slots (see the module doc): the schedule (which sample
+    sits in which slot, refills, shifts, sync points) over :class:`SlotBuffers` and :class:`DecodeStep`."""
 
     def __init__(self, model, *, slots: int, eos: Sequence[int], device: str, cuda_graph: bool = True, log=None):
         self.model = model
@@ -238,96 +345,73 @@ class SlotDecoder:
         if self.dynamic:
             self.cuda_graph = False  # the per-slot frequency update needs the positions on the host
 
-    # ----------------------------------------------------------------------------------------------------------
     def run(self, items: Sequence, max_new_tokens: int, min_new_tokens: int,
             on_done: Callable[[object, list[int]], None]) -> None:
         """Decode every item (``.input_ids``); ``on_done(item, ids)`` gets the new tokens cut at the first EOS."""
-        import torch
-
         if not items:
             return
         queue = sorted(items, key=lambda it: -len(it.input_ids))
-        p0 = len(queue[0].input_ids)
-        self.length = length = p0 + 2 * max_new_tokens
         self.max_new, self.min_new = int(max_new_tokens), min(int(min_new_tokens), int(max_new_tokens))
-        n = min(self.slots, len(queue))
-        cfg = self.model.config
-        dev = torch.device(self.device)
-        dtype = next(self.model.parameters()).dtype
-        self.cache = SlotCache(cfg.num_hidden_layers, n, length, dev, dtype)
-        self.neg = torch.finfo(dtype).min
-        self.mask = torch.full((n, 1, 1, length), self.neg, dtype=dtype, device=dev)
-        self.tok = torch.zeros((n, 1), dtype=torch.long, device=dev)
-        self.pos = torch.zeros((n, 1), dtype=torch.long, device=dev)
-        self.gen = torch.zeros((n,), dtype=torch.long, device=dev)
-        self.hist = torch.zeros((n, SYNC_EVERY), dtype=torch.long, device=dev)
-        self.hcol = torch.zeros(1, dtype=torch.long, device=dev)
-        vocab = self.model.get_output_embeddings().weight.shape[0]
-        self.eos_mask = torch.zeros((vocab,), dtype=torch.bool, device=dev)
-        self.eos_mask[[e for e in self.eos if 0 <= e < vocab]] = True
-        self.graph = None
-        self.eager_steps = 0
+        length = len(queue[0].input_ids) + 2 * max_new_tokens
+        self.buf = SlotBuffers(self.model, min(self.slots, len(queue)), length, self.eos, self.device)
+        self.step = DecodeStep(self.model, self.buf, self.dynamic, min_new=self.min_new, cuda_graph=self.cuda_graph,
+                               log=self.log)
         _register_attention()
         try:
             self._run(queue, on_done)
         finally:  # drop every device buffer now, whatever happened (an OOM retry needs the memory back)
-            self.graph = self.cache = self.mask = self.tok = self.pos = self.gen = self.hist = None
+            self.graph_used, self.cuda_graph = self.step.graph_used, self.step.cuda_graph
+            self.buf = self.step = None
 
     def _run(self, queue: list, on_done) -> None:
         import torch
 
         eos = set(self.eos)
-        n, length = self.mask.shape[0], self.length
-        slots: list[_Slot | None] = [None] * n
+        slots: list[_Slot | None] = [None] * self.buf.mask.shape[0]
         w = len(queue[0].input_ids)  # the column the next decode step writes
         with torch.inference_mode():
             while queue or any(slots):
-                # refill free slots (longest remaining first)
-                free = [r for r, s in enumerate(slots) if s is None]
-                if free and queue:
-                    if not any(slots):
-                        w = len(queue[0].input_ids)  # nothing live: restart at the left edge
-                    for r in free:
-                        if not queue:
-                            break
-                        it = queue[0]
-                        if w + self.max_new > length:
-                            w = self._compact(slots, w, len(it.input_ids))
-                        queue.pop(0)
-                        slots[r] = self._prefill(r, it, w)
-                    self._set_col(w)
-                # finished at prefill already (max_new == 1, or EOS allowed at once)
-                for r, s in enumerate(slots):
-                    if s is not None and self._finished(s, eos):
-                        on_done(s.item, self._cut(s.tokens, eos))
-                        slots[r] = None
+                w = self._refill(slots, queue, w)
+                self._harvest(slots, eos, on_done)  # finished at prefill already (max_new 1, or EOS allowed at once)
                 if not any(slots):
                     continue
                 # decode until the next sync point; never past a slot's max_new_tokens (its columns end there)
                 k = min(SYNC_EVERY, min(self.max_new - len(s.tokens) for s in slots if s is not None))
-                self.hcol.zero_()
+                self.buf.hcol.zero_()
                 for _ in range(k):
-                    self._step()
+                    self.step()
                 w += k
-                got = self.hist[:, :k].tolist()
+                got = self.buf.hist[:, :k].tolist()
                 for r, s in enumerate(slots):
-                    if s is None:
-                        continue
-                    s.tokens.extend(got[r])
-                    if self._finished(s, eos):
-                        on_done(s.item, self._cut(s.tokens, eos))
-                        slots[r] = None
+                    if s is not None:
+                        s.tokens.extend(got[r])
+                self._harvest(slots, eos, on_done)
 
-    # ----------------------------------------------------------------------------------------------------------
-    def _finished(self, s: _Slot, eos: set) -> bool:
-        return len(s.tokens) >= self.max_new or any(t in eos for t in s.tokens)
+    def _refill(self, slots: list, queue: list, w: int) -> int:
+        """Free slots take the next samples (longest first), prefilled at column ``w`` (the buffers shifted left
+        first when ``w`` + max new tokens would run past them); returns the write column."""
+        free = [r for r, s in enumerate(slots) if s is None]
+        if not (free and queue):
+            return w
+        if not any(slots):
+            w = len(queue[0].input_ids)  # nothing live: restart at the left edge
+        for r in free:
+            if not queue:
+                break
+            it = queue[0]
+            if w + self.max_new > self.buf.length:
+                w = self._compact(slots, w, len(it.input_ids))
+            queue.pop(0)
+            slots[r] = self._prefill(r, it, w)
+        self.buf.set_col(w)
+        return w
 
-    def _cut(self, tokens: list[int], eos: set) -> list[int]:
-        return cut_at_eos(tokens[:self.max_new], eos)
-
-    def _set_col(self, w: int) -> None:
-        self.cache.col.fill_(w)
-        self.mask[:, :, :, w] = 0  # the column a step writes is attended by the step itself
+    def _harvest(self, slots: list, eos: set, on_done) -> None:
+        """Hand finished slots (EOS, or max new tokens) to ``on_done`` and free them."""
+        for r, s in enumerate(slots):
+            if s is not None and (len(s.tokens) >= self.max_new or any(t in eos for t in s.tokens)):
+                on_done(s.item, cut_at_eos(s.tokens[:self.max_new], eos))
+                slots[r] = None
 
     def _prefill(self, row: int, item, w: int) -> _Slot:
         """Prefill ``item`` alone into slot ``row``, its prompt ending just left of column ``w``."""
@@ -336,24 +420,20 @@ class SlotDecoder:
         ids = item.input_ids
         n = len(ids)
         start = w - n
-        dev = self.tok.device
+        dev = self.buf.tok.device
         if self.dynamic:  # the sample alone, from a fresh state: as batch-1 generate computes it
             reset_dynamic_rope(self.model, [d.m for d in self.dynamic])
         out = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
                          position_ids=torch.arange(n, device=dev).unsqueeze(0),
-                         **compat.cache_kwargs(_prefill_writer(self.model.config, self.cache, row, start)),
+                         **compat.cache_kwargs(_prefill_writer(self.model.config, self.buf.cache, row, start)),
                          use_cache=True, **compat.last_logits_kwargs(1))
         logits = out.logits[0, -1].float()
         if self.min_new > 0:
-            logits = logits.masked_fill(self.eos_mask, float("-inf"))
+            logits = logits.masked_fill(self.buf.eos_mask, float("-inf"))
         first = int(logits.argmax())
         for d in self.dynamic:
             d.take(row)
-        self.mask[row].fill_(self.neg)
-        self.mask[row, :, :, start:w + 1] = 0
-        self.tok[row, 0] = first
-        self.pos[row, 0] = n
-        self.gen[row] = 1
+        self.buf.open_slot(row, start, w, first, n)
         return _Slot(item, start, first)
 
     def _compact(self, slots, w: int, next_len: int) -> int:
@@ -361,59 +441,11 @@ class SlotDecoder:
         live = [s.start for s in slots if s is not None]
         s = min(min(live) if live else w, w - next_len)
         if s <= 0:
-            raise RuntimeError(f"slot decoder: no room to compact (w={w}, next prompt {next_len}, M={self.length})")
-        self.cache.shift_left(s)
+            raise RuntimeError(f"slot decoder: no room to compact (w={w}, next prompt {next_len}, "
+                               f"M={self.buf.length})")
+        self.buf.shift_left(s)
         self.compactions += 1
-        m = self.mask[:, :, :, s:].clone()
-        self.mask.fill_(self.neg)
-        self.mask[:, :, :, :self.length - s] = m
         for sl in slots:
             if sl is not None:
                 sl.start -= s
         return w - s
-
-    def _body(self) -> None:
-        """One decode step for every slot, on device tensors only (this is what the CUDA graph captures)."""
-        for d in self.dynamic:  # per-slot dynamic NTK frequencies (an instance attribute shadows the class forward)
-            d.m.forward = d.forward
-        try:  # the attention is read by every layer as it runs (and as it is captured)
-            with compat.using_attention(self.model.config, ATTN_NAME):
-                out = self.model(input_ids=self.tok, position_ids=self.pos, attention_mask=self.mask,
-                                 **compat.cache_kwargs(self.cache), use_cache=True)
-        finally:
-            for d in self.dynamic:
-                del d.m.forward
-        logits = out.logits[:, -1, :].float()
-        if self.min_new > 0:
-            logits = logits.masked_fill((self.gen < self.min_new).unsqueeze(1) & self.eos_mask, float("-inf"))
-        nxt = logits.argmax(-1)
-        self.tok.copy_(nxt.unsqueeze(1))
-        self.hist.index_copy_(1, self.hcol, nxt.unsqueeze(1))
-        self.hcol.add_(1)
-        self.pos.add_(1)
-        self.gen.add_(1)
-        self.cache.col.add_(1)
-        # open the next column: new_col = col (already advanced)
-        self.mask.index_fill_(3, self.cache.col, 0)
-
-    def _step(self) -> None:
-        import torch
-
-        if self.graph is not None:
-            self.graph.replay()
-            return
-        if self.cuda_graph and self.eager_steps >= 2:  # warmed up (lazy inits, cuBLAS handles): capture
-            try:
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    self._body()
-                self.graph, self.graph_used = g, True
-                g.replay()  # capture records but does not run: this replay is the step
-                return
-            except Exception as e:  # noqa: BLE001 — any capture failure means eager steps, not a failed run
-                self.cuda_graph = False
-                self.log(f"[generate] decode step not capturable as a CUDA graph ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0][:160]}); decoding eagerly")
-                torch.cuda.synchronize()
-        self._body()
-        self.eager_steps += 1

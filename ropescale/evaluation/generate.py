@@ -43,8 +43,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rope_scaling import RopeSpec
 from ropescale.common import prompts, subsets
@@ -63,7 +64,7 @@ from ropescale.common.runs import model_id as model_id_of
 from ropescale.common.settings import add_settings, from_args, nested, require, setting
 
 from .backends import BackendSettings, Item, make_backend
-from .data import CNNSUM_HUB_ID, load_samples, open_source, parse_subset, records_subset, subset_from_filename  # noqa: F401
+from .data import CNNSUM_HUB_ID, load_samples, open_source, records_subset
 
 TRUNCATE = ("none", "middle")
 MORE_DATA = "advanced: data and prompt"
@@ -120,12 +121,12 @@ def resolve_subset(name: str | None, data_path, samples: list[dict] | None = Non
     """--subset (L, XL, 2XL, 3XL, or T<tokens> for a scaled-down subset), else the records' ``subset`` field (all
     records must agree; ``label`` names the data in that error), else the release file name, else None."""
     if name:
-        return parse_subset(name)
+        return subsets.parse(name)
     if samples:
         sub = records_subset(samples, label or str(data_path))
         if sub is not None:
             return sub
-    return subset_from_filename(data_path)
+    return subsets.from_filename(data_path)
 
 
 def default_max_new_tokens(sub: subsets.Subset | None, data_path=None) -> int:
@@ -135,20 +136,6 @@ def default_max_new_tokens(sub: subsets.Subset | None, data_path=None) -> int:
                          "name is not a release name (cnnsum_L_16k, cnnsum_XL_32k, cnnsum_XXL_64k, "
                          "cnnsum_XXXL_128k): pass --subset or --max-new-tokens", data_path)
     return sub.max_new_tokens
-
-
-def prepare_config(model_dir: Path, spec=None, log=None):
-    """(config, effective RopeSpec, hf_overrides): the saved config with ``spec`` applied by the one loader
-    (:func:`rope_scaling.load.load_config`, whose rule every entry point follows: method none or the spec the config
-    already carries is a no-op, noted on ``log``; a different spec on a scaled config is refused unless
-    ``spec.replace``)."""
-    from rope_scaling import read_rope
-    from rope_scaling.load import load_config, rope_fields
-
-    config, change = load_config(model_dir, spec)
-    if change.action in ("unchanged", "replaced", "removed") and log is not None:
-        log(f"[generate] note: {change.message()}")
-    return config, read_rope(config), rope_fields(config, change)
 
 
 class Tokenize:
@@ -216,12 +203,50 @@ def generate(settings: GenerateSettings | None = None, *args, progress: bool = T
     return _generate(settings, progress=progress, log=log, hf_model=hf_model, backends=backends)
 
 
-def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict:
-    from tqdm import tqdm
-    from transformers import AutoTokenizer
+@dataclass
+class Generation:
+    """One generation as its phases build it: :func:`plan_generation` fills the first block (nothing written yet),
+    :func:`prepare_items` the tokenized prompts, :func:`start_run` the run record."""
 
-    from rope_scaling import extended_context
-    from ropescale.common.tiny import resolve_model
+    settings: GenerateSettings  # as resolved: model and data as found, prompt, subset, token limits, out
+    cfg: Any  # rope_scaling.load.ModelConfig: the model's config with the RoPE flags applied, read once
+    src: Any  # the data source (evaluation.data.open_source)
+    samples: list[dict]
+    sub: subsets.Subset | None
+    model_id: str | None
+    run: RunDir
+    old: Any  # the run being resumed (runs.RunMeta) or None
+    predictions: Any  # the run's append-only predictions.jsonl (runs.RecordLog)
+    todo: list[dict]  # the samples not predicted yet
+    t_start: float
+    items: list[Item] = field(default_factory=list)  # prepare_items
+    tokenizer: Any = None
+    record: RunRecord | None = None  # start_run
+
+    @property
+    def max_new_tokens(self) -> int:
+        return int(self.settings.max_new_tokens)
+
+    @property
+    def before(self) -> float:
+        """The seconds of the run's earlier parts."""
+        return self.old.seconds if self.old is not None else 0.0
+
+
+def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict:
+    """The phases, in order: inputs -> prompts -> backend and run record -> decoding -> counts."""
+    g = plan_generation(s, log)
+    prepare_items(g)
+    be = start_run(g, hf_model=hf_model, backends=backends, log=log)
+    seconds = decode(g, be, progress) if be is not None else 0.0
+    return finish_run(g, seconds, log)
+
+
+def plan_generation(s: GenerateSettings, log) -> Generation:
+    """Phase 1, inputs: the run directory, the data and its subset, the model's config with the RoPE flags (read
+    once), the token limits, the settings as resolved and the resume check. Nothing is written."""
+    from rope_scaling.load import load_config
+    from ropescale.common.models import resolve_model
 
     t_start = time.time()
     require(s, NEEDS)
@@ -233,95 +258,125 @@ def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict
     sub = resolve_subset(s.subset, src.file_name, samples, src.label)
     max_new_tokens = s.max_new_tokens or default_max_new_tokens(sub, src.label)
     model_dir = resolve_model(s.model)
-    config, eff_rope, overrides = prepare_config(model_dir, s.rope, log=log)
-    ext_ctx = int(extended_context(config))
-    max_input_tokens = s.max_input_tokens
-    if s.truncate == "middle":
-        max_input_tokens = max_input_tokens or ext_ctx - max_new_tokens
-        if max_input_tokens < 1:
-            raise InputError(f"the extended context ({ext_ctx}) leaves no room for the input after "
-                             f"{max_new_tokens} new tokens; pass --max-input-tokens")
-    elif max_input_tokens is not None:
-        raise InputError("--max-input-tokens needs --truncate middle")
-
+    cfg = load_config(model_dir, s.rope)  # read once: every phase uses this object
+    if cfg.change.action in ("unchanged", "replaced", "removed"):
+        log(f"[generate] note: {cfg.change.message()}")
+    max_input_tokens = input_limit(s, cfg.context, max_new_tokens)
     # the settings as resolved (what a resume must match): the model and data as found, subset, token limits
-    model, mid = model_ref(s.model, model_dir), model_id_of(model_dir)
+    mid = model_id_of(model_dir)
     resolved = dataclasses.replace(
-        s, model=model, data=src.label, data_files=src.data_files, data_split=src.split, prompt=prompt,
-        prompt_style=s.prompt_style if prompt in ("ie", "ib") else None, subset=sub.name if sub else None,
-        max_new_tokens=int(max_new_tokens), max_input_tokens=max_input_tokens, out=str(out))
+        s, model=model_ref(s.model, model_dir), data=src.label, data_files=src.data_files, data_split=src.split,
+        prompt=prompt, prompt_style=s.prompt_style if prompt in ("ie", "ib") else None,
+        subset=sub.name if sub else None, max_new_tokens=int(max_new_tokens), max_input_tokens=max_input_tokens,
+        out=str(out))
     run = RunDir(out)
     if old is not None:
-        check_resume(old, resolved, rope=eff_rope, model_id=mid, hint="use another --out or remove it")
+        check_resume(old, resolved, rope=cfg.rope, model_id=mid, hint="use another --out or remove it")
     predictions = run.log("predictions.jsonl")
     todo = [x for x in samples if x["id"] not in predictions]
     name = Path(src.label).name if src.path else src.label
     style = "" if resolved.prompt_style is None else "/" + resolved.prompt_style
     log(f"[generate] {name}: {len(samples)} samples, {len(samples) - len(todo)} already done, {len(todo)} to go; "
         f"prompt {prompt}{style}, subset {resolved.subset}, max new tokens {max_new_tokens}, "
-        f"rope {eff_rope.label()}, extended context {ext_ctx}")
+        f"rope {cfg.rope.label()}, extended context {cfg.context}")
+    return Generation(resolved, cfg, src, samples, sub, mid, run, old, predictions, todo, t_start)
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    tk = Tokenize(tokenizer, prompt, s.prompt_style or "release", s.chat_template)
-    items = []
-    for x in todo:
+
+def input_limit(s: GenerateSettings, ext_ctx: int, max_new_tokens: int) -> int | None:
+    """``--max-input-tokens`` as it applies: with ``--truncate middle`` (default: the extended context less the
+    new tokens), refused without it."""
+    if s.truncate != "middle":
+        if s.max_input_tokens is not None:
+            raise InputError("--max-input-tokens needs --truncate middle")
+        return None
+    limit = s.max_input_tokens or ext_ctx - max_new_tokens
+    if limit < 1:
+        raise InputError(f"the extended context ({ext_ctx}) leaves no room for the input after {max_new_tokens} "
+                         f"new tokens; pass --max-input-tokens")
+    return limit
+
+
+def prepare_items(g: Generation) -> None:
+    """Phase 2, prompts: each sample still to do rendered with its prompt and tokenized once (middle-truncated
+    with ``--truncate middle``)."""
+    from transformers import AutoTokenizer
+
+    s = g.settings
+    g.tokenizer = AutoTokenizer.from_pretrained(str(g.cfg.path))
+    tk = Tokenize(g.tokenizer, s.prompt, s.prompt_style or "release", s.chat_template)
+    for x in g.todo:
         if s.truncate == "middle":
-            ids, cut = tk.middle_truncated(x["context"], max_input_tokens)
+            ids, cut = tk.middle_truncated(x["context"], s.max_input_tokens)
         else:
             ids, cut = tk.ids(x["context"]), False
-        items.append(Item(x["id"], ids, {"reference": x["reference"], "truncated": cut}))
+        g.items.append(Item(x["id"], ids, {"reference": x["reference"], "truncated": cut}))
 
-    before = old.seconds if old is not None else 0.0  # the earlier parts of this run
-    rec = RunRecord("generate", model=model, model_id=mid, rope=eff_rope.to_dict(), context=ext_ctx,
-                    train=read_train_record(model_dir), data=src.label, settings=settings_record(resolved),
-                    info={"n_samples": len(samples)}, seconds=before)
+
+def start_run(g: Generation, *, hf_model, backends, log):
+    """Phase 3, the backend and the run record: the backend first (one that cannot start, no vllm or no GPU,
+    leaves no run directory behind), then run.json. Returns the backend (None when nothing is left to do)."""
+    s = g.settings
+    g.record = RunRecord("generate", model=s.model, model_id=g.model_id, rope=g.cfg.rope.to_dict(),
+                         context=g.cfg.context, train=read_train_record(g.cfg.path), data=g.src.label,
+                         settings=settings_record(s), info={"n_samples": len(g.samples)}, seconds=g.before)
     be = None
-    if items:  # the backend first: a backend that cannot start (no vllm, no GPU) leaves no run directory behind
-        need = max(len(it.input_ids) for it in items) + int(max_new_tokens)
-        want = max(2 * sub.target if sub else 0, need)  # vllm: 2x the subset's target (the release's Inference.py)
-        be = make_backend(s.backend, model_dir, config, tokenizer, model=hf_model, rope_overrides=overrides,
-                          max_model_len=want, need_len=need, log=log, reuse=backends)
-        rec.info["backend_info"] = be.describe()
-    if old is not None:  # resuming: keep when the run began
-        rec.created = old.get("created")
-    run.write_record(rec)
+    if g.items:
+        need = max(len(it.input_ids) for it in g.items) + g.max_new_tokens
+        want = max(2 * g.sub.target if g.sub else 0, need)  # vllm: 2x the subset's target (the release's Inference.py)
+        be = make_backend(s.backend, g.cfg, g.tokenizer, model=hf_model, max_model_len=want, need_len=need, log=log,
+                          reuse=backends)
+        g.record.info["backend_info"] = be.describe()
+    if g.old is not None:  # resuming: keep when the run began
+        g.record.created = g.old.get("created")
+    g.run.write_record(g.record)
+    return be
 
+
+def decode(g: Generation, be, progress: bool) -> float:
+    """Phase 4, decoding: every item through the backend, each prediction appended (and fsynced) as it finishes.
+    Returns the seconds it took."""
+    from tqdm import tqdm
+
+    s = g.settings
     t0 = time.time()
-    if be is not None:
-        bar = tqdm(total=len(items), desc=f"generate {prompt}", unit="sample", file=sys.stderr,
-                   disable=not progress, dynamic_ncols=True)
-        new_tok = [0]
+    bar = tqdm(total=len(g.items), desc=f"generate {s.prompt}", unit="sample", file=sys.stderr, disable=not progress,
+               dynamic_ncols=True)
+    new_tok = [0]
 
-        def on_done(it: Item, out_ids: list[int]) -> None:
-            predictions.append({
-                "id": it.id, "subset": resolved.subset, "prompt": prompt, "input_tokens": len(it.input_ids),
-                "truncated": it.extra["truncated"], "new_tokens": len(out_ids),
-                "prediction": tokenizer.decode(out_ids, skip_special_tokens=True),
-                "reference": it.extra["reference"]})
-            new_tok[0] += len(out_ids)
-            bar.update(1)
-            bar.set_postfix(tok_s=f"{new_tok[0] / max(time.time() - t0, 1e-9):.1f}")
+    def on_done(it: Item, out_ids: list[int]) -> None:
+        g.predictions.append({
+            "id": it.id, "subset": s.subset, "prompt": s.prompt, "input_tokens": len(it.input_ids),
+            "truncated": it.extra["truncated"], "new_tokens": len(out_ids),
+            "prediction": g.tokenizer.decode(out_ids, skip_special_tokens=True), "reference": it.extra["reference"]})
+        new_tok[0] += len(out_ids)
+        bar.update(1)
+        bar.set_postfix(tok_s=f"{new_tok[0] / max(time.time() - t0, 1e-9):.1f}")
 
-        be.generate(items, int(max_new_tokens), int(s.min_new_tokens), on_done)
-        bar.close()
-    seconds = time.time() - t0
-    recs = predictions.records()
-    ids = {x["id"] for x in samples}
-    done = [r for r in recs if r["id"] in ids]
+    be.generate(g.items, g.max_new_tokens, int(s.min_new_tokens), on_done)
+    bar.close()
+    return time.time() - t0
+
+
+def finish_run(g: Generation, seconds: float, log) -> dict:
+    """Phase 5, counts: run.json closed (complete or partial, the whole run's seconds, the counts); the summary."""
+    ids = {x["id"] for x in g.samples}
+    done = [r for r in g.predictions.records() if r["id"] in ids]
+    mnt, items = g.max_new_tokens, g.items
     counts = {
         "done": len(done), "truncated": sum(bool(r.get("truncated")) for r in done),
-        "over_context": sum(r["input_tokens"] + max_new_tokens > ext_ctx for r in done),
-        "hit_max_new_tokens": sum(r.get("new_tokens", 0) >= max_new_tokens for r in done),
+        "over_context": sum(r["input_tokens"] + mnt > g.cfg.context for r in done),
+        "hit_max_new_tokens": sum(r.get("new_tokens", 0) >= mnt for r in done),
     }
-    rec.status = "complete" if len(done) == len(samples) else "partial"
-    rec.seconds = round(before + time.time() - t_start, 2)
+    rec = g.record
+    rec.status = "complete" if len(done) == len(g.samples) else "partial"
+    rec.seconds = round(g.before + time.time() - g.t_start, 2)
     rec.info.update(counts=counts, last_seconds=round(seconds, 2),
                     last_samples_per_hour=round(len(items) * 3600 / seconds, 1) if items and seconds > 0 else None)
-    run.write_record(rec)
-    log(f"[generate] wrote {len(done)} predictions to {run.path / 'predictions.jsonl'} "
+    g.run.write_record(rec)
+    log(f"[generate] wrote {len(done)} predictions to {g.run.path / 'predictions.jsonl'} "
         f"({len(items)} new in {seconds:.1f}s; {counts['truncated']} truncated, {counts['over_context']} beyond "
         f"the extended context)")
-    return {"out": str(run.path), "samples": len(samples), "generated": len(items), "seconds": round(seconds, 2),
+    return {"out": str(g.run.path), "samples": len(g.samples), "generated": len(items), "seconds": round(seconds, 2),
             **counts}
 
 

@@ -43,7 +43,7 @@ def run(settings: GenerateSettings, *, metric: str = "cnnsum", with_runs=(), plo
     """Generate (``settings``), score, and build the report (into ``report_out``, default OUT/report/, and Fig. 3
     into ``plot``, default OUT/fig3.png). Returns {"generate": ..., "score": scores.json summary, "report": the
     tables as markdown, "report_dir", "plot"}."""
-    from .report import check_report_out, make_report
+    from .report.cli import check_report_out, make_report
     from .score import score_run
 
     log = log or _log_default
@@ -84,7 +84,7 @@ def run_matrix(settings: GenerateSettings, *, data_dir, prompts=DEFAULT_PROMPTS,
     ``OUT/fig3.png`` (see the module doc). ``settings`` without data / prompt / subset (each cell sets them).
     Returns {"runs": {name: {"generate", "score"}}, "skipped": [subsets], "report": markdown, "report_dir",
     "plot"}."""
-    from .report import check_report_out, make_report
+    from .report.cli import check_report_out, make_report
     from .score import score_run
 
     log = log or _log_default
@@ -129,7 +129,7 @@ def run_matrix(settings: GenerateSettings, *, data_dir, prompts=DEFAULT_PROMPTS,
 
 
 def cmd_run(args) -> int:
-    from .report import parse_buckets
+    from .report.model import parse_buckets
 
     buckets = parse_buckets(args.buckets) if args.buckets else None
     settings = from_args(args, GenerateSettings)

@@ -6,10 +6,9 @@
 - ``perturb``: target loss change when only the distant prefix is perturbed (Sun et al. 2021, Sec 4);
 - ``copy``: target span pasted into the prefix at a distance (Sun et al. 2021, Sec 5);
 - ``shuffle``: the zero-shot k-Block Shuffle Test (Laban et al. 2021, Sec 3-4);
-- ``report``: the extrapolation table (rows = model x rope x scale, columns = length bucket) and a PNG.
+- ``report``: the extrapolation table (rows = model x rope x scale, columns = length bucket) and a PNG, made by the
+  one report stack (``ropescale.evaluation.report``: ``probes.py`` its tables, ``cli.py`` the command).
 
 All scoring is batched teacher-forced log-likelihood (ropescale.probes.scorer), no generation. Each probe writes a run
 directory (run.json, items.jsonl, summary.json) of the same shape as generation's (ropescale.common.runs).
 """
-
-PROBES = ("suffix-id", "ppl", "perturb", "copy", "shuffle")  # the subcommands, one module each (suffix_id.py, ...)

@@ -3,8 +3,12 @@ from __future__ import annotations
 
 from ropescale import probes
 from ropescale.common.cli import Tool
+from ropescale.evaluation.report.cli import register_probes as register_report  # the one report stack
 
-SUBCOMMANDS = tuple(f"ropescale.probes.{m.replace('-', '_')}" for m in (*probes.PROBES, "report"))
+from . import copy, perturb, ppl, shuffle, suffix_id
+
+# each subcommand's register, in --help order
+SUBCOMMANDS = (suffix_id.register, ppl.register, perturb.register, copy.register, shuffle.register, register_report)
 TOOL = Tool("ropescale probes", probes.__doc__, SUBCOMMANDS)
 build_parser = TOOL.parser
 main = TOOL.entry()

@@ -11,10 +11,10 @@ from typing import Callable
 from ropescale.common.cli import add_command, add_json
 from ropescale.common.io import check_output_dir
 from ropescale.common.settings import add_settings, from_args, given
+from ropescale.evaluation.report.probes import print_summary
 
 from .common import ProbeSettings, load_model, set_threads
 from .data import heldout_default, load_docs
-from .report import print_summary
 
 
 def book_docs(s: ProbeSettings):

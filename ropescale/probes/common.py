@@ -24,11 +24,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from rope_scaling import RopeSpec
 from ropescale.common.paths import CHAPTERS_JSONL
 from ropescale.common.runs import (
+    ITEMS,
+    SUMMARY,
     RunDir,
     RunRecord,
     check_resume,
@@ -38,11 +40,9 @@ from ropescale.common.runs import (
     open_run_dir,
     read_train_record,
     settings_record,
+    summarize,
 )
 from ropescale.common.settings import check, make, nested, setting
-
-ITEMS = "items.jsonl"
-SUMMARY = "summary.json"
 
 
 # ---------------------------------------------------------------- model
@@ -75,20 +75,17 @@ def load_model(name: str | os.PathLike | None, spec=None) -> Loaded:
     import torch
     from transformers import AutoTokenizer
 
-    from rope_scaling import extended_context, read_rope, rope_state
     from rope_scaling.load import load_config
     from rope_scaling.load import load_model as load_lm
-    from ropescale.common.tiny import resolve_model
+    from ropescale.common.models import resolve_model
 
     path = resolve_model(name)
-    config, _ = load_config(path, spec)
-    eff = read_rope(config)
-    model = load_lm(path, config, dtype=torch.float32, attn="sdpa")
+    cfg = load_config(path, spec)  # read once: the spec, context and original context below all come from it
+    model = load_lm(path, cfg.config, dtype=torch.float32, attn="sdpa")
     model.float().eval()
     tok = AutoTokenizer.from_pretrained(str(path))
-    orig = int(rope_state(config).orig_ctx)
-    return Loaded(model, tok, Path(path), str(name or "tiny"), eff.to_dict(), float(eff.scale or 1.0), orig,
-                  int(extended_context(config)), model_id(path), read_train_record(path))
+    return Loaded(model, tok, Path(path), str(name or "tiny"), cfg.rope.to_dict(), float(cfg.rope.scale or 1.0),
+                  int(cfg.orig_ctx), int(cfg.context), model_id(path), read_train_record(path))
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -197,28 +194,6 @@ class ProbeRun:
         self.rec.info.update(finished=now(), items=len(self.log))
         self.dir.write_record(self.rec)
         return summary
-
-
-def summarize(records: Iterable[dict]) -> dict:
-    """Mean ``value`` and count per (group, col), in first-seen group order and ascending column order."""
-    acc: dict[tuple, list[float]] = {}
-    groups: list = []
-    for r in records:
-        key = (r.get("group", ""), r["col"])
-        if key[0] not in groups:
-            groups.append(key[0])
-        acc.setdefault(key, []).append(float(r["value"]))
-    cells = []
-    for g in groups:
-        cols = sorted({c for (gg, c) in acc if gg == g}, key=_col_key)
-        for c in cols:
-            vals = acc[(g, c)]
-            cells.append({"group": g, "col": c, "value": sum(vals) / len(vals), "n": len(vals)})
-    return {"cells": cells}
-
-
-def _col_key(c):
-    return (0, c) if isinstance(c, (int, float)) else (1, str(c))
 
 
 def set_threads(n: int) -> None:

@@ -18,8 +18,9 @@ from ropescale.common.settings import setting
 
 from .command import register_probe
 from .common import NOT_NEGATIVE, POSITIVE, ProbeRun, ProbeSettings, probe_settings
+from .data import data_name
 from .perturb import default_distances
-from .ppl import _data_name, target_spans
+from .ppl import target_spans
 from .scorer import score_continuations
 
 
@@ -53,7 +54,7 @@ def copy_probe(loaded, docs, settings: CopySettings | None = None, **fields) -> 
     if n_prefix < target_len or bad:
         raise InputError(f"distances must lie in [0, {n_prefix - target_len}] for --length {length} and "
                          f"--target-len {target_len}: {bad or distances}")
-    s = dataclasses.replace(s, length=length, distances=distances, data=_data_name(docs) or s.data)
+    s = dataclasses.replace(s, length=length, distances=distances, data=data_name(docs) or s.data)
     run = ProbeRun("copy", loaded, s, [length], metric="loss (nats/token) on the target span",
                    column="distance d of the pasted copy (tokens)")
     _, spans = target_spans(loaded, docs, n=n, n_prefix=n_prefix, target_len=target_len, seed=seed, desc="copy")

@@ -20,10 +20,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ropescale.common.chapters import Chapter, by_book, chapter_heading, chapter_index, chinese_numeral, read_chapters  # noqa: F401  (re-exported)
+from ropescale.common.chapters import Chapter, by_book, read_chapters
 from ropescale.common.io import InputError, read_jsonl, write_jsonl_atomic
 from ropescale.common.paths import CACHE_DIR, CHAPTERS_JSONL
-from ropescale.common.text import split_sentences  # noqa: F401  (the one sentence splitter, re-exported for the probes)
 
 
 @dataclass
@@ -54,6 +53,11 @@ def load_books(path: str | os.PathLike) -> dict[str, list[Chapter]]:
 
 def render_chapter(ch: Chapter) -> str:
     return f"{ch.heading}\n{ch.text.rstrip()}\n"
+
+
+def data_name(docs: list[Doc]) -> str:
+    """The file the documents were read from (what a probe records as its ``data``); empty for no documents."""
+    return docs[0].where.rsplit(":", 1)[0] if docs else ""
 
 
 def load_docs(path: str | os.PathLike, tail_chapters: int = 0) -> list[Doc]:
@@ -89,9 +93,9 @@ def tiny_heldout_file(model: str | os.PathLike) -> Path | None:
     """A chapters JSONL of the chapters a tiny build held out from its training (its ``tiny.json``
     ``heldout_chapters``, taken from the shared novels in file order; written once under the cache), or None
     when ``model`` is not a tiny build."""
-    from ropescale.common.tiny import TINY_NAMES, resolve_model
+    from ropescale.common.models import is_tiny, resolve_model
 
-    d = resolve_model(model) if str(model) in TINY_NAMES else Path(model)
+    d = resolve_model(model) if is_tiny(model) else Path(model)
     info = d / "tiny.json"
     if not info.is_file():
         return None

@@ -26,7 +26,8 @@ from ropescale.common.settings import setting
 
 from .command import register_probe
 from .common import NOT_NEGATIVE, POSITIVE, ProbeRun, ProbeSettings, data_setting, probe_settings, rng_for
-from .ppl import DEFAULT_TARGET_LEN, _data_name, target_spans
+from .data import data_name
+from .ppl import DEFAULT_TARGET_LEN, target_spans
 from .scorer import score_continuations
 
 KINDS = ("shuffle", "replace", "drop", "drop-random")
@@ -103,8 +104,8 @@ def perturb_probe(loaded, docs, settings: PerturbSettings | None = None, **field
         raise InputError(f"distances must lie in [0, {n_prefix}) for a {n_prefix}-token prefix: {bad}")
     if "replace" in kinds and len({d.book for d in docs}) < 2:
         raise InputError("'replace' needs at least two books (documents with different 'book')",
-                         _data_name(docs))
-    s = dataclasses.replace(s, length=length, distances=distances, data=_data_name(docs) or s.data)
+                         data_name(docs))
+    s = dataclasses.replace(s, length=length, distances=distances, data=data_name(docs) or s.data)
     run = ProbeRun("perturb", loaded, s, [length],
                    metric="loss change (perturbed - intact, nats/token) on the target span",
                    column="distance d = n - m of the perturbed part from the target (tokens)")
@@ -122,7 +123,7 @@ def perturb_probe(loaded, docs, settings: PerturbSettings | None = None, **field
                 other = doc_ids[others[rng.randrange(len(others))]] if kind == "replace" and others else None
                 if kind == "replace" and other is None:
                     raise InputError(f"'replace' needs another book with at least {n_prefix} tokens",
-                                     _data_name(docs))
+                                     data_name(docs))
                 variants.append(perturb_prefix(prefix, n_prefix - d, kind, rng, target=target, other=other,
                                                pad_id=loaded.pad_id))
                 keys.append((kind, d, s))

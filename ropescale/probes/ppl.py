@@ -18,6 +18,7 @@ from ropescale.common.settings import setting
 
 from .command import register_probe
 from .common import POSITIVE, ProbeRun, ProbeSettings, default_lengths, encode, probe_settings, progress, rng_for
+from .data import data_name
 from .scorer import score_continuations
 
 # Sun et al. 2021 Sec 2.2: "we set the number of target tokens per context k = 10" (token-level experiments, Sec 3-4)
@@ -88,7 +89,7 @@ def ppl_probe(loaded, docs, settings: PplSettings | None = None, **fields) -> di
     n, target_len, seed, batch_size = s.n, s.target_len, s.seed, s.batch_size
     if any(L <= target_len for L in lengths):
         raise InputError(f"every length must exceed --target-len {target_len}: {lengths}")
-    s = dataclasses.replace(s, lengths=lengths, data=_data_name(docs) or s.data)
+    s = dataclasses.replace(s, lengths=lengths, data=data_name(docs) or s.data)
     run = ProbeRun("ppl", loaded, s, lengths, metric="loss (nats/token) on the target span",
                    column="input length N (prefix + target)")
     doc_ids = tokenize_docs(loaded.tokenizer, docs)
@@ -110,10 +111,6 @@ def ppl_probe(loaded, docs, settings: PplSettings | None = None, **fields) -> di
                      "target_start": t.start, "prefix_len": L - target_len, "target_len": target_len,
                      "logprob": sc.logprob})
     return run.finish()
-
-
-def _data_name(docs) -> str:
-    return docs[0].where.rsplit(":", 1)[0] if docs else ""
 
 
 def register(sub) -> None:

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 from ropescale.common.io import InputError
 from ropescale.common.settings import setting
+from ropescale.common.text import split_sentences
 
 from .command import register_probe
 from .common import POSITIVE, ProbeRun, ProbeSettings, data_setting, probe_settings, progress, rng_for
-from .data import Doc, is_chapters_file, load_books, load_docs, split_sentences
+from .data import Doc, is_chapters_file, load_books, load_docs
 from .scorer import score_document
 
 

@@ -35,12 +35,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ropescale.common.chapters import Chapter, chapter_index
 from ropescale.common.io import InputError
 from ropescale.common.settings import setting
+from ropescale.common.text import split_sentences
 
 from .command import register_probe
 from .common import POSITIVE, ProbeRun, ProbeSettings, data_setting, encode, probe_settings, progress, rng_for
-from .data import Chapter, chapter_index, is_chapters_file, load_books, load_docs, render_chapter, split_sentences
+from .data import is_chapters_file, load_books, load_docs, render_chapter
 from .scorer import score_candidates
 
 N_NEGATIVES = 5

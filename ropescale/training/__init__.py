@@ -1,12 +1,16 @@
 """training: finetune.py's internals (CNNSum Sec 5 / Appendix B.2).
 
+- ``cli``: the command line (``train``, the default, and ``merge``); ``run``: one run top to bottom, in seven
+  named phases (settings, data, trainer arguments, model, run record, trainer, fit and export).
 - ``env``: process set-up before torch/DeepSpeed (CPU accelerator + gloo, single-process rendezvous defaults).
 - ``config``: ``TrainSettings``, every setting of a run (its flag, recipe key, check and resume rule; the RoPE spec
-  nested): the CLI, recipes (YAML), run.json and ``--resume`` are built from it.
-- ``data``: packed samples (data_concat format), the tiny model's default data, length checks, batching.
-- ``model``: config + RoPE and model loading (``rope_scaling.load``), LoRA + trainable embeddings/norms.
+  nested): the CLI, recipes (YAML), run.json and ``--resume`` are built from it; the DeepSpeed config files.
+- ``data``: packed samples (data_concat format), the default data built for a model, length checks, batching.
+- ``model``: the model under its RoPE setting (``rope_scaling.load``), LoRA + trainable embeddings/norms.
 - ``loss``: the label-only loss (LM head only at labelled positions).
 - ``trainer``: HF Trainer subclass + progress / export callbacks.
 - ``saving``: ZeRO-aware export of what was trained, merge into a full model.
-- ``run``: one run top to bottom; ``cli``: the command line.
+- ``memory``: long samples on one GPU (checkpoints offloaded to host memory, a tiled MLP, the host-RAM check);
+  ``memory_model``: the estimated peak memory of a step (a model, not a measurement).
+- ``sequence_parallel``: one sample split over K processes (DeepSpeed Ulysses).
 """

@@ -133,10 +133,9 @@ def load_recipe(path: str | Path) -> dict:
 
 def recipe_for(flags: dict, recipe: str | None) -> str | None:
     """The recipe a run uses: ``--recipe``, else the tiny demo's for the tiny default model (no --model given)."""
-    from ropescale.common.tiny import TINY_NAMES
+    from ropescale.common.models import is_tiny
 
-    if recipe is None and "model" not in flags and str(TrainSettings.model) in TINY_NAMES \
-            and TINY_DEMO_RECIPE.is_file():
+    if recipe is None and "model" not in flags and is_tiny(TrainSettings.model) and TINY_DEMO_RECIPE.is_file():
         return str(TINY_DEMO_RECIPE)
     return recipe
 

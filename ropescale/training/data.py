@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from data_concat.packed import IGNORE_INDEX
+from data_concat.packed import IGNORE_INDEX, TRAIN_FILE
 from ropescale.common.io import InputError
 from ropescale.common.paths import CACHE_DIR, CHAPTERS_JSONL
 
@@ -59,7 +59,7 @@ def build_default_data(model_dir: str | os.PathLike, orig_ctx: int, extended: in
     h.update(json.dumps(["recall", target, lo, hi, n_samples, seed, HELDOUT, str(CHAPTERS_JSONL)]).encode())
     root = Path(cache_dir or CACHE_DIR) / "data" / f"recall-{target}-{h.hexdigest()[:10]}"
     packed = root / "packed"
-    if (packed / "train.parquet").is_file():
+    if (packed / TRAIN_FILE).is_file():
         return packed
     root.mkdir(parents=True, exist_ok=True)
     tok = load_tokenizer(model_dir)
@@ -82,7 +82,7 @@ def load_rows(data_dir: str | os.PathLike):
     from data_concat.packed import read_packed
 
     rows = read_packed(data_dir, columns=["input_ids", "labels"])
-    f = Path(data_dir) / "train.parquet"
+    f = Path(data_dir) / TRAIN_FILE
     if len(rows) == 0:
         raise InputError("packed dataset has no samples", f)
     if not (rows.labels != IGNORE_INDEX).any():

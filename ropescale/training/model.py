@@ -1,4 +1,4 @@
-"""Model setup: the config with the RoPE setting applied, the model, LoRA and what else is trained.
+"""Model setup: the model under its RoPE setting, LoRA and what else is trained.
 
 Paper Sec 5 (after LongLoRA): LoRA rank 8, and the embedding and normalization layers unfrozen. The extra
 trained tensors are switched on with ``requires_grad`` (not PEFT ``modules_to_save``, which keeps a copy that
@@ -8,7 +8,6 @@ dtypes; DeepSpeed keeps fp32 master weights itself).
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import torch
 
@@ -39,19 +38,12 @@ def resolve_attn(name: str, cuda: bool) -> str:
     return name
 
 
-def load_config(model_dir: str | Path, spec):
-    """(the model's config with ``spec`` applied, what was done: a ``rope_scaling.RopeChange``), before any weights
-    are loaded: ``rope_scaling.load.load_config``, the one loader every stage uses."""
-    from rope_scaling.load import load_config as load
-
-    return load(model_dir, spec)
-
-
-def load_model(model_dir: str | Path, config, dtype: torch.dtype, attn: str):
-    """The causal LM with ``config`` (the rope already applied; ``rope_scaling.load.load_model``), no KV cache."""
+def load_model(cfg, dtype: torch.dtype, attn: str):
+    """The causal LM of ``cfg`` (a ``rope_scaling.load.ModelConfig``: the rope already applied;
+    ``rope_scaling.load.load_model``), no KV cache."""
     from rope_scaling.load import load_model as load
 
-    model = load(model_dir, config, dtype=dtype, attn=attn)
+    model = load(cfg.path, cfg.config, dtype=dtype, attn=attn)
     model.config.use_cache = False
     return model
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rope_scaling import RopeSpec
+from rope_scaling.load import ModelConfig
 from ropescale.common.cli import dtype_name
 from ropescale.common.io import InputError, read_json
 from ropescale.common.runs import (
@@ -61,9 +62,9 @@ def log(msg: str) -> None:
 
 
 def model_name(model_arg: str) -> str:
-    from ropescale.common.tiny import TINY_NAMES
+    from ropescale.common.models import is_tiny
 
-    return "tiny" if str(model_arg) in TINY_NAMES else Path(str(model_arg).rstrip("/")).name
+    return "tiny" if is_tiny(model_arg) else Path(str(model_arg).rstrip("/")).name
 
 
 def default_output_dir(model_arg: str, spec) -> Path:
@@ -135,11 +136,8 @@ class Run:
 
     settings: TrainSettings  # as resolved on this machine (model, out, attention, DeepSpeed file, dtype)
     recipe: str | None
-    model_dir: Path
-    model_id: str | None  # runs.model_id of model_dir
-    config: Any
-    rope: RopeSpec  # what the model trains with (the flags, or what its config already carries)
-    extended: int  # the RoPE-extended context
+    model: ModelConfig  # the model's config with the RoPE setting applied, read once (rope_scaling.load)
+    model_id: str | None  # runs.model_id of the model directory
     run_dir: Path
     rd: RunDir
     old: RunMeta | None  # the run being resumed
@@ -165,6 +163,24 @@ class Run:
     total: int = 0
     # start_record (main process)
     record: RunRecord | None = None
+
+    @property
+    def model_dir(self) -> Path:
+        return self.model.path
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def rope(self) -> RopeSpec:
+        """What the model trains with (the flags, or what its config already carries)."""
+        return self.model.rope
+
+    @property
+    def extended(self) -> int:
+        """The RoPE-extended context."""
+        return self.model.context
 
 
 def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None = None,
@@ -195,19 +211,19 @@ def plan_run(args: TrainSettings, *, recipe: str | None, resume: str | None, ove
     --init-from may continue. Every check that needs no data; nothing is written."""
     import torch
 
-    from rope_scaling import extended_context, read_rope
-    from ropescale.common.tiny import resolve_model
+    from rope_scaling.load import load_config
+    from ropescale.common.models import resolve_model
 
-    from .model import load_config, resolve_attn, resolve_dtype
+    from .model import resolve_attn, resolve_dtype
     from .saving import find_export
 
     t_start = time.time()
     cuda = torch.cuda.is_available()
     model_dir = resolve_model(args.model)
-    config, change = load_config(model_dir, args.rope)
-    extended = extended_context(config)
-    effective = read_rope(config)
-    log(f"[finetune] model {model_dir} ({config.model_type}), {change.message()}: context {extended} tokens")
+    model = load_config(model_dir, args.rope)
+    config, effective = model.config, model.rope
+    log(f"[finetune] model {model_dir} ({config.model_type}), {model.change.message()}: context {model.context} "
+        "tokens")
 
     run_dir = Path(args.out) if args.out else default_output_dir(args.model, effective)
     run_dir, old = open_run_dir(run_dir, "finetune")  # a file, an eval or probe run's directory: refused
@@ -238,17 +254,16 @@ def plan_run(args: TrainSettings, *, recipe: str | None, resume: str | None, ove
     if args.init_from:
         init_export = find_export(args.init_from, args.init_step)
         check_init_rope(init_export, effective)
-    return Run(settings=resolved, recipe=recipe, model_dir=model_dir, model_id=mid, config=config, rope=effective,
-               extended=extended, run_dir=run_dir, rd=rd, old=old, resume=resume, resume_from=resume_from,
-               overwrite=overwrite, init_export=init_export, cuda=cuda, world=env.world_size(), main=env.is_main(),
-               dtype=dtype, t_start=t_start, ds_path=ds_path)
+    return Run(settings=resolved, recipe=recipe, model=model, model_id=mid, run_dir=run_dir, rd=rd, old=old,
+               resume=resume, resume_from=resume_from, overwrite=overwrite, init_export=init_export, cuda=cuda,
+               world=env.world_size(), main=env.is_main(), dtype=dtype, t_start=t_start, ds_path=ds_path)
 
 
 def prepare_data(run: Run) -> None:
     """Phase 2, data: the packed set (--data, the resumed run's, or the default one built for the tiny model),
     checked against the model (vocabulary, the extended context) and, on resume, against the recorded stats; the
     batch arithmetic (Appendix B.2)."""
-    from rope_scaling import read_rope
+    from data_concat.packed import TRAIN_FILE
 
     from .data import build_default_data, check_rows, load_rows
 
@@ -256,10 +271,10 @@ def prepare_data(run: Run) -> None:
     rope_desc = "no RoPE scaling" if run.rope.method == "none" else f"RoPE {run.rope.label()}"
     if args.data:
         data_dir = Path(args.data)
-    elif old is not None and old.data and (Path(old.data) / "train.parquet").is_file():
+    elif old is not None and old.data and (Path(old.data) / TRAIN_FILE).is_file():
         data_dir = Path(old.data)  # a resume continues on the run's own data
     else:
-        orig = read_rope(run.config).orig_ctx or run.extended
+        orig = run.rope.orig_ctx or run.extended
         if run.rope.method == "none":
             log(f"[finetune] no RoPE scaling (--rope none): training inside the model's own {run.extended}-token "
                 f"context; --rope yarn --scale 8 (or pi, ntk, ...) extends it")
@@ -329,7 +344,7 @@ def build_model(run: Run, ds_cfg: dict | None):
 
     args = run.settings
     set_seed(args.seed)  # LoRA A is initialised randomly when the adapter is added (before the Trainer seeds)
-    model = load_model(run.model_dir, run.config, run.dtype, args.attn)
+    model = load_model(run.model, run.dtype, args.attn)
     layout = sequence_layout(run)
     if layout is not None:  # before PEFT wraps the model (DeepSpeed #7729)
         sequence_parallel.setup_model(model, layout, args.micro_batch)

@@ -36,14 +36,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "tokenizer.model", "added_tokens.json", "chat_template.jinja", "generation_config.json")
 
 
-_is_zero3_param = compat.is_zero3_param
-
-
 def gather_trainable(model) -> dict[str, torch.Tensor]:
     """Full CPU copies of every trainable parameter of ``model`` (a PEFT model), by name; under ZeRO-3 all ranks
     must call this (collective gather)."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    z3 = [p for _, p in named if _is_zero3_param(p)]
+    z3 = [p for _, p in named if compat.is_zero3_param(p)]
     out: dict[str, torch.Tensor] = {}
     if z3:
         with compat.zero3_gathered(z3, modifier_rank=None):
@@ -105,7 +102,7 @@ def check_merge_out(out: Path, *, protect: dict[str, Path], overwrite: bool = Fa
     """``merge --out``: a new path or an empty directory; an existing model directory only with ``overwrite``
     (then replaced atomically); never a file, another directory, or one of the inputs (``protect``: what -> path).
     Checked before any work."""
-    from ropescale.common.tiny import check_model_dir
+    from ropescale.common.models import check_model_dir
 
     for what, p in protect.items():
         if p is not None and out.resolve() == Path(p).resolve():
@@ -155,7 +152,7 @@ def load_export_into(peft_model, export_dir: str | os.PathLike) -> None:
     for n in extra:
         if n not in params:
             raise InputError(f"trained tensor {n} is not in the model", d / TRAINED_FILE)
-    z3 = [params[n] for n in extra if _is_zero3_param(params[n])]
+    z3 = [params[n] for n in extra if compat.is_zero3_param(params[n])]
     if z3:  # partitioned by ZeRO-3 while loading: gather, write, re-partition (all ranks call this)
         ctx = compat.zero3_gathered(z3, modifier_rank=0)
     else:
@@ -207,7 +204,7 @@ def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_mod
     check_merge_out(out, protect={**protect, "the base model": base}, overwrite=overwrite)
     if not (base / "config.json").is_file():
         raise InputError("base model of the run not found (pass --base-model)", base)
-    config, _ = load_config(d)  # the trained config: rope applied
+    config = load_config(d).config  # the trained config: rope applied
     if dtype == "auto":
         torch_dtype = compat.config_dtype(config) or torch.float32
         if isinstance(torch_dtype, str):

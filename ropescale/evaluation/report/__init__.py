@@ -26,15 +26,9 @@ mean training length, or the method applied at load time) and the prompt wording
 when all of these are equal, and every view uses the same rows. A row's label shows what differs between the rows
 shown (``tiny · abf x1 base=8e4`` vs ``tiny · abf x1 base=5e5``, ``yarn x8 (ft 1536)`` vs ``yarn x8 (no
 fine-tune)``).
-Importable: :func:`make_report` (the whole command as one call), :func:`build_report` (paths and/or rows ->
-:class:`Report`), :func:`render`, :func:`write_report`, :func:`plot_report`. Inside: ``intake`` (CSV files, run
-directories), ``model`` (series, cells, the paper's formulas), ``render`` (markdown / CSV / JSON), ``cli``.
+Importable, each from its home: ``cli.make_report`` (the whole command as one call), ``intake.build_report``
+(paths and/or rows -> ``model.Report``), ``render.render``, ``render.write_report``, ``cli.plot_report``. Inside:
+``intake`` (CSV files, generation and probe run directories), ``model`` (series, cells, the paper's formulas),
+``render`` (the views as tables), ``probes`` (the probes' tables: ``ropescale probes report``), ``plot`` (Fig. 3,
+the probes' panels, one PNG writer), ``cli`` (both commands). Importing the package imports none of them.
 """
-from .cli import check_report_out, make_report, plot_report, register
-from .intake import build_report, canon_kind, canon_subset, load_runs, read_scores_csv, save_fresh_scores
-from .model import Report, RunResult, mse_ie_ib, parse_buckets, prompt_average, subset_key
-from .render import render, view_json, write_report
-
-__all__ = ["Report", "RunResult", "build_report", "canon_kind", "canon_subset", "check_report_out",
-           "load_runs", "make_report", "mse_ie_ib", "parse_buckets", "plot_report", "prompt_average",
-           "read_scores_csv", "register", "render", "save_fresh_scores", "subset_key", "view_json", "write_report"]

@@ -1,4 +1,5 @@
-"""``eval_summ.py report``: the command (flags, checks before anything is written, the files it writes)."""
+"""The report commands, ``eval_summ.py report`` and ``ropescale probes report``: flags, the checks before anything is
+written (one :func:`check_report_out` for both), the files they write (the one table writer, the one PNG writer)."""
 from __future__ import annotations
 
 import argparse
@@ -8,12 +9,13 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from ropescale.common.cli import add_command, add_format
-from ropescale.common.io import InputError
+from ropescale.common.io import InputError, check_output_dir, check_output_file, write_text_atomic
 from ropescale.common.rouge import DEFAULT_METRIC, METRICS
 
-from .intake import build_report, save_fresh_scores
 from .model import Report, parse_buckets
 from .render import VIEWS, render, write_report
+
+TABLE_SUFFIXES = (".md", ".csv", ".json", ".txt")  # probes report --out FILE: the old spelling (one table file)
 
 EXAMPLES = """\
 examples:
@@ -52,7 +54,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def plot_report(rep: Report, path: str | os.PathLike, window: int = 15) -> Path:
     """The Fig. 3 PNG of the report's runs (per-sample ROUGE-L vs input length, moving median)."""
-    from ..plot import plot_fig3, series_from_runs
+    from .plot import plot_fig3, series_from_runs
 
     if not rep.runs:
         raise InputError("--plot needs run directories (per-sample scores with input lengths)")
@@ -62,12 +64,12 @@ def plot_report(rep: Report, path: str | os.PathLike, window: int = 15) -> Path:
 
 
 def check_report_out(out_dir=None, plot=None) -> None:
-    """Where the report goes must be usable before anything is written: ``out_dir`` a directory or nothing yet,
-    ``plot`` a file path, not a directory."""
-    if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
-        raise InputError("exists and is not a directory (the report's tables go there)", out_dir)
-    if plot is not None and Path(plot).is_dir():
-        raise InputError("is a directory (--plot takes a .png file path)", plot)
+    """Where a report goes must be usable before anything is written: ``out_dir`` a directory or nothing yet,
+    ``plot`` a file path, not a directory (and no parent of either a file)."""
+    if out_dir is not None:
+        check_output_dir(out_dir)
+    if plot is not None:
+        check_output_file(plot)
 
 
 def make_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.PathLike] = (),
@@ -80,11 +82,13 @@ def make_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.Pa
     if window < 1:
         raise InputError("--window must be >= 1")
     check_report_out(out_dir, plot)
+    from .intake import build_report, save_fresh_scores  # (scoring: imported when a report is made, not for --help)
+
     rep = build_report(sources, scores_csv=scores_csv, metric=metric, buckets=buckets)
     if buckets and not rep.runs:
         raise InputError("--buckets needs run directories (per-sample input lengths)")
     if plot:
-        from ..plot import series_from_runs
+        from .plot import series_from_runs
 
         if not rep.runs:
             raise InputError("--plot needs run directories (per-sample scores with input lengths)")
@@ -109,4 +113,38 @@ def cmd_report(args: argparse.Namespace) -> int:
                        save_scores=not args.no_save_scores)
     sys.stdout.write(text)
     sys.stdout.flush()
+    return 0
+
+
+# ---------------------------------------------------------------- ropescale probes report
+def register_probes(subparsers) -> argparse.ArgumentParser:
+    from . import probes
+
+    p = add_command(subparsers, "report", help="extrapolation table of probe runs (markdown/csv/json) + PNG",
+                    description=probes.__doc__.split("\n\n", 1)[1])
+    p.add_argument("runs", nargs="+", help="probe run directories (or folders holding them)")
+    add_format(p)
+    p.add_argument("--out", metavar="DIR", help="also write every table as DIR/<probe>.{md,csv,json}")
+    p.add_argument("--plot", metavar="FILE.png", help="write a PNG plot here")
+    p.set_defaults(func=cmd_probes_report)
+    return p
+
+
+def cmd_probes_report(args: argparse.Namespace) -> int:
+    from .intake import load_probe_runs
+    from .probes import plot_probes, render_probes, write_probe_tables
+
+    one_file = args.out is not None and Path(args.out).suffix.lower() in TABLE_SUFFIXES
+    if one_file:
+        check_output_file(args.out)
+    check_report_out(None if one_file else args.out, args.plot)
+    summaries = load_probe_runs(args.runs)
+    text = render_probes(summaries, args.format)
+    print(text, end="")
+    if one_file:
+        write_text_atomic(args.out, text)
+    elif args.out:
+        write_probe_tables(summaries, args.out)
+    if args.plot:
+        plot_probes(summaries, args.plot)
     return 0

@@ -1,10 +1,11 @@
-"""What a report reads: scores CSV files (the paper's tables) and run directories (scored on the fly when their
-scores.json is missing or stale). A run's row is its full setting as its run.json records it (``tables.Setting``:
-model and model id, the full RoPE spec, the model's training record, the prompt wording), never the method and
-scale alone."""
+"""What a report reads: scores CSV files (the paper's tables), generation run directories (scored on the fly when
+their scores.json is missing or stale) and probe run directories (their cells: :func:`load_probe_runs`). A run's
+row is its full setting as its run.json records it (``tables.Setting``: model and model id, the full RoPE spec,
+the model's training record, the prompt wording or the probe's variant), never the method and scale alone."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
 import os
@@ -17,7 +18,7 @@ from rope_scaling import RopeSpec
 from ropescale.common.io import InputError
 from ropescale.common.prompts import prompt_kind
 from ropescale.common.rouge import DEFAULT_METRIC, check_metric
-from ropescale.common.runs import RunMeta, TrainLength, find_run_dirs
+from ropescale.common.runs import ITEMS, SUMMARY, RunMeta, TrainLength, find_run_dirs, summarize
 from ropescale.common.subsets import get as get_subset
 from ropescale.common.tables import Setting
 
@@ -61,6 +62,26 @@ def csv_setting(model: str, rope: str | None, scale: float | None, train_length:
 def read_scores_csv(path: str | os.PathLike) -> list[dict]:
     """Rows {model, setting, kind, subset, rouge_l, _line} of a scores CSV (file:line errors)."""
     path = Path(path)
+    reader = _csv_reader(path)
+    rows, seen = [], {}
+    try:
+        for rec in reader:
+            row = _score_row(rec, path, reader.line_num)
+            if row is None:  # a missing cell ("-" or empty)
+                continue
+            key = (row["setting"], row["kind"], row["subset"])
+            if key in seen:
+                raise InputError(f"duplicate row for {row['model']} {row['kind']} {row['subset']} (first at line "
+                                 f"{seen[key]})", path, row["_line"])
+            seen[key] = row["_line"]
+            rows.append(row)
+    except csv.Error as e:
+        raise InputError(f"malformed CSV: {e}", path, reader.line_num) from None
+    return rows
+
+
+def _csv_reader(path: Path) -> csv.DictReader:
+    """A scores CSV's reader: the file UTF-8 throughout (the first bad line named), the required columns present."""
     if not path.is_file():
         raise InputError("no such file", path)
     raw = path.read_bytes()
@@ -69,49 +90,40 @@ def read_scores_csv(path: str | os.PathLike) -> list[dict]:
             line.decode("utf-8")
         except UnicodeDecodeError as e:
             raise InputError(f"not valid UTF-8 (byte {e.start})", path, lineno) from None
-    text = raw.decode("utf-8-sig")
-    reader = csv.DictReader(io.StringIO(text, newline=""))
+    reader = csv.DictReader(io.StringIO(raw.decode("utf-8-sig"), newline=""))
     header = [h.strip() for h in (reader.fieldnames or [])]
     missing = [c for c in CSV_REQUIRED if c not in header]
     if missing:
         raise InputError(f"missing column(s) {', '.join(missing)} (need {','.join(CSV_REQUIRED)})", path, 1)
     reader.fieldnames = header
-    rows, seen = [], {}
+    return reader
+
+
+def _score_row(rec: dict, path: Path, ln: int) -> dict | None:
+    """One CSV record as a score row; None for a missing cell; an InputError naming the line otherwise."""
+    if None in rec or any(rec.get(c) is None for c in CSV_REQUIRED):
+        raise InputError("wrong number of fields", path, ln)
+    model = rec["model"].strip()
+    if not model:
+        raise InputError("empty model", path, ln)
+    kind = canon_kind(rec["prompt"], (path, ln))
+    subset = canon_subset(rec["subset"])
+    if not subset:
+        raise InputError("empty subset", path, ln)
+    v = rec["rouge_l"].strip()
+    if v in ("", "-"):
+        return None
     try:
-        for rec in reader:
-            ln = reader.line_num
-            if None in rec or any(rec.get(c) is None for c in CSV_REQUIRED):
-                raise InputError("wrong number of fields", path, ln)
-            model = rec["model"].strip()
-            if not model:
-                raise InputError("empty model", path, ln)
-            kind = canon_kind(rec["prompt"], (path, ln))
-            subset = canon_subset(rec["subset"])
-            if not subset:
-                raise InputError("empty subset", path, ln)
-            v = rec["rouge_l"].strip()
-            if v in ("", "-"):
-                continue
-            try:
-                val = float(v)
-            except ValueError:
-                raise InputError(f"rouge_l is not a number: {v!r}", path, ln) from None
-            if not math.isfinite(val):
-                raise InputError(f"rouge_l is not finite: {v!r}", path, ln)
-            rope = (rec.get("rope") or "").strip() or None
-            scale = _opt_float(rec.get("scale"), "scale", path, ln)
-            tl = _opt_float(rec.get("train_length"), "train_length", path, ln)
-            row = {"model": model, "setting": csv_setting(model, rope, scale, tl, (path, ln)), "kind": kind,
-                   "subset": subset,
-                   "rouge_l": val, "_line": ln}
-            key = (row["setting"], kind, subset)
-            if key in seen:
-                raise InputError(f"duplicate row for {model} {kind} {subset} (first at line {seen[key]})", path, ln)
-            seen[key] = ln
-            rows.append(row)
-    except csv.Error as e:
-        raise InputError(f"malformed CSV: {e}", path, reader.line_num) from None
-    return rows
+        val = float(v)
+    except ValueError:
+        raise InputError(f"rouge_l is not a number: {v!r}", path, ln) from None
+    if not math.isfinite(val):
+        raise InputError(f"rouge_l is not finite: {v!r}", path, ln)
+    rope = (rec.get("rope") or "").strip() or None
+    scale = _opt_float(rec.get("scale"), "scale", path, ln)
+    tl = _opt_float(rec.get("train_length"), "train_length", path, ln)
+    return {"model": model, "setting": csv_setting(model, rope, scale, tl, (path, ln)), "kind": kind,
+            "subset": subset, "rouge_l": val, "_line": ln}
 
 
 def _opt_float(v, name, path, ln) -> Optional[float]:
@@ -143,6 +155,50 @@ def load_runs(paths: Iterable[str | os.PathLike], metric: str = DEFAULT_METRIC) 
         setting = Setting.of_run(meta, RopeSpec.from_record(meta.rope, rd.meta_path))
         found.append(RunResult(rd.path, setting, canon_kind(prompt, (rd.meta_path, None)), summary, samples, fresh))
     return found
+
+
+def load_probe_runs(paths: list[str]) -> list[dict]:
+    """Summaries of the probe runs under ``paths`` (recomputed from items.jsonl when summary.json is missing,
+    e.g. for an interrupted run), each with the run's meta fields (probe, model, rope, metric, column) and its
+    row key (``_setting``: a tables.Setting)."""
+    out, owner = [], {}
+    for rd in find_run_dirs(paths):
+        meta = RunMeta.read(rd.path)
+        if meta.kind != "probe":
+            continue
+        if (rd.path / SUMMARY).is_file():
+            s = rd.read_json(SUMMARY)
+        elif (rd.path / ITEMS).is_file():
+            s = summarize(rd.log(ITEMS).records())
+        else:
+            continue
+        for k in ("probe", "model", "rope", "metric", "column"):
+            s.setdefault(k, meta.get(k))
+        s["run_dir"] = str(rd.path)
+        s["setting"] = probe_variant(meta)
+        setting = Setting.of_run(meta, RopeSpec.from_record(meta.rope, meta.meta_path), variant=s["setting"])
+        if owner.setdefault((s.get("probe"), setting), rd.path) != rd.path:
+            setting = dataclasses.replace(setting, tag=rd.path.name)  # the same setting twice: by run directory
+        s["_setting"] = setting
+        out.append(s)
+    if not out:
+        raise InputError("no probe run directories found", ", ".join(map(str, paths)))
+    return out
+
+
+def probe_variant(meta: RunMeta) -> str:
+    """What tells apart runs of one probe beyond the model and its RoPE spec and training: the input length N of
+    copy / perturb, the suffix-id variant, heading mode and score (empty for the defaults)."""
+    st = meta.settings
+    if meta.get("probe") in ("copy", "perturb") and meta.get("lengths"):
+        return f"N={meta.get('lengths')[0]}"
+    if meta.get("probe") == "suffix-id":
+        parts = [p for p in (st.get("variant"), st.get("heading"), st.get("score"))
+                 if p and p not in ("chapter", "index", "logprob")]
+        return " ".join(parts)
+    return ""
+
+
 
 
 def build_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.PathLike] = (),

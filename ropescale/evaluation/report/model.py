@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ropescale.common import subsets
 from ropescale.common.io import InputError
+from ropescale.common.subsets import order_key
 from ropescale.common.tables import Setting, setting_labels
 
 KINDS = ("IE", "IB")
@@ -141,7 +141,7 @@ class Report:
             return sum(xs) / len(xs)
 
         rows = []
-        subsets = sorted({k[1] for k in acc}, key=subset_key)
+        subsets = sorted({k[1] for k in acc}, key=order_key)
         for s in self.series:
             for sub in subsets:
                 per_kind = [acc[(s, sub, k)] for k in KINDS if (s, sub, k) in acc]
@@ -187,11 +187,10 @@ def _num(x: Any) -> str:
 
 
 def _run_subsets(r: RunResult) -> str:
-    subs = sorted({str(s.get("subset")) for s in r.samples if s.get("subset") is not None}, key=subset_key)
+    subs = sorted({str(s.get("subset")) for s in r.samples if s.get("subset") is not None}, key=order_key)
     return ",".join(subs) if subs else "-"
 
 
-subset_key = subsets.order_key  # L, XL, 2XL, 3XL, then T<n> by n (common.subsets)
 
 
 def parse_buckets(spec: str) -> list[int]:
@@ -242,6 +241,6 @@ def assemble(rows: Sequence[dict], runs: Sequence[RunResult], buckets: Optional[
     labels = setting_labels(series)
     for run in runs:
         run.label = labels[run.series].text
-    columns = sorted({k[2] for k in cells}, key=subset_key)
+    columns = sorted({k[2] for k in cells}, key=order_key)
     return Report(series=series, columns=columns, cells=cells, runs=list(runs),
                   buckets=list(buckets) if buckets else None, labels=labels)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ropescale.common.io import InputError
-from ropescale.common.tables import FORMATS, Table, json_text, number, write_tables
+from ropescale.common.tables import FORMATS, Table, number, tables_text, write_tables
 
 from .model import FLOOR, Report
 
@@ -141,15 +141,11 @@ def render(rep: Report, fmt: str = "markdown", view: str = "all") -> str:
         raise InputError(f"unknown view {view!r} (choose from {', '.join(VIEWS)})")
     views = available_views(rep) if view == "all" else [view]
     tables = [_VIEW_TABLES[v](rep) for v in views]
-    if fmt == "json":
-        if view == "all":
-            return json_text({v: t.json for v, t in zip(views, tables)})
-        return tables[0].text("json")
+    if view != "all" and fmt != "markdown":
+        return tables[0].text(fmt)
     if fmt == "csv":
-        if len(tables) != 1:
-            raise InputError("--format csv prints one table: choose a --view (" + ", ".join(VIEWS[1:]) + ")")
-        return tables[0].text("csv")
-    return "\n".join(t.text("markdown") for t in tables)
+        raise InputError("--format csv prints one table: choose a --view (" + ", ".join(VIEWS[1:]) + ")")
+    return tables_text(tables, fmt, keys=views if fmt == "json" else None)
 
 
 def write_report(rep: Report, out_dir: str | os.PathLike) -> list[Path]:

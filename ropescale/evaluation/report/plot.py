@@ -1,4 +1,7 @@
-"""CNNSum Fig. 3: per-sample ROUGE-L against input length with a moving median (window 15), IE and IB together.
+"""The reports' figures, written one way (:func:`save_png`: headless, atomic): CNNSum Fig. 3 for the evaluation
+report (:func:`plot_fig3`) and the probes' extrapolation panels (``probes.plot_probes``).
+
+Fig. 3: per-sample ROUGE-L against input length with a moving median (window 15), IE and IB together.
 
 One figure, two panels (Prompt-IE left, Prompt-IB right; a panel is drawn only if it has data). Every run
 series is one colour: its samples as faint dots and, through them, the moving median of ROUGE-L over the
@@ -9,7 +12,6 @@ from __future__ import annotations
 
 import io
 import os
-import statistics
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -20,6 +22,8 @@ KIND_TITLES = {"IE": "Prompt-IE", "IB": "Prompt-IB"}
 
 def moving_median(values: Sequence[float], window: int = 15) -> list[float]:
     """Centred moving median (CNNSum Fig. 3, window size 15): median of values[i-w//2 : i+w//2+1], clipped."""
+    import statistics
+
     if window < 1:
         raise ValueError("window must be >= 1")
     h = window // 2
@@ -74,8 +78,14 @@ def plot_fig3(series: Sequence[dict], path: str | os.PathLike, window: int = 15,
         ax.legend(fontsize=7, loc="best")
     fig.suptitle(title.format(window=window), fontsize=10)
     fig.tight_layout()
+    return save_png(fig, path)
+
+
+def save_png(fig, path: str | os.PathLike, dpi: int | None = None) -> Path:
+    """Write a matplotlib figure as a PNG at ``path`` atomically (rendered in memory, then renamed into place;
+    the mode a plain write gets)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    fig.savefig(buf, format="png", **({"dpi": dpi} if dpi else {}))
     path = Path(path)
     with atomic_open(path, "wb") as f:
         f.write(buf.getvalue())

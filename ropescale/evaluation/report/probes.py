@@ -1,4 +1,6 @@
-"""report: the extrapolation table of probe runs.
+"""``ropescale probes report``: the extrapolation table of probe runs, in the one report stack (the runs read by
+:func:`.intake.load_probe_runs`, the tables printed and written by the one table writer,
+``ropescale.common.tables``, the PNG by :func:`.plot.save_png`; the command beside eval_summ's in :mod:`.cli`).
 
 One table per probe: rows = settings (``ropescale.common.tables.Setting``: the model and its id, the full RoPE
 spec, the model's training record -- the same rows and labels as eval_summ's report --, the probe's own variant:
@@ -13,62 +15,14 @@ per probe with a line per row.
 """
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import os
 from pathlib import Path
 
 from rope_scaling import RopeSpec
-from ropescale.common.cli import FORMAT_ALIASES, add_command, add_format
-from ropescale.common.io import InputError, atomic_open, check_output_dir, check_output_file, write_text_atomic
-from ropescale.common.runs import RunMeta, find_run_dirs
-from ropescale.common.tables import Setting, Table, json_text, number, setting_labels, write_tables
+from ropescale.common.runs import column_key
+from ropescale.common.tables import Setting, Table, number, setting_labels, tables_text, write_tables
 
-from .common import ITEMS, SUMMARY, summarize
-
-TABLE_SUFFIXES = (".md", ".csv", ".json", ".txt")  # --out FILE: the old spelling (one table file)
-
-
-def load_runs(paths: list[str]) -> list[dict]:
-    """Summaries of the probe runs under ``paths`` (recomputed from items.jsonl when summary.json is missing,
-    e.g. for an interrupted run), each with the run's meta fields (probe, model, rope, metric, column) and its
-    row key (``_setting``: a tables.Setting)."""
-    out, owner = [], {}
-    for rd in find_run_dirs(paths):
-        meta = RunMeta.read(rd.path)
-        if meta.kind != "probe":
-            continue
-        if (rd.path / SUMMARY).is_file():
-            s = rd.read_json(SUMMARY)
-        elif (rd.path / ITEMS).is_file():
-            s = summarize(rd.log(ITEMS).records())
-        else:
-            continue
-        for k in ("probe", "model", "rope", "metric", "column"):
-            s.setdefault(k, meta.get(k))
-        s["run_dir"] = str(rd.path)
-        s["setting"] = run_setting(meta)
-        setting = Setting.of_run(meta, RopeSpec.from_record(meta.rope, meta.meta_path), variant=s["setting"])
-        if owner.setdefault((s.get("probe"), setting), rd.path) != rd.path:
-            setting = dataclasses.replace(setting, tag=rd.path.name)  # the same setting twice: by run directory
-        s["_setting"] = setting
-        out.append(s)
-    if not out:
-        raise InputError("no probe run directories found", ", ".join(map(str, paths)))
-    return out
-
-
-def run_setting(meta: RunMeta) -> str:
-    """What tells apart runs of one probe beyond the model and its RoPE spec and training: the input length N of
-    copy / perturb, the suffix-id variant, heading mode and score (empty for the defaults)."""
-    st = meta.settings
-    if meta.get("probe") in ("copy", "perturb") and meta.get("lengths"):
-        return f"N={meta.get('lengths')[0]}"
-    if meta.get("probe") == "suffix-id":
-        parts = [p for p in (st.get("variant"), st.get("heading"), st.get("score"))
-                 if p and p not in ("chapter", "index", "logprob")]
-        return " ".join(parts)
-    return ""
+from .plot import save_png
 
 
 def _setting_of(summary: dict) -> Setting:
@@ -93,7 +47,7 @@ def table_rows(summaries: list[dict]) -> tuple[str, list[str], list[list], list[
             key = (setting, c.get("group", ""))
             rows.setdefault(key, {})[c["col"]] = c["value"]
             counts.setdefault(key, {})[c["col"]] = c["n"]
-    cols.sort(key=lambda c: (0, c) if isinstance(c, (int, float)) else (1, str(c)))
+    cols.sort(key=column_key)
     has_group = any(k[1] for k in rows)
     if len(cols) == 1 and has_group:  # one bucket, several groups (shuffle without --lengths): groups as columns
         rows, counts, cols = _pivot(rows), _pivot(counts), sorted({k[1] for k in rows}, key=str)
@@ -149,20 +103,13 @@ def by_probe(summaries: list[dict]) -> dict[str, list[dict]]:
     return groups
 
 
-def render(summaries: list[dict], fmt: str = "markdown") -> str:
-    """All tables in ``fmt`` (markdown, csv, json; ``md`` accepted)."""
-    fmt = FORMAT_ALIASES.get(fmt, fmt)
-    tables = [to_table(ss) for ss in by_probe(summaries).values()]
-    if fmt == "json":
-        return json_text([t.json for t in tables])
-    if fmt == "csv":
-        return "".join(t.text("csv") for t in tables)
-    if fmt != "markdown":
-        raise InputError(f"unknown format {fmt!r} (markdown, csv, json)")
-    return "\n".join(t.text("markdown") for t in tables)
+def render_probes(summaries: list[dict], fmt: str = "markdown") -> str:
+    """All tables in ``fmt`` (markdown, csv, json; ``md`` accepted): JSON a list of tables, CSV one after the
+    other."""
+    return tables_text([to_table(ss) for ss in by_probe(summaries).values()], fmt)
 
 
-def write_tables_to(summaries: list[dict], out_dir: str | os.PathLike):
+def write_probe_tables(summaries: list[dict], out_dir: str | os.PathLike):
     """Every probe's table as DIR/<probe>.{md,csv,json} (atomically); returns the paths."""
     return write_tables([to_table(ss) for ss in by_probe(summaries).values()], out_dir)
 
@@ -177,7 +124,7 @@ def print_summary(summary: dict, as_json: bool = False) -> None:
     print(to_markdown(*table_rows([summary])))
 
 
-def plot(summaries: list[dict], path: str | os.PathLike) -> Path:
+def plot_probes(summaries: list[dict], path: str | os.PathLike) -> Path:
     """One panel per probe, a line per row (setting x group, labelled as in the table) over the columns."""
     import matplotlib
 
@@ -206,38 +153,7 @@ def plot(summaries: list[dict], path: str | os.PathLike) -> Path:
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = Path(path)
     try:
-        with atomic_open(path, "wb") as f:  # a temp file beside PATH, renamed into place (mode as open() gives)
-            fig.savefig(f, format="png", dpi=110)
+        return save_png(fig, path, dpi=110)
     finally:
         plt.close(fig)
-    return path
-
-
-def register(sub) -> None:
-    ap = add_command(sub, "report", help="extrapolation table of probe runs (markdown/csv/json) + PNG",
-                     description=__doc__)
-    ap.add_argument("runs", nargs="+", help="probe run directories (or folders holding them)")
-    add_format(ap)
-    ap.add_argument("--out", metavar="DIR", help="also write every table as DIR/<probe>.{md,csv,json}")
-    ap.add_argument("--plot", metavar="FILE.png", help="write a PNG plot here")
-    ap.set_defaults(func=cmd_report)
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    one_file = args.out is not None and Path(args.out).suffix.lower() in TABLE_SUFFIXES
-    if args.out:
-        (check_output_file if one_file else check_output_dir)(args.out)
-    if args.plot:
-        check_output_file(args.plot)
-    summaries = load_runs(args.runs)
-    text = render(summaries, args.format)
-    print(text, end="")
-    if one_file:
-        write_text_atomic(args.out, text)
-    elif args.out:
-        write_tables_to(summaries, args.out)
-    if args.plot:
-        plot(summaries, args.plot)
-    return 0

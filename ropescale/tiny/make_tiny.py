@@ -1,5 +1,5 @@
 """``ropescale make-tiny``: show the embedded tiny default model (the committed build in assets/tiny), or build one
-from scratch. Prints one JSON line: the model directory and what the model can do (ropescale.common.tiny)."""
+from scratch with --build. Prints one JSON line: the model directory and what the model can do (ropescale.tiny)."""
 from __future__ import annotations
 
 import argparse
@@ -10,9 +10,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from .cli import Tool, add_command
-from .io import InputError
-from .tiny import _VERIFIED, ASSET_DIR, DEFAULT_SPEC, MODEL_FILE, asset_info, build_tiny, ensure_tiny
+from ropescale.common.cli import Tool, add_command
+from ropescale.common.io import InputError
+from ropescale.common.models import ASSET_DIR, ASSET_JSON, MODEL_FILE, asset_info
+
+from .build import DEFAULT_SPEC, build_tiny, built
 
 
 def register(sub) -> None:
@@ -23,7 +25,7 @@ def register(sub) -> None:
     p.add_argument("--out", help="where --build writes (default: the cache folder, .cache/tiny-<hash>)")
     p.add_argument("--steps", type=int, default=DEFAULT_SPEC.steps,
                    help=f"pretraining steps (default: {DEFAULT_SPEC.steps}; another value is another spec, built "
-                        "into the cache on first use)")
+                        "into the cache by --build)")
     p.add_argument("--eval-every", type=int, default=0, help="with --build: log the copy effect every N steps")
     p.add_argument("--update-asset", action="store_true",
                    help="with --build of the default spec: replace assets/tiny with the new build")
@@ -35,17 +37,18 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
     if args.update_asset and (spec != DEFAULT_SPEC or not args.build):
         raise InputError("--update-asset goes with --build of the default spec")
     before = asset_info()  # what the committed asset was, to say whether a rebuild reproduced it
-    # stdout carries only the JSON result: libraries imported during a build log to stdout
-    with contextlib.redirect_stdout(sys.stderr):
-        if args.build:
+    if args.build:
+        with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON result: libraries log there
             d = build_tiny(spec, args.out, log=lambda m: print(m, file=sys.stderr), eval_every=args.eval_every)
-            if args.update_asset:
-                shutil.rmtree(ASSET_DIR, ignore_errors=True)
-                shutil.copytree(d, ASSET_DIR)
-                _VERIFIED.clear()
-        else:
-            d = ensure_tiny(spec)
-    info = json.loads((Path(d) / "tiny.json").read_text(encoding="utf-8"))
+        if args.update_asset:
+            shutil.rmtree(ASSET_DIR, ignore_errors=True)
+            shutil.copytree(d, ASSET_DIR)
+    else:
+        d = built(spec)
+        if d is None:
+            raise InputError(f"no build of this spec (steps {spec.steps}) yet: make-tiny --build makes one "
+                             f"(the committed asset is the default spec's)")
+    info = json.loads((Path(d) / ASSET_JSON).read_text(encoding="utf-8"))
     res = {"model": str(d), "params": info["params"], "ppl_heldout": round(info["ppl_heldout"], 2),
            "ppl_heldout_random": round(info["ppl_heldout_random"], 2), "copy_loss": info.get("copy_loss"),
            "nocopy_loss": info.get("nocopy_loss"), "recall_rouge_l": info.get("recall_rouge_l"),
