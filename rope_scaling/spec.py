@@ -201,37 +201,16 @@ class RopeSpec:
         parse=_factors, group=GROUP)
 
     def __post_init__(self):
+        """Normalise, then check: the numbers, the context, the fields that belong to one method, the method's own
+        rule (``formulas.REGISTRY``)."""
         if isinstance(self.orig_ctx, float) and self.orig_ctx.is_integer():
             object.__setattr__(self, "orig_ctx", int(self.orig_ctx))
         if self.method not in METHODS + NATIVE_METHODS:
             raise InputError(f"unknown RoPE method {self.method!r} (choose from {', '.join(METHODS)})")
-        num = {"scale": self.scale, "yarn_alpha": self.yarn_alpha, "yarn_beta": self.yarn_beta}
-        for k, v in num.items():
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-                raise InputError(f"{k} must be a finite number, got {v!r}")
-        if self.scale < 1:
-            raise InputError(f"scale must be >= 1 (the context extension factor), got {self.scale:g}")
-        if self.scale > MAX_CONTEXT or (self.orig_ctx is not None and isinstance(self.orig_ctx, int)
-                                        and self.orig_ctx * self.scale > MAX_CONTEXT):
-            raise InputError(f"scale {self.scale:g} asks for a context beyond {MAX_CONTEXT:,} tokens "
-                             f"(rope_scaling.spec.MAX_CONTEXT): a typo?")
-        if self.rope_base is not None and not (isinstance(self.rope_base, (int, float)) and self.rope_base > 1
-                                               and math.isfinite(self.rope_base)):
-            raise InputError(f"rope base must be a number > 1, got {self.rope_base!r}")
-        if self.orig_ctx is not None and (not isinstance(self.orig_ctx, int) or isinstance(self.orig_ctx, bool)
-                                          or self.orig_ctx < 1):
-            raise InputError(f"original context must be a positive integer, got {self.orig_ctx!r}")
-        if self.yarn_mscale is not None and self.method != "yarn":
-            raise InputError(f"--yarn-mscale only applies to --rope yarn, not {self.method}")
-        for k in ("llama3_low", "llama3_high"):
-            v = getattr(self, k)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-                raise InputError(f"{k} must be a finite number, got {v!r}")
-        if self.method != "llama3" and (self.llama3_low, self.llama3_high) != (1.0, 4.0):
-            raise InputError(f"--llama3-low/high-freq-factor only apply to --rope llama3, not {self.method}")
+        self._check_numbers()
+        self._check_context()
         object.__setattr__(self, "longrope_factors", _factors(self.longrope_factors))
-        if self.longrope_factors is not None and self.method != "longrope":
-            raise InputError(f"--longrope-factors only applies to --rope longrope, not {self.method}")
+        self._check_method_fields()
         check = REGISTRY[self.method].check
         if check is not None:
             check(self)
@@ -239,6 +218,33 @@ class RopeSpec:
             v = getattr(self, k)
             if v is not None:
                 object.__setattr__(self, k, float(v))
+
+    def _check_numbers(self) -> None:
+        for k in ("scale", "yarn_alpha", "yarn_beta", "llama3_low", "llama3_high"):
+            v = getattr(self, k)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise InputError(f"{k} must be a finite number, got {v!r}")
+        if self.scale < 1:
+            raise InputError(f"scale must be >= 1 (the context extension factor), got {self.scale:g}")
+        if self.rope_base is not None and not (isinstance(self.rope_base, (int, float)) and self.rope_base > 1
+                                               and math.isfinite(self.rope_base)):
+            raise InputError(f"rope base must be a number > 1, got {self.rope_base!r}")
+
+    def _check_context(self) -> None:
+        if self.orig_ctx is not None and (not isinstance(self.orig_ctx, int) or isinstance(self.orig_ctx, bool)
+                                          or self.orig_ctx < 1):
+            raise InputError(f"original context must be a positive integer, got {self.orig_ctx!r}")
+        if self.scale > MAX_CONTEXT or (self.orig_ctx is not None and self.orig_ctx * self.scale > MAX_CONTEXT):
+            raise InputError(f"scale {self.scale:g} asks for a context beyond {MAX_CONTEXT:,} tokens "
+                             f"(rope_scaling.spec.MAX_CONTEXT): a typo?")
+
+    def _check_method_fields(self) -> None:
+        if self.yarn_mscale is not None and self.method != "yarn":
+            raise InputError(f"--yarn-mscale only applies to --rope yarn, not {self.method}")
+        if self.method != "llama3" and (self.llama3_low, self.llama3_high) != (1.0, 4.0):
+            raise InputError(f"--llama3-low/high-freq-factor only apply to --rope llama3, not {self.method}")
+        if self.longrope_factors is not None and self.method != "longrope":
+            raise InputError(f"--longrope-factors only applies to --rope longrope, not {self.method}")
 
     def to_dict(self) -> dict:
         return asdict(self)

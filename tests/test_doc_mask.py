@@ -28,7 +28,7 @@ VOCAB = 300
 
 @pytest.fixture(scope="module")
 def model(one_thread):
-    from ropescale.common.tiny import random_model, tiny_config
+    from ropescale.tiny.build import random_model, tiny_config
 
     cfg = tiny_config(VOCAB, "qwen2", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                       intermediate_size=128, orig_ctx=64, eos_token_id=0)

@@ -11,8 +11,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from ropescale.evaluation.report import mse_ie_ib
 from ropescale.evaluation.report import uncertainty as U
+from ropescale.evaluation.report.model import mse_ie_ib
 
 
 def exact_bootstrap_quantile(x, q):

@@ -14,7 +14,7 @@ transformers
   :func:`write_rope_entries`, :func:`rope_key`. The library must be 5.13+ (pyproject.toml says why), but config.json
   files and config dicts in the 4.x layout are still read and written in their own layout.
 - the dtype field, ``dtype`` (5.x) vs ``torch_dtype`` (4.x, and 4.x-era config.json files), on configs and in
-  ``from_pretrained`` (rope_scaling/load.py, training/saving.py merge, common/tiny.py): :func:`config_dtype`,
+  ``from_pretrained`` (rope_scaling/load.py, training/saving.py merge, tiny/build.py): :func:`config_dtype`,
   :func:`set_config_dtype`, :func:`dtype_kwargs`
 - ``forward(logits_to_keep=)`` (``num_logits_to_keep`` before 4.50; engine.py prefill, probes/scorer.py):
   :func:`last_logits_kwargs`
