@@ -429,14 +429,19 @@ class Outcome:
     err: str
     seconds: float
     killed: bool  # stopped at its bound
+    cpu_seconds: float = 0.0  # host CPU time of the step's processes that were waited for
 
 
 def spawn(cmd: list[str], env: dict, bound: float, logs: Path, name: str, on_start) -> Outcome:
     """Run ``cmd`` in its own process group with stdout / stderr to DIR/logs/NAME.{out,err}; past ``bound``
     seconds the group is stopped."""
+    import resource
+
     logs.mkdir(parents=True, exist_ok=True)
     out_f, err_f = logs / f"{name}.out", logs / f"{name}.err"
     t0 = time.time()
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu0 = ru.ru_utime + ru.ru_stime
     with open(out_f, "w", encoding="utf-8") as fo, open(err_f, "w", encoding="utf-8") as fe:
         p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL,
                              start_new_session=True)
@@ -452,7 +457,8 @@ def spawn(cmd: list[str], env: dict, bound: float, logs: Path, name: str, on_sta
             p.wait()
             raise
     read = lambda f: f.read_text(encoding="utf-8", errors="replace")  # noqa: E731
-    return Outcome(rc, read(out_f), read(err_f), time.time() - t0, killed)
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return Outcome(rc, read(out_f), read(err_f), time.time() - t0, killed, ru.ru_utime + ru.ru_stime - cpu0)
 
 
 # ---------------------------------------------------------------- running the plan
@@ -555,7 +561,7 @@ def execute(step: Step, suite: Suite, ctx: Context, bound: float, limited: bool)
         res["unusable"] = True
     rec.pop("child", None)
     rec.update(status="failed" if (o.rc != 0 or o.killed or "error" in res) else "done", ended=now(),
-               seconds=round(o.seconds, 1), result=add_estimate(step, res, ctx))
+               seconds=round(o.seconds, 1), cpu_seconds=round(o.cpu_seconds, 1), result=add_estimate(step, res, ctx))
     if rec["status"] == "failed":
         rec["error"] = res.get("error", "")
     suite.put(step.name, rec)
@@ -954,7 +960,7 @@ def _flash_attn() -> str | None:
         return f"found but fails to import ({type(e).__name__})"
 
 
-SMOKE_TOL = {"loss": 2e-2, "cosine": 0.99}  # bf16: the paths' kernels round differently, nothing more
+SMOKE_TOL = {"loss": 5e-3, "cosine": 0.99}  # bf16: the paths' kernels round differently, nothing more
 
 
 def smoke(device) -> dict:
@@ -969,7 +975,7 @@ def smoke(device) -> dict:
     from ropescale.training.memory import setup_memory
 
     cuda = device.type == "cuda"
-    tokens = 1024 if cuda else 128
+    tokens = 1024 if cuda else 64
     cfg = Qwen2Config(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=4096, max_position_embeddings=4096, tie_word_embeddings=False,
                       use_cache=False)
@@ -997,7 +1003,7 @@ def smoke(device) -> dict:
     paths.backward()
     g_paths = grads()
     cos = float(torch.nn.functional.cosine_similarity(g_plain, g_paths, dim=0))
-    a, b = float(plain), float(paths)
+    a, b = plain.item(), paths.item()
     return {"tokens": tokens, "dtype": "bfloat16", "plain_loss": round(a, 5), "paths_loss": round(b, 5),
             "abs_diff": round(abs(a - b), 6), "grad_cosine": round(cos, 6), "memory_plan": plan_.record(),
             "ok": abs(a - b) <= SMOKE_TOL["loss"] and cos >= SMOKE_TOL["cosine"], "tolerance": SMOKE_TOL}

@@ -241,3 +241,27 @@ def test_out_of_memory_and_time_outs_are_read_from_each_bench_s_output():
     assert m.memory_kind("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB") == "gpu"
     assert m.memory_kind("ValueError: shapes differ") is None
     assert m.error_line("Traceback\n  File x\nRuntimeError: boom\nfinetune: 33%|###\n") == "RuntimeError: boom"
+
+
+def test_the_smoke_check_fails_a_memory_path_that_changes_the_training(monkeypatch, one_thread):
+    """The env step's bf16 check passes the memory paths as they are and fails them with a wrong MLP tile (on a
+    random model the loss barely moves: the gradients' cosine is what catches it)."""
+    import torch
+
+    from ropescale.training import memory
+
+    m = _module()
+    ok = m.smoke(torch.device("cpu"))
+    plan = ok["memory_plan"]
+    assert ok["ok"] and plan["offload_checkpoints"] and plan["tile_mlp"] == ok["tokens"] // 8
+    tile = memory.enable_tiled_mlp
+
+    def wrong(model, chunk):
+        n = tile(model, chunk)
+        for mlp in memory.decoder_mlps(model):
+            mlp.forward = (lambda f: lambda x: f(x) * 1.5)(mlp.forward)
+        return n
+
+    monkeypatch.setattr(memory, "enable_tiled_mlp", wrong)
+    bad = m.smoke(torch.device("cpu"))
+    assert not bad["ok"] and bad["grad_cosine"] < 0.99 and bad["plain_loss"] == ok["plain_loss"]
