@@ -22,7 +22,8 @@ beside it; the Qwen2.5-7B GQA shape built on the GPU for generation, where it co
    setting in force; a smoke check that the memory paths (checkpoint offload, tiled MLP, label-only head) give the
    plain path's loss and gradients on a small shape in bf16.
 2. ``prepare``: the random 7B model written to DIR/train/model-7b (and DeepSpeed's CPU Adam op built), so that no
-   measured step pays for them. Run again only where its model is gone (a fresh machine, suite.json carried).
+   measured step pays for them. Not a figure: run again where its model is gone (a fresh machine, suite.json
+   carried) or where it failed; ``env`` likewise runs again on another device.
 3. ``recipe-16k`` ... ``recipe-512k``: the recipe path, ``deepspeed finetune.py --recipe
    recipes/qwen1.5-7b_ntk-x8_16k.yaml`` (ZeRO-3, parameter + optimizer offload; NTK x16 at 512K) through
    ``bench/bench_train_path.py``: steady tokens/s, peak GPU and host memory, the memory plan, and the memory

@@ -168,10 +168,10 @@ def test_a_step_past_the_bound_is_stopped_and_recorded_then_redone(tmp_path):
     assert rec["seconds"] < 2 + 12 and time.time() - t0 < 60
     assert not [x for x in Path("/proc").glob("[0-9]*") if _marked(x, work)]
     assert "| prepare |" in p.stdout and "timed out after 2 s" in p.stdout
-    # a failed step is not run again unless --redo names it
+    # --redo forgets a step's record: it runs afresh (its run count starts again)
     q = subprocess.run(_cmd(work, "--only", "prepare", "--step-seconds", 2, "--redo", "prepare", "--fake-oom-above",
                             0, "--json"), cwd=ROOT, env=run_env(), capture_output=True, text=True, timeout=120)
-    assert q.returncode == 0 and _state(work)["prepare"]["runs"] == 1  # forgotten, then run afresh
+    assert q.returncode == 0 and _state(work)["prepare"]["runs"] == 1
 
 
 def test_refusals_are_one_line_with_exit_code_2(tmp_path):
