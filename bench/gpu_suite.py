@@ -2,7 +2,7 @@
 """Every GPU figure of this project from one resumable command.
 
     python bench/gpu_suite.py --workdir DIR            # on a GPU machine: run again until it says "complete"
-    python bench/gpu_suite.py --dry-run                # the same plan on CPU, toy shape, tiny lengths (~2 min)
+    python bench/gpu_suite.py --dry-run                # the same plan on CPU, toy shapes, tiny lengths (~70 s)
     python bench/gpu_suite.py --workdir DIR --report   # the table so far, nothing run
 
 A plan of steps, run in order, each one a subprocess (the existing benchmarks with their own flags, or this
@@ -38,7 +38,12 @@ beside it; the Qwen2.5-7B GQA shape built on the GPU for generation, where it co
 6. ``fa2-16k``: FlashAttention-2 vs SDPA at 16K on the no-ZeRO path, where flash_attn is importable.
 
 ``--dry-run`` runs the same plan and code on CPU: toy shapes, lengths / 256, few steps and samples, the recipe
-path without the launcher process (``python finetune.py``, the same ZeRO-3 offload config). Test hook:
+path without the launcher process (``python finetune.py``, the same ZeRO-3 offload config), the no-ZeRO path's two
+variants one after the other in one process (``gpu_train_step.py --in-process``). Each step's processes spend most
+of their time importing torch, transformers, PEFT and DeepSpeed (~8-14 s of CPU each on a 2-core machine), so by
+default the dry run runs each kind of step once for real, at its 16K length, and the longer lengths end as the
+``--fake-oom-above 16384`` stand-in below: an out-of-memory error, after which the longer lengths of the group are
+skipped, exactly as on the GPU. ``--all-lengths`` runs every length for real instead (minutes). Test hook:
 ``--fake-oom-above TOKENS`` makes every step whose nominal length is above TOKENS end as a CUDA out-of-memory
 error would (a stand-in process prints the error; nothing is run), so that the skip-after-OOM logic is exercised
 through the same detection as a real one. Bad input (a corrupt suite.json, a dry run's DIR used for a real run, a
@@ -70,6 +75,7 @@ RECIPE_LENGTHS = (16 * K, 32 * K, 64 * K, 128 * K, 256 * K, 512 * K)
 NOZERO_LENGTHS = (16 * K, 32 * K)
 GEN_SUBSETS = ("L", "XL", "2XL", "3XL")
 DRY_DIV = 256  # the dry run's lengths: the nominal ones / 256
+DRY_FAKE_OOM_ABOVE = 16 * K  # the dry run's default --fake-oom-above (--all-lengths: none)
 CNNSUM_PROMPTS = 2  # Prompt-IE and Prompt-IB (the paper's Sec 4)
 # CNNSum's samples per subset (695 in all, the paper's Sec 3.2). The paper gives only the total; the release files'
 # sizes (12.5 / 25.6 / 52.7 / 57.5 MB, github.com/CxsGhost/CNNSum at 994a7f9) over Table 1's mean lengths (15,721 /
@@ -157,7 +163,7 @@ def _nozero_steps(dry: bool) -> list[Step]:
     for n in NOZERO_LENGTHS:
         m = _scaled(n, dry)
         args = [str(ROOT / "bench" / "gpu_train_step.py"), "--seq", str(m), "--baseline", "--attn", "sdpa", "--json"]
-        args += ["--toy", "--warmup", "1", "--steps", "1"] if dry else []
+        args += ["--toy", "--warmup", "1", "--steps", "1", "--in-process"] if dry else []
         steps.append(Step(f"nozero-{short(n).lower()}", "nozero", f"no-ZeRO path vs plain HF Trainer + PEFT "
                           f"{short(n)}", "train_step", n, m, tuple(args)))
     return steps
@@ -176,7 +182,7 @@ def _gen_steps(dry: bool) -> list[Step]:
             args = [str(ROOT / "bench" / "bench_generate.py"), "--min-len", str(lo), "--max-len", str(hi),
                     "--samples", str(samples), "--base-samples", str(base), "--json", "--new-tokens",
                     str(16 if dry else sub.max_new_tokens)]
-            args += ["--device", "cpu", "--toy"] if dry else ["--device", "cuda", "--shape", shape]
+            args += ["--device", "cpu" if dry else "cuda", "--shape", toy_shape(shape) if dry else shape]
             steps.append(Step(f"{prefix}-{name}", prefix, f"generation {label}, {name} prompts vs plain generate",
                               "generate", sub.target, hi, tuple(args), info={"subset": name, "shape": label}))
     return steps
@@ -188,6 +194,11 @@ def _fa2_step(dry: bool) -> Step:
             "--json"]
     return Step("fa2-16k", "fa2", "FlashAttention-2 vs SDPA, no-ZeRO path 16K", "train_step", n, _scaled(n, dry),
                 tuple(args), needs=("cuda", "flash_attn"), info={"versus": "nozero-16k"})
+
+
+def toy_shape(shape: str) -> str:
+    """The dry run's stand-in for a generation shape: bench_generate's toy MHA / GQA shape."""
+    return "toy" if shape.endswith("gqa") else "toy-mha"
 
 
 def select(steps: list[Step], names: list[str]) -> list[Step]:
@@ -471,6 +482,7 @@ class Context:
     step_seconds: float
     max_seconds: float | None = None
     fake_oom_above: int | None = None
+    fake_oom_default: bool = False  # the dry run's default, not asked for
     started: float = field(default_factory=time.time)
 
     def remaining(self) -> float | None:
@@ -517,7 +529,9 @@ def command(step: Step, ctx: Context, bound: float) -> tuple[list[str], str | No
     """(the command, a note): the step's own, or the out-of-memory stand-in of --fake-oom-above."""
     if ctx.fake_oom_above is not None and step.tokens > ctx.fake_oom_above:
         code = FAKE_OOM.format(limit=ctx.fake_oom_above, tokens=step.tokens)
-        return [sys.executable, "-c", code], f"fake OOM (--fake-oom-above {ctx.fake_oom_above})"
+        how = "the dry run's default " if ctx.fake_oom_default else ""
+        return [sys.executable, "-c", code], (f"fake OOM ({how}--fake-oom-above {ctx.fake_oom_above}"
+                                              + ("; --all-lengths runs every length)" if how else ")"))
     cmd = [sys.executable, *step.args]
     if step.timeout_flag:  # the script stops its own children a little inside the bound
         cmd += [step.timeout_flag, str(max(1, int(bound - min(45, bound / 5))))]
@@ -1053,6 +1067,9 @@ def parse_args(argv):
     ap.add_argument("--fake-oom-above", type=int, metavar="TOKENS",
                     help="test hook: steps standing for more than TOKENS tokens end as a CUDA out-of-memory error "
                          "would, without running (nominal lengths: 16384 for 16K, also in a dry run)")
+    ap.add_argument("--all-lengths", action="store_true",
+                    help=f"with --dry-run: every length runs for real (minutes), instead of the lengths above "
+                         f"{short(DRY_FAKE_OOM_ABOVE)} ending as the --fake-oom-above {DRY_FAKE_OOM_ABOVE} stand-in")
     ap.add_argument("--json", action="store_true", help="the table as one JSON object instead of markdown")
     ap.add_argument("--_step", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -1060,6 +1077,11 @@ def parse_args(argv):
         ap.error("--workdir is required (except with --dry-run)")
     if a.step_seconds <= 0 or (a.max_seconds is not None and a.max_seconds <= 0):
         ap.error("--step-seconds and --max-seconds must be positive")
+    if a.all_lengths and (not a.dry_run or a.fake_oom_above is not None):
+        ap.error("--all-lengths goes with --dry-run, and not with --fake-oom-above")
+    a.fake_oom_default = a.dry_run and not a.all_lengths and a.fake_oom_above is None
+    if a.fake_oom_default:
+        a.fake_oom_above = DRY_FAKE_OOM_ABOVE
     a.only = [x for v in a.only for x in v.split(",") if x]
     a.redo = [x for v in a.redo for x in v.split(",") if x]
     return a
@@ -1127,7 +1149,8 @@ def _main(a, workdir: Path) -> int:
         suite.save()
         stop_leftovers(workdir)
         device = "cpu (dry run)" if a.dry_run else gpu_name()
-        ctx = Context(workdir, a.dry_run, device, a.step_seconds, a.max_seconds, a.fake_oom_above)
+        ctx = Context(workdir, a.dry_run, device, a.step_seconds, a.max_seconds, a.fake_oom_above,
+                      a.fake_oom_default)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, _on_signal)
         try:
