@@ -1,6 +1,12 @@
-"""bench/gpu_suite.py on its CPU dry run (toy shapes, lengths / 256): the plan, the step bound, resume after the suite
-is killed mid-step, skip-after-OOM (``--fake-oom-above`` ends the steps above 16K as a CUDA out-of-memory error
-would) and the table (markdown and JSON); its refusals; the CNNSum sample counts it estimates wall time with."""
+"""bench/gpu_suite.py on its CPU dry run (toy shapes, lengths / 256; by default the lengths above 16K end as the
+``--fake-oom-above 16384`` stand-in of a CUDA out-of-memory error): the plan, the step bound, resume after the suite
+is killed mid-step, skip-after-OOM and the table (markdown and JSON); its refusals; the CNNSum sample counts it
+estimates wall time with.
+
+The dry run is most of this file's time (six steps really run, each in processes that import torch and
+transformers: about a minute of CPU). It runs once for the module (:class:`DryRun`, the ``dry`` fixture), in a
+thread of its own from the module's first test on, so that the cheaper tests run beside it on the other core; the
+tests that read it come last."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -51,6 +58,78 @@ PLAN = ["env", "prepare", "recipe-16k", "recipe-32k", "recipe-64k", "recipe-128k
         "gen-gqa-3XL", "fa2-16k"]
 
 
+class DryRun:
+    """``gpu_suite.py --dry-run`` (its defaults) in ``work``, in a thread: started, killed mid-step (while
+    ``prepare`` runs), run again to the end with ``--json``, then once more (which must run nothing). What each
+    invocation left is kept in :attr:`seen` at the moment it matters (a pid is checked while it cannot have been
+    reused)."""
+
+    def __init__(self, work: Path):
+        self.work = work
+        self.seen: dict = {}
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._guarded, name="gpu-suite-dry-run", daemon=True)
+        self.thread.start()
+
+    def _guarded(self):
+        try:
+            self._run()
+        except BaseException as e:  # noqa: BLE001 - raised again in the test that reads the run
+            self.error = e
+
+    def _run(self):
+        work, env, seen = self.work, run_env(), self.seen
+        cmd = _cmd(work)
+        first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 text=True)
+        deadline = time.time() + 240
+        while _state(work).get("prepare", {}).get("status") != "running":
+            if first.poll() is not None or time.time() > deadline:
+                first.kill()
+                raise AssertionError(f"prepare never ran: {first.communicate()[1][-3000:]}")
+            time.sleep(0.1)
+        seen["child"] = _state(work)["prepare"]["child"]
+        first.send_signal(signal.SIGKILL)  # the suite dies mid-step; its step (its own session) outlives it
+        first.wait()
+        first.stderr.close()
+        st = seen["after_kill"] = _state(work)
+        seen["killed_suite_alive"] = _alive(st["prepare"]["pid"])
+        seen["resumed"] = subprocess.run(cmd + ["--json"], cwd=ROOT, env=env, capture_output=True, text=True,
+                                         timeout=400)
+        seen["child_alive"] = _alive(seen["child"])  # stopped (or finished) before the step ran again
+        seen["left_running"] = [x.name for x in Path("/proc").glob("[0-9]*") if _marked(x, work)]
+        seen["runs_before_again"] = {k: v.get("runs") for k, v in _state(work).items()}
+        seen["again"] = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        seen["runs_after_again"] = {k: v.get("runs") for k, v in _state(work).items()}
+
+    def result(self) -> dict:
+        self.thread.join(timeout=900)
+        assert not self.thread.is_alive(), "the dry run did not end in 15 minutes"
+        if self.error is not None:
+            raise self.error
+        return self.seen
+
+    def report(self) -> dict:
+        p = self.result()["resumed"]
+        assert p.returncode == 0, p.stderr[-4000:]
+        return json.loads(p.stdout)
+
+
+@pytest.fixture(scope="module")
+def dry(tmp_path_factory):
+    run = DryRun(tmp_path_factory.mktemp("gpu-suite") / "suite")
+    yield run
+    run.thread.join(timeout=900)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _dry_run_starts_with_the_module(request):
+    """Where a selected test of this module reads the dry run, it starts with the module's first test."""
+    if any("dry" in getattr(item, "fixturenames", ()) for item in request.session.items
+           if getattr(item, "module", None) is request.module):
+        request.getfixturevalue("dry")
+
+
 def test_the_plan_is_the_issue_s_on_the_gpu_and_in_the_dry_run():
     m = _module()
     real, dry = m.plan(Path("/w"), dry=False), m.plan(Path("/w"), dry=True)
@@ -85,69 +164,14 @@ def test_the_plan_is_the_issue_s_on_the_gpu_and_in_the_dry_run():
     a = list(dby["recipe-512k"].args)
     assert a[a.index("--lengths") + 1] == "2048" and a[a.index("--shape") + 1] == "toy"
     assert dby["recipe-512k"].tokens == 512 * K  # --fake-oom-above compares the nominal length
-    assert "--toy" in dby["nozero-16k"].args and "--toy" in dby["gen-3XL"].args
+    assert "--toy" in dby["nozero-16k"].args and "--in-process" in dby["nozero-16k"].args  # one process on CPU
+    assert "--in-process" not in by["nozero-16k"].args  # on the GPU each variant's peak memory in its own process
+    for prefix, toy in (("gen", "toy-mha"), ("gen-gqa", "toy")):  # bench_generate's toy MHA / GQA shapes
+        a = list(dby[f"{prefix}-3XL"].args)
+        assert a[a.index("--shape") + 1] == toy and a[a.index("--device") + 1] == "cpu"
     with pytest.raises(Exception, match="unknown step nope"):
         m.select(real, ["nope"])
     assert [s.name for s in m.select(real, ["recipe", "gen-3XL"])] == PLAN[2:8] + ["gen-3XL"]
-
-
-def test_dry_run_killed_mid_step_resumes_skips_after_oom_and_prints_the_table(tmp_path):
-    work = tmp_path / "suite"
-    env = run_env()
-    cmd = _cmd(work, "--fake-oom-above", 16 * K)
-    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 240
-    while _state(work).get("prepare", {}).get("status") != "running":
-        assert first.poll() is None and time.time() < deadline, first.stderr.read()[-3000:] if first.stderr else ""
-        time.sleep(0.1)
-    child = _state(work)["prepare"]["child"]
-    first.send_signal(signal.SIGKILL)  # the suite dies mid-step; its step (its own session) outlives it
-    first.wait()
-    first.stderr.close()
-    st = _state(work)
-    assert st["env"]["status"] == "done" and st["prepare"]["status"] == "running" and not _alive(st["prepare"]["pid"])
-
-    p = subprocess.run(cmd + ["--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
-    assert p.returncode == 0, p.stderr[-4000:]
-    assert not _alive(child)  # stopped (or finished) before the step ran again
-    rep = json.loads(p.stdout)
-    steps = rep["steps"]
-    assert rep["complete"] and rep["dry_run"]
-    assert steps["env"]["runs"] == 1 and steps["prepare"]["runs"] == 2  # the done step kept, the cut-off one again
-    assert all(steps[n]["status"] == "done" for n in ("env", "prepare", "recipe-16k", "nozero-16k", "gen-L",
-                                                      "gen-gqa-L"))
-    r = steps["recipe-16k"]["result"]
-    assert r["steps_done"] == 2 and r["tokens_per_s_last_step"] > 0 and r["model_estimate_gib"] > 0
-    n = steps["nozero-16k"]["result"]
-    assert n["ours"]["tokens_per_s"] > 0 and n["baseline"]["tokens_per_s"] > 0 and n["model_estimate_gib"] > 0
-    g = steps["gen-L"]["result"]
-    assert g["ours"]["samples_per_hour"] > 0 and g["baseline"]["samples_per_hour"] > 0
-    assert steps["env"]["result"]["smoke"]["ok"] and steps["env"]["result"]["smoke"]["dtype"] == "bfloat16"
-    # out of memory above 16K: that step failed as OOM, the longer ones of its group skipped, saying why
-    for group, oom, skipped in (("recipe", "recipe-32k", ["recipe-64k", "recipe-128k", "recipe-256k", "recipe-512k"]),
-                                ("nozero", "nozero-32k", []), ("gen", "gen-XL", ["gen-2XL", "gen-3XL"]),
-                                ("gen-gqa", "gen-gqa-XL", ["gen-gqa-2XL", "gen-gqa-3XL"])):
-        assert steps[oom]["status"] == "failed" and steps[oom]["result"]["oom"] == "gpu", (group, steps[oom])
-        assert "out of memory" in steps[oom]["error"].lower() and "fake OOM" in steps[oom]["note"]
-        for s in skipped:
-            assert steps[s]["status"] == "skipped" and steps[s]["why"] == f"{oom} ran out of GPU memory"
-    assert steps["fa2-16k"]["status"] == "skipped" and "CUDA" in steps["fa2-16k"]["why"]
-    # the table: one row a step, every row the header's width; the CNNSum estimate where a subset ran
-    assert rep["header"][:3] == ["step", "what", "status"] and [row[0] for row in rep["rows"]] == PLAN
-    assert all(len(row) == len(rep["header"]) for row in rep["rows"])
-    est = {(e["shape"], e["side"]): e for e in rep["cnnsum"]["estimates"]}
-    ours = est[("7B MHA", "eval_summ hf backend")]
-    assert ours["hours"]["L"] == pytest.approx(193 * 2 / g["ours"]["samples_per_hour"], rel=0.01)
-    assert ours["hours"]["XL"] == "OOM" and ours["total_hours"] is None
-    assert not [x for x in Path("/proc").glob("[0-9]*") if _marked(x, work)]  # nothing left running
-    md = (work / "suite.md").read_text()
-    assert md.startswith("GPU suite (DRY RUN") and "| step | what | status |" in md
-    assert sum(1 for line in md.splitlines() if line.startswith("| recipe-")) == 6
-
-    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert {k: v.get("runs") for k, v in _state(work).items()} == {k: v.get("runs") for k, v in steps.items()}
-    assert "| gen-gqa-3XL |" in again.stdout and "complete" in again.stdout.splitlines()[0]
 
 
 def _marked(proc: Path, work: Path) -> bool:
@@ -265,3 +289,80 @@ def test_the_smoke_check_fails_a_memory_path_that_changes_the_training(monkeypat
     monkeypatch.setattr(memory, "enable_tiled_mlp", wrong)
     bad = m.smoke(torch.device("cpu"))
     assert not bad["ok"] and bad["grad_cosine"] < 0.99 and bad["plain_loss"] == ok["plain_loss"]
+
+
+def test_the_dry_run_stands_the_longer_lengths_in_as_out_of_memory_unless_all_lengths():
+    m = _module()
+    a = m.parse_args(["--dry-run"])
+    assert a.fake_oom_above == 16 * K and a.fake_oom_default
+    a = m.parse_args(["--dry-run", "--all-lengths"])
+    assert a.fake_oom_above is None and not a.fake_oom_default
+    a = m.parse_args(["--dry-run", "--fake-oom-above", "0"])
+    assert a.fake_oom_above == 0 and not a.fake_oom_default
+    a = m.parse_args(["--workdir", "/w"])
+    assert a.fake_oom_above is None and not a.fake_oom_default  # never on the GPU unless asked
+    for bad in (["--workdir", "/w", "--all-lengths"], ["--dry-run", "--all-lengths", "--fake-oom-above", "1"]):
+        with pytest.raises(SystemExit) as e:
+            m.parse_args(bad)
+        assert e.value.code == 2
+
+
+# ---------------------------------------------------------------- the dry run (once, in the background: see DryRun)
+def test_dry_run_killed_mid_step_runs_that_step_again_and_no_done_one(dry):
+    seen = dry.result()
+    st = seen["after_kill"]
+    assert st["env"]["status"] == "done" and st["prepare"]["status"] == "running" and not seen["killed_suite_alive"]
+    rep = dry.report()
+    assert rep["complete"] and rep["dry_run"]
+    assert not seen["child_alive"]  # the killed suite's step was stopped before the step ran again
+    steps = rep["steps"]
+    assert steps["env"]["runs"] == 1 and steps["prepare"]["runs"] == 2  # the done step kept, the cut-off one again
+    assert not seen["left_running"]  # nothing left running
+    again = seen["again"]  # run once more: nothing runs again, the table is printed
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert seen["runs_after_again"] == seen["runs_before_again"] == {k: v.get("runs") for k, v in steps.items()}
+    assert "| gen-gqa-3XL |" in again.stdout and "complete" in again.stdout.splitlines()[0]
+
+
+def test_dry_run_steps_run_the_real_benches_and_their_results_are_read(dry):
+    steps = dry.report()["steps"]
+    assert all(steps[n]["status"] == "done" for n in ("env", "prepare", "recipe-16k", "nozero-16k", "gen-L",
+                                                      "gen-gqa-L"))
+    r = steps["recipe-16k"]["result"]
+    assert r["steps_done"] == 2 and r["tokens_per_s_last_step"] > 0 and r["model_estimate_gib"] > 0
+    n = steps["nozero-16k"]["result"]
+    assert n["ours"]["tokens_per_s"] > 0 and n["baseline"]["tokens_per_s"] > 0 and n["model_estimate_gib"] > 0
+    for name in ("gen-L", "gen-gqa-L"):
+        g = steps[name]["result"]
+        assert g["ours"]["samples_per_hour"] > 0 and g["baseline"]["samples_per_hour"] > 0, name
+    assert steps["env"]["result"]["smoke"]["ok"] and steps["env"]["result"]["smoke"]["dtype"] == "bfloat16"
+
+
+def test_dry_run_skips_the_longer_lengths_after_an_out_of_memory_error(dry):
+    steps = dry.report()["steps"]
+    # the dry run's default stand-in above 16K: that step failed as OOM, the longer ones of its group skipped
+    for group, oom, skipped in (("recipe", "recipe-32k", ["recipe-64k", "recipe-128k", "recipe-256k", "recipe-512k"]),
+                                ("nozero", "nozero-32k", []), ("gen", "gen-XL", ["gen-2XL", "gen-3XL"]),
+                                ("gen-gqa", "gen-gqa-XL", ["gen-gqa-2XL", "gen-gqa-3XL"])):
+        assert steps[oom]["status"] == "failed" and steps[oom]["result"]["oom"] == "gpu", (group, steps[oom])
+        assert "out of memory" in steps[oom]["error"].lower() and "fake OOM" in steps[oom]["note"]
+        assert "default --fake-oom-above 16384" in steps[oom]["note"]
+        for s in skipped:
+            assert steps[s]["status"] == "skipped" and steps[s]["why"] == f"{oom} ran out of GPU memory"
+    assert steps["fa2-16k"]["status"] == "skipped" and "CUDA" in steps["fa2-16k"]["why"]
+
+
+def test_dry_run_table_has_a_row_per_step_and_the_cnnsum_estimate(dry):
+    rep = dry.report()
+    g = rep["steps"]["gen-L"]["result"]
+    # the table: one row a step, every row the header's width; the CNNSum estimate where a subset ran
+    assert rep["header"][:3] == ["step", "what", "status"] and [row[0] for row in rep["rows"]] == PLAN
+    assert all(len(row) == len(rep["header"]) for row in rep["rows"])
+    est = {(e["shape"], e["side"]): e for e in rep["cnnsum"]["estimates"]}
+    ours = est[("7B MHA", "eval_summ hf backend")]
+    assert ours["hours"]["L"] == pytest.approx(193 * 2 / g["ours"]["samples_per_hour"], rel=0.01)
+    assert ours["hours"]["XL"] == "OOM" and ours["total_hours"] is None
+    assert isinstance(est[("7B GQA", "plain generate")]["hours"]["L"], float)
+    md = (dry.work / "suite.md").read_text()
+    assert md.startswith("GPU suite (DRY RUN") and "| step | what | status |" in md
+    assert sum(1 for line in md.splitlines() if line.startswith("| recipe-")) == 6
