@@ -68,6 +68,8 @@ class DryRun:
         self.work = work
         self.seen: dict = {}
         self.error: BaseException | None = None
+        self.proc: subprocess.Popen | None = None
+        self.stopping = False
         self.thread = threading.Thread(target=self._guarded, name="gpu-suite-dry-run", daemon=True)
         self.thread.start()
 
@@ -80,11 +82,11 @@ class DryRun:
     def _run(self):
         work, env, seen = self.work, run_env(), self.seen
         cmd = _cmd(work)
-        first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                 text=True)
+        first = self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 240
         while _state(work).get("prepare", {}).get("status") != "running":
-            if first.poll() is not None or time.time() > deadline:
+            if first.poll() is not None or time.time() > deadline or self.stopping:
                 first.kill()
                 raise AssertionError(f"prepare never ran: {first.communicate()[1][-3000:]}")
             time.sleep(0.1)
@@ -94,13 +96,34 @@ class DryRun:
         first.stderr.close()
         st = seen["after_kill"] = _state(work)
         seen["killed_suite_alive"] = _alive(st["prepare"]["pid"])
-        seen["resumed"] = subprocess.run(cmd + ["--json"], cwd=ROOT, env=env, capture_output=True, text=True,
-                                         timeout=400)
+        seen["resumed"] = self._call(cmd + ["--json"], env, 400)
         seen["child_alive"] = _alive(seen["child"])  # stopped (or finished) before the step ran again
         seen["left_running"] = [x.name for x in Path("/proc").glob("[0-9]*") if _marked(x, work)]
         seen["runs_before_again"] = {k: v.get("runs") for k, v in _state(work).items()}
-        seen["again"] = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        seen["again"] = self._call(cmd, env, 120)
         seen["runs_after_again"] = {k: v.get("runs") for k, v in _state(work).items()}
+
+    def _call(self, cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+        """subprocess.run, its process kept where :meth:`stop` finds it."""
+        if self.stopping:
+            raise RuntimeError("stopped")
+        p = self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.terminate()  # the suite stops its step's process group on SIGTERM
+            p.communicate()
+            raise
+        return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+    def stop(self) -> None:
+        """A run no test waits for any more (``-x`` after a failure, an interrupt): SIGTERM to the suite, which stops
+        its step's processes and records nothing for it."""
+        self.stopping = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+        self.thread.join(timeout=60)
 
     def result(self) -> dict:
         self.thread.join(timeout=900)
@@ -119,7 +142,8 @@ class DryRun:
 def dry(tmp_path_factory):
     run = DryRun(tmp_path_factory.mktemp("gpu-suite") / "suite")
     yield run
-    run.thread.join(timeout=900)
+    if run.thread.is_alive():  # every test that reads it waited for it: none of them ran
+        run.stop()
 
 
 @pytest.fixture(scope="module", autouse=True)
