@@ -1053,7 +1053,8 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", help="model, data, logs and suite.json (kept; the same DIR continues the run); "
                                       "default with --dry-run: a temporary directory, removed at the end")
-    ap.add_argument("--dry-run", action="store_true", help="the same plan on CPU: toy shapes, lengths / 256")
+    ap.add_argument("--dry-run", action="store_true", help="the same plan on CPU: toy shapes, lengths / 256; the "
+                    f"steps above {short(DRY_FAKE_OOM_ABOVE)} end as the out-of-memory stand-in unless --all-lengths")
     ap.add_argument("--step-seconds", type=float, default=540, help="the bound of each step (default %(default)s)")
     ap.add_argument("--max-seconds", type=float, help="this invocation's budget: no step starts with less than "
                     f"{MIN_START_SECONDS} s left, and a step it cuts off runs again next time (exit code 3)")
@@ -1066,7 +1067,8 @@ def parse_args(argv):
                                          "for the wall-time estimate (default: an estimated split of the 695)")
     ap.add_argument("--fake-oom-above", type=int, metavar="TOKENS",
                     help="test hook: steps standing for more than TOKENS tokens end as a CUDA out-of-memory error "
-                         "would, without running (nominal lengths: 16384 for 16K, also in a dry run)")
+                         "would, without running (nominal lengths: 16384 for 16K, also in a dry run; a dry run's "
+                         f"default: {DRY_FAKE_OOM_ABOVE})")
     ap.add_argument("--all-lengths", action="store_true",
                     help=f"with --dry-run: every length runs for real (minutes), instead of the lengths above "
                          f"{short(DRY_FAKE_OOM_ABOVE)} ending as the --fake-oom-above {DRY_FAKE_OOM_ABOVE} stand-in")
