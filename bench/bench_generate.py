@@ -7,6 +7,7 @@ and checks that both produced the same tokens on the samples both ran.
     python bench/bench_generate.py --device cuda --shape 7b       # H100: 7B-shaped Qwen1.5-like model, random
                                                                   # weights, bf16, SDPA, 16K prompts (goal >= 5x)
     python bench/bench_generate.py --device cpu --toy             # the CUDA path's code on a toy shape, seconds
+                                                                  # (GQA as 7b-gqa; --shape toy-mha: MHA as 7b)
 
 Prompts: token ids drawn from the shared novels (tiny model) or random ids (random-weight shapes), lengths spread
 over a CNNSum-like range (L: 12K-18K tokens for 7b; 1.5K-2.3K, i.e. L scaled to the tiny model's 512-token
@@ -40,6 +41,8 @@ SHAPES = {
                    intermediate_size=18944, vocab_size=152064, max_position_embeddings=32768, rope_theta=1e6),
     "toy": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                 intermediate_size=344, vocab_size=4096, max_position_embeddings=4096, rope_theta=1e6),
+    "toy-mha": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                    intermediate_size=344, vocab_size=4096, max_position_embeddings=4096, rope_theta=1e6),
 }
 
 
@@ -267,7 +270,7 @@ class _NoTok:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    ap.add_argument("--shape", default=None, choices=("tiny", "7b", "7b-gqa", "toy"),
+    ap.add_argument("--shape", default=None, choices=("tiny", "7b", "7b-gqa", "toy", "toy-mha"),
                     help="tiny (the tiny default, real weights; default on CPU) or 7b (random weights; default "
                          "on CUDA)")
     ap.add_argument("--toy", action="store_true", help="the random-weight path on a toy shape (fast, any device)")
@@ -291,9 +294,10 @@ def main(argv=None) -> int:
     if args.shape is None:
         args.shape = "7b" if args.device.startswith("cuda") and not args.toy else "tiny"
     shape = "toy" if args.toy else args.shape
-    args.samples = args.samples or {"tiny": 16, "7b": 16, "7b-gqa": 16, "toy": 8}[shape]
-    args.base_samples = min(args.samples, args.base_samples or {"tiny": 4, "7b": 3, "7b-gqa": 3, "toy": 4}[shape])
-    args.new_tokens = args.new_tokens or {"tiny": 400, "7b": 400, "7b-gqa": 400, "toy": 32}[shape]
+    toy = shape.startswith("toy")
+    args.samples = args.samples or (8 if toy else 16)
+    args.base_samples = min(args.samples, args.base_samples or (4 if toy or shape == "tiny" else 3))
+    args.new_tokens = args.new_tokens or (32 if toy else 400)
     res = run(args)
     if args.json:
         print(json.dumps(res))

@@ -41,9 +41,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from ropescale.common.cli import prepare_process  # noqa: E402
-
-prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
+# This process starts and watches finetune.py (its own entry point prepares itself); it imports torch only to write
+# the model, and calls prepare_process() there first (the CUDA allocator setting, quiet libraries), as every entry
+# point does before torch: a run on a model already written imports neither torch nor transformers (seconds of CPU).
 
 SHAPES = {
     "7b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
@@ -64,14 +64,17 @@ def log(msg: str) -> None:
 def write_model(shape: str, out: Path) -> Path:
     """A random ``shape`` model (Qwen2 architecture, bf16) + the shared Qwen2 tokenizer in ``out`` (kept when a
     complete one of the same shape is there)."""
+    marker = out / "bench_model.json"
+    if marker.is_file() and json.loads(marker.read_text()).get("shape") == shape:
+        return out
+    from ropescale.common.cli import prepare_process
+
+    prepare_process()
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from ropescale.common.paths import QWEN2_TOKENIZER
 
-    marker = out / "bench_model.json"
-    if marker.is_file() and json.loads(marker.read_text()).get("shape") == shape:
-        return out
     if out.exists():
         shutil.rmtree(out)
     t0 = time.time()
@@ -147,7 +150,7 @@ class HostMemorySampler:
 
     @staticmethod
     def _available() -> int:
-        from ropescale.training.memory import available_host_bytes
+        from ropescale.common.host import available_host_bytes
 
         return available_host_bytes()
 

@@ -12,7 +12,8 @@ sequence whose labels cover ``--label-share`` of it (the summaries), batch 1 per
 Each (variant, length) runs in a fresh process: a few warm-up steps, then timed steps; it prints tokens/s and
 ``torch.cuda.max_memory_allocated``. ``--baseline`` also runs the plain HF Trainer + PEFT loop (default
 compute_loss: the model's full-logits loss) on the same model and data, in the same run; an out-of-memory
-step is reported as OOM.
+step is reported as OOM. ``--in-process`` runs the variants one after the other in this process instead (the same
+code, one process start fewer each: for a CPU rehearsal, where there is no peak GPU memory to keep apart).
 
     python bench/gpu_train_step.py --seq 16384 32768 --baseline          # on the GPU
     python bench/gpu_train_step.py --toy                                 # CPU, toy shape (for testing)
@@ -199,6 +200,19 @@ def run_sub(variant: str, seq: int, a) -> dict:
     return json.loads(lines[-1])
 
 
+def run_here(variant: str, seq: int, a) -> dict:
+    """What :func:`run_sub` gives, run in this process (``--in-process``): an error is a result, as there."""
+    import traceback
+
+    try:
+        return one(variant, seq, a.warmup, a.steps, a.toy, a.label_share, a.attn, a.bf16, a.offload_checkpoints,
+                   a.tile_mlp)
+    except Exception as e:  # noqa: BLE001 - reported as run_sub reports a failed child
+        traceback.print_exc()
+        return {"variant": variant, "seq": seq, "oom": "out of memory" in str(e).lower(),
+                "error": f"{type(e).__name__}: {e}"[-400:]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq", type=int, nargs="+", default=None,
@@ -217,6 +231,9 @@ def main(argv=None) -> int:
                          "65536 tokens), true, false")
     ap.add_argument("--tile-mlp", default="auto", help="ours: MLP over chunks of N tokens: auto (the hidden size on "
                                                        "CUDA from 65536 tokens), N, 0 = off")
+    ap.add_argument("--in-process", action="store_true",
+                    help="run the variants one after the other in this process, not each in a fresh one (CPU "
+                         "rehearsals: peak GPU memory would mix)")
     ap.add_argument("--json", action="store_true", help="print one JSON object with every result")
     ap.add_argument("--_one", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -230,7 +247,7 @@ def main(argv=None) -> int:
     results = []
     for seq in seqs:
         for v in variants:
-            r = run_sub(v, seq, a)
+            r = run_here(v, seq, a) if a.in_process else run_sub(v, seq, a)
             results.append(r)
             if r.get("oom"):
                 msg = f"OOM (peak {r.get('peak_mem_gib', '?')} GiB)"

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ropescale.common import compat
+from ropescale.common.host import available_host_bytes  # torch-free home; check_host_memory reads it here
 from ropescale.common.io import InputError
 
 # auto: offload the checkpoints / tile the MLP on CUDA from this many tokens per micro-batch on. Measured on an
@@ -111,21 +112,6 @@ def pool_bytes(layers: int, tokens: int, hidden: int, dtype_bytes: int, page_byt
     """Host bytes the offload pool reaches: every layer's checkpoint in whole pages."""
     per_layer = int(tokens) * int(hidden) * int(dtype_bytes)
     return int(layers) * math.ceil(per_layer / page_bytes) * page_bytes
-
-
-def available_host_bytes() -> int:
-    """Memory the system can still give (psutil's ``available``, else MemAvailable of /proc/meminfo)."""
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        pass
-    with open("/proc/meminfo", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("cannot tell the available host memory (no psutil, no MemAvailable in /proc/meminfo)")
 
 
 def gib(n: float) -> str:

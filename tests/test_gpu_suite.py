@@ -1,0 +1,392 @@
+"""bench/gpu_suite.py on its CPU dry run (toy shapes, lengths / 256; by default the lengths above 16K end as the
+``--fake-oom-above 16384`` stand-in of a CUDA out-of-memory error): the plan, the step bound, resume after the suite
+is killed mid-step, skip-after-OOM and the table (markdown and JSON); its refusals; the CNNSum sample counts it
+estimates wall time with.
+
+The dry run is most of this file's time (six steps really run, each in processes that import torch and
+transformers: about a minute of CPU). It runs once for the module (:class:`DryRun`, the ``dry`` fixture), in a
+thread of its own from the module's first test on, so that the cheaper tests run beside it on the other core; the
+tests that read it come last."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from ft_helpers import ROOT, run_env
+
+SUITE = ROOT / "bench" / "gpu_suite.py"
+K = 1024
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("gpu_suite", SUITE)
+    m = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = m  # dataclasses look their module up
+    spec.loader.exec_module(m)
+    return m
+
+
+def _cmd(work: Path, *extra) -> list[str]:
+    return [sys.executable, str(SUITE), "--dry-run", "--workdir", str(work), *map(str, extra)]
+
+
+def _state(work: Path) -> dict:
+    try:
+        return json.loads((work / "suite.json").read_text())["steps"]
+    except (OSError, json.JSONDecodeError, KeyError):
+        return {}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3]
+
+
+PLAN = ["env", "prepare", "recipe-16k", "recipe-32k", "recipe-64k", "recipe-128k", "recipe-256k", "recipe-512k",
+        "nozero-16k", "nozero-32k", "gen-L", "gen-XL", "gen-2XL", "gen-3XL", "gen-gqa-L", "gen-gqa-XL", "gen-gqa-2XL",
+        "gen-gqa-3XL", "fa2-16k"]
+
+
+class DryRun:
+    """``gpu_suite.py --dry-run`` (its defaults) in ``work``, in a thread: started, killed mid-step (while
+    ``prepare`` runs), run again to the end with ``--json``, then once more (which must run nothing). What each
+    invocation left is kept in :attr:`seen` at the moment it matters (a pid is checked while it cannot have been
+    reused)."""
+
+    def __init__(self, work: Path):
+        self.work = work
+        self.seen: dict = {}
+        self.error: BaseException | None = None
+        self.proc: subprocess.Popen | None = None
+        self.stopping = False
+        self.thread = threading.Thread(target=self._guarded, name="gpu-suite-dry-run", daemon=True)
+        self.thread.start()
+
+    def _guarded(self):
+        try:
+            self._run()
+        except BaseException as e:  # noqa: BLE001 - raised again in the test that reads the run
+            self.error = e
+
+    def _run(self):
+        work, env, seen = self.work, run_env(), self.seen
+        cmd = _cmd(work)
+        first = self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 240
+        while _state(work).get("prepare", {}).get("status") != "running":
+            if first.poll() is not None or time.time() > deadline or self.stopping:
+                first.kill()
+                raise AssertionError(f"prepare never ran: {first.communicate()[1][-3000:]}")
+            time.sleep(0.1)
+        seen["child"] = _state(work)["prepare"]["child"]
+        first.send_signal(signal.SIGKILL)  # the suite dies mid-step; its step (its own session) outlives it
+        first.wait()
+        first.stderr.close()
+        st = seen["after_kill"] = _state(work)
+        seen["killed_suite_alive"] = _alive(st["prepare"]["pid"])
+        seen["resumed"] = self._call(cmd + ["--json"], env, 400)
+        seen["child_alive"] = _alive(seen["child"])  # stopped (or finished) before the step ran again
+        seen["left_running"] = [x.name for x in Path("/proc").glob("[0-9]*") if _marked(x, work)]
+        seen["runs_before_again"] = {k: v.get("runs") for k, v in _state(work).items()}
+        seen["again"] = self._call(cmd, env, 120)
+        seen["runs_after_again"] = {k: v.get("runs") for k, v in _state(work).items()}
+
+    def _call(self, cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+        """subprocess.run, its process kept where :meth:`stop` finds it."""
+        if self.stopping:
+            raise RuntimeError("stopped")
+        p = self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.terminate()  # the suite stops its step's process group on SIGTERM
+            p.communicate()
+            raise
+        return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+    def stop(self) -> None:
+        """A run no test waits for any more (``-x`` after a failure, an interrupt): SIGTERM to the suite, which stops
+        its step's processes and records nothing for it."""
+        self.stopping = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+        self.thread.join(timeout=60)
+
+    def result(self) -> dict:
+        self.thread.join(timeout=900)
+        assert not self.thread.is_alive(), "the dry run did not end in 15 minutes"
+        if self.error is not None:
+            raise self.error
+        return self.seen
+
+    def report(self) -> dict:
+        p = self.result()["resumed"]
+        assert p.returncode == 0, p.stderr[-4000:]
+        return json.loads(p.stdout)
+
+
+@pytest.fixture(scope="module")
+def dry(tmp_path_factory):
+    run = DryRun(tmp_path_factory.mktemp("gpu-suite") / "suite")
+    yield run
+    if run.thread.is_alive():  # every test that reads it waited for it: none of them ran
+        run.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _dry_run_starts_with_the_module(request):
+    """Where a selected test of this module reads the dry run, it starts with the module's first test."""
+    if any("dry" in getattr(item, "fixturenames", ()) for item in request.session.items
+           if getattr(item, "module", None) is request.module):
+        request.getfixturevalue("dry")
+
+
+def test_the_plan_is_the_issue_s_on_the_gpu_and_in_the_dry_run():
+    m = _module()
+    real, dry = m.plan(Path("/w"), dry=False), m.plan(Path("/w"), dry=True)
+    assert [s.name for s in real] == [s.name for s in dry] == PLAN
+    by = {s.name: s for s in real}
+    # the recipe path: bench_train_path on the written 7B model, one length a step, NTK x16 past x8's 262,144
+    for n in (16, 32, 64, 128, 256, 512):
+        s = by[f"recipe-{n}k"]
+        a = list(s.args)
+        assert a[0].endswith("bench_train_path.py") and a[a.index("--lengths") + 1] == str(n * K)
+        assert a[a.index("--shape") + 1] == "7b" and s.timeout_flag == "--timeout" and s.group == "recipe"
+        assert ("--ft-arg=--scale=16" in a) == (n == 512) and "--launcher" not in a  # the deepspeed launcher
+    # the no-ZeRO path against plain HF Trainer + PEFT, SDPA (FlashAttention-2 is its own step)
+    for n in (16, 32):
+        a = list(by[f"nozero-{n}k"].args)
+        assert a[0].endswith("gpu_train_step.py") and "--baseline" in a and a[a.index("--seq") + 1] == str(n * K)
+        assert a[a.index("--attn") + 1] == "sdpa"
+    fa = by["fa2-16k"]
+    assert fa.needs == ("cuda", "flash_attn") and list(fa.args)[list(fa.args).index("--attn") + 1] == \
+        "flash_attention_2"
+    # generation: each CNNSum subset's range [T - a, T + 2K] and budget (the paper's Sec 3.2 and 4.2)
+    ranges = {"L": (12 * K, 18 * K, 400), "XL": (26 * K, 34 * K, 400), "2XL": (54 * K, 66 * K, 500),
+              "3XL": (112 * K, 130 * K, 500)}
+    for prefix, shape in (("gen", "7b"), ("gen-gqa", "7b-gqa")):
+        for sub, (lo, hi, new) in ranges.items():
+            a = list(by[f"{prefix}-{sub}"].args)
+            got = (int(a[a.index("--min-len") + 1]), int(a[a.index("--max-len") + 1]), int(a[a.index("--new-tokens")
+                                                                                            + 1]))
+            assert got == (lo, hi, new) and a[a.index("--shape") + 1] == shape and a[a.index("--device") + 1] == "cuda"
+    # the dry run: the same steps, toy shapes on CPU, lengths / 256
+    dby = {s.name: s for s in dry}
+    a = list(dby["recipe-512k"].args)
+    assert a[a.index("--lengths") + 1] == "2048" and a[a.index("--shape") + 1] == "toy"
+    assert dby["recipe-512k"].tokens == 512 * K  # --fake-oom-above compares the nominal length
+    assert "--toy" in dby["nozero-16k"].args and "--in-process" in dby["nozero-16k"].args  # one process on CPU
+    assert "--in-process" not in by["nozero-16k"].args  # on the GPU each variant's peak memory in its own process
+    for prefix, toy in (("gen", "toy-mha"), ("gen-gqa", "toy")):  # bench_generate's toy MHA / GQA shapes
+        a = list(dby[f"{prefix}-3XL"].args)
+        assert a[a.index("--shape") + 1] == toy and a[a.index("--device") + 1] == "cpu"
+    with pytest.raises(Exception, match="unknown step nope"):
+        m.select(real, ["nope"])
+    assert [s.name for s in m.select(real, ["recipe", "gen-3XL"])] == PLAN[2:8] + ["gen-3XL"]
+
+
+def _marked(proc: Path, work: Path) -> bool:
+    try:
+        return f"ROPESCALE_GPU_SUITE={work.resolve()}".encode() in (proc / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def test_a_step_past_the_bound_is_stopped_and_recorded_then_redone(tmp_path):
+    work = tmp_path / "bound"
+    t0 = time.time()
+    p = subprocess.run(_cmd(work, "--only", "prepare", "--step-seconds", 2), cwd=ROOT, env=run_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]  # a time-out is a result, not an error of the suite
+    rec = _state(work)["prepare"]
+    assert rec["status"] == "failed" and rec["result"]["timed_out"] and rec["error"].startswith("timed out after 2 s")
+    assert rec["seconds"] < 2 + 12 and time.time() - t0 < 60
+    assert not [x for x in Path("/proc").glob("[0-9]*") if _marked(x, work)]
+    assert "| prepare |" in p.stdout and "timed out after 2 s" in p.stdout
+    # --redo forgets a step's record: it runs afresh (its run count starts again)
+    q = subprocess.run(_cmd(work, "--only", "prepare", "--step-seconds", 2, "--redo", "prepare", "--fake-oom-above",
+                            0, "--json"), cwd=ROOT, env=run_env(), capture_output=True, text=True, timeout=120)
+    assert q.returncode == 0 and _state(work)["prepare"]["runs"] == 1
+
+
+def test_refusals_are_one_line_with_exit_code_2(tmp_path):
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "suite.json").write_text('{"format": "ropescale-gpu-suite", "steps": {')
+    p = subprocess.run(_cmd(work), cwd=ROOT, env=run_env(), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "suite.json:1" in p.stderr
+    (work / "suite.json").write_text(json.dumps({"format": "ropescale-gpu-suite", "dry_run": True, "steps": {}}))
+    real = [sys.executable, str(SUITE), "--workdir", str(work)]
+    p = subprocess.run(real, cwd=ROOT, env=run_env(), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "a dry run's record" in p.stderr
+    p = subprocess.run(real[:2] + ["--workdir", str(tmp_path / "fresh")], cwd=ROOT, env=run_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "no NVIDIA GPU" in p.stderr  # no GPU on this machine
+    p = subprocess.run(_cmd(work, "--only", "recipe-1k"), cwd=ROOT, env=run_env(), capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and "unknown step recipe-1k" in p.stderr
+
+
+def test_missing_packages_are_named_with_their_range(monkeypatch):
+    import importlib.metadata as md
+
+    m = _module()
+    real = md.version
+
+    def fake(name):
+        if name == "deepspeed":
+            raise md.PackageNotFoundError(name)
+        return "0.17.0" if name == "peft" else real(name)
+
+    monkeypatch.setattr(md, "version", fake)
+    miss = m.missing_packages()
+    assert "deepspeed (>=0.19.3: not installed)" in miss and "peft (>=0.21: 0.17.0 installed)" in miss
+    assert len(miss) == 2
+
+
+def test_cnnsum_counts_estimate_and_count(tmp_path):
+    m = _module()
+    # the release files' sizes over Table 1's mean Yi lengths, scaled to the paper's 695 samples
+    sizes = {"L": 12519064, "XL": 25645779, "2XL": 52682557, "3XL": 57516334}
+    means = {"L": 15721, "XL": 31844, "2XL": 64303, "3XL": 128751}
+    w = {k: sizes[k] / means[k] for k in sizes}
+    share = {k: 695 * v / sum(w.values()) for k, v in w.items()}
+    est, _ = m.cnnsum_counts(None)
+    assert sum(est.values()) == 695 and all(abs(est[k] - share[k]) < 1 for k in est)
+    for name, n in (("cnnsum_L_16k", 3), ("cnnsum_XL_32k", 2), ("cnnsum_XXL_64k", 1), ("cnnsum_XXXL_128k", 4)):
+        (tmp_path / f"{name}.jsonl").write_text('{"context": "x", "summary": "y"}\n' * n + "\n")
+    got, where = m.cnnsum_counts(str(tmp_path))
+    assert got == {"L": 3, "XL": 2, "2XL": 1, "3XL": 4} and str(tmp_path) in where
+
+
+def test_out_of_memory_and_time_outs_are_read_from_each_bench_s_output():
+    m = _module()
+    oom = {"results": [{"path": "finetune", "seq": 262144, "rc": 1, "oom": True, "steps_done": 1,
+                        "peak_gpu_gib": 77.9, "error": "torch.OutOfMemoryError: CUDA out of memory."}]}
+    r = m.parse_train_path(json.dumps(oom), "")
+    assert r["oom"] == "gpu" and r["steps_done"] == 1 and r["peak_gpu_gib"] == 77.9 and not r["timed_out"]
+    slow = {"results": [{"path": "finetune", "seq": 524288, "rc": 124, "error": "timed out after 480 s"}]}
+    assert m.parse_train_path(json.dumps(slow), "")["timed_out"]
+    host = {"results": [{"rc": 2, "error": "error: host memory: offloading the checkpoints ... needs 128.0 GiB"}]}
+    assert m.parse_train_path(json.dumps(host), "")["oom"] == "host"
+    both = {"results": [{"variant": "ours", "tokens_per_s": 5587.0, "peak_mem_gib": 36.6, "oom": False},
+                        {"variant": "baseline", "oom": True, "error": "CUDA out of memory"}]}
+    r = m.parse_train_step(json.dumps(both), "")
+    assert "error" not in r and r["baseline"]["oom"] and r["ours"]["tokens_per_s"] == 5587.0  # plain HF's OOM: a result
+    assert m.memory_kind("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB") == "gpu"
+    assert m.memory_kind("ValueError: shapes differ") is None
+    assert m.error_line("Traceback\n  File x\nRuntimeError: boom\nfinetune: 33%|###\n") == "RuntimeError: boom"
+
+
+def test_the_smoke_check_fails_a_memory_path_that_changes_the_training(monkeypatch, one_thread):
+    """The env step's bf16 check passes the memory paths as they are and fails them with a wrong MLP tile (on a
+    random model the loss barely moves: the gradients' cosine is what catches it)."""
+    import torch
+
+    from ropescale.training import memory
+
+    m = _module()
+    ok = m.smoke(torch.device("cpu"))
+    plan = ok["memory_plan"]
+    assert ok["ok"] and plan["offload_checkpoints"] and plan["tile_mlp"] == ok["tokens"] // 8
+    tile = memory.enable_tiled_mlp
+
+    def wrong(model, chunk):
+        n = tile(model, chunk)
+        for mlp in memory.decoder_mlps(model):
+            mlp.forward = (lambda f: lambda x: f(x) * 1.5)(mlp.forward)
+        return n
+
+    monkeypatch.setattr(memory, "enable_tiled_mlp", wrong)
+    bad = m.smoke(torch.device("cpu"))
+    assert not bad["ok"] and bad["grad_cosine"] < 0.99 and bad["plain_loss"] == ok["plain_loss"]
+
+
+def test_the_dry_run_stands_the_longer_lengths_in_as_out_of_memory_unless_all_lengths():
+    m = _module()
+    a = m.parse_args(["--dry-run"])
+    assert a.fake_oom_above == 16 * K and a.fake_oom_default
+    a = m.parse_args(["--dry-run", "--all-lengths"])
+    assert a.fake_oom_above is None and not a.fake_oom_default
+    a = m.parse_args(["--dry-run", "--fake-oom-above", "0"])
+    assert a.fake_oom_above == 0 and not a.fake_oom_default
+    a = m.parse_args(["--workdir", "/w"])
+    assert a.fake_oom_above is None and not a.fake_oom_default  # never on the GPU unless asked
+    for bad in (["--workdir", "/w", "--all-lengths"], ["--dry-run", "--all-lengths", "--fake-oom-above", "1"]):
+        with pytest.raises(SystemExit) as e:
+            m.parse_args(bad)
+        assert e.value.code == 2
+
+
+# ---------------------------------------------------------------- the dry run (once, in the background: see DryRun)
+def test_dry_run_killed_mid_step_runs_that_step_again_and_no_done_one(dry):
+    seen = dry.result()
+    st = seen["after_kill"]
+    assert st["env"]["status"] == "done" and st["prepare"]["status"] == "running" and not seen["killed_suite_alive"]
+    rep = dry.report()
+    assert rep["complete"] and rep["dry_run"]
+    assert not seen["child_alive"]  # the killed suite's step was stopped before the step ran again
+    steps = rep["steps"]
+    assert steps["env"]["runs"] == 1 and steps["prepare"]["runs"] == 2  # the done step kept, the cut-off one again
+    assert not seen["left_running"]  # nothing left running
+    again = seen["again"]  # run once more: nothing runs again, the table is printed
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert seen["runs_after_again"] == seen["runs_before_again"] == {k: v.get("runs") for k, v in steps.items()}
+    assert "| gen-gqa-3XL |" in again.stdout and "complete" in again.stdout.splitlines()[0]
+
+
+def test_dry_run_steps_run_the_real_benches_and_their_results_are_read(dry):
+    steps = dry.report()["steps"]
+    assert all(steps[n]["status"] == "done" for n in ("env", "prepare", "recipe-16k", "nozero-16k", "gen-L",
+                                                      "gen-gqa-L"))
+    r = steps["recipe-16k"]["result"]
+    assert r["steps_done"] == 2 and r["tokens_per_s_last_step"] > 0 and r["model_estimate_gib"] > 0
+    n = steps["nozero-16k"]["result"]
+    assert n["ours"]["tokens_per_s"] > 0 and n["baseline"]["tokens_per_s"] > 0 and n["model_estimate_gib"] > 0
+    for name in ("gen-L", "gen-gqa-L"):
+        g = steps[name]["result"]
+        assert g["ours"]["samples_per_hour"] > 0 and g["baseline"]["samples_per_hour"] > 0, name
+    assert steps["env"]["result"]["smoke"]["ok"] and steps["env"]["result"]["smoke"]["dtype"] == "bfloat16"
+
+
+def test_dry_run_skips_the_longer_lengths_after_an_out_of_memory_error(dry):
+    steps = dry.report()["steps"]
+    # the dry run's default stand-in above 16K: that step failed as OOM, the longer ones of its group skipped
+    for group, oom, skipped in (("recipe", "recipe-32k", ["recipe-64k", "recipe-128k", "recipe-256k", "recipe-512k"]),
+                                ("nozero", "nozero-32k", []), ("gen", "gen-XL", ["gen-2XL", "gen-3XL"]),
+                                ("gen-gqa", "gen-gqa-XL", ["gen-gqa-2XL", "gen-gqa-3XL"])):
+        assert steps[oom]["status"] == "failed" and steps[oom]["result"]["oom"] == "gpu", (group, steps[oom])
+        assert "out of memory" in steps[oom]["error"].lower() and "fake OOM" in steps[oom]["note"]
+        assert "default --fake-oom-above 16384" in steps[oom]["note"]
+        for s in skipped:
+            assert steps[s]["status"] == "skipped" and steps[s]["why"] == f"{oom} ran out of GPU memory"
+    assert steps["fa2-16k"]["status"] == "skipped" and "CUDA" in steps["fa2-16k"]["why"]
+
+
+def test_dry_run_table_has_a_row_per_step_and_the_cnnsum_estimate(dry):
+    rep = dry.report()
+    g = rep["steps"]["gen-L"]["result"]
+    # the table: one row a step, every row the header's width; the CNNSum estimate where a subset ran
+    assert rep["header"][:3] == ["step", "what", "status"] and [row[0] for row in rep["rows"]] == PLAN
+    assert all(len(row) == len(rep["header"]) for row in rep["rows"])
+    est = {(e["shape"], e["side"]): e for e in rep["cnnsum"]["estimates"]}
+    ours = est[("7B MHA", "eval_summ hf backend")]
+    assert ours["hours"]["L"] == pytest.approx(193 * 2 / g["ours"]["samples_per_hour"], rel=0.01)
+    assert ours["hours"]["XL"] == "OOM" and ours["total_hours"] is None
+    assert isinstance(est[("7B GQA", "plain generate")]["hours"]["L"], float)
+    md = (dry.work / "suite.md").read_text()
+    assert md.startswith("GPU suite (DRY RUN") and "| step | what | status |" in md
+    assert sum(1 for line in md.splitlines() if line.startswith("| recipe-")) == 6
