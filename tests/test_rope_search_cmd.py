@@ -124,3 +124,13 @@ def test_an_existing_run_needs_resume_and_its_own_settings(setup, tmp_path, caps
     assert err[-1] == "error: the search needs a budget: --budget MINUTES and/or --evals N"
     assert not (tmp_path / "r2").exists()
     assert math.isfinite(json.loads((tmp_path / "r" / "run.json").read_text())["info"]["best_fitness"])
+
+
+@pytest.mark.parametrize("argv", [["search"], None])
+def test_search_help_through_both_entries(argv, capsys):
+    from ropescale.cli import main as ropescale_main
+
+    with pytest.raises(SystemExit) as e:
+        rope_main(["search", "--help"]) if argv else ropescale_main(["rope", "search", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "--budget M" in out and "--evals N" in out and "--resume" in out
