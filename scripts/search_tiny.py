@@ -4,7 +4,8 @@ For each seed: ``rope_scaling search`` at x8 for 4,096 tokens (the tiny default:
 chapters its build held out from training, under a time budget; then the loss (nats/token, the last 512 tokens of
 4,096-token windows: the search's own fitness measure) of the searched factors (``--rope longrope``), YaRN x8, PI x8
 and NTK x8 on held-out windows the search never saw (drawn with another seed, every window overlapping a search
-window dropped). The seed is both the search's and the window draw's.
+window dropped), and of YaRN's factors run as LongRoPE (the search's seed: LongRoPE's attention factor). The seed is
+both the search's and the window draw's.
 
     .venv/bin/python scripts/search_tiny.py --out /tmp/search_tiny --seeds 0,1,2 --budget 3
 
@@ -24,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from rope_scaling import RopeSpec  # noqa: E402
 from rope_scaling.search import SearchSettings  # noqa: E402
-from rope_scaling.search_cmd import SearchRunSettings, draw_windows, search, window_loss  # noqa: E402
+from rope_scaling.search_cmd import STATE, SearchRunSettings, draw_windows, search, window_loss  # noqa: E402
 from rope_scaling.spec import read_longrope_factors  # noqa: E402
 from ropescale.common.settings import make  # noqa: E402
 
@@ -64,12 +65,16 @@ def heldout_windows(s: SearchRunSettings, searched: list[dict], n: int, seed: in
     return keep[:n]
 
 
-def losses(windows, factors_file: Path) -> dict[str, float]:
-    """The held-out loss of the searched factors and of each baseline at x8 (each loaded as a user would)."""
+def losses(windows, factors_file: Path, yarn_factors: list[float]) -> dict[str, float]:
+    """The held-out loss of the searched factors and of each baseline at x8 (each loaded as a user would), and of
+    YaRN's factors run as LongRoPE (its attention factor sqrt(1 + ln s / ln orig) instead of YaRN's 0.1 ln s + 1:
+    the search's starting point, which tells the factors' share from the attention factor's)."""
+    from rope_scaling.search import factors_of
     from ropescale.probes.common import load_model
 
     specs = {"searched": RopeSpec("longrope", SCALE, longrope_factors=read_longrope_factors(factors_file))}
     specs.update({m: RopeSpec(m, SCALE) for m in BASELINES})
+    specs["yarn-as-longrope"] = RopeSpec("longrope", SCALE, longrope_factors=factors_of(yarn_factors))
     out = {}
     for name, spec in specs.items():
         out[name] = window_loss(load_model("tiny", spec), windows, 1)
@@ -83,28 +88,33 @@ def one_seed(root: Path, seed: int, budget: float, windows: int, n_eval: int) ->
     r = search(s, resume=(root / f"seed{seed}" / "run.json").is_file())
     wall = time.monotonic() - t
     info = json.loads((root / f"seed{seed}" / "run.json").read_text(encoding="utf-8"))["info"]
+    yarn = json.loads((root / f"seed{seed}" / STATE).read_text(encoding="utf-8"))["init"]["yarn"]
     ev = heldout_windows(s, info["windows"], n_eval, seed)
     print(f"[search_tiny] seed {seed}: {r['evaluations']} evaluations in {r['search_seconds']:.0f} s; "
           f"{len(ev)} held-out windows", file=sys.stderr, flush=True)
     return {"seed": seed, "evaluations": r["evaluations"], "search_seconds": r["search_seconds"],
             "wall_seconds": round(wall, 1), "search_fitness": r["best_fitness"], "seed_fitness": r["seed_fitness"],
-            "heldout_windows": [w.record() for w in ev], "heldout": losses(ev, Path(r["factors_file"]))}
+            "heldout_windows": [w.record() for w in ev], "heldout": losses(ev, Path(r["factors_file"]), yarn)}
 
 
 def table(rows: list[dict]) -> str:
-    cols = ("searched",) + BASELINES
-    lines = ["| seed | search (s) | evaluations | " + " | ".join(f"{c} x8" for c in cols) + " | searched - yarn |",
-             "|---|---|---|" + "---|" * (len(cols) + 1)]
+    """Held-out loss per seed and method, and the paired differences of the searched factors from YaRN x8 and from
+    their own starting point (YaRN's factors run as LongRoPE); mean +- sd over the seeds."""
+    cols = ("searched",) + BASELINES + ("yarn-as-longrope",)
+    diffs = (("searched - yarn", "yarn"), ("searched - yarn-as-longrope", "yarn-as-longrope"))
+    lines = ["| seed | search (s) | evaluations | " + " | ".join(f"{c} x8" for c in cols) + " | "
+             + " | ".join(d for d, _ in diffs) + " |", "|---|---|---|" + "---|" * (len(cols) + len(diffs))]
     for r in rows:
         h = r["heldout"]
         lines.append(f"| {r['seed']} | {r['search_seconds']:.0f} | {r['evaluations']} | "
-                     + " | ".join(f"{h[c]:.3f}" for c in cols) + f" | {h['searched'] - h['yarn']:+.3f} |")
+                     + " | ".join(f"{h[c]:.3f}" for c in cols) + " | "
+                     + " | ".join(f"{h['searched'] - h[b]:+.3f}" for _, b in diffs) + " |")
     if len(rows) > 1:
         def ms(vals):
-            return f"{statistics.mean(vals):.3f} ± {statistics.stdev(vals):.3f}"
-        d = [r["heldout"]["searched"] - r["heldout"]["yarn"] for r in rows]
-        lines.append("| mean ± sd | | | " + " | ".join(ms([r["heldout"][c] for r in rows]) for c in cols)
-                     + f" | {ms(d)} |")
+            return f"{statistics.mean(vals):+.3f} ± {statistics.stdev(vals):.3f}"
+        lines.append("| mean ± sd | | | " + " | ".join(ms([r["heldout"][c] for r in rows]).lstrip("+") for c in cols)
+                     + " | " + " | ".join(ms([r["heldout"]["searched"] - r["heldout"][b] for r in rows])
+                                          for _, b in diffs) + " |")
     return "\n".join(lines)
 
 
