@@ -171,9 +171,11 @@ class SearchRun:
 
     def state(self) -> dict | None:
         """The search state to continue (None for a new run)."""
+        from ropescale.common.io import read_json
+
         if self.old is None or not (self.dir.path / STATE).is_file():
             return None
-        return self.dir.read_json(STATE)
+        return read_json(self.dir.path / STATE, "search state")
 
     def checkpoint(self, state: dict) -> None:
         """Write the state, the best factors so far and run.json (each atomically)."""
