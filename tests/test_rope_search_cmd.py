@@ -134,3 +134,22 @@ def test_search_help_through_both_entries(argv, capsys):
         rope_main(["search", "--help"]) if argv else ropescale_main(["rope", "search", "--help"])
     out = capsys.readouterr().out
     assert e.value.code == 0 and "--budget M" in out and "--evals N" in out and "--resume" in out
+
+
+def test_bad_search_settings_are_one_line_before_any_output(setup, make_tiny_model, tmp_path, capsys):
+    from rope_scaling import apply_rope
+    from rope_scaling.spec import RopeSpec
+
+    assert search(setup, tmp_path / "a", "--evals", 3, "--target-len", ORIG) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == f"error: --target-len {ORIG} must exceed the original context {ORIG} (the long factors apply only " \
+                  f"past it)"
+    model, scaled = make_tiny_model("qwen2", orig_ctx=ORIG, seed=4)
+    apply_rope(model.config, RopeSpec("yarn", 4))
+    model.config.save_pretrained(scaled)
+    _, data = setup
+    assert rope_main(["search", "--model", str(scaled), "--data", str(data), "--out", str(tmp_path / "b"),
+                      "--evals", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == f"error: {scaled / 'config.json'}: the search starts from an unscaled model; this one carries yarn x4"
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
