@@ -1,6 +1,7 @@
 """LongRoPE's evolutionary search of per-pair rescale factors, model-free: candidates, mutation, crossover, budget,
 resumable state. The fitness (lower is better: a model's loss at the target length, the ppl probe's measure) is a
-callback, so this module needs no model, no torch and no files; ``python -m rope_scaling search`` wires a model to it.
+callback, so this module needs no model, no torch and no files; ``python -m rope_scaling search``
+(``ropescale.probes.rope_search``) wires a model to it.
 
 A candidate is one rescale factor per rotary pair, lambda_i >= 1 (theta'_i = theta_i / lambda_i, LongRoPE's
 ``long_factor``), non-decreasing with the pair index (longer wavelength, at least as much interpolation), inside

@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT))
 
 from rope_scaling import RopeSpec  # noqa: E402
 from rope_scaling.search import SearchSettings  # noqa: E402
-from rope_scaling.search_cmd import STATE, SearchRunSettings, draw_windows, search, window_loss  # noqa: E402
 from rope_scaling.spec import read_longrope_factors  # noqa: E402
 from ropescale.common.settings import make  # noqa: E402
+from ropescale.probes.rope_search import STATE, SearchRunSettings, draw_windows, search, window_loss  # noqa: E402
 
 SCALE, TARGET, SCORED = 8.0, 4096, 512
 BASELINES = ("yarn", "pi", "ntk")

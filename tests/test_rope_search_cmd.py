@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from rope_scaling.__main__ import main as rope_main
-from rope_scaling.search_cmd import STATE
 from rope_scaling.spec import read_longrope_factors
+from ropescale.probes.rope_search import STATE
 
 ORIG, SCALE, TARGET, K = 64, 4, 256, 32
 SMALL = ["--population", "4", "--parents", "2", "--mutations", "1", "--crossovers", "1", "--windows", "2",

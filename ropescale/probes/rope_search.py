@@ -27,13 +27,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rope_scaling import RopeSpec
+from rope_scaling.search import SearchSettings, factors_of, initial_factors, run_search
 from ropescale.common.cli import add_command, add_json, print_result
 from ropescale.common.io import InputError
 from ropescale.common.settings import add_settings, check, from_args, given, nested, setting
-from ropescale.probes.common import data_setting
 
-from .search import SearchSettings, factors_of, initial_factors, run_search
-from .spec import RopeSpec
+from .common import data_setting
 
 KIND = "rope-search"
 STATE, FACTORS = "search_state.json", "factors.json"
@@ -89,7 +89,7 @@ class Window:
 def draw_windows(tokenizer, docs, n: int, target_len: int, k: int, seed: int) -> list[Window]:
     """``n`` windows of ``target_len`` tokens whose last ``k`` are scored: the ppl probe's target spans
     (``probes.ppl.sample_targets``, the same seeded draw) with ``target_len - k`` tokens before each."""
-    from ropescale.probes.ppl import sample_targets, tokenize_docs
+    from .ppl import sample_targets, tokenize_docs
 
     doc_ids = tokenize_docs(tokenizer, docs)
     out = []
@@ -103,7 +103,7 @@ def draw_windows(tokenizer, docs, n: int, target_len: int, k: int, seed: int) ->
 def longrope_rule(state, scale: float, factors):
     """rule(L) -> (inv_freq, attention factor) of ``--rope longrope`` with ``factors`` (a candidate: its long
     factors) at the model's original context and ``scale``: the registry's formula, what a written config runs."""
-    from .formulas import frequencies
+    from rope_scaling.formulas import frequencies
 
     spec = RopeSpec("longrope", scale, orig_ctx=state.orig_ctx, longrope_factors=factors_of(factors))
 
@@ -119,7 +119,7 @@ def window_loss(loaded, windows: list[Window], batch_size: int) -> float:
     scorer)."""
     import torch
 
-    from ropescale.probes.scorer import score_continuations
+    from .scorer import score_continuations
 
     with torch.no_grad():
         scores = score_continuations(loaded.model, [w.prefix for w in windows], [w.target for w in windows],
@@ -210,11 +210,11 @@ def result_of(state: dict) -> dict:
 def prepare(s: SearchRunSettings, log):
     """Check --out, read the data, load the model unscaled (a config that already carries scaling is refused), draw
     the windows. Returns (loaded, rope state, windows, target length)."""
+    from rope_scaling.hf import rope_state
     from ropescale.common.io import check_output_dir
-    from ropescale.probes.common import load_model, set_threads
-    from ropescale.probes.data import load_docs
 
-    from .hf import rope_state
+    from .common import load_model, set_threads
+    from .data import load_docs
 
     check_output_dir(s.out)
     set_threads(s.threads)
@@ -282,7 +282,7 @@ def register(sub) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> SearchRunSettings:
     """defaults < --recipe < flags; without --data, a tiny build reads the chapters it held out."""
-    from ropescale.probes.data import heldout_default
+    from .data import heldout_default
 
     return heldout_default(from_args(args, SearchRunSettings), "data" in given(args, SearchRunSettings),
                            log=lambda m: print(m.replace("[probes]", "[search]"), file=sys.stderr))
