@@ -1,4 +1,5 @@
-"""RoPE context extension: PI, static / dynamic NTK, YaRN and ABF, written into Hugging Face configs.
+"""RoPE context extension: PI, static / dynamic NTK, YaRN, dynamic YaRN, ABF, Llama-3 and LongRoPE, written into
+Hugging Face configs.
 
     from rope_scaling import RopeSpec, add_rope_args, spec_from_args, apply_rope, read_rope, extended_context
 
@@ -11,6 +12,8 @@ refused unless ``--replace``); ``plan_rope`` says what it will do, for reports.
   flags, recipe keys and run.json record of every stage (``args`` adds them to a parser).
 - ``hf``: the one adapter that writes a spec into / reads it from an HF config (transformers 4.x and 5.x).
 - ``describe``: ``python -m rope_scaling describe`` explains a setting per rotary dimension pair.
+- ``search``: LongRoPE's evolutionary search of per-pair factors, model-free (``python -m rope_scaling search``,
+  ``ropescale.probes.rope_search``, wires a model to it).
 """
 from ropescale.common.io import InputError
 

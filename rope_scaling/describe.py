@@ -9,10 +9,19 @@ kind -- ``extrapolated`` (frequency unchanged), ``interpolated`` (divided by exa
 all at relative tolerance 1e-6. "Original" is the model's own RoPE (its own base, no scaling); "scaled" is what the
 model computes after the spec is applied through the same adapter that writes real configs.
 
-The predicted reach (``rope_scaling.formulas.reach``) is the longest context in which every pair stays inside the
+The angle bound (``rope_scaling.formulas.reach``) is the longest context in which every pair stays inside the
 angles it turned through over the original context: only pairs whose wavelength exceeds the original context
 (they never completed a turn in pre-training) bound it, each at orig-ctx x its ratio; the first of them to leave
-its range sets the reach. It counts angles only: a fine-tune can teach a model more, attention may fail sooner.
+its range sets it. A necessary condition, not a prediction: it counts angles only, and attention may fail much
+sooner. A fine-tune moves it (``formulas.finetune_bound``: the angles seen up to the trained length count too):
+``--trained-length N``, or what the model directory's training record says (``ropescale_train.json``: the longest
+trained distance of its coverage when recorded, else the longest sample). For a method that changes the base (ntk,
+dynamic_ntk, abf, --rope-base) Liu et al. 2023's critical dimension d_extra and its full period T_extra under the new
+base are shown too (``formulas.critical_dimension`` / ``critical_period``).
+
+Methods that follow the length are shown at ``--seq-len`` (default: the extended context): dynamic NTK's base,
+dynamic YaRN's scale max(1, L / orig), and which of LongRoPE's factor sets applies (short within the original
+context, long past it), with the factors' content hash and the file they came from.
 """
 from __future__ import annotations
 
@@ -27,7 +36,7 @@ from ropescale.common.cli import Tool, add_alias, add_command, add_json
 from ropescale.common.io import InputError, read_json
 
 from .args import add_rope_args, spec_from_args
-from .formulas import reach, yarn_correction_range
+from .formulas import REGISTRY, critical_dimension, critical_period, finetune_bound, reach, yarn_correction_range
 from .hf import change_rope, extended_context
 from .spec import RopeSpec
 
@@ -72,9 +81,11 @@ def classify(orig: float, scaled: float, s: float) -> str:
     return "mixed"
 
 
-def describe(cfg, spec: RopeSpec | None = None, seq_len: int | None = None) -> dict:
+def describe(cfg, spec: RopeSpec | None = None, seq_len: int | None = None,
+             trained_length: float | None = None) -> dict:
     """The per-pair explanation of ``spec`` applied to ``cfg`` (a config object or dict, not modified).
-    With ``spec`` None (or method none), what the config itself carries is described."""
+    With ``spec`` None (or method none), what the config itself carries is described. ``trained_length``: the
+    longest distance a fine-tune trained the setting at (adds the fine-tune-aware bound)."""
     cfg = copy.deepcopy(cfg)
     change, st = change_rope(cfg, spec if spec is not None else RopeSpec())  # the one rule (InputError: stacking)
     sp = st.spec
@@ -83,11 +94,14 @@ def describe(cfg, spec: RopeSpec | None = None, seq_len: int | None = None) -> d
         seq_len = ext
     if seq_len < 1:
         raise InputError(f"--seq-len must be >= 1, got {seq_len}")
+    if trained_length is not None and not trained_length >= 1:
+        raise InputError(f"--trained-length must be >= 1, got {trained_length:g}")
     orig = st.original_frequencies()
     new = st.frequencies(seq_len)
     dims, counts = [], {"extrapolated": 0, "mixed": 0, "interpolated": 0}
+    s_now = max(1.0, seq_len / st.orig_ctx) if sp.method == "dynamic_yarn" else sp.scale  # its s at seq_len
     for i, (a, b) in enumerate(zip(orig.inv_freq, new.inv_freq)):
-        kind = classify(a, b, sp.scale)
+        kind = classify(a, b, s_now)
         counts[kind] += 1
         pair_reach = reach(st.orig_ctx, [a], [b])  # inf: the pair turned full circles in pre-training
         dims.append({"index": i, "wavelength": 2 * math.pi / a, "wavelength_scaled": 2 * math.pi / b,
@@ -95,37 +109,75 @@ def describe(cfg, spec: RopeSpec | None = None, seq_len: int | None = None) -> d
                      "reach": None if math.isinf(pair_reach) else pair_reach})
     total = reach(st.orig_ctx, orig.inv_freq, new.inv_freq)
     bounded = [r["index"] for r in dims if r["reach"] is not None]
-    out = {"rope": sp.method, "scale": sp.scale, "base": st.base, "rope_base": sp.rope_base,
+    out = {"rope": sp.method, "label": sp.label(), "scale": sp.scale, "base": st.base, "rope_base": sp.rope_base,
            "effective_base": new.base, "attention_factor": new.attention_factor, "head_dim": st.rotary_dim,
            "orig_ctx": st.orig_ctx, "extended_context": ext, "seq_len": seq_len, "counts": counts,
-           "reach": None if math.isinf(total) else total,
+           "reach": _finite(total),
            "reach_pair": min(bounded, key=lambda i: dims[i]["reach"]) if bounded else None,
            "bounded_pairs": bounded, "rope_change": change.to_dict()}
-    if sp.method == "yarn":
+    out["bound"] = bounds(st, orig.inv_freq, new, total, trained_length)
+    out.update(_method_details(st, seq_len))
+    out["dims"] = dims
+    return out
+
+
+def _finite(x: float) -> float | None:
+    return None if math.isinf(x) else x
+
+
+def bounds(st, inv_freq, new, pretrain: float, trained_length: float | None) -> dict:
+    """The angle bounds of a setting: pre-training (:func:`formulas.reach`), after a fine-tune at
+    ``trained_length`` (:func:`formulas.finetune_bound`), and for a changed base Liu et al.'s d_extra / T_extra."""
+    b = {"pretrain": _finite(pretrain), "trained_length": trained_length,
+         "finetune": None if trained_length is None else
+         _finite(finetune_bound(st.orig_ctx, inv_freq, new.inv_freq, trained_length))}
+    if st.spec.method in ("ntk", "dynamic_ntk", "abf") or st.spec.rope_base is not None:
+        de = critical_dimension(st.rotary_dim, st.base, st.orig_ctx)
+        b["critical"] = {"d_extra": de, "T_extra": _finite(critical_period(st.rotary_dim, st.base, new.base,
+                                                                           st.orig_ctx))}
+    return b
+
+
+def _method_details(st, seq_len: int) -> dict:
+    """What a method shows beside the pairs: YaRN's ramp (also dynamic YaRN's, with its scale at ``seq_len``),
+    LongRoPE's factor set at ``seq_len`` and the factors' hash and source."""
+    sp = st.spec
+    out = {}
+    if sp.method in ("yarn", "dynamic_yarn"):
         b = sp.rope_base if sp.rope_base is not None else st.base
         low, high = yarn_correction_range(st.rotary_dim, b, st.orig_ctx, sp.yarn_beta, sp.yarn_alpha)
         out["yarn"] = {"alpha": sp.yarn_alpha, "beta": sp.yarn_beta, "ramp_low": low, "ramp_high": high}
-    out["dims"] = dims
+        if sp.method == "dynamic_yarn":
+            out["yarn"]["scale_at_seq_len"] = max(1.0, seq_len / st.orig_ctx)
+    if sp.method == "longrope":
+        f = sp.longrope_factors
+        out["longrope"] = {"set": "long" if seq_len > st.orig_ctx else "short", "hash": f.short_hash,
+                           "sha256": f.digest, "source": f.source, "attention_factor": f.attention_factor,
+                           "short_factor": list(f.short_factor), "long_factor": list(f.long_factor)}
     return out
 
 
 def format_table(d: dict) -> str:
     """A readable report: a summary line, the counts, one row per pair."""
-    lines = [f"rope {d['rope']}  scale {d['scale']:g}  base {d['base']:g}  effective base {d['effective_base']:.6g}  "
+    lines = [f"rope {d['label']}  base {d['base']:g}  effective base {d['effective_base']:.6g}  "
              f"attention factor {d['attention_factor']:.6g}",
              f"head_dim {d['head_dim']}  original context {d['orig_ctx']}  extended context {d['extended_context']}"
-             + (f"  (dynamic NTK at seq_len {d['seq_len']})" if d["rope"] == "dynamic_ntk" else ""),
-             f"setting: {d['rope_change']['message']}"]
+             + _at_seq_len(d), f"setting: {d['rope_change']['message']}"]
     if "yarn" in d:
         y = d["yarn"]
         lines.append(f"yarn alpha {y['alpha']:g} beta {y['beta']:g}: ramp between pair {y['ramp_low']} and "
                      f"{y['ramp_high']}")
+    if "longrope" in d:
+        lr = d["longrope"]
+        att = "default sqrt(1 + ln s / ln orig)" if lr["attention_factor"] is None else f"{lr['attention_factor']:g}"
+        lines.append(f"longrope factors {lr['hash']} ({lr['source'] or 'from the config'}; sha256 {lr['sha256']}); "
+                     f"attention factor {att}")
     c = d["counts"]
     lines.append(f"pairs: {c['extrapolated']} extrapolated (unchanged), {c['mixed']} mixed, "
                  f"{c['interpolated']} interpolated (/ s)")
-    lines.append(reach_line(d))
+    lines += bound_lines(d)
     lines.append("")
-    lines.append(f"{'pair':>4}  {'wavelength':>12}  {'inv_freq':>12}  {'scaled':>12}  {'ratio':>9}  {'reach':>9}  kind")
+    lines.append(f"{'pair':>4}  {'wavelength':>12}  {'inv_freq':>12}  {'scaled':>12}  {'ratio':>9}  {'bound':>9}  kind")
     for r in d["dims"]:
         pr = "-" if r["reach"] is None else f"{r['reach']:.0f}"
         lines.append(f"{r['index']:>4}  {r['wavelength']:>12.1f}  {r['inv_freq']:>12.6g}  {r['inv_freq_scaled']:>12.6g}"
@@ -133,16 +185,41 @@ def format_table(d: dict) -> str:
     return "\n".join(lines)
 
 
-def reach_line(d: dict) -> str:
-    """The predicted reach in words (for the table)."""
+def _at_seq_len(d: dict) -> str:
+    """How a method that follows the length is shown at --seq-len (the table's frequencies are those)."""
+    L = d["seq_len"]
+    if d["rope"] == "dynamic_ntk":
+        return f"  (dynamic NTK at seq_len {L})"
+    if d["rope"] == "dynamic_yarn":
+        return f"  (dynamic YaRN at seq_len {L}: s = max(1, {L} / {d['orig_ctx']}) = {d['yarn']['scale_at_seq_len']:g})"
+    if d["rope"] == "longrope":
+        side = "past" if d["longrope"]["set"] == "long" else "within"
+        return f"  (longrope at seq_len {L}: the {d['longrope']['set']} factors, {side} the original context)"
+    return ""
+
+
+def bound_lines(d: dict) -> list[str]:
+    """The angle bounds in words (for the table)."""
     b = d["bounded_pairs"]
+    at = f" (at seq_len {d['seq_len']})" if REGISTRY[d["rope"]].by_length else ""
     if d["reach"] is None:
-        return (f"predicted reach: unbounded (every pair turned a full circle within the original context of "
-                f"{d['orig_ctx']})")
-    at = f" (dynamic NTK: its frequencies at seq_len {d['seq_len']})" if d["rope"] == "dynamic_ntk" else ""
-    return (f"predicted reach: {d['reach']:.0f} tokens{at}: pairs {b[0]}-{b[-1]} (wavelength > {d['orig_ctx']}) never "
-            f"turned a full circle in pre-training; pair {d['reach_pair']} is the first to leave the angles it saw "
-            f"(orig-ctx x its ratio)")
+        lines = [f"angle bound: none (every pair turned a full circle within the original context of "
+                 f"{d['orig_ctx']})"]
+    else:
+        lines = [f"angle bound (pre-training): {d['reach']:.0f} tokens{at}: pairs {b[0]}-{b[-1]} (wavelength > "
+                 f"{d['orig_ctx']}) never turned a full circle in pre-training; pair {d['reach_pair']} is the first "
+                 f"to leave the angles it saw (orig-ctx x its ratio). A necessary condition, not a prediction"]
+    bd = d["bound"]
+    if bd["trained_length"] is not None:
+        ft = "none" if bd["finetune"] is None else f"{bd['finetune']:.0f} tokens"
+        lines.append(f"angle bound after a fine-tune at {bd['trained_length']:g} tokens: {ft} (the angles seen up to "
+                     f"the trained length count too)")
+    if "critical" in bd:
+        c = bd["critical"]
+        te = "inf" if c["T_extra"] is None else f"{c['T_extra']:.0f}"
+        lines.append(f"Liu et al. 2023 (changed base): critical dimension d_extra {c['d_extra']} of {d['head_dim']}, "
+                     f"its full period under the new base T_extra {te} tokens")
+    return lines
 
 
 def add_describe_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -158,7 +235,12 @@ def add_describe_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_alias(p, "--rope-theta", "--base", dest="base", type=float)
     add_rope_args(p)  # adds --orig-ctx too: the original context of the model, or of the --head-dim model
     p.add_argument("--seq-len", type=int, metavar="L",
-                   help="sequence length for dynamic_ntk; default: the extended context, orig-ctx x s")
+                   help="sequence length for the methods that follow it (dynamic_ntk, dynamic_yarn, and longrope's "
+                        "short / long factor set); default: the extended context, orig-ctx x s")
+    p.add_argument("--trained-length", type=float, metavar="N",
+                   help="the longest distance a fine-tune trained this setting at: adds the fine-tune-aware angle "
+                        "bound; default: a model directory's training record (ropescale_train.json: the coverage's "
+                        "longest distance, else the longest sample), else none")
     add_json(p, "the explanation instead of the table")
     return p
 
@@ -191,10 +273,27 @@ def config_from_args(args: argparse.Namespace):
             "rope_parameters": {"rope_type": "default", "rope_theta": args.base}}
 
 
+def trained_length_of(args: argparse.Namespace) -> float | None:
+    """``--trained-length``, else the training record of the ``--config`` model directory (its coverage's
+    ``longest_distance`` when recorded, else ``length.max``), else None."""
+    if args.trained_length is not None or args.config is None or not Path(args.config).is_dir():
+        return args.trained_length
+    from ropescale.common.runs import TRAIN_JSON, read_train_record
+
+    rec = read_train_record(args.config) or {}
+    cov, length = rec.get("coverage") or {}, rec.get("length") or {}
+    v = cov.get("longest_distance") if isinstance(cov, dict) else None
+    if v is None and isinstance(length, dict):
+        v = length.get("max")
+    if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1):
+        raise InputError(f"the longest trained distance is not a number >= 1: {v!r}", Path(args.config) / TRAIN_JSON)
+    return None if v is None else float(v)
+
+
 def cmd_describe(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     spec = spec_from_args(args)
-    d = describe(cfg, spec, args.seq_len)
+    d = describe(cfg, spec, args.seq_len, trained_length_of(args))
     text = json.dumps(d, indent=1) if args.json else format_table(d)
     sys.stdout.write(text + "\n")
     return 0

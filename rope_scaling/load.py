@@ -13,7 +13,7 @@ from typing import Any
 
 from ropescale.common.io import InputError, read_json
 
-from .hf import RopeChange, RopeState, change_rope, extended_context
+from .hf import RopeChange, RopeState, change_rope, extended_context, rope_state
 from .spec import RopeSpec
 
 # the config fields apply_rope writes (what vLLM must be told as hf_overrides)
@@ -72,7 +72,8 @@ def load_config(model_dir: str | os.PathLike, spec: RopeSpec | None = None) -> M
 
 def load_model(model_dir: str | os.PathLike, config, *, dtype, attn: str | None = None):
     """The causal LM in ``model_dir`` with ``config`` (the rope already applied), in ``dtype`` with attention
-    ``attn``. Under an active ZeRO-3 DeepSpeed config transformers partitions the weights while loading."""
+    ``attn``, running the rope the config carries (:func:`install_rope_rule`: dynamic_yarn per forward). Under an
+    active ZeRO-3 DeepSpeed config transformers partitions the weights while loading."""
     from transformers import AutoModelForCausalLM
 
     from ropescale.common.compat import dtype_kwargs
@@ -81,4 +82,24 @@ def load_model(model_dir: str | os.PathLike, config, *, dtype, attn: str | None 
     if Path(model_dir).exists():  # a hub id is transformers' to fetch and check
         check_weights(Path(model_dir))
     kw = {"attn_implementation": attn} if attn else {}
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, **dtype_kwargs(dtype), **kw)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, **dtype_kwargs(dtype), **kw)
+    install_rope_rule(model, rope_state(config))
+    return model
+
+
+def install_rope_rule(model, state: RopeState) -> int:
+    """Give ``model`` the rope rule of ``state`` where transformers' own rotary module computes another one:
+    dynamic_yarn, written into the config as static ``yarn`` x s (what plain transformers runs), gets YaRN at s =
+    max(1, L / orig) for each forward's length L (``formulas.frequencies``: plain RoPE up to the original context)
+    through :func:`ropescale.common.compat.install_length_rope`. Every stage loads through :func:`load_model`, so
+    training, generation, the probes and merge's in-process model all run it. Returns the number of rotary modules
+    changed (0: transformers' module computes the spec as it is)."""
+    if state.spec.method != "dynamic_yarn":
+        return 0
+    from ropescale.common.compat import install_length_rope
+
+    def rule(seq_len: int):
+        f = state.frequencies(seq_len)
+        return f.inv_freq, f.attention_factor
+
+    return install_length_rope(model, rule)

@@ -1,6 +1,7 @@
 """LongRoPE's evolutionary search of per-pair rescale factors, model-free: candidates, mutation, crossover, budget,
 resumable state. The fitness (lower is better: a model's loss at the target length, the ppl probe's measure) is a
-callback, so this module needs no model, no torch and no files; ``python -m rope_scaling search`` wires a model to it.
+callback, so this module needs no model, no torch and no files; ``python -m rope_scaling search``
+(``ropescale.probes.rope_search``) wires a model to it.
 
 A candidate is one rescale factor per rotary pair, lambda_i >= 1 (theta'_i = theta_i / lambda_i, LongRoPE's
 ``long_factor``), non-decreasing with the pair index (longer wavelength, at least as much interpolation), inside
@@ -15,14 +16,14 @@ high-frequency pairs left unscaled, as LongRoPE's piece-wise variant does). Long
   order holds by construction) and ``crossovers`` children of two random parents (pairs of the second parent copied
   into the first until the child is monotone and new; after ``crossover_tries`` failed scans, a mutation instead);
 - a candidate already evaluated is never proposed again (LongRoPE's history);
-- the budget: fitness evaluations and/or seconds, counted over the whole search (resumes included).
+- the budget: fitness evaluations and/or minutes, counted over the whole search (resumes included).
 
 The state (:func:`run_search`'s return value, JSON-serialisable) is handed to ``checkpoint`` after every generation:
 the seeded RNG's state at the last completed generation, its population, every evaluated candidate with its
 fitness in order, the best fitness per generation. :func:`run_search` with that state continues the search: it
 replays an unfinished generation from the checkpoint (candidates already evaluated take their recorded fitness), so a
 resumed search with the same seed and budget ends in the same state as an uninterrupted one (an evaluation budget;
-a budget in seconds ends where the clock says).
+a budget in minutes ends where the clock says).
 
 The output (:func:`factors_of`) is a ``--longrope-factors`` file: ``long_factor`` = the best candidate,
 ``short_factor`` = 1.0 for every pair (plain RoPE within the original context: LongRoPE's readjusted short factors
@@ -50,7 +51,7 @@ STATE_VERSION = 1
 GROUP = "LongRoPE search (evolutionary, arXiv 2402.13753 Sec 3.2)"
 _AT_LEAST_1 = (lambda v: v >= 1, ">= 1")
 _POSITIVE = (lambda v: v > 0, "> 0")
-_BUDGETS = ("budget_evals", "budget_seconds")  # may change between a run and its resume
+_BUDGETS = ("budget_evals", "budget_minutes")  # may change between a run and its resume
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,11 @@ class SearchSettings:
     crossover_tries: int = setting(20, "crossover scans before a mutation replaces it (LongRoPE: 20)",
                                    check=_AT_LEAST_1, metavar="N", group=GROUP)
     seed: int = setting(0, "seed of the search's random choices", metavar="N", group=GROUP)
-    budget_evals: int | None = setting(None, "stop after N fitness evaluations in all", check=_AT_LEAST_1,
-                                       metavar="N", resume="ignore", group=GROUP)
-    budget_seconds: float | None = setting(None, "stop after S seconds of search in all", check=_POSITIVE,
-                                           metavar="S", resume="ignore", group=GROUP)
+    budget_evals: int | None = setting(None, "stop after N fitness evaluations in all (resumes included)",
+                                       flag="--evals", check=_AT_LEAST_1, metavar="N", resume="ignore", group=GROUP)
+    budget_minutes: float | None = setting(None, "stop after M minutes of search in all (resumes included; the "
+                                                 "evaluation under way finishes)", flag="--budget", check=_POSITIVE,
+                                           metavar="M", resume="ignore", group=GROUP)
 
     def __post_init__(self):
         if self.parents > self.population:
@@ -88,8 +90,11 @@ class SearchSettings:
             raise InputError("crossover needs at least 2 parents")
         if self.mutations + self.crossovers < 1:
             raise InputError("a generation needs at least one mutation or crossover")
-        if self.budget_evals is None and self.budget_seconds is None:
-            raise InputError("the search needs a budget: evaluations and/or seconds")
+
+    def check_budget(self) -> None:
+        """InputError unless a budget is set (checked when a search starts, so the settings' defaults stand)."""
+        if self.budget_evals is None and self.budget_minutes is None:
+            raise InputError("the search needs a budget: --budget MINUTES and/or --evals N")
 
     def fixed(self) -> dict:
         """The settings a resumed search must share with the run it continues (all but the budgets)."""
@@ -229,8 +234,8 @@ class _Search:
         s = self.settings
         if s.budget_evals is not None and len(self.evaluated) >= s.budget_evals:
             return "evaluations"
-        if s.budget_seconds is not None and self._elapsed() >= s.budget_seconds:
-            return "seconds"
+        if s.budget_minutes is not None and self._elapsed() >= 60.0 * s.budget_minutes:
+            return "minutes"
         return None
 
     def evaluate(self, f: list[float]) -> tuple[tuple, float] | None:
@@ -346,6 +351,7 @@ def run_search(fitness: Callable[[tuple[float, ...]], float], init: Mapping[str,
     and its fitness, ``curve``: the best fitness per generation, ``evaluated``: every candidate with its fitness).
     ``state``: a state an earlier call returned or checkpointed, to continue it (the same settings but the budget,
     else an InputError naming ``where``); ``checkpoint(state)`` is called after every generation and at the end."""
+    settings.check_budget()
     if not init:
         raise ValueError("the search needs at least one initial candidate")
     sizes = {len(v) for v in init.values()}

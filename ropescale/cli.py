@@ -52,7 +52,7 @@ def _make_tiny():
 
 # tool -> (its entry, what it does); in --help order
 TOOLS = {
-    "rope": (_rope, "RoPE settings: describe what a method does to each rotary pair"),
+    "rope": (_rope, "RoPE settings: describe what a method does to each rotary pair, search LongRoPE factors"),
     "data": (_data, "data: pack fine-tuning samples, build pairs, sample CNNSum-style eval sets"),
     "finetune": (_finetune, "LoRA fine-tuning with RoPE scaling ([train]), merge a run into a model"),
     "eval": (_eval, "CNNSum evaluation: generate, score, report, run"),

@@ -282,7 +282,7 @@ LAYERS = (("ropescale", "ropescale.common"),  # the floor: files, settings, reco
           ("rope_scaling",),
           ("data_concat",),
           ("ropescale.training", "ropescale.evaluation", "ropescale.probes", "ropescale.tiny"),  # stages, builder
-          ("ropescale.cli", "ropescale.__main__"))  # the front door: only dispatches
+          ("ropescale.cli", "ropescale.__main__", "rope_scaling.__main__"))  # the front door: only dispatches
 
 
 def _room(module: str) -> str:

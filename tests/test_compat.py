@@ -242,6 +242,49 @@ def test_dynamic_ntk_rotary_internals():
     assert torch.equal(m.inv_freq, orig) and m.max_seq_len_cached == m.original_max_seq_len == 16
 
 
+def test_length_rule_and_longrope_rotary_internals():
+    """compat.install_length_rope (a subclass of the model's rotary class whose forward takes its frequencies from
+    the rule at max(position_ids) + 1), and the longrope module's factor sets."""
+    from ropescale.common.compat import read_rope_entries, write_rope_entries
+    from ropescale.tiny.build import random_model, tiny_config
+
+    model = tiny()
+    mods = compat.rotary_modules(model)
+    assert len(mods) == 1, changed("transformers", "the rotary module's attributes (rope_type, inv_freq, "
+                                   "attention_scaling)", "rotary_modules")
+    m = mods[0]
+    cls = type(m)
+    seen = []
+
+    def rule(n):
+        seen.append(n)
+        return [1.0 / (n * (i + 1)) for i in range(4)], 1.5  # 4 pairs: head_dim 8
+
+    assert compat.install_length_rope(model, rule) == 1 and compat.length_rope_modules(model) == [m]
+    assert isinstance(m, cls) and compat.undecorated_rope_forward(m) is inspect.unwrap(cls.forward)
+    x = torch.zeros(1, 3, 32)
+    with torch.no_grad():
+        cos, _ = m(x, torch.tensor([[4, 5, 6]]))
+        model(input_ids=IDS)  # 8 positions: the model's own forward goes through the rule too
+    want = torch.tensor([4.0, 5.0, 6.0])[:, None] * torch.tensor([1 / (7 * (i + 1)) for i in range(4)])[None]
+    assert torch.allclose(cos[0], torch.cat([want, want], -1).cos() * 1.5, atol=1e-6) and seen == [7, 8], \
+        changed("transformers", "the rotary forward (cos/sin from inv_freq and attention_scaling)",
+                "install_length_rope")
+    cfg = tiny_config(VOCAB, "qwen2", hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64,
+                      orig_ctx=16, eos_token_id=0)
+    e = {**read_rope_entries(cfg, 10000.0), "rope_type": "longrope", "factor": 4.0,
+         "original_max_position_embeddings": 16, "short_factor": [1.0, 1.0, 1.0, 1.0],
+         "long_factor": [1.0, 2.0, 3.0, 4.0]}
+    write_rope_entries(cfg, e, 64)
+    lm = compat.longrope_modules(random_model(cfg))
+    assert len(lm) == 1 and compat.longrope_original_context(lm[0]) == 16, \
+        changed("transformers", "the longrope module / rope_parameters['original_max_position_embeddings']",
+                "longrope_original_context")
+    (s_inv, s_att), (l_inv, l_att) = (compat.longrope_frequencies(lm[0], "cpu", long) for long in (False, True))
+    assert torch.allclose(s_inv / l_inv, torch.tensor(e["long_factor"])) and s_att == l_att, \
+        changed("transformers", "ROPE_INIT_FUNCTIONS['longrope'](config, device, seq_len=)", "longrope_frequencies")
+
+
 def test_checkpoint_function_is_called_once_per_layer():
     from torch.utils.checkpoint import checkpoint
 

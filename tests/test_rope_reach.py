@@ -1,4 +1,4 @@
-"""The predicted reach (rope_scaling.formulas.reach, shown by ``describe``): checked against cases worked by hand.
+"""The angle bound (rope_scaling.formulas.reach, shown by ``describe``; a bound, not a prediction: issue 31.4),
 
 A rotary pair i turns theta_i radians per token. Over the original context L it saw the angles [0, L*theta_i];
 a pair with L*theta_i >= 2*pi saw every angle. After scaling (theta'_i) a context of N tokens keeps pair i inside
@@ -62,4 +62,5 @@ def test_reach_of_the_tiny_default(capsys):
 def test_reach_in_the_table(capsys):
     assert describe_main(["--config", "assets/tiny", "--rope", "ntk", "--scale", "8"]) == 0
     out = capsys.readouterr().out
-    assert "predicted reach: 1498 tokens" in out and "pair 16 is the first" in out
+    assert "angle bound (pre-training): 1498 tokens" in out and "pair 16 is the first" in out
+    assert "not a prediction" in out

@@ -138,15 +138,15 @@ def test_resume_refuses_other_settings():
         run_search(mse, seeds(), SearchSettings(seed=0, budget_evals=100, **SMALL), scale=4.0, state=st)
 
 
-def test_budget_in_seconds():
+def test_budget_in_minutes():
     now = [0.0]
 
     def slow(f):  # every evaluation takes one (fake) second
         now[0] += 1.0
         return mse(f)
 
-    st = run_search(slow, seeds(), SearchSettings(budget_seconds=40.0, **SMALL), scale=8.0, clock=lambda: now[0])
-    assert st["stopped_by"] == "seconds" and len(st["evaluated"]) == 40 and st["elapsed_s"] == 40.0
+    st = run_search(slow, seeds(), SearchSettings(budget_minutes=1.0, **SMALL), scale=8.0, clock=lambda: now[0])
+    assert st["stopped_by"] == "minutes" and len(st["evaluated"]) == 60 and st["elapsed_s"] == 60.0
 
 
 def test_nan_fitness_is_the_worst():
@@ -157,11 +157,15 @@ def test_nan_fitness_is_the_worst():
 @pytest.mark.parametrize("kw,words", [
     (dict(parents=20), "must not exceed the population"),
     (dict(mutations=0, crossovers=0), "at least one mutation or crossover"),
-    (dict(budget_evals=None), "needs a budget"),
 ])
 def test_bad_settings(kw, words):
     with pytest.raises(InputError, match=words):
         SearchSettings(**{**SMALL, "budget_evals": 10, **kw})
+
+
+def test_a_search_needs_a_budget():
+    with pytest.raises(InputError, match=r"needs a budget: --budget MINUTES and/or --evals N"):
+        run_search(mse, seeds(), SearchSettings(**SMALL), scale=8.0)
 
 
 def test_the_result_is_a_longrope_factor_file(tmp_path):

@@ -30,7 +30,9 @@ random-weight logits an argmax flips after a few tokens.
 With dynamic NTK, transformers' rotary module keeps the largest base it has computed; every prefill (slots) or
 batch (static / dynamic) starts from the original base again (:func:`ropescale.evaluation.engine.reset_dynamic_rope`),
 and the slot decoder gives each slot its own frequencies, so each sample is decoded as batch-1 ``generate`` on a fresh
-model decodes it. (A padded batch of ``generate`` still shares one base: the longest row's.)
+model decodes it. (A padded batch of ``generate`` still shares one base: the longest row's; so does dynamic YaRN's
+length.) LongRoPE: each sample keeps one factor set from its prefill on, long when prompt + max new tokens passes the
+original context (:mod:`ropescale.evaluation.engine`); padded batches never mix the two (:func:`longrope_groups`).
 
 vllm backend: imported lazily (``pip install vllm`` on a CUDA machine); ``max_model_len`` is twice the subset's
 target length (not in the paper: the official release's Inference.py sets ``default_max_len`` = 32K / 64K / 128K /
@@ -38,8 +40,9 @@ target length (not in the paper: the official release's Inference.py sets ``defa
 subset), raised if needed so the longest prompt + generation fits; the RoPE setting is
 passed as ``hf_overrides`` (the config fields :func:`rope_scaling.apply_rope` wrote: ``rope_scaling.load``), plus what
 :func:`vllm_settings` adds so that vLLM's precomputed rotary cache covers ``max_model_len`` and YaRN's attention
-factor reaches it; settings vLLM would compute differently from transformers are refused there (dynamic NTK, and
-YaRN past its rotary cache), pointing to ``--backend hf``.
+factor reaches it; settings vLLM would compute differently from transformers are refused there (dynamic NTK, dynamic
+YaRN, YaRN past its rotary cache, LongRoPE samples on both sides of the original context), pointing to
+``--backend hf``.
 """
 from __future__ import annotations
 
@@ -85,6 +88,7 @@ class BackendJob:
     model: Any = None  # an already-loaded model (hf; tests, benchmarks)
     max_model_len: int | None = None  # what the run asks for (vllm)
     need_len: int | None = None  # the longest prompt + max new tokens (vllm)
+    short_len: int | None = None  # the shortest prompt + max new tokens (vllm, longrope)
     log: Callable[[str], None] | None = None
 
 
@@ -354,7 +358,7 @@ class PaddedDecoding:
         import torch
         from transformers import GenerationConfig
 
-        from .engine import reset_dynamic_rope
+        from .engine import longrope_for, reset_dynamic_rope
 
         be = self.be
         longest = max(map(len, seqs))
@@ -369,7 +373,8 @@ class PaddedDecoding:
                               cache_implementation="static" if be.cache == "static" else None,
                               disable_compile=not be.compile)
         reset_dynamic_rope(be.model)  # dynamic NTK: start each batch from the original base, not the last one's
-        with torch.inference_mode():
+        # longrope: one factor set for the whole batch (its samples are on one side: :meth:`run`), every step
+        with torch.inference_mode(), longrope_for(be.model, longest + max_new_tokens):
             out = be.model.generate(input_ids=ids.to(be.device), attention_mask=mask.to(be.device),
                                     generation_config=gc)
         new = out[:, longest:].tolist()
@@ -383,7 +388,10 @@ class PaddedDecoding:
         lengths = [len(it.input_ids) for it in items]
         cap = be.max_batch
         budget = self.budget(max_new_tokens, max(lengths))
-        queue = [[items[i] for i in b] for b in plan_batches(lengths, max_new_tokens, budget, cap)]
+        queue = []
+        for group in longrope_groups(be.model, items, max_new_tokens):  # all of them, unless longrope
+            glen = [len(it.input_ids) for it in group]
+            queue += [[group[i] for i in b] for b in plan_batches(glen, max_new_tokens, budget, cap)]
         while queue:
             batch = queue.pop(0)
             if len(batch) > cap:  # an earlier OOM lowered the cap
@@ -403,6 +411,23 @@ class PaddedDecoding:
                 on_done(it, o)
 
 
+def longrope_groups(model, items: Sequence[Item], max_new_tokens: int) -> list[list[Item]]:
+    """``items`` split by the LongRoPE factor set each sample takes (``engine.longrope_long``: prompt + max new
+    tokens past the original context or not), so that a padded batch never mixes them; one group for other
+    models."""
+    from ropescale.common.compat import longrope_modules
+
+    from .engine import longrope_long
+
+    mods = longrope_modules(model)
+    if not mods:
+        return [list(items)]
+    groups: dict[bool, list[Item]] = {}
+    for it in items:
+        groups.setdefault(longrope_long(mods[0], len(it.input_ids) + max_new_tokens), []).append(it)
+    return [groups[k] for k in sorted(groups)]
+
+
 class VLLMBackend(Backend):
     """vLLM offline inference (GPU only; imported lazily). ``hf_overrides`` and ``max_model_len`` come from
     :func:`vllm_settings` (see there for what vLLM's rotary cache needs)."""
@@ -414,7 +439,7 @@ class VLLMBackend(Backend):
     def plan(cls, job: BackendJob):
         cfg, need = job.cfg, int(job.need_len)
         ov, mml = vllm_settings(cfg.config, cfg.rope_fields(), need=need, want=int(job.max_model_len or need),
-                                state=cfg.state)
+                                state=cfg.state, short=job.short_len)
 
         def build():
             return cls(cfg.path, cfg.config, job.tokenizer, hf_overrides=ov, max_model_len=mml,
@@ -471,11 +496,13 @@ class VLLMBackend(Backend):
 
 
 # ---------------------------------------------------------------- what vLLM is told
-def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None) -> tuple[dict, int]:
+def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None,
+                  short: int | None = None) -> tuple[dict, int]:
     """(hf_overrides, max_model_len) for vLLM, or an InputError where vLLM would compute something else than HF.
 
     ``config`` is the effective HF config (RoPE applied), ``overrides`` the fields the RoPE flags changed, ``need``
-    the longest prompt + max new tokens, ``want`` the max_model_len asked for (2x the subset's target, as the
+    the longest prompt + max new tokens (``short``: the shortest; default ``need``), ``want`` the max_model_len
+    asked for (2x the subset's target, as the
     official release's Inference.py sizes it; the paper gives no max_model_len); ``state`` the config's
     ``rope_scaling.RopeState`` when the caller has read it (``rope_scaling.load.ModelConfig.state``).
 
@@ -493,7 +520,15 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None) 
       ``attn_factor`` multiplier (older vLLM reads only that, and drops ``attention_factor``), so that vLLM
       scales cos/sin exactly as transformers does;
     - dynamic (``--rope dynamic_ntk``): refused; vLLM's "dynamic" is a static NTK base for the full factor, not
-      transformers' base recomputed from the current length.
+      transformers' base recomputed from the current length;
+    - dynamic_yarn: refused (its entries say static yarn x s: vLLM would serve that at every length);
+    - llama3: as default (frequencies fixed by the entries; vLLM's llama3 rope computes transformers' formula);
+    - longrope (recent vLLM, whose rotary module takes the long factors for every token once max_model_len >
+      orig): the hf backend picks a set per sample (``engine.longrope_long``), so the run is served only when all
+      its samples are on one side of orig: all within (max_model_len capped to orig: short factors), all past it
+      (long factors; max_position_embeddings raised to max_model_len, vLLM's long cache); the attention factor is
+      passed as ``short_mscale`` / ``long_mscale`` (vLLM ignores ``attention_factor`` and would derive it from the
+      raised max_position_embeddings); samples on both sides are refused.
     """
     from rope_scaling.formulas import yarn_attention_factor
     from rope_scaling.hf import rope_entries, rope_state
@@ -504,9 +539,16 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None) 
     out = dict(overrides)
     max_pos = int(cfg.get("max_position_embeddings") or 0)
     mml = max(int(want), int(need))
+    st = state if state is not None else rope_state(cfg)  # the spec the config carries
     if t == "dynamic":
         raise InputError("--backend vllm cannot run dynamic NTK: vLLM's 'dynamic' rope is a static NTK base for the "
                          "full factor, not transformers' base recomputed from the current length; use --backend hf")
+    if st.spec.method == "dynamic_yarn":
+        raise InputError(f"--backend vllm cannot run dynamic_yarn: the config's entries say static yarn "
+                         f"x{st.spec.scale:g}, which vLLM would serve at every length (this repo recomputes YaRN from "
+                         f"the current length); use --backend hf")
+    if t == "longrope":
+        return _vllm_longrope(cfg, key, e, st, out, need=need, short=need if short is None else short, mml=mml)
     if t in ("default", "llama3", "linear"):
         factor = float(e.get("factor") or 1.0) if t == "linear" else 1.0
         if max_pos * factor < mml:
@@ -521,8 +563,6 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None) 
             raise InputError(f"--backend vllm: prompt + new tokens reach {need} tokens, past vLLM's YaRN rotary cache "
                              f"of {cache} positions (original_max_position_embeddings {orig} x factor {factor:g}), "
                              f"where it would read garbage; use --backend hf, or a larger --scale")
-        st = state if state is not None else rope_state(cfg)  # the spec the config carries (mscale forms it
-        # cannot say are refused there)
         af = st.frequencies().attention_factor  # the registry's formula: what transformers multiplies cos/sin by
         rope = {**e, "attention_factor": af, "attn_factor": af / yarn_attention_factor(st.spec.scale)}
         if key == "rope_scaling":
@@ -532,6 +572,33 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None) 
             out[key] = rope
         return out, min(mml, cache)
     raise InputError(f"--backend vllm: rope type {t!r} is not supported here; use --backend hf")
+
+
+def _vllm_longrope(cfg: dict, key: str, e: dict, st, out: dict, *, need: int, short: int,
+                   mml: int) -> tuple[dict, int]:
+    """vllm_settings for ``longrope`` (see there): vLLM (``Phi3LongRoPEScaledRotaryEmbedding``) takes the long
+    factors for every token when max_model_len > the original context, else the short ones, reads the attention
+    factor only as ``short_mscale`` / ``long_mscale`` (default: from max_position_embeddings / orig, which the
+    overrides may raise) and caches max_position_embeddings long positions; the hf backend picks a set per sample
+    (prompt + max new tokens past orig: long)."""
+    orig = int(e.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+               or cfg.get("max_position_embeddings"))
+    if need <= orig:  # every sample short: keep vLLM on the short factors
+        mml = min(mml, orig)
+    elif short <= orig:
+        raise InputError(f"--backend vllm: with longrope the hf backend gives each sample its own factor set (long "
+                         f"when prompt + max new tokens > {orig}), vLLM one set for all; these samples reach {short} "
+                         f"to {need} tokens, on both sides: split the eval set by length, or use --backend hf")
+    elif int(cfg.get("max_position_embeddings") or 0) < mml:
+        out["max_position_embeddings"] = mml  # vLLM's long cos/sin cache has max_position_embeddings positions
+    af = st.frequencies().attention_factor  # the registry's formula = transformers' attention_factor
+    rope = {**e, "short_mscale": af, "long_mscale": af}
+    if key == "rope_scaling":
+        rope.pop("rope_theta", None)
+        rope.setdefault("type", "longrope")
+    if rope != cfg.get(key):
+        out[key] = rope
+    return out, mml
 
 
 # ---------------------------------------------------------------- the registry and the settings
@@ -566,14 +633,17 @@ class BackendSettings:
 
 
 def make_backend(settings: BackendSettings, cfg, tokenizer, *, model=None, max_model_len: int | None = None,
-                 need_len: int | None = None, log=None, reuse: dict | None = None) -> Backend:
+                 need_len: int | None = None, short_len: int | None = None, log=None,
+                 reuse: dict | None = None) -> Backend:
     """The backend ``settings`` ask for, for ``cfg`` (a ``rope_scaling.load.ModelConfig``: the model's config with
-    the RoPE flags applied, read once); ``max_model_len`` / ``need_len`` matter to vllm only; ``model``: a loaded
+    the RoPE flags applied, read once); ``max_model_len`` / ``need_len`` / ``short_len`` matter to vllm only;
+    ``model``: a loaded
     model for hf. ``reuse`` (a dict the caller keeps across calls) returns the backend an earlier call built when
     the settings are the same; a different one is dropped first (GPU memory)."""
     if settings.backend not in BACKENDS:
         raise InputError(f"unknown backend {settings.backend!r} (choose from {', '.join(BACKENDS)})")
-    job = BackendJob(settings, cfg, tokenizer, model=model, max_model_len=max_model_len, need_len=need_len, log=log)
+    job = BackendJob(settings, cfg, tokenizer, model=model, max_model_len=max_model_len, need_len=need_len,
+                     short_len=short_len, log=log)
     key, build = BACKENDS[settings.backend].plan(job)
     if reuse is None:
         return build()

@@ -22,15 +22,26 @@ masked attention), and a batch runs until its longest member is done. Here:
 - **CUDA graph.** The decode step (forward, EOS suppression below ``min_new_tokens``, argmax, cache/mask/position
   updates) is captured once and replayed, so a step costs GPU time, not launch time. The shape never changes
   during a run, so one capture serves the whole benchmark. A model whose forward cannot be captured falls back to eager
-  steps, with a note on stderr; dynamic NTK models decode eagerly from the start (see below).
+  steps, with a note on stderr; models under a length rule decode eagerly from the start (see below).
 
-Dynamic NTK (``--rope dynamic_ntk``): transformers' rotary module recomputes its base from the largest position
-of a forward pass and keeps the largest it has seen (it only shrinks back below the original context), so a
-module that served a long sample would serve every later, shorter one with the long sample's base. Each sample is
-therefore computed as batch-1 ``generate`` on a fresh model computes it: the module is reset before every prefill
-(:func:`reset_dynamic_rope`), and a decode step gives every slot the frequencies of its own length (the module's
-own code, run once per slot with that slot's frequencies: :class:`_PerSlotDynamicRope`), not those of the longest
-live slot. Dynamic NTK decode steps run eagerly (the frequency update needs the positions on the host).
+Rotary rules that follow the length (each slot gets its own: :func:`slot_ropes`; these decode steps run eagerly,
+since the per-slot frequencies need the positions on the host):
+
+- dynamic NTK (``--rope dynamic_ntk``): transformers' rotary module recomputes its base from the largest position
+  of a forward pass and keeps the largest it has seen (it only shrinks back below the original context), so a
+  module that served a long sample would serve every later, shorter one with the long sample's base. Each sample
+  is therefore computed as batch-1 ``generate`` on a fresh model computes it: the module is reset before every
+  prefill, and a decode step gives every slot the frequencies of its own length (the module's own code, run once
+  per slot with that slot's frequencies), not those of the longest live slot.
+- dynamic YaRN (``--rope dynamic_yarn``, this repo's rule: ``rope_scaling.load.install_rope_rule``): YaRN at s =
+  max(1, L / orig) for the current length L, per slot in a decode step (the prefill's forward at the prompt's).
+- LongRoPE (``--rope longrope``): one factor set per sample, chosen at its prefill: the long factors when prompt +
+  max new tokens > the original context, else the short ones (:func:`longrope_long`). transformers switches per
+  forward on the batch's largest position, which would give slots at different lengths one set, and a sample whose
+  prompt fits the original context but whose generation passes it keys cached with short factors under queries
+  with long ones (transformers avoids this only in Phi-3's ``prepare_inputs_for_generation``, by prefilling again
+  at the crossing). Long factors from the prefill cost nothing extra and are what vLLM serves (its long factors
+  for every token once max_model_len > orig).
 
 Greedy outputs equal plain batch-1 ``model.generate`` in fp32 (token for token: tests on CPU with Qwen2 / Llama
 GQA models, refills and shifts; ``bench/bench_generate.py --device cuda --toy --dtype float32`` on CUDA with the
@@ -41,6 +52,7 @@ is) and SDPA attention; on anything else the backend uses ``generate`` (``--cach
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Callable, Sequence
 
@@ -91,19 +103,28 @@ def reset_dynamic_rope(model, modules=None) -> None:
     compat.reset_dynamic_rope(dynamic_rope_modules(model) if modules is None else modules)
 
 
-class _PerSlotDynamicRope:
-    """During a decode step, a dynamic-NTK rotary module computes each slot's cos/sin with that slot's own
-    frequencies, updated as transformers' dynamic update would for that sample alone (grow when the position passes
-    what the slot has seen), then the module's undecorated forward per slot. Prefill leaves the module in the
-    sample's state; :meth:`take` stores it for the slot."""
+class _SlotRope:
+    """How one rotary module gives every slot its own frequencies during a decode step: per slot, the frequencies
+    of that sample alone (:meth:`slot`), then the module's undecorated forward on that slot's row. A subclass per
+    rule: :meth:`prefill` puts the module in the sample's state for its prefill, :meth:`take` stores what the slot
+    keeps."""
 
     def __init__(self, module):
         self.m = module
         self.raw = compat.undecorated_rope_forward(module)
-        self.state: dict = {}  # slot -> [inv_freq, seen (max seq len), attention_scaling]
+        self.state: dict = {}  # slot -> what the rule keeps for it
+
+    @contextlib.contextmanager
+    def prefill(self, n: int, total: int):
+        """Around the prefill of a sample of ``n`` prompt tokens and at most ``total`` tokens in all."""
+        yield
 
     def take(self, row: int) -> None:
-        self.state[row] = compat.rope_frequencies(self.m)
+        """After the prefill of slot ``row``."""
+
+    def slot(self, row: int, seq_len: int, device):
+        """(inv_freq, attention_scaling) of slot ``row`` at ``seq_len`` tokens."""
+        raise NotImplementedError
 
     def forward(self, x, position_ids):
         import torch
@@ -113,18 +134,108 @@ class _PerSlotDynamicRope:
         cos, sin = [], []
         try:
             for r, p in enumerate(position_ids[:, -1].tolist()):
-                st = self.state[r]
-                seq_len = int(p) + 1
-                if seq_len > st[1]:  # transformers: grow to the current length
-                    st[0], st[2] = compat.rope_frequencies_for_length(m, x.device, seq_len)
-                    st[1] = seq_len
-                compat.set_rope_frequencies(m, st[0], st[2])
+                compat.set_rope_frequencies(m, *self.slot(r, int(p) + 1, x.device))
                 c, s_ = self.raw(m, x[r:r + 1], position_ids[r:r + 1])
                 cos.append(c)
                 sin.append(s_)
         finally:
             compat.set_rope_frequencies(m, saved[0], saved[2])
         return torch.cat(cos), torch.cat(sin)
+
+
+class _SlotDynamicNTK(_SlotRope):
+    """Dynamic NTK (transformers' ``dynamic``): each sample from a fresh module (reset before its prefill), and in
+    a decode step the slot's frequencies updated as transformers' dynamic update would for that sample alone (grow
+    when the position passes what the slot has seen)."""
+
+    @contextlib.contextmanager
+    def prefill(self, n: int, total: int):
+        compat.reset_dynamic_rope([self.m])
+        yield
+
+    def take(self, row: int) -> None:
+        self.state[row] = compat.rope_frequencies(self.m)  # [inv_freq, seen (max seq len), attention_scaling]
+
+    def slot(self, row: int, seq_len: int, device):
+        st = self.state[row]
+        if seq_len > st[1]:  # transformers: grow to the current length
+            st[0], st[2] = compat.rope_frequencies_for_length(self.m, device, seq_len)
+            st[1] = seq_len
+        return st[0], st[2]
+
+
+class _SlotLengthRule(_SlotRope):
+    """A rule of this repo's own that follows the length (dynamic YaRN: ``rope_scaling.load.install_rope_rule``):
+    the prefill's forward computes it at the prompt's length; a decode step at each slot's own length."""
+
+    def slot(self, row: int, seq_len: int, device):
+        return compat.length_rope_frequencies(self.m, seq_len, device)
+
+
+class _SlotLongRope(_SlotRope):
+    """LongRoPE (transformers' ``longrope``): one factor set per sample, for its prefill and every decode step:
+    the long factors when the prompt plus the generation budget can pass the original context, else the short ones
+    (:func:`longrope_long`). transformers would switch per forward on the batch's largest position: a batch of
+    slots at different lengths would share one set, and a sample crossing the original context while it decodes
+    would attend with long-factor queries to keys cached with short factors."""
+
+    @contextlib.contextmanager
+    def prefill(self, n: int, total: int):
+        self.current = compat.longrope_frequencies(self.m, next(self.m.buffers()).device,
+                                                   longrope_long(self.m, total))
+        with fixed_rope(self.m, *self.current):
+            yield
+
+    def take(self, row: int) -> None:
+        self.state[row] = self.current
+
+    def slot(self, row: int, seq_len: int, device):
+        return self.state[row]
+
+
+def longrope_long(module, total: int) -> bool:
+    """Whether a sample of at most ``total`` tokens (prompt + generation budget) runs with a ``longrope`` module's
+    long factors: past its original context (:func:`ropescale.common.compat.longrope_original_context`)."""
+    return int(total) > compat.longrope_original_context(module)
+
+
+@contextlib.contextmanager
+def fixed_rope(module, inv_freq, attention_scaling):
+    """Inside: the rotary ``module`` computes cos/sin from ``inv_freq`` and ``attention_scaling`` in every forward,
+    whatever the length (its undecorated forward as an instance attribute)."""
+    raw = compat.undecorated_rope_forward(module)
+    saved = compat.rope_frequencies(module)
+
+    def forward(x, position_ids, *args, **kwargs):
+        return raw(module, x, position_ids, *args, **kwargs)
+
+    compat.set_rope_frequencies(module, inv_freq, attention_scaling)
+    module.forward = forward
+    try:
+        yield
+    finally:
+        del module.forward
+        compat.set_rope_frequencies(module, saved[0], saved[2])
+
+
+@contextlib.contextmanager
+def longrope_for(model, total: int):
+    """Inside: every ``longrope`` module of ``model`` uses one factor set, the one a sample of at most ``total``
+    tokens takes (:func:`longrope_long`), in every forward: what a padded ``generate`` batch needs (its samples all
+    on one side of the original context: :func:`longrope_groups`)."""
+    with contextlib.ExitStack() as stack:
+        for m in compat.longrope_modules(model):
+            inv, att = compat.longrope_frequencies(m, next(m.buffers()).device, longrope_long(m, total))
+            stack.enter_context(fixed_rope(m, inv, att))
+        yield
+
+
+def slot_ropes(model) -> list[_SlotRope]:
+    """The per-slot rule of every rotary module of ``model`` whose frequencies depend on the length."""
+    out: list[_SlotRope] = [_SlotDynamicNTK(m) for m in dynamic_rope_modules(model)]
+    out += [_SlotLengthRule(m) for m in compat.length_rope_modules(model)]
+    out += [_SlotLongRope(m) for m in compat.longrope_modules(model)]
+    return out
 
 
 class SlotCache(compat.DuckCache):
@@ -341,9 +452,9 @@ class SlotDecoder:
         self.log = log or (lambda m: print(m, file=sys.stderr))
         self.graph_used = False
         self.compactions = 0  # left shifts of the slot buffers (tests check the path is taken)
-        self.dynamic = [_PerSlotDynamicRope(m) for m in dynamic_rope_modules(model)]
+        self.dynamic = slot_ropes(model)
         if self.dynamic:
-            self.cuda_graph = False  # the per-slot frequency update needs the positions on the host
+            self.cuda_graph = False  # the per-slot frequencies need the positions on the host
 
     def run(self, items: Sequence, max_new_tokens: int, min_new_tokens: int,
             on_done: Callable[[object, list[int]], None]) -> None:
@@ -421,12 +532,13 @@ class SlotDecoder:
         n = len(ids)
         start = w - n
         dev = self.buf.tok.device
-        if self.dynamic:  # the sample alone, from a fresh state: as batch-1 generate computes it
-            reset_dynamic_rope(self.model, [d.m for d in self.dynamic])
-        out = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
-                         position_ids=torch.arange(n, device=dev).unsqueeze(0),
-                         **compat.cache_kwargs(_prefill_writer(self.model.config, self.buf.cache, row, start)),
-                         use_cache=True, **compat.last_logits_kwargs(1))
+        with contextlib.ExitStack() as stack:  # each length rule in this sample's state (dynamic NTK: fresh)
+            for d in self.dynamic:
+                stack.enter_context(d.prefill(n, n + self.max_new))
+            out = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
+                             position_ids=torch.arange(n, device=dev).unsqueeze(0),
+                             **compat.cache_kwargs(_prefill_writer(self.model.config, self.buf.cache, row, start)),
+                             use_cache=True, **compat.last_logits_kwargs(1))
         logits = out.logits[0, -1].float()
         if self.min_new > 0:
             logits = logits.masked_fill(self.buf.eos_mask, float("-inf"))

@@ -322,9 +322,10 @@ def start_run(g: Generation, *, hf_model, backends, log):
     be = None
     if g.items:
         need = max(len(it.input_ids) for it in g.items) + g.max_new_tokens
+        short = min(len(it.input_ids) for it in g.items) + g.max_new_tokens
         want = max(2 * g.sub.target if g.sub else 0, need)  # vllm: 2x the subset's target (the release's Inference.py)
-        be = make_backend(s.backend, g.cfg, g.tokenizer, model=hf_model, max_model_len=want, need_len=need, log=log,
-                          reuse=backends)
+        be = make_backend(s.backend, g.cfg, g.tokenizer, model=hf_model, max_model_len=want, need_len=need,
+                          short_len=short, log=log, reuse=backends)
         g.record.info["backend_info"] = be.describe()
     if g.old is not None:  # resuming: keep when the run began
         g.record.created = g.old.get("created")

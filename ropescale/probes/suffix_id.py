@@ -72,8 +72,13 @@ def default_suffix_lengths(orig_ctx: int) -> list[int]:
 
 
 def _reuse(loaded) -> bool:
-    """Encode the shared prefix once, except under dynamic NTK (its frequencies depend on the total length)."""
-    return (loaded.rope or {}).get("method") != "dynamic_ntk"
+    """Encode the shared prefix once, except under a method whose frequencies depend on the total length
+    (``formulas.Method.by_length``: dynamic NTK, dynamic YaRN, LongRoPE: the prefix's keys would be rotated for its
+    own length, not the prefix + candidate's)."""
+    from rope_scaling.formulas import REGISTRY
+
+    m = REGISTRY.get((loaded.rope or {}).get("method") or "none")
+    return m is None or not m.by_length
 
 
 # ---------------------------------------------------------------- chapter variant (ChapterBreak)

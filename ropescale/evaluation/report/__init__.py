@@ -3,7 +3,8 @@
 Inputs (any mix):
 - ``--scores FILE.csv`` with columns ``model,prompt,subset,rouge_l`` (prompt IE or IB — ie/ib/ft-ie/ft-ib/
   Prompt-IE are accepted too; subset L, XL, 2XL, 3XL or any name such as T2048; a ``-`` or empty rouge_l is a
-  missing cell) and optional ``rope,scale,train_length`` columns;
+  missing cell) and optional ``rope,scale,train_length,longrope_factors`` columns (``longrope_factors``: a LongRoPE
+  factor file, relative to the CSV, needed by ``rope`` longrope; the row is labelled by the factors' content hash);
 - run directories written by ``eval_summ.py generate`` (a folder is searched for them), scored on the fly when
   their ``scores.json`` is missing or stale (and the scores saved into them, unless ``--no-save-scores``).
 

@@ -46,15 +46,22 @@ def canon_kind(prompt: str, where: tuple = (None, None)) -> str:
 
 
 def csv_setting(model: str, rope: str | None, scale: float | None, train_length: float | None,
-                where: tuple = (None, None)) -> Setting:
-    """The setting of a scores CSV row: its model, its rope method and scale (none when absent), and its training
-    length (the paper's mean; a row with one counts as fine-tuned)."""
+                where: tuple = (None, None), factors: str | os.PathLike | None = None) -> Setting:
+    """The setting of a scores CSV row: its model, its rope method and scale (none when absent), LongRoPE's factors
+    (``factors``: a factor file, read here, so the row is keyed -- and labelled -- by their content hash), and its
+    training length (the paper's mean; a row with one counts as fine-tuned)."""
     spec = None
     if rope is not None or scale is not None:
+        rec = {"method": rope or "none", "scale": 1.0 if scale is None else scale}
+        if factors is not None:
+            rec["longrope_factors"] = str(factors)
+        elif rope == "longrope":
+            raise InputError("rope 'longrope' needs its factors: a longrope_factors column naming the factor file "
+                             "(a path relative to the CSV), as --longrope-factors takes it", *where)
         try:
-            spec = RopeSpec.from_record({"method": rope or "none", "scale": 1.0 if scale is None else scale})
+            spec = RopeSpec.from_record(rec)
         except InputError as e:
-            raise InputError(f"rope {rope!r} scale {scale!r}: {e.message}", *where) from None
+            raise InputError(f"rope {rope!r} scale {scale!r}: {e}", *where) from None
     tl = None if train_length is None else TrainLength(float(train_length))
     return Setting(model, spec, None if tl is None else f"length {tl.text()}", tl)
 
@@ -122,7 +129,9 @@ def _score_row(rec: dict, path: Path, ln: int) -> dict | None:
     rope = (rec.get("rope") or "").strip() or None
     scale = _opt_float(rec.get("scale"), "scale", path, ln)
     tl = _opt_float(rec.get("train_length"), "train_length", path, ln)
-    return {"model": model, "setting": csv_setting(model, rope, scale, tl, (path, ln)), "kind": kind,
+    factors = (rec.get("longrope_factors") or "").strip() or None
+    factors = None if factors is None else path.parent / factors
+    return {"model": model, "setting": csv_setting(model, rope, scale, tl, (path, ln), factors), "kind": kind,
             "subset": subset, "rouge_l": val, "_line": ln}
 
 
@@ -204,14 +213,14 @@ def probe_variant(meta: RunMeta) -> str:
 def build_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.PathLike] = (),
                  metric: str = DEFAULT_METRIC, buckets: Optional[Sequence[int]] = None) -> Report:
     """Build every view from run directories / folders (paths), score rows (dicts with model, prompt|kind,
-    subset, rouge_l[, rope, scale, train_length] -- or a ``setting``) and scores CSV files. Nothing is written
-    here."""
+    subset, rouge_l[, rope, scale, train_length, longrope_factors] -- or a ``setting``) and scores CSV files.
+    Nothing is written here."""
     check_metric(metric)
     paths, rows = [], []
     for src in sources:
         if isinstance(src, dict):
             setting = src.get("setting") or csv_setting(str(src["model"]), src.get("rope"), src.get("scale"),
-                                                        src.get("train_length"))
+                                                        src.get("train_length"), factors=src.get("longrope_factors"))
             rows.append({**src, "setting": setting, "kind": canon_kind(src.get("kind") or src.get("prompt")),
                          "subset": canon_subset(src["subset"])})
         elif Path(src).is_file() and str(src).lower().endswith(".csv"):

@@ -1,0 +1,122 @@
+"""Issue 32 phase 2: what ``--backend vllm`` is told for llama3, LongRoPE and dynamic YaRN (vLLM absent here:
+``vllm_settings`` is a pure function).
+
+vLLM's LongRoPE, transcribed from vLLM's ``model_executor/layers/rotary_embedding/phi3_long_rope_scaled_rope.py``
+and ``get_rope`` (independently of ropescale.evaluation.backends): the long factors for every token when
+max_model_len > original_max_position_embeddings, else the short ones; cos/sin scaled by ``short_mscale`` /
+``long_mscale`` (the only attention keys get_rope passes on), by default sqrt(1 + ln(max_pos / orig) / ln(orig));
+a long cache of max_position_embeddings positions. Its llama3 rope reads factor, low/high_freq_factor and
+original_max_position_embeddings, with a cache of max_position_embeddings positions.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from ropescale.common.io import InputError
+
+ORIG = 64
+SHORT = [1.0, 1.02, 0.97, 1.05, 1.0, 1.08, 0.99, 1.03]
+LONG = [1.0, 1.3, 1.9, 2.8, 3.6, 4.4, 5.2, 6.0]
+
+
+def vllm_longrope(cfg: dict, max_model_len: int) -> dict:
+    """What vLLM's longrope module computes for a (5.x) config dict: the factor set, the cos/sin scale, the
+    long cache's length."""
+    rp, max_pos = cfg["rope_parameters"], cfg["max_position_embeddings"]
+    orig = rp["original_max_position_embeddings"]
+    long = max_model_len > orig
+    scale = max_pos / orig
+    default = 1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(orig))
+    mscale = rp.get("long_mscale" if long else "short_mscale", default)
+    return {"factors": rp["long_factor" if long else "short_factor"], "mscale": mscale,
+            "positions": max_pos if long else orig}
+
+
+def applied(cfg: dict, overrides: dict) -> dict:
+    return {**cfg, **json.loads(json.dumps(overrides))}
+
+
+@pytest.fixture(scope="module")
+def base_dir(make_tiny_model):
+    return make_tiny_model("qwen2", orig_ctx=ORIG, seed=21)[1]
+
+
+def scaled(base_dir, spec):
+    from rope_scaling.load import load_config
+
+    cfg = load_config(base_dir, spec)
+    return cfg
+
+
+def longrope(att=None):
+    from rope_scaling import RopeSpec
+    from rope_scaling.spec import LongRopeFactors
+
+    return RopeSpec("longrope", 4, longrope_factors=LongRopeFactors(SHORT, LONG, att))
+
+
+@pytest.mark.parametrize("att", [None, 1.25])
+def test_longrope_all_past_the_original_context_gets_the_long_factors_and_our_attention(base_dir, att):
+    from ropescale.evaluation.backends import vllm_settings
+
+    cfg = scaled(base_dir, longrope(att))
+    before = cfg.config.to_dict()
+    ov, mml = vllm_settings(cfg.config, cfg.rope_fields(), need=300, want=600, state=cfg.state, short=80)
+    assert mml == 600
+    got = vllm_longrope(applied(before, ov), mml)
+    hf_att = att if att is not None else math.sqrt(1 + math.log(4) / math.log(ORIG))  # transformers' default
+    assert got["factors"] == LONG and got["mscale"] == pytest.approx(hf_att, rel=1e-12)
+    assert got["positions"] >= mml  # 600 > 64 x 4: max_position_embeddings raised, the attention kept
+    assert applied(before, ov)["max_position_embeddings"] == 600
+
+
+def test_longrope_all_within_the_original_context_stays_on_the_short_factors(base_dir):
+    from ropescale.evaluation.backends import vllm_settings
+
+    cfg = scaled(base_dir, longrope())
+    ov, mml = vllm_settings(cfg.config, cfg.rope_fields(), need=60, want=512, state=cfg.state, short=20)
+    assert mml == ORIG  # capped: max_model_len 512 would switch vLLM to the long factors
+    got = vllm_longrope(applied(cfg.config.to_dict(), ov), mml)
+    assert got["factors"] == SHORT and got["positions"] >= 60
+    assert got["mscale"] == pytest.approx(math.sqrt(1 + math.log(4) / math.log(ORIG)), rel=1e-12)
+
+
+def test_longrope_samples_on_both_sides_are_refused(base_dir):
+    from ropescale.evaluation.backends import vllm_settings
+
+    cfg = scaled(base_dir, longrope())
+    with pytest.raises(InputError, match=r"reach 40 to 300 tokens, on both sides.*--backend hf"):
+        vllm_settings(cfg.config, cfg.rope_fields(), need=300, want=512, state=cfg.state, short=40)
+
+
+def test_dynamic_yarn_is_refused_and_llama3_passes(base_dir):
+    from rope_scaling import RopeSpec
+    from ropescale.evaluation.backends import vllm_settings
+
+    cfg = scaled(base_dir, RopeSpec("dynamic_yarn", 4))
+    assert cfg.config.rope_parameters["rope_type"] == "yarn"  # what vLLM would read: static yarn
+    with pytest.raises(InputError, match=r"cannot run dynamic_yarn.*static yarn x4.*--backend hf"):
+        vllm_settings(cfg.config, cfg.rope_fields(), need=100, want=200, state=cfg.state)
+    cfg = scaled(base_dir, RopeSpec("llama3", 4))
+    before = cfg.config.to_dict()
+    ov, mml = vllm_settings(cfg.config, cfg.rope_fields(), need=300, want=600, state=cfg.state)
+    after = applied(before, ov)
+    assert mml == 600 and after["max_position_embeddings"] >= 600  # vLLM's llama3 cache: max_position_embeddings
+    assert after["rope_parameters"] == before["rope_parameters"]  # the frequencies as transformers computes them
+    assert set(ov) - set(cfg.rope_fields()) <= {"max_position_embeddings"}
+
+
+def test_generate_refuses_dynamic_yarn_on_vllm_in_one_line(base_dir, chapters, tmp_path, capsys):
+    from ropescale.evaluation.cli import main
+
+    data = tmp_path / "cnnsum_L_16k.jsonl"
+    data.write_text(json.dumps({"context": chapters[0]["text"][:100], "summary": "x"}, ensure_ascii=False) + "\n",
+                    encoding="utf-8")
+    rc = main(["generate", "--model", str(base_dir), "--data", str(data), "--prompt", "ie", "--out",
+               str(tmp_path / "o"), "--backend", "vllm", "--rope", "dynamic_yarn", "--scale", "4"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and "dynamic_yarn" in err[-1] and "--backend hf" in err[-1] and "Traceback" not in "".join(err)
+    assert not (tmp_path / "o").exists()
