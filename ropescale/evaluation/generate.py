@@ -51,6 +51,7 @@ from rope_scaling import RopeSpec
 from ropescale.common import prompts, subsets
 from ropescale.common.cli import add_command, add_json, doc_sections, print_result
 from ropescale.common.io import InputError
+from ropescale.common.models import MODEL_HELP
 from ropescale.common.runs import (
     RunDir,
     RunRecord,
@@ -80,7 +81,7 @@ class GenerateSettings:
     """Every setting of ``eval_summ generate`` (and of ``run``, which generates). A run directory may be resumed
     only with the same settings, except those marked ``resume="ignore"`` (and the backend's)."""
 
-    model: str = setting("tiny", "HF model directory, or 'tiny' (the embedded default)")
+    model: str = setting("tiny", MODEL_HELP)
     data: str | None = setting(None, DATA_HELP, metavar="DATA")
     prompt: str | None = setting(None, "ie / ib: the baseline prompts (Appendix F.1); ft-ie / ft-ib: the "
                                        "fine-tuning prompts (F.2), for models fine-tuned with them",

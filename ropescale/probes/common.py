@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rope_scaling import RopeSpec
+from ropescale.common.models import MODEL_HELP
 from ropescale.common.paths import CHAPTERS_JSONL
 from ropescale.common.runs import (
     ITEMS,
@@ -108,7 +109,7 @@ def data_setting(help: str):
 class ProbeSettings:
     """What every probe takes; a probe's own settings subclass it (``class PplSettings(ProbeSettings)``)."""
 
-    model: str = setting("tiny", "HF model directory, or 'tiny' (the embedded default)", resume="path")
+    model: str = setting("tiny", MODEL_HELP, resume="path")
     out: str | None = setting(None, "run directory to write (resumed when it holds a run with the same settings)",
                               metavar="DIR", required=True, resume="ignore")
     data: str = data_setting(DOCS_HELP)

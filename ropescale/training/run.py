@@ -190,8 +190,8 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
     order: settings -> data -> trainer arguments -> model -> run record -> trainer -> fit and export."""
     check(args)  # before any work
     env.setup_env()
-    env.disable_shm_comm()
     run = plan_run(args, recipe=recipe, resume=resume, overwrite=overwrite)
+    env.disable_shm_comm()  # (imports deepspeed: after the checks that need none)
     if run.world > 1:  # join the process group first (DeepSpeed sizes its batch from it)
         _init_dist(run.cuda)
     prepare_data(run)
@@ -209,17 +209,18 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
 def plan_run(args: TrainSettings, *, recipe: str | None, resume: str | None, overwrite: bool) -> Run:
     """Phase 1, settings: the model's config with the RoPE rule applied, the run directory and what a resume or
     --init-from may continue. Every check that needs no data; nothing is written."""
+    from ropescale.common.models import resolve_model
+
+    t_start = time.time()
+    model_dir = resolve_model(args.model)  # before torch is imported: a missing model is one line at once
     import torch
 
     from rope_scaling.load import load_config
-    from ropescale.common.models import resolve_model
 
     from .model import resolve_attn, resolve_dtype
     from .saving import find_export
 
-    t_start = time.time()
     cuda = torch.cuda.is_available()
-    model_dir = resolve_model(args.model)
     model = load_config(model_dir, args.rope)
     config, effective = model.config, model.rope
     log(f"[finetune] model {model_dir} ({config.model_type}), {model.change.message()}: context {model.context} "
