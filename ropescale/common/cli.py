@@ -67,12 +67,42 @@ def cli_main(fn: Callable[[list[str] | None], int | None]) -> Callable[[list[str
             print(f"error: {err}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
+            print(f"interrupted{': ' + _on_interrupt[0] if _on_interrupt else ''}", file=sys.stderr)
             return 130
+        finally:
+            runs = sys.modules.get("ropescale.common.runs")  # (not imported for a --help)
+            if runs is not None:
+                runs.release_run_dirs()  # the command is over: its run directories are free again
 
     wrapped.__doc__ = fn.__doc__
     wrapped.__name__ = getattr(fn, "__name__", "main")
     return wrapped
+
+
+_on_interrupt: list[str] = []  # what cli_main says after "interrupted" (when_interrupted)
+
+
+def when_interrupted(how: str) -> None:
+    """Ctrl-C from now on prints ``interrupted: HOW`` (how to continue: :func:`rerun_command`)."""
+    _on_interrupt[:] = [how]
+
+
+def rerun_command(add: Iterable[str] = (), drop: Iterable[str] = ()) -> str:
+    """The command line this process was started with, as typed (``python -m PKG`` for a package's __main__),
+    without the flags in ``drop`` and with ``add`` appended when not there already."""
+    import shlex
+
+    argv = list(sys.argv)
+    first = argv[0] if argv else "python"
+    head = ["python", "-m", os.path.basename(os.path.dirname(first))] if first.endswith("__main__.py") else \
+        ["python", os.path.relpath(first) if os.path.isabs(first) and not os.path.relpath(first).startswith("..")
+         else first]
+    drop = set(drop)
+    rest = [a for a in argv[1:] if a not in drop]
+    add = list(add)
+    if add and add[0] not in rest:
+        rest += add
+    return shlex.join(head + rest)
 
 
 def add_command(subparsers, name: str, *, help: str, description: str | None = None, epilog: str | None = None,

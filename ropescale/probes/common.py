@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rope_scaling import RopeSpec
+from ropescale.common.cli import rerun_command, when_interrupted
 from ropescale.common.models import MODEL_HELP
 from ropescale.common.paths import CHAPTERS_JSONL
 from ropescale.common.runs import (
@@ -150,6 +151,7 @@ class ProbeRun:
                  column: str = ""):
         self.t_start = time.time()
         out, old = open_run_dir(settings.out, "probe")  # a file, or another kind of run's directory: refused
+        when_interrupted(f"the items so far are kept; to continue, run the same command again: {rerun_command()}")
         self.dir = RunDir(out)
         model = model_ref(loaded.name, loaded.path)
         settings = dataclasses.replace(settings, model=model)  # the model as loaded (tiny or its path)
