@@ -88,15 +88,19 @@ def when_interrupted(how: str) -> None:
 
 
 def rerun_command(add: Iterable[str] = (), drop: Iterable[str] = ()) -> str:
-    """The command line this process was started with, as typed (``python -m PKG`` for a package's __main__),
-    without the flags in ``drop`` and with ``add`` appended when not there already."""
+    """The command line this process was started with, as typed (``python -m PKG`` for a package's __main__, a
+    path in the current folder relative to it), without the flags in ``drop`` and with ``add`` appended when not
+    there already."""
     import shlex
 
     argv = list(sys.argv)
     first = argv[0] if argv else "python"
-    head = ["python", "-m", os.path.basename(os.path.dirname(first))] if first.endswith("__main__.py") else \
-        ["python", os.path.relpath(first) if os.path.isabs(first) and not os.path.relpath(first).startswith("..")
-         else first]
+    if os.path.isabs(first) and not os.path.relpath(first).startswith(".."):
+        first = os.path.relpath(first)  # as typed in the project folder
+    if first.endswith("__main__.py"):
+        head = ["python", "-m", os.path.basename(os.path.dirname(first))]
+    else:  # a script, or a command such as .venv/bin/ropescale
+        head = ["python", first] if first.endswith(".py") else [first]
     drop = set(drop)
     rest = [a for a in argv[1:] if a not in drop]
     add = list(add)
