@@ -423,15 +423,17 @@ def test_chinese_labels_are_drawn_with_glyphs_or_named_once(tmp_path, capsys):
         assert "千问 pi x8" in drawn["texts"] and "no installed font" not in err
 
 
-def test_data_concat_shows_its_progress_on_stderr(chapters, tiny_tokenizer, capsys):
+def test_data_concat_shows_its_progress_on_stderr(chapters, capsys):
     """pairs / sample tokenize the novels (26-55 s on the shared novels, silent before): a bar on stderr, moved
     per batch of chapters (pack's bar: per batch of pairs), nothing on stdout."""
     from data_concat.cuts import tokenize_with_offsets
     from data_concat.pairs import build_pairs
     from data_concat.sampler import sample
+    from data_concat.tokenizer import load_tokenizer
     from ropescale.common import subsets
     from ropescale.common.chapters import Chapter
 
+    tiny_tokenizer = load_tokenizer("tiny")  # the committed tiny default's
     chs = [Chapter(c["book"], c["chapter"], c["title"], c["text"]) for c in chapters[:12]]
     seen = []
     tokenize_with_offsets(tiny_tokenizer, [c.text for c in chs[:5]], batch_size=2, on_batch=seen.append)
