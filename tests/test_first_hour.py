@@ -95,8 +95,8 @@ def _run_dir(d: Path, preds: list[dict]) -> Path:
 READ_ONLY = "cannot be written here"
 
 
-@pytest.mark.parametrize("writer", ["generate", "probes", "finetune", "merge", "pack", "pairs", "sample",
-                                    "report-plot", "probes-report"])
+@pytest.mark.parametrize("writer", ["generate", "probes", "finetune", "merge", "pack", "pairs", "sample", "recall",
+                                    "report-plot", "report-out", "probes-report"])
 def test_an_unwritable_output_is_one_line_before_any_work(writer, freeze, no_model_load, model_dir, eval_file,
                                                           tmp_path, capsys):
     ro = freeze(tmp_path / "ro")
@@ -119,10 +119,11 @@ def test_an_unwritable_output_is_one_line_before_any_work(writer, freeze, no_mod
         (exp / "export.json").write_text("{}")
         rc = main(["--model", str(model_dir), "--rope", "pi", "--scale", "2", "--out", str(ro / "run")]
                   if writer == "finetune" else ["merge", "--run", str(exp), "--out", str(ro / "merged")])
-    elif writer == "report-plot":
+    elif writer in ("report-plot", "report-out"):
         from ropescale.evaluation.cli import main
 
-        rc = main(["report", str(_run_dir(tmp_path / "run", [])), "--plot", str(ro / "sub" / "fig3.png")])
+        rc = main(["report", str(_run_dir(tmp_path / "run", [])),
+                   *(["--plot", str(ro / "sub" / "fig3.png")] if writer == "report-plot" else ["--out", str(ro)])])
     else:
         from data_concat.cli import main
 
@@ -132,7 +133,9 @@ def test_an_unwritable_output_is_one_line_before_any_work(writer, freeze, no_mod
                              "--max-tokens", "200", "--out",
                              str(ro / "pairs.jsonl")],
                    "sample": ["sample", "--chapters", str(CHAPTERS_JSONL), "--tokenizer", tok, "--subset-tokens",
-                              "512", "--out", str(ro / "s.jsonl")]}[writer])
+                              "512", "--out", str(ro / "s.jsonl")],
+                   "recall": ["recall", "--tokenizer", tok, "--eval-tokens", "256", "--out", str(ro / "r.jsonl")],
+                   }[writer])
     line = _one_line(capsys, rc, READ_ONLY, str(ro))
     assert "Traceback" not in line and list(ro.iterdir()) == []
 
