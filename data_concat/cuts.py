@@ -34,14 +34,17 @@ class Tokenized:
         return bisect.bisect_right(self.ends, pos)
 
 
-def tokenize_with_offsets(tok, texts: Sequence[str], batch_size: int = 32) -> list[Tokenized]:
-    """Tokenize texts (no special tokens), keeping each token's end offset."""
+def tokenize_with_offsets(tok, texts: Sequence[str], batch_size: int = 32, on_batch=None) -> list[Tokenized]:
+    """Tokenize texts (no special tokens), keeping each token's end offset; ``on_batch(n)`` after each batch of
+    ``n`` texts (a progress bar's ``update``)."""
     out: list[Tokenized] = []
     for s in range(0, len(texts), batch_size):
         chunk = list(texts[s:s + batch_size])
         enc = tok(chunk, add_special_tokens=False, return_offsets_mapping=True)
         for text, offs in zip(chunk, enc["offset_mapping"]):
             out.append(Tokenized(text, [int(e) for _, e in offs]))
+        if on_batch is not None:
+            on_batch(len(chunk))
     return out
 
 
@@ -84,7 +87,7 @@ def _tokenizer_fingerprint(tok) -> str | None:
     return h.hexdigest()[:16] if found else None
 
 
-def paragraph_token_counts(tok, texts: Sequence[str], *, cache: bool = True) -> list[list[int]]:
+def paragraph_token_counts(tok, texts: Sequence[str], *, cache: bool = True, on_batch=None) -> list[list[int]]:
     """For each text, the token counts of its paragraphs (lines): the text's tokens partitioned by the paragraph
     a token ends in, so they sum to the text's token count exactly. Cached on disk per tokenizer and text
     (``$ROPESCALE_CACHE/data_concat/``) so repeated runs over the same novels skip tokenization."""
@@ -100,7 +103,9 @@ def paragraph_token_counts(tok, texts: Sequence[str], *, cache: bool = True) -> 
             store = {}
     keys = [hashlib.sha1(t.encode("utf-8")).hexdigest() for t in texts]
     todo = [i for i, k in enumerate(keys) if k not in store]
-    for i, tz in zip(todo, tokenize_with_offsets(tok, [texts[i] for i in todo])):
+    if on_batch is not None and len(todo) < len(texts):
+        on_batch(len(texts) - len(todo))  # (``on_batch``: progress, texts counted as they are done)
+    for i, tz in zip(todo, tokenize_with_offsets(tok, [texts[i] for i in todo], on_batch=on_batch)):
         starts, pos = [], 0
         for line in texts[i].split("\n"):
             starts.append(pos)

@@ -74,10 +74,11 @@ def build_pairs(chapters: Sequence[Chapter], tok, min_tokens: int, max_tokens: i
            "cut_sentence": 0, "dropped_short": 0, "dropped_short_chapters": [], "dropped_uncuttable": 0,
            "tokens_left_out": 0, "tail_tokens": 0}
     pairs: list[dict] = []
-    bar = tqdm(total=len(chapters), desc="chapters", unit="ch", disable=not progress, file=sys.stderr, leave=False)
+    bar = tqdm(total=len(chapters), desc="tokenizing chapters", unit="ch", disable=not progress, file=sys.stderr,
+               leave=False)
     books = by_book(chapters)
     for book, chs in books.items():
-        tzs = tokenize_with_offsets(tok, [c.text for c in chs])
+        tzs = tokenize_with_offsets(tok, [c.text for c in chs], on_batch=bar.update)  # (the slow part: the bar)
         counts = [t.n_tokens for t in tzs]
         i = 0
         while i < len(chs):
@@ -93,7 +94,6 @@ def build_pairs(chapters: Sequence[Chapter], tok, min_tokens: int, max_tokens: i
                 j += 1
                 win = _join(chs[i:j])
                 tz = tokenize_with_offsets(tok, [win.text])[0]
-            bar.update(j - i)
             i = j
             if tz.n_tokens < min_tokens:
                 rep["dropped_short"] += 1

@@ -68,11 +68,12 @@ class Unit:
     para: int | None = None
 
 
-def units_of(chs: Sequence[Chapter], tok, unit: str) -> list[Unit]:
-    """The book as units: its chapters, or its non-empty paragraphs, with token counts."""
+def units_of(chs: Sequence[Chapter], tok, unit: str, on_batch=None) -> list[Unit]:
+    """The book as units: its chapters, or its non-empty paragraphs, with token counts (``on_batch(n)``: n more
+    chapters counted)."""
     if unit not in UNITS:
         raise InputError(f"unknown --unit {unit!r} (choose from {', '.join(UNITS)})")
-    counts = paragraph_token_counts(tok, [c.text for c in chs])
+    counts = paragraph_token_counts(tok, [c.text for c in chs], on_batch=on_batch)
     if unit == "chapter":
         return [Unit(c, c.text, sum(n)) for c, n in zip(chs, counts)]
     out = []
@@ -124,12 +125,17 @@ def _record(name: str, book: str, us: Sequence[Unit], tokens: int, unit: str) ->
 
 
 def sample(chapters: Sequence[Chapter], tok, subset: subsets.Subset, *, unit: str = "chapter",
-           max_samples: int | None = None, per_book: int | None = None) -> tuple[list[dict], dict]:
+           max_samples: int | None = None, per_book: int | None = None, progress: bool = False
+           ) -> tuple[list[dict], dict]:
     """CNNSum-format samples {id, context, summary, book, chapters, tokens, subset} for one subset range (see module
     doc); ``subset`` is the subset's name (L, XL, 2XL, 3XL, or T<target> for a scaled-down one, as eval_summ
     names it), so the subset travels with the data."""
+    from tqdm import tqdm
+
     lo, hi = subset.range
-    units = {b: units_of(chs, tok, unit) for b, chs in by_book(chapters).items()}
+    with tqdm(total=len(chapters), desc="tokenizing chapters", unit="ch", disable=not progress, file=sys.stderr,
+              leave=False) as bar:
+        units = {b: units_of(chs, tok, unit, on_batch=bar.update) for b, chs in by_book(chapters).items()}
     cands = {b: candidates(us, lo, hi) for b, us in units.items()}
     rep = {"subset": subset.name, "target": subset.target, "range": [lo, hi], "unit": unit,
            "candidates": {b: len(c) for b, c in cands.items()}, "edge_out_of_range": 0}
@@ -219,7 +225,8 @@ def cmd_sample(args) -> int:
     bad = []
     chs = read_chapters(args.chapters, on_bad=args.on_bad, on_skip=bad.append, books=args.books)
     tok = load_tokenizer(args.tokenizer)
-    records, rep = sample(chs, tok, sub, unit=args.unit, max_samples=args.max_samples, per_book=args.per_book)
+    records, rep = sample(chs, tok, sub, unit=args.unit, max_samples=args.max_samples, per_book=args.per_book,
+                          progress=sys.stderr.isatty())
     rep["skipped_bad_lines"] = len(bad)
     write_jsonl_atomic(args.out, records)
     if args.json:

@@ -85,6 +85,8 @@ check=$($VENV/bin/python -m pip --disable-pip-version-check check 2>&1) \
 $VENV/bin/python -c "import torch, transformers, peft, deepspeed, jieba" >/dev/null 2>&1 \
   || { echo "[setup] import check failed" >&2; $VENV/bin/python -c "import torch, transformers, peft, deepspeed, jieba"; exit 1; }
 [ -x $VENV/bin/ropescale ] || { echo "[setup] the ropescale command is missing from $VENV/bin" >&2; exit 1; }
+# DS_ACCELERATOR=cpu at start-up on a machine without a GPU: `deepspeed ... --json` stdout stays JSON (training/env.py)
+$VENV/bin/python -c "from ropescale.training.env import write_accelerator_pth as w; w()"
 echo "$MODE" > $VENV/.ropescale-setup-mode
 echo "$req_hash" > "$stamp"
 echo "[setup] done ($MODE): $($VENV/bin/python -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')" >&2

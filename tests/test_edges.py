@@ -9,12 +9,13 @@ import os
 import re
 import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from ft_helpers import finetune_cmd, packed, run
+from ft_helpers import finetune_cmd, packed, run, run_env
 
 from ropescale.common.io import InputError, read_json, read_jsonl, share_private_files
 from ropescale.training.env import free_port
@@ -152,7 +153,8 @@ def test_share_private_files_gives_the_umask_mode_only_to_0600_files(tmp_path):
 def test_launcher_json_is_json_and_checkpoints_follow_the_umask(make_tiny_model, chapters, tiny_tokenizer_dir,
                                                                  tmp_path):
     """deepspeed -q: the launcher's own INFO lines off stdout; ours are on stderr; every file the run wrote has the
-    mode a plain open() gives (HF saves the checkpoint's adapter through safetensors as 0600)."""
+    mode a plain open() gives (HF saves the checkpoint's adapter through safetensors as 0600). Run as a user would:
+    without DS_ACCELERATOR (the launcher's "Setting accelerator to CPU" went to stdout; set-up's .pth sets it)."""
     _, model_dir = make_tiny_model(orig_ctx=64)
     data = packed(chapters, tiny_tokenizer_dir, tmp_path / "packed", 300, 480, n=8)
     out = tmp_path / "run"
@@ -162,7 +164,8 @@ def test_launcher_json_is_json_and_checkpoints_follow_the_umask(make_tiny_model,
            "--global-batch", "2", "--save-steps", "1", "--out", out, "--json"]
     old = os.umask(0o022)
     try:
-        proc = run([str(c) for c in cmd], timeout=240)
+        env = {k: v for k, v in run_env().items() if k != "DS_ACCELERATOR"}
+        proc = subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     finally:
         os.umask(old)
     assert proc.returncode == 0, proc.stderr[-3000:]

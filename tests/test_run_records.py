@@ -77,7 +77,8 @@ def test_a_finetune_killed_before_its_first_checkpoint_is_not_taken_over(env, ca
     other[other.index("--lr") + 1] = "5e-4"
     rc, line, err = _err(capsys, [*other, "--max-steps", "2", "--save-steps", "100", "--out", x])
     assert rc == 2, err[-2000:]
-    assert line.startswith(f"error: {x}: already holds a finetune run (running)") and "--resume" in line \
+    # no process holds it (issue 34: a killed run no longer reads "(running)")
+    assert line.startswith(f"error: {x}: already holds a finetune run (stopped (not running))") and "--resume" in line \
         and "--overwrite" in line, line
     assert {p: (x / p).read_bytes() for p in before} == before
     assert not (x / "final").exists() and [r["step"] for r in train_log(x)] == [1]

@@ -67,12 +67,46 @@ def cli_main(fn: Callable[[list[str] | None], int | None]) -> Callable[[list[str
             print(f"error: {err}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
+            print(f"interrupted{': ' + _on_interrupt[0] if _on_interrupt else ''}", file=sys.stderr)
             return 130
+        finally:
+            runs = sys.modules.get("ropescale.common.runs")  # (not imported for a --help)
+            if runs is not None:
+                runs.release_run_dirs()  # the command is over: its run directories are free again
 
     wrapped.__doc__ = fn.__doc__
     wrapped.__name__ = getattr(fn, "__name__", "main")
     return wrapped
+
+
+_on_interrupt: list[str] = []  # what cli_main says after "interrupted" (when_interrupted)
+
+
+def when_interrupted(how: str) -> None:
+    """Ctrl-C from now on prints ``interrupted: HOW`` (how to continue: :func:`rerun_command`)."""
+    _on_interrupt[:] = [how]
+
+
+def rerun_command(add: Iterable[str] = (), drop: Iterable[str] = ()) -> str:
+    """The command line this process was started with, as typed (``python -m PKG`` for a package's __main__, a
+    path in the current folder relative to it), without the flags in ``drop`` and with ``add`` appended when not
+    there already."""
+    import shlex
+
+    argv = list(sys.argv)
+    first = argv[0] if argv else "python"
+    if os.path.isabs(first) and not os.path.relpath(first).startswith(".."):
+        first = os.path.relpath(first)  # as typed in the project folder
+    if first.endswith("__main__.py"):
+        head = ["python", "-m", os.path.basename(os.path.dirname(first))]
+    else:  # a script, or a command such as .venv/bin/ropescale
+        head = ["python", first] if first.endswith(".py") else [first]
+    drop = set(drop)
+    rest = [a for a in argv[1:] if a not in drop]
+    add = list(add)
+    if add and add[0] not in rest:
+        rest += add
+    return shlex.join(head + rest)
 
 
 def add_command(subparsers, name: str, *, help: str, description: str | None = None, epilog: str | None = None,
@@ -134,7 +168,21 @@ class Tool:
             register(sub)
         for sp in sub.choices.values():  # one style, whatever a module's register wrote
             _plain_parser(sp)
+        if self.default:
+            self._default_help(sub, prog)
         return ap
+
+    def _default_help(self, sub, prog: str | None) -> None:
+        """The default command's help is the tool's: the tool's description (its examples) above the command's
+        flags, the other commands listed below them (``finetune.py --help`` shows the training flags)."""
+        sp = sub.choices[self.default]
+        helps = {a.dest: a.help for a in sub._choices_actions}  # argparse has no public accessor for them
+        others = [f"  {self.prog_name(prog)} {n} --help    {helps.get(n) or ''}".rstrip()
+                  for n in sub.choices if n != self.default]
+        sp.description = plain(self.description) + (f"\n\n{sp.description}" if sp.description else "")
+        if others:
+            note = "other commands:\n" + "\n".join(others)
+            sp.epilog = f"{sp.epilog}\n\n{note}" if sp.epilog else note
 
     def prog_name(self, prog: str | None) -> str:
         return prog or self.prog
@@ -150,6 +198,10 @@ class Tool:
         argv = list(sys.argv[1:] if argv is None else argv)
         ap = self.parser(prog)
         if self.default:
+            if argv[:1] in (["-h"], ["--help"]):  # the tool's help is its default command's, named as called
+                sp = _commands(ap)[self.default]
+                sp.prog, sp.usage = f"{self.prog_name(prog)} [{self.default}]", None
+                _short_usage(sp)
             argv = _with_default(argv, self.default, self.names(ap))
         args = ap.parse_args(argv)
         if not getattr(args, "func", None):
@@ -214,7 +266,7 @@ def _with_default(argv: list[str], default: str, names: set[str]) -> list[str]:
         lead.append(rest.pop(0))
         if "=" not in lead[-1] and rest:
             lead.append(rest.pop(0))
-    if rest and (rest[0] in names or rest[0] in ("-h", "--help")):
+    if rest and rest[0] in names:
         return lead + rest
     return [default] + lead + rest
 
@@ -341,19 +393,29 @@ ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # the first
 ALLOC_CONF = "expandable_segments:True"
 
 
-def cuda_available() -> bool:
-    try:
-        import torch
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")  # NVIDIA, ROCm (HIP), WSL's GPU
 
-        return bool(torch.cuda.is_available())
-    except Exception:  # no torch / broken driver: treat as CPU
+
+def cuda_available() -> bool:
+    """Whether this machine has a CUDA (or ROCm) GPU, answered without importing torch (seconds, which every
+    ``--help`` would pay): a driver's device node is there (:data:`GPU_DEVICE_NODES`) and ``CUDA_VISIBLE_DEVICES``
+    does not hide every device. Once torch is imported, torch's own answer."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            return bool(torch.cuda.is_available())
+        except Exception:  # a broken driver: treat as CPU
+            return False
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
         return False
+    return any(os.path.exists(d) for d in GPU_DEVICE_NODES)
 
 
 def set_cuda_allocator(environ: dict | None = None, cuda: bool | None = None) -> tuple[dict, bool]:
     """(the variables set, whether this machine has CUDA): expandable segments on CUDA unless the user set an
-    allocator configuration; nothing on a machine without CUDA. ``cuda`` None asks torch (after the variable is in
-    place, so importing torch here cannot start the allocator without it)."""
+    allocator configuration; nothing on a machine without CUDA. ``cuda`` None: :func:`cuda_available` (no torch
+    import)."""
     env = os.environ if environ is None else environ
     user = any(k in env for k in ALLOC_CONF_VARS)
     if not user:

@@ -162,25 +162,45 @@ def _check_parents(path: Path, what: str) -> None:
             break
 
 
+def writable_dir(d: Path) -> bool:
+    """Whether this process may create files in directory ``d`` (``os.access`` W+X: it sees read-only mounts,
+    immutable directories and missing permission, for root too)."""
+    return os.access(d, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids)
+
+
+def _check_writable(path: Path, what: str, *, is_dir: bool) -> None:
+    """Where ``path`` is written can be written: the directory itself when it exists (``is_dir``), else the
+    nearest existing folder above it (every write is a new file renamed into place: :func:`atomic_open`)."""
+    d = path if is_dir and path.is_dir() else next((p for p in path.parents if p.exists()), Path("."))
+    if d.is_dir() and not writable_dir(d):
+        where = "" if d == path else f" ({d} is not writable)"
+        raise InputError(f"{what}cannot be written here{where}: a read-only file system or folder, or no permission; "
+                         "choose another place", path)
+
+
 def check_output_file(path: str | os.PathLike, what: str | None = None) -> Path:
-    """``path`` may be written as a file: it is not an existing directory and no parent of it is a file. ``what``
+    """``path`` may be written as a file: it is not an existing directory, no parent of it is a file, and the
+    folder it goes in can be written (:func:`_check_writable`). ``what``
     (e.g. ``--out``) names the flag in the error."""
     path = Path(path)
     pre = f"{what}: " if what else ""
     if path.is_dir():
         raise InputError(f"{pre}output is an existing directory, expected a file path", path)
     _check_parents(path, pre or "the output ")
+    _check_writable(path, pre, is_dir=False)
     return path
 
 
 def check_output_dir(path: str | os.PathLike, what: str | None = None) -> Path:
-    """``path`` may be written as a directory: it is not an existing file and no parent of it is a file. ``what``
+    """``path`` may be written as a directory: it is not an existing file, no parent of it is a file, and it (or
+    the folder it will be made in) can be written (:func:`_check_writable`). ``what``
     (e.g. ``--out``) names the flag in the error."""
     path = Path(path)
     pre = f"{what}: " if what else ""
     if path.exists() and not path.is_dir():
         raise InputError(f"output exists and is not a directory{f' ({what})' if what else ''}", path)
     _check_parents(path, pre or "the output directory ")
+    _check_writable(path, pre, is_dir=True)
     return path
 
 

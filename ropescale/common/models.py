@@ -5,7 +5,10 @@
   built here: ``python -m ropescale make-tiny --build`` builds one (``ropescale.tiny``);
 - an existing path is a Hugging Face model directory, checked for a config and whole weights
   (:func:`check_model_dir`, :func:`check_weights`: headers only, never the tensors);
-- a name shaped like a hub id (``Qwen/Qwen1.5-7B``) that is not a local path goes to transformers as it is.
+- anything else is a Hugging Face Hub id only when it looks like one and the Hub has it (:func:`hub_id_or_none`,
+  the rule :data:`MODEL_HELP` states); otherwise it is a model directory that is not there, one line saying how
+  to download one into it (:func:`missing_model`). Decided here, before transformers would retry the network and
+  end in a traceback.
 """
 from __future__ import annotations
 
@@ -25,7 +28,15 @@ MODEL_FILE = "model.safetensors"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 REBUILD = "python -m ropescale make-tiny --build --update-asset"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # OWNER/NAME: one slash, no ./ ../ / ~ prefix, no trailing /
+MODELS_DIR = "models"  # where the README and the recipes put downloaded models
+HUB_TIMEOUT_S = 5.0  # one look-up at the Hub; a network that is down answers at once, a black hole in 5 s
+# The Hub ids of the models the recipes expect under models/ (the download hint names the right one)
+HUB_IDS = {"Qwen1.5-7B": "Qwen/Qwen1.5-7B", "Yi-6B": "01-ai/Yi-6B", "Llama-3.1-8B": "meta-llama/Llama-3.1-8B"}
+MODEL_HELP = ("'tiny' (the embedded default), a model directory, or a Hugging Face Hub id. A value that is not an "
+              "existing directory is a Hub id only when it reads OWNER/NAME (one '/'; not ./ ../ / or ~ first, no "
+              "trailing /; OWNER neither 'models' nor a folder here: models/X is a path) and the Hub has it (with "
+              "HF_HUB_OFFLINE=1: the local Hugging Face cache has it); anything else is a missing directory")
 _verified: set[tuple] = set()  # (path, size, mtime) of weights whose sha256 matched their record
 
 
@@ -131,11 +142,65 @@ def _check_safetensors(f: Path) -> None:
 
 def resolve_model(name_or_path: str | os.PathLike | None) -> Path:
     """``tiny``/None -> the committed tiny default (:func:`tiny_asset`; never built here); an existing path -> that
-    HF model directory (checked: config + weights); a name shaped like a hub id (``Qwen/Qwen1.5-7B``) that is not a
-    local path -> passed to transformers as it is (HF's own cache and offline variables apply)."""
+    HF model directory (checked: config + weights); a Hub id the Hub (or, offline, the local cache) has
+    (:func:`hub_id_or_none`) -> that id, for transformers to load; anything else -> an InputError in one line
+    (:func:`missing_model`)."""
     if is_tiny(name_or_path):
         return tiny_asset()
     p = Path(name_or_path)
-    if not p.exists() and _HUB_ID.match(str(name_or_path)):
-        return p
-    return check_model_dir(p)
+    if p.exists():
+        return check_model_dir(p)
+    if looks_like_hub_id(name_or_path):
+        return Path(hub_id_or_none(str(name_or_path)))
+    raise missing_model(str(name_or_path))
+
+
+def looks_like_hub_id(name: str | os.PathLike) -> bool:
+    """``OWNER/NAME`` (one slash; no ``./``, ``../``, ``/`` or ``~`` first, no trailing ``/``) whose OWNER is
+    neither ``models`` (the README's layout: ``models/X`` is always a path) nor a folder in the current directory."""
+    s = str(name)
+    owner = s.split("/", 1)[0]
+    return bool(_HUB_ID.match(s)) and owner != MODELS_DIR and not Path(owner).is_dir()
+
+
+def hf_offline() -> bool:
+    """HF's own offline switch, read now (``HF_HUB_OFFLINE``, or transformers' ``TRANSFORMERS_OFFLINE``)."""
+    v = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return v.strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def hub_id_or_none(name: str) -> str:
+    """``name`` when the Hub can give it: with HF_HUB_OFFLINE=1 its config is in the local HF cache; online one
+    look-up at the Hub (:data:`HUB_TIMEOUT_S`). Otherwise an InputError in one line (:func:`missing_model`)."""
+    if hf_offline():
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return name
+        raise missing_model(name, "nor in the local Hugging Face cache (HF_HUB_OFFLINE=1)")
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(name, timeout=HUB_TIMEOUT_S)
+    except RepositoryNotFoundError:
+        raise missing_model(name, "nor a model on the Hugging Face Hub (a private one needs: hf auth login)") \
+            from None
+    except Exception as e:  # no network, a proxy, a time-out, a server error: the Hub cannot tell
+        why = f"and the Hugging Face Hub is not reachable to look it up ({type(e).__name__})"
+        raise missing_model(name, why) from None
+    return name
+
+
+def missing_model(name: str, why: str = "") -> InputError:
+    """The one line for a ``--model`` that is neither here nor on the Hub, with the download that fills it: into
+    the path given (a Hub id: into ``models/NAME``, the README's layout), from the Hub id of a recipe's model
+    (:data:`HUB_IDS`) or the id given."""
+    name = name.rstrip("/") or name
+    base = Path(name).name
+    hub_shaped = looks_like_hub_id(name)
+    local = f"{MODELS_DIR}/{base}" if hub_shaped else name
+    repo = HUB_IDS.get(base, name if hub_shaped else "OWNER/NAME")
+    then = f", then pass --model {local}" if hub_shaped else ""
+    return InputError(f"no such model directory{', ' + why if why else ''} (download it with: hf download {repo} "
+                      f"--local-dir {local}{then})", name)

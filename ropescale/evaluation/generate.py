@@ -49,8 +49,9 @@ from typing import Any
 
 from rope_scaling import RopeSpec
 from ropescale.common import prompts, subsets
-from ropescale.common.cli import add_command, add_json, doc_sections, print_result
+from ropescale.common.cli import add_command, add_json, doc_sections, print_result, rerun_command, when_interrupted
 from ropescale.common.io import InputError
+from ropescale.common.models import MODEL_HELP, is_tiny
 from ropescale.common.runs import (
     RunDir,
     RunRecord,
@@ -58,6 +59,7 @@ from ropescale.common.runs import (
     model_ref,
     open_run_dir,
     read_train_record,
+    run_dir_scope,
     settings_record,
 )
 from ropescale.common.runs import model_id as model_id_of
@@ -80,7 +82,7 @@ class GenerateSettings:
     """Every setting of ``eval_summ generate`` (and of ``run``, which generates). A run directory may be resumed
     only with the same settings, except those marked ``resume="ignore"`` (and the backend's)."""
 
-    model: str = setting("tiny", "HF model directory, or 'tiny' (the embedded default)")
+    model: str = setting("tiny", MODEL_HELP)
     data: str | None = setting(None, DATA_HELP, metavar="DATA")
     prompt: str | None = setting(None, "ie / ib: the baseline prompts (Appendix F.1); ft-ie / ft-ib: the "
                                        "fine-tuning prompts (F.2), for models fine-tuned with them",
@@ -181,6 +183,7 @@ class Tokenize:
 POSITIONAL = ("model", "data", "prompt", "out")
 
 
+@run_dir_scope()
 def generate(settings: GenerateSettings | None = None, *args, progress: bool = True, log=_log, hf_model=None,
              backends: dict | None = None, **fields) -> dict:
     """Generate predictions into the run directory ``settings.out`` (see module doc); returns a summary dict.
@@ -236,7 +239,9 @@ class Generation:
 def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict:
     """The phases, in order: inputs -> prompts -> backend and run record -> decoding -> counts."""
     g = plan_generation(s, log)
+    when_interrupted(f"the predictions so far are kept; to continue, run the same command again: {rerun_command()}")
     prepare_items(g)
+    warn_context(g, log)
     be = start_run(g, hf_model=hf_model, backends=backends, log=log)
     seconds = decode(g, be, progress) if be is not None else 0.0
     return finish_run(g, seconds, log)
@@ -310,6 +315,23 @@ def prepare_items(g: Generation) -> None:
         else:
             ids, cut = tk.ids(x["context"]), False
         g.items.append(Item(x["id"], ids, {"reference": x["reference"], "truncated": cut}))
+
+
+def warn_context(g: Generation, log) -> None:
+    """Before the model loads: how many inputs do not fit the model's (extended) context with the new tokens --
+    middle-truncated with ``--truncate middle``, else run past it (extrapolation, the paper's setting, where a
+    small model scores near 0) -- and an eval set that fits."""
+    s, ctx = g.settings, g.cfg.context
+    room = ctx - g.max_new_tokens
+    over = sum(1 for it in g.items if it.extra["truncated"] or len(it.input_ids) > room)
+    if not over:
+        return
+    fate = ("middle-truncated to fit" if s.truncate == "middle" else
+            "run beyond the model's positions (extrapolation; scores near 0 are likely)")
+    tok = "" if is_tiny(s.model) else f" --tokenizer {s.model}"
+    log(f"[generate] warning: {over} of {len(g.items)} samples are longer than the model's {ctx}-token context "
+        f"less {g.max_new_tokens} new tokens: they will be {fate}. An eval set that fits: python -m data_concat "
+        f"sample{tok} --subset-tokens {max(room // 2, 1)} --out eval_fit.jsonl")
 
 
 def start_run(g: Generation, *, hf_model, backends, log):

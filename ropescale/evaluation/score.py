@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from rope_scaling import RopeSpec
-from ropescale.common.io import InputError, read_jsonl, sha256_file, write_json_atomic, write_jsonl_atomic
+from ropescale.common.io import (
+    InputError,
+    check_output_dir,
+    read_jsonl,
+    sha256_file,
+    write_json_atomic,
+    write_jsonl_atomic,
+)
 from ropescale.common.prompts import prompt_kind
 from ropescale.common.recall import mark_recall, marks_only
 from ropescale.common.rouge import DEFAULT_METRIC, METRICS, check_metric, rouge_l
@@ -71,11 +78,21 @@ def score_records(records: Iterable[dict], metric: str = DEFAULT_METRIC) -> dict
 
 
 def read_records(path: str | os.PathLike, required: tuple = PRED_FIELDS) -> list[dict]:
-    """All records of a predictions JSONL; one InputError naming file:line for the first bad line."""
-    recs = []
+    """All records of a predictions JSONL; one InputError naming file:line for the first bad line, or the file and
+    the ids that occur more than once (two runs written into one file: each sample would count twice)."""
+    recs, seen, dups = [], set(), []
     for rec in read_jsonl(path, required, aliases=ALIASES):
         rec["_file"] = str(path)
+        rid = rec.get("id")
+        if rid is not None and not isinstance(rid, (dict, list)):
+            if rid in seen and rid not in dups:
+                dups.append(rid)
+            seen.add(rid)
         recs.append(rec)
+    if dups:
+        more = f" and {len(dups) - 5} more" if len(dups) > 5 else ""
+        raise InputError(f"{len(dups)} id(s) occur more than once ({', '.join(map(str, dups[:5]))}{more}): two runs "
+                         "written into one file? Each sample must be scored once", path)
     return recs
 
 
@@ -232,6 +249,8 @@ def register(subparsers) -> argparse.ArgumentParser:
 def cmd_score(args: argparse.Namespace) -> int:
     path = Path(args.pred)
     if path.is_dir():
+        if RunDir(path).exists():  # scores.json is saved into the run: where it goes is checked first
+            check_output_dir(path, "--pred (scores.json is saved into the run directory)")
         summary, samples = score_run_data(path, args.metric)
         write_run_scores(path, summary, samples)
         out = dict(summary)

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rope_scaling import RopeSpec
+from ropescale.common.cli import rerun_command, when_interrupted
+from ropescale.common.models import MODEL_HELP
 from ropescale.common.paths import CHAPTERS_JSONL
 from ropescale.common.runs import (
     ITEMS,
@@ -108,7 +110,7 @@ def data_setting(help: str):
 class ProbeSettings:
     """What every probe takes; a probe's own settings subclass it (``class PplSettings(ProbeSettings)``)."""
 
-    model: str = setting("tiny", "HF model directory, or 'tiny' (the embedded default)", resume="path")
+    model: str = setting("tiny", MODEL_HELP, resume="path")
     out: str | None = setting(None, "run directory to write (resumed when it holds a run with the same settings)",
                               metavar="DIR", required=True, resume="ignore")
     data: str = data_setting(DOCS_HELP)
@@ -149,6 +151,7 @@ class ProbeRun:
                  column: str = ""):
         self.t_start = time.time()
         out, old = open_run_dir(settings.out, "probe")  # a file, or another kind of run's directory: refused
+        when_interrupted(f"the items so far are kept; to continue, run the same command again: {rerun_command()}")
         self.dir = RunDir(out)
         model = model_ref(loaded.name, loaded.path)
         settings = dataclasses.replace(settings, model=model)  # the model as loaded (tiny or its path)

@@ -15,6 +15,7 @@ from pathlib import Path
 from rope_scaling import RopeSpec
 from ropescale.common.cli import DTYPES, dtype_name
 from ropescale.common.io import InputError
+from ropescale.common.models import MODEL_HELP
 from ropescale.common.paths import DS_CONFIGS_DIR, RECIPES_DIR
 from ropescale.common.settings import add_settings, from_args, given, nested, read_recipe, setting
 
@@ -38,8 +39,7 @@ class TrainSettings:
     """Every setting of a fine-tuning run (see module doc)."""
 
     # what to train on
-    model: str = setting("tiny", "HF model directory, or 'tiny' for the embedded tiny default", resume="path",
-                         group=DATA)
+    model: str = setting("tiny", MODEL_HELP, resume="path", group=DATA)
     data: str | None = setting(None, "packed dataset directory (python -m data_concat pack); default: one built from "
                                      "the shared novels and cached, sized for the model (tiny default only)",
                                resume="path", group=DATA)

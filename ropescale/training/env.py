@@ -8,13 +8,22 @@
   small machine); gloo does the same job for the tiny CPU runs, so the op is turned off unless
   ``ROPESCALE_DS_SHM=1``.
 - The CUDA allocator setting every entry point makes (``ropescale.common.cli.set_cuda_allocator``).
+- A rendezvous port another job holds (the launchers' default 29500): :func:`check_master_port`, before the
+  process group starts.
+- DeepSpeed's own launcher (``deepspeed finetune.py ...``) picks its accelerator before finetune.py runs and, on a
+  machine without a GPU, says so on stdout ("Setting accelerator to CPU"), which breaks ``--json | python -m
+  json.tool``; nothing in DeepSpeed turns that line off but ``DS_ACCELERATOR``. Set-up (scripts/setup.sh) therefore
+  writes a ``.pth`` file into the virtual environment (:func:`write_accelerator_pth`) that sets
+  ``DS_ACCELERATOR=cpu`` when Python starts there on a machine without a GPU device node (the check
+  ``cuda_available`` makes; no import) and the variable is not set already.
 """
 from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
-from ropescale.common.cli import set_cuda_allocator
+from ropescale.common.cli import GPU_DEVICE_NODES, set_cuda_allocator
 
 DIST_DEFAULTS = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                  "MASTER_ADDR": "127.0.0.1"}
@@ -48,6 +57,61 @@ def setup_env(environ: dict | None = None, cuda: bool | None = None) -> dict:
         default(k, v)
     default("MASTER_PORT", str(free_port()))
     return set_
+
+
+ACCELERATOR_PTH = "ropescale_ds_accelerator.pth"  # in the venv's site-packages (written by scripts/setup.sh)
+
+
+def accelerator_pth_text() -> str:
+    """The ``.pth`` line (run by ``site`` when Python starts): ``DS_ACCELERATOR=cpu`` unless it is set or the
+    machine has a GPU device node that ``CUDA_VISIBLE_DEVICES`` does not hide (as ``cuda_available``)."""
+    return ("import os; os.environ.get('DS_ACCELERATOR') or (os.environ.get('CUDA_VISIBLE_DEVICES', 'x').strip() "
+            f"not in ('', '-1') and any(map(os.path.exists, {GPU_DEVICE_NODES!r}))) or "
+            "os.environ.__setitem__('DS_ACCELERATOR', 'cpu')\n")
+
+
+def write_accelerator_pth(site_dir: str | os.PathLike | None = None) -> Path:
+    """Write :data:`ACCELERATOR_PTH` into ``site_dir`` (default: this Python's site-packages); returns its path."""
+    import sysconfig
+
+    p = Path(site_dir or sysconfig.get_paths()["purelib"]) / ACCELERATOR_PTH
+    from ropescale.common.io import write_text_atomic
+
+    write_text_atomic(p, accelerator_pth_text())
+    return p
+
+
+def port_in_use(port: int) -> bool:
+    """Whether ``port`` cannot be listened on here (another job's rendezvous holds it): bound as torch's TCPStore
+    binds it (every interface, SO_REUSEADDR: a port left in TIME_WAIT is free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return True
+    return False
+
+
+def check_master_port(log=None, environ: dict | None = None) -> None:
+    """Before the process group starts, on rank 0 (the one that listens on ``MASTER_PORT``): a port another job
+    holds is, alone (world size 1: no other rank to tell), replaced by a free one (noted through ``log``); in a
+    job of several ranks, an InputError in one line saying which flag picks another."""
+    env = os.environ if environ is None else environ
+    if env.get("RANK", "0") != "0" or not env.get("MASTER_PORT", "").isdigit():
+        return
+    port = int(env["MASTER_PORT"])
+    if not port_in_use(port):
+        return
+    if env.get("WORLD_SIZE", "1") == "1":
+        env["MASTER_PORT"] = str(free_port())
+        if log is not None:
+            log(f"[finetune] rendezvous port {port} is in use (another job?): using {env['MASTER_PORT']}")
+        return
+    from ropescale.common.io import InputError
+
+    raise InputError(f"the rendezvous port MASTER_PORT={port} is in use (another job?): run the launcher with "
+                     f"--master_port N, a free port (e.g. deepspeed --master_port {free_port()} finetune.py ...)")
 
 
 def disable_shm_comm() -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from rope_scaling import RopeSpec
 from rope_scaling.load import ModelConfig
-from ropescale.common.cli import dtype_name
+from ropescale.common.cli import dtype_name, rerun_command, when_interrupted
 from ropescale.common.io import InputError, read_json
 from ropescale.common.runs import (
     RunDir,
@@ -44,6 +44,7 @@ from ropescale.common.runs import (
     open_run_dir,
     read_train_record,
     refuse_resume,
+    run_dir_scope,
     settings_record,
 )
 from ropescale.common.settings import check, fmt, from_record
@@ -183,6 +184,7 @@ class Run:
         return self.model.context
 
 
+@run_dir_scope()
 def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None = None,
           overwrite: bool = False) -> dict | None:
     """Run (or resume: ``resume`` "auto" or a checkpoint directory) a fine-tuning run with the settings ``args``;
@@ -190,8 +192,11 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
     order: settings -> data -> trainer arguments -> model -> run record -> trainer -> fit and export."""
     check(args)  # before any work
     env.setup_env()
-    env.disable_shm_comm()
     run = plan_run(args, recipe=recipe, resume=resume, overwrite=overwrite)
+    when_interrupted("to continue from the last checkpoint (every --save-steps), run the same command with --resume "
+                     f"auto: {rerun_command(['--resume', 'auto'], drop=['--overwrite'])}")
+    env.check_master_port(log)  # a port another job holds: one line, not a traceback from the rendezvous
+    env.disable_shm_comm()  # (imports deepspeed: after the checks that need none)
     if run.world > 1:  # join the process group first (DeepSpeed sizes its batch from it)
         _init_dist(run.cuda)
     prepare_data(run)
@@ -209,24 +214,24 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
 def plan_run(args: TrainSettings, *, recipe: str | None, resume: str | None, overwrite: bool) -> Run:
     """Phase 1, settings: the model's config with the RoPE rule applied, the run directory and what a resume or
     --init-from may continue. Every check that needs no data; nothing is written."""
+    from ropescale.common.models import resolve_model
+
+    t_start = time.time()
+    model_dir = resolve_model(args.model)  # before torch is imported: a missing model is one line at once
     import torch
 
     from rope_scaling.load import load_config
-    from ropescale.common.models import resolve_model
 
     from .model import resolve_attn, resolve_dtype
     from .saving import find_export
 
-    t_start = time.time()
     cuda = torch.cuda.is_available()
-    model_dir = resolve_model(args.model)
     model = load_config(model_dir, args.rope)
     config, effective = model.config, model.rope
+    run_dir = Path(args.out) if args.out else default_output_dir(args.model, effective)
+    run_dir, old = open_run_dir(run_dir, "finetune")  # unwritable, a file, another run's, another writer's: refused
     log(f"[finetune] model {model_dir} ({config.model_type}), {model.change.message()}: context {model.context} "
         "tokens")
-
-    run_dir = Path(args.out) if args.out else default_output_dir(args.model, effective)
-    run_dir, old = open_run_dir(run_dir, "finetune")  # a file, an eval or probe run's directory: refused
     rd = RunDir(run_dir)
     ds_path = resolve_ds_config(args.deepspeed)
     dtype = resolve_dtype(args.dtype, cuda)

@@ -22,7 +22,7 @@ from rope_scaling import RopeSpec
 from ropescale.common.runs import column_key
 from ropescale.common.tables import Setting, Table, number, setting_labels, tables_text, write_tables
 
-from .plot import save_png
+from .plot import fit_text, save_png
 
 
 def _setting_of(summary: dict) -> Setting:
@@ -152,6 +152,7 @@ def plot_probes(summaries: list[dict], path: str | os.PathLike) -> Path:
         ax.set_ylabel(ss[0].get("metric", ""))
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
+    fit_text(fig)  # Chinese in a label: a font that has it, or '?' (not boxes and a warning per glyph)
     fig.tight_layout()
     try:
         return save_png(fig, path, dpi=110)
