@@ -43,6 +43,7 @@ from data_concat.packed import IGNORE_INDEX
 from ropescale.common.io import InputError
 
 SHARD_KEYS = ("position_ids", "shift_labels", "max_position")  # what a shard carries beyond ids / labels / mask
+COVERAGE_KEY = "whole_batch"  # on a group's first rank: the micro-batch before the split (its position coverage)
 
 
 @dataclass(frozen=True)
@@ -82,13 +83,19 @@ def unverified_versions() -> list[str]:
     return [f"{d} {'.'.join(map(str, version(d)))}" for d, v in VERIFIED.items() if version(d) and version(d) < v]
 
 
-def check_settings(k: int, *, config, world: int, deepspeed, attn: str) -> None:
+def check_settings(k: int, *, config, world: int, deepspeed, attn: str, policy=None) -> None:
     """Refuse (InputError, one line) what sequence parallelism of degree ``k`` cannot run, before any model is
-    loaded: no DeepSpeed config or package, a launch whose process count is not a multiple of ``k``, attention
-    heads or KV heads that do not divide by ``k``, eager attention, releases older than :data:`VERIFIED`."""
+    loaded: a positions ``policy`` other than the default (``data_concat.positions.Policy``: not verified exact
+    over a split sample), no DeepSpeed config or package, a launch whose process count is not a multiple of ``k``,
+    attention heads or KV heads that do not divide by ``k``, eager attention, releases older than
+    :data:`VERIFIED`."""
     if k <= 1:
         return
     flag = f"--sequence-parallel {k}"
+    if policy is not None and not policy.is_default:
+        raise InputError(f"{flag} trains continuous positions with causal attention only (--positions continuous "
+                         f"--attention causal, no --pose-target): {policy.label()} over a split sample is not "
+                         f"verified to train what one process trains")
     if not deepspeed:
         raise InputError(f"{flag} runs under DeepSpeed: add --deepspeed zero3_offload (or zero2, zero2_offload, "
                          f"zero3, a JSON file)")
@@ -225,7 +232,7 @@ def shard_batch(batch: dict, k: int, rank: int, pad_id: int, rows: int = 0) -> d
 
 class ShardCollator:
     """``collate`` (the usual right-padding collator), then this rank's shard (:func:`shard_batch`) of a batch of
-    ``micro_batch`` rows."""
+    ``micro_batch`` rows; on the group's first rank also the whole collated batch (:data:`COVERAGE_KEY`)."""
 
     def __init__(self, collate, layout: Layout, pad_id: int, micro_batch: int = 1):
         self.collate = collate
@@ -234,8 +241,11 @@ class ShardCollator:
         self.micro_batch = int(micro_batch)
 
     def __call__(self, batch: list[dict]) -> dict:
-        return shard_batch(self.collate(batch), self.layout.degree, self.layout.sp_rank, self.pad_id,
-                           rows=self.micro_batch)
+        whole = self.collate(batch)
+        shard = shard_batch(whole, self.layout.degree, self.layout.sp_rank, self.pad_id, rows=self.micro_batch)
+        if self.layout.sp_rank == 0:  # the group's first rank counts what the group trains (trainer coverage)
+            shard[COVERAGE_KEY] = whole
+        return shard
 
 
 def shard_data_over_groups(dataloader, layout: Layout) -> None:
