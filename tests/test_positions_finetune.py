@@ -87,3 +87,26 @@ def test_bad_combinations_are_one_line_and_exit_2(setup, tmp_path, capsys):
         main([str(a) for a in _args(model_dir, data, tmp_path / "d", 1, "--positions", "diagonal")])
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert e.value.code == 2 and "--positions" in last and "continuous, reset" in last, last
+
+
+def test_document_mask_under_zero3_trains_what_plain_pytorch_trains(setup, tmp_path):
+    """reset + document on padded micro-batches of 2 under ZeRO-3 (partitioned weights gathered per layer, one
+    process): the same losses as without DeepSpeed, and the same position coverage (reset: the ids restart at each
+    pair, so the longest id is the longest pair's last, below the samples' 300 tokens)."""
+    model_dir, data = setup
+    common = ["--model", model_dir, "--data", data, "--rope", "yarn", "--scale", "8", "--max-steps", 2,
+              "--global-batch", 2, "--micro-batch", 2, "--save-steps", 2, "--warmup-steps", 0, "--lr", "1e-2",
+              "--seed", 3, "--positions", "reset", "--attention", "document", "--gradient-checkpointing", "true"]
+    plain, zero3 = tmp_path / "plain", tmp_path / "zero3"
+    a = run(finetune_cmd(*common, "--output-dir", plain))
+    assert a.returncode == 0, a.stderr[-2000:]
+    b = run(finetune_cmd(*common, "--deepspeed", "zero3", "--output-dir", zero3))
+    assert b.returncode == 0, b.stderr[-2000:]
+    la, lb = train_log(plain), train_log(zero3)
+    assert [r["step"] for r in la] == [r["step"] for r in lb] == [1, 2]
+    for x, y in zip(la, lb):
+        assert abs(x["loss"] - y["loss"]) < 1e-4, (x, y)
+    cov = Coverage.from_json(json.loads((plain / "run.json").read_text())["train"]["coverage"])
+    assert cov.samples == 4 and cov.longest < 300  # reset: positions restart per pair (pairs < 300 tokens)
+    assert cov.longest_distance == cov.longest
+    assert json.loads((zero3 / "run.json").read_text())["train"]["coverage"] == cov.to_json()

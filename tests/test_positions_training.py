@@ -23,21 +23,34 @@ def rows(chapters, tiny_tokenizer_dir, tmp_path_factory):
     return r
 
 
-@pytest.fixture(scope="module")
-def finetune_model(make_tiny_model, one_thread):
+def _finetune_model(model_dir, memory: bool = False):
     """The model as finetune builds it (ropescale.training.run.build_model): RoPE applied, LoRA on q/k/v/o (no
-    dropout: deterministic), trained embeddings and norms, gradient checkpointing, the label-only head in chunks."""
+    dropout: deterministic), trained embeddings and norms, gradient checkpointing, the label-only head in chunks;
+    ``memory``: also each layer's checkpoint offloaded to host memory and the MLP tiled (ropescale.training.memory)."""
     from rope_scaling import RopeSpec
     from rope_scaling.load import load_config
     from ropescale.training.loss import install_label_only_forward
+    from ropescale.training.memory import enable_checkpoint_offload, enable_tiled_mlp
     from ropescale.training.model import add_lora, load_model
 
-    _, model_dir = make_tiny_model(orig_ctx=64)
     cfg = load_config(model_dir, RopeSpec("yarn", 8))
     peft_model, _ = add_lora(load_model(cfg, torch.float32, "sdpa"), dropout=0.0, gradient_checkpointing=True)
+    if memory:
+        enable_checkpoint_offload(peft_model)
+        assert enable_tiled_mlp(peft_model, 37) == 2
     install_label_only_forward(peft_model, chunk=5)  # several head chunks per sample
     peft_model.train()
     return peft_model
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(make_tiny_model):
+    return make_tiny_model(orig_ctx=64)[1]
+
+
+@pytest.fixture(scope="module")
+def finetune_model(tiny_dir, one_thread):
+    return _finetune_model(tiny_dir)
 
 
 def _pairs(rows, i):
@@ -79,6 +92,22 @@ def test_document_masked_batch_from_the_collator_equals_separate_pairs(rows, fin
     torch.testing.assert_close(loss, ref_loss, atol=1e-5 * max(1.0, float(ref_loss)), rtol=0)
     assert grads.keys() == ref_grads.keys() and len(grads) > 4
     for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_document_mask_under_checkpoint_offload_and_tiled_mlp(rows, tiny_dir, finetune_model, one_thread):
+    """The same padded reset + document batch through a model with checkpoint offload and a tiled MLP: the loss
+    sum and gradients of the plain model (one reference for the memory features, checked above against the
+    separate pairs)."""
+    multi = [i for i, s in enumerate(rows.pair_starts()) if len(s) > 1][:2]
+    batch = Collator(pad_id=0)([PackedDataset(rows, Policy("reset", "document"))[i] for i in multi])
+    mem = _finetune_model(tiny_dir, memory=True)
+    mem.load_state_dict(finetune_model.state_dict())  # the same LoRA A (drawn at random when the adapter is added)
+    loss, n, grads = _loss_and_grads(mem, **batch)
+    ref_loss, ref_n, ref_grads = _loss_and_grads(finetune_model, **batch)
+    assert n == ref_n
+    torch.testing.assert_close(loss, ref_loss, atol=1e-5 * float(ref_loss), rtol=0)
+    for name in ref_grads:
         torch.testing.assert_close(grads[name], ref_grads[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
