@@ -197,13 +197,36 @@ def test_document_attention_on_a_set_without_boundaries_is_refused(tmp_path):
         check_positions(r, Policy(pose_target=128), extended=64, allow_extrapolation=False, where=d)
 
 
-def test_sequence_parallel_refuses_another_policy_in_one_line():
+def test_sequence_parallel_refuses_document_attention_without_sdpa():
     from types import SimpleNamespace
 
     from ropescale.training.sequence_parallel import check_settings
 
     cfg = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2)
-    for pol in (Policy("reset", "document"), Policy(pose_target=4096)):
-        with pytest.raises(InputError, match="--sequence-parallel 2 trains continuous positions") as e:
-            check_settings(2, config=cfg, world=2, deepspeed="zero2", attn="sdpa", policy=pol)
-        assert "\n" not in str(e.value)
+    with pytest.raises(InputError, match="--attention document runs with --attn sdpa only") as e:
+        check_settings(2, config=cfg, world=2, deepspeed="zero2", attn="flash_attention_2",
+                       policy=Policy("reset", "document"))
+    assert "\n" not in str(e.value)
+
+
+def test_shard_of_a_policy_batch_keeps_its_positions_and_the_whole_batch_segments():
+    """shard_batch on a collated reset + document batch of 2 rows (5 and 3 tokens, K = 2: padded to 6): each rank
+    gets its slice of the given position ids (padding 0), max_position their largest, and the varlen arguments of
+    the whole padded batch (worked by hand)."""
+    from ropescale.training.sequence_parallel import shard_batch
+
+    batch = {"input_ids": torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 0, 0]]),
+             "labels": torch.tensor([[-100, 2, 3, -100, 5], [-100, 7, 8, -100, -100]]),
+             "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]),
+             "position_ids": torch.tensor([[0, 1, 2, 0, 1], [0, 1, 2, 0, 0]]),
+             "segment_ids": torch.tensor([[0, 0, 0, 1, 1], [0, 0, 0, -1, -1]], dtype=torch.int32)}
+    a, b = (shard_batch(batch, 2, r, pad_id=0) for r in (0, 1))
+    assert a["position_ids"].tolist() == [[0, 1, 2], [0, 1, 2]] and b["position_ids"].tolist() == [[0, 1, 0],
+                                                                                                   [0, 0, 0]]
+    assert a["max_position"] == b["max_position"] == 2
+    # runs over the 2 x 6 flattened tokens: 3 | 2 | pad 1 || 3 | pad 3
+    for s in (a, b):
+        assert s["cu_seq_lens_q"].tolist() == [0, 3, 5, 6, 9, 12] and s["max_length_q"] == 3
+        assert s["cu_seq_lens_k"] is s["cu_seq_lens_q"]
+    assert a["shift_labels"].tolist() == [[2, 3, -100], [7, 8, -100]]
+    assert b["shift_labels"].tolist() == [[5, -100, -100], [-100, -100, -100]]

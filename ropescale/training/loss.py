@@ -82,7 +82,7 @@ def decoder_kwargs(lm, input_ids, attention_mask=None, position_ids=None, segmen
 
 
 def label_only_forward(self, input_ids=None, labels=None, attention_mask=None, position_ids=None, shift_labels=None,
-                       max_position=None, segment_ids=None, **_):
+                       max_position=None, segment_ids=None, **more):
     """forward() installed on the trained (PEFT) model: decoder -> gathered hidden states -> head -> CE sum.
     Returns {"loss_sum", "n_tokens"}. Runs inside the root module's call, so hooks on the root (DeepSpeed ZeRO-3
     parameter fetching) fire as for a normal forward. With ``shift_labels`` the batch is one rank's shard of a
@@ -94,10 +94,11 @@ def label_only_forward(self, input_ids=None, labels=None, attention_mask=None, p
         out = decoder_of(lm)(input_ids=input_ids, use_cache=False,
                              **decoder_kwargs(lm, input_ids, attention_mask, position_ids, segment_ids))
     else:
-        from .sequence_parallel import global_rope_length
+        from .sequence_parallel import VARLEN_KEYS, global_rope_length
 
+        varlen = {k: more[k] for k in VARLEN_KEYS if more.get(k) is not None}  # document attention's segments
         with global_rope_length(lm, max_position):
-            out = decoder_of(lm)(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+            out = decoder_of(lm)(input_ids=input_ids, position_ids=position_ids, use_cache=False, **varlen)
         labels = shift_labels
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     loss_sum, n = head_loss_sum(lm.get_output_embeddings(), hidden, labels, chunk=getattr(self, "_head_chunk", 4096),

@@ -355,7 +355,7 @@ def build_model(run: Run, ds_cfg: dict | None):
     model = load_model(run.model, run.dtype, args.attn)
     layout = sequence_layout(run)
     if layout is not None:  # before PEFT wraps the model (DeepSpeed #7729)
-        sequence_parallel.setup_model(model, layout, args.micro_batch)
+        sequence_parallel.setup_model(model, layout, args.micro_batch, document=args.attention == "document")
     peft_model, extra_names = add_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout,
                                        targets=args.lora_targets, embeddings=args.train_embeddings,
                                        norms=args.train_norms, gradient_checkpointing=args.gradient_checkpointing)
