@@ -230,3 +230,19 @@ def test_shard_of_a_policy_batch_keeps_its_positions_and_the_whole_batch_segment
         assert s["cu_seq_lens_k"] is s["cu_seq_lens_q"]
     assert a["shift_labels"].tolist() == [[2, 3, -100], [7, 8, -100]]
     assert b["shift_labels"].tolist() == [[5, -100, -100], [-100, -100, -100]]
+
+
+def test_recipe_keys(tmp_path):
+    from ropescale.common.settings import build
+    from ropescale.training.config import TrainSettings, load_recipe
+    from ropescale.training.data import policy_of
+
+    f = tmp_path / "r.yaml"
+    f.write_text("positions: reset\nattention: document\npose_target: 4096\npose_chunks: 3\n")
+    s = build(TrainSettings, load_recipe(f))
+    assert policy_of(s) == Policy("reset", "document", 4096, 3)
+    assert policy_of(TrainSettings()).is_default  # continuous + causal, no PoSE: the paper's
+    f.write_text("lr: 1.0e-3\nattention: diagonal\n")
+    with pytest.raises(InputError, match="attention") as e:
+        load_recipe(f)
+    assert e.value.line == 2
