@@ -108,6 +108,16 @@ class PackedSet:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return self.input_ids[a:b], self.labels[a:b]
 
+    def pair_starts(self) -> list | None:
+        """Where each pair starts in each sample (int64 arrays, ``pair_starts[i][k]`` = the offset of pair k of
+        sample i), or None when the set has no pair boundaries (the column absent, or not read)."""
+        if "pair_starts" not in self.table.column_names:
+            return None
+        col = self.table.column("pair_starts").combine_chunks()
+        off = np.asarray(col.offsets, dtype=np.int64)
+        flat = np.asarray(col.values.to_numpy(zero_copy_only=False), dtype=np.int64)
+        return [flat[a:b] for a, b in zip(off[:-1], off[1:])]
+
     def supervised(self) -> list[int]:
         """Labelled tokens per sample."""
         lab = self.labels != IGNORE_INDEX
@@ -122,9 +132,11 @@ class PackedSet:
         return load_meta(self.path)
 
 
-def read_packed(out: str | os.PathLike, columns: Sequence[str] | None = None) -> PackedSet:
-    """The packed dataset in ``out`` (``columns``: read only these, e.g. input_ids + labels for training). Not a
-    packed dataset, an unreadable file or samples whose input_ids and labels differ in length are InputErrors."""
+def read_packed(out: str | os.PathLike, columns: Sequence[str] | None = None,
+                optional: Sequence[str] = ()) -> PackedSet:
+    """The packed dataset in ``out`` (``columns``: read only these, e.g. input_ids + labels for training; ``optional``:
+    these too where the file has them, e.g. ``pair_starts``, absent from sets written by hand). Not a packed dataset,
+    an unreadable file or samples whose input_ids and labels differ in length are InputErrors."""
     import pyarrow.parquet as pq
 
     d = Path(out)
@@ -132,6 +144,9 @@ def read_packed(out: str | os.PathLike, columns: Sequence[str] | None = None) ->
     if not f.is_file():
         raise InputError("not a packed dataset (no train.parquet; build one with python -m data_concat pack)", d)
     try:
+        if columns and optional:
+            names = set(pq.read_schema(f).names)
+            columns = list(columns) + [c for c in optional if c in names and c not in columns]
         t = pq.read_table(f, columns=list(columns) if columns else None)
     except Exception as e:  # pyarrow raises many types for a bad file
         raise InputError(f"unreadable packed dataset: {e}", f) from None

@@ -12,6 +12,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from data_concat.positions import ATTENTIONS, DEFAULT_ATTENTION, DEFAULT_POSE_CHUNKS, DEFAULT_POSITIONS, POSITIONS
 from rope_scaling import RopeSpec
 from ropescale.common.cli import DTYPES, dtype_name
 from ropescale.common.io import InputError
@@ -51,6 +52,16 @@ class TrainSettings:
                                           "export", check=_at_least(0), group=DATA)
     allow_extrapolation: bool = setting(False, "allow samples longer than the RoPE-extended context (e.g. Yi-6B "
                                                "trained at 16K without scaling, Table 8)", group=DATA)
+    positions: str = setting(DEFAULT_POSITIONS, "position ids of a packed sample: continuous (0 .. n-1 over the "
+                             "sample, CNNSum Sec 5) or reset (each pair from 0; needs --attention document): "
+                             "data_concat/positions.py", choices=POSITIONS, group=DATA)
+    attention: str = setting(DEFAULT_ATTENTION, "attention in a packed sample: causal (across its pairs, the paper's) "
+                             "or document (each pair attends only to itself)", choices=ATTENTIONS, group=DATA)
+    pose_target: int | None = setting(None, "PoSE (Zhu et al. 2024): position ids of each sample (or pair, with "
+                                            "reset) split into chunks offset by random skips so they reach up to "
+                                            "this many tokens; default: off", check=_at_least(1), group=DATA)
+    pose_chunks: int = setting(DEFAULT_POSE_CHUNKS, "PoSE: chunks per span (the paper's N = 2)", check=_at_least(1),
+                               group=DATA)
     rope: RopeSpec = nested(RopeSpec, resume="ignore")  # resume compares the rope the model trains with
     # LoRA and what else is trained
     lora_r: int = setting(8, "LoRA rank (Sec 5)", check=_at_least(1), group=LORA)

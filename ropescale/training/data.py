@@ -1,7 +1,11 @@
 """Training data: packed samples (data_concat's format), the default data of the tiny model, batching.
 
 A packed sample is one long token sequence (several prompt + summary pairs concatenated, Sec 5) with labels
--100 everywhere except on the summaries; it is trained as one sequence (positions 0..len-1), like the paper.
+-100 everywhere except on the summaries. By default it is trained as one sequence (positions 0..len-1, causal
+attention across its pairs), like the paper; ``--positions``, ``--attention`` and ``--pose-target`` choose other
+position ids and a per-pair (document) mask from the pack's pair boundaries (:func:`policy_of`; what each means:
+``data_concat.positions``): the dataset then adds ``position_ids`` and ``segment_ids`` to each sample, drawn from
+(run seed, sample index, epoch) so a resume redraws the same PoSE ids, and the collator pads them.
 """
 from __future__ import annotations
 
@@ -76,12 +80,20 @@ def build_default_data(model_dir: str | os.PathLike, orig_ctx: int, extended: in
 
 
 # ---------------------------------------------------------------- loading + checks
-def load_rows(data_dir: str | os.PathLike):
+def policy_of(settings):
+    """The positions policy (``data_concat.positions.Policy``) of training settings, checked: an unknown value or a
+    bad combination is an InputError naming the flag."""
+    from data_concat.positions import Policy
+
+    return Policy(settings.positions, settings.attention, settings.pose_target, settings.pose_chunks).check()
+
+
+def load_rows(data_dir: str | os.PathLike, boundaries: bool = False):
     """A packed dataset (``data_concat.packed.read_packed``: flat arrays + offsets) that can be trained on: some
-    sample has labels."""
+    sample has labels. ``boundaries``: read the pairs' starts too, where the set has them."""
     from data_concat.packed import read_packed
 
-    rows = read_packed(data_dir, columns=["input_ids", "labels"])
+    rows = read_packed(data_dir, columns=["input_ids", "labels"], optional=["pair_starts"] if boundaries else ())
     f = Path(data_dir) / TRAIN_FILE
     if len(rows) == 0:
         raise InputError("packed dataset has no samples", f)
@@ -107,12 +119,37 @@ def check_rows(rows, *, vocab_size: int, extended: int, allow_extrapolation: boo
             "tokens": int(lengths.sum()), "supervised": int((rows.labels != IGNORE_INDEX).sum())}
 
 
+def check_positions(rows, policy, *, extended: int, allow_extrapolation: bool, where) -> int:
+    """Fail before training when the samples cannot be laid out as ``policy`` asks (``check_samples``: boundaries
+    present and valid where needed, every PoSE span shorter than the target) or PoSE's target lies beyond the
+    RoPE-extended context. Returns the longest position id the run can train (PoSE: target - 1)."""
+    from data_concat.positions import check_samples
+
+    longest = check_samples(policy, rows.lengths().tolist(), rows.pair_starts() if policy.needs_boundaries else None,
+                            where)
+    if policy.pose_target is None:
+        return longest - 1
+    if policy.pose_target > extended and not allow_extrapolation:
+        raise InputError(f"--pose-target {policy.pose_target} is beyond the model's {extended}-token extended "
+                         f"context; use a larger --scale, a smaller --pose-target, or --allow-extrapolation", where)
+    return policy.pose_target - 1
+
+
 class PackedDataset:
     """A map-style dataset of packed samples -> {input_ids, labels} (int64 tensors), from a
-    ``data_concat.packed.PackedSet`` or a list of row dicts (``data_concat.load_packed``)."""
+    ``data_concat.packed.PackedSet`` or a list of row dicts (``data_concat.load_packed``). With a ``policy`` other
+    than the default (continuous + causal, no PoSE), also ``position_ids`` (int64) and ``segment_ids`` (int32) of
+    ``data_concat.positions.sample_positions`` for (``seed``, the sample's index, :attr:`epoch`) (segment ids only
+    under document attention)."""
 
-    def __init__(self, rows):
+    def __init__(self, rows, policy=None, seed: int = 0):
         self.rows = rows
+        self.policy = None if policy is None or policy.is_default else policy
+        self.seed = int(seed)
+        self.epoch = 0  # set by the trainer at each epoch's start (PoSE draws afresh per epoch)
+        self.starts = None
+        if self.policy is not None and self.policy.needs_boundaries:
+            self.starts = rows.pair_starts() if hasattr(rows, "pair_starts") else [r["pair_starts"] for r in rows]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -122,15 +159,27 @@ class PackedDataset:
 
         if hasattr(self.rows, "row"):
             ids, labels = self.rows.row(i)
-            return {"input_ids": torch.from_numpy(ids.astype("int64")),
-                    "labels": torch.from_numpy(labels.astype("int64"))}
-        r = self.rows[i]
-        return {"input_ids": torch.tensor(r["input_ids"], dtype=torch.long),
-                "labels": torch.tensor(r["labels"], dtype=torch.long)}
+            out = {"input_ids": torch.from_numpy(ids.astype("int64")),
+                   "labels": torch.from_numpy(labels.astype("int64"))}
+        else:
+            r = self.rows[i]
+            out = {"input_ids": torch.tensor(r["input_ids"], dtype=torch.long),
+                   "labels": torch.tensor(r["labels"], dtype=torch.long)}
+        if self.policy is not None:
+            from data_concat.positions import sample_positions
+
+            pos, seg = sample_positions(self.policy, len(out["input_ids"]),
+                                        self.starts[i] if self.starts is not None else None, seed=self.seed,
+                                        index=i, epoch=self.epoch)
+            out["position_ids"] = torch.from_numpy(pos)
+            if self.policy.attention == "document":  # causal: no segments (one per row), no T x T mask
+                out["segment_ids"] = torch.from_numpy(seg)
+        return out
 
 
 class Collator:
-    """Right-pad a batch (pad id, labels -100, attention mask); a batch of equal lengths gets no mask."""
+    """Right-pad a batch (pad id, labels -100, attention mask; ``position_ids`` 0 and ``segment_ids``
+    ``PAD_SEGMENT`` where the samples carry them); a batch of equal lengths gets no mask."""
 
     def __init__(self, pad_id: int):
         self.pad_id = pad_id
@@ -138,16 +187,20 @@ class Collator:
     def __call__(self, batch: list[dict]) -> dict:
         import torch
 
+        from data_concat.positions import PAD_SEGMENT
+
         n = max(len(b["input_ids"]) for b in batch)
+        extra = [k for k in ("position_ids", "segment_ids") if k in batch[0]]
         if all(len(b["input_ids"]) == n for b in batch):
-            return {"input_ids": torch.stack([b["input_ids"] for b in batch]),
-                    "labels": torch.stack([b["labels"] for b in batch])}
-        ids = torch.full((len(batch), n), self.pad_id, dtype=torch.long)
-        lab = torch.full((len(batch), n), IGNORE_INDEX, dtype=torch.long)
-        mask = torch.zeros((len(batch), n), dtype=torch.long)
+            return {k: torch.stack([b[k] for b in batch]) for k in ["input_ids", "labels", *extra]}
+        fill = {"input_ids": self.pad_id, "labels": IGNORE_INDEX, "attention_mask": 0, "position_ids": 0,
+                "segment_ids": PAD_SEGMENT}
+        dtypes = {"segment_ids": torch.int32}
+        out = {k: torch.full((len(batch), n), fill[k], dtype=dtypes.get(k, torch.long))
+               for k in ["input_ids", "labels", "attention_mask", *extra]}
         for i, b in enumerate(batch):
             k = len(b["input_ids"])
-            ids[i, :k] = b["input_ids"]
-            lab[i, :k] = b["labels"]
-            mask[i, :k] = 1
-        return {"input_ids": ids, "labels": lab, "attention_mask": mask}
+            out["attention_mask"][i, :k] = 1
+            for key in ["input_ids", "labels", *extra]:
+                out[key][i, :k] = b[key]
+        return out

@@ -66,22 +66,39 @@ def head_loss_sum(head, hidden: torch.Tensor, labels: torch.Tensor, chunk: int =
     return total, n
 
 
+def decoder_kwargs(lm, input_ids, attention_mask=None, position_ids=None, segment_ids=None) -> dict:
+    """The decoder's inputs beyond ``input_ids``: as given without explicit positions or segments; with them
+    (``ropescale.training.data``: reset / PoSE position ids, document segments), ``doc_mask.decoder_inputs`` for the
+    model's attention implementation (a block-diagonal mask for SDPA / eager, varlen arguments for FlashAttention,
+    an explicit 2D mask under causal attention so transformers does not read PoSE's skips as packed sequences)."""
+    if position_ids is None and segment_ids is None:
+        return {"attention_mask": attention_mask}
+    from .doc_mask import decoder_inputs
+
+    if position_ids is None:
+        position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
+    return decoder_inputs(position_ids, segment_ids, attn=lm.config._attn_implementation, dtype=lm.dtype,
+                          padding_mask=attention_mask)
+
+
 def label_only_forward(self, input_ids=None, labels=None, attention_mask=None, position_ids=None, shift_labels=None,
-                       max_position=None, **_):
+                       max_position=None, segment_ids=None, **more):
     """forward() installed on the trained (PEFT) model: decoder -> gathered hidden states -> head -> CE sum.
     Returns {"loss_sum", "n_tokens"}. Runs inside the root module's call, so hooks on the root (DeepSpeed ZeRO-3
     parameter fetching) fire as for a normal forward. With ``shift_labels`` the batch is one rank's shard of a
     sequence-parallel batch (``sequence_parallel.shard_batch``): global positions, targets shifted before the
-    split, pads only at the end (unseen under causal attention: no mask), RoPE lengths of the whole sample."""
+    split, pads only at the end (unseen under causal attention: no mask), RoPE lengths of the whole sample.
+    ``position_ids`` / ``segment_ids`` of a positions policy: :func:`decoder_kwargs`."""
     lm = causal_lm_of(self)
     if shift_labels is None:
-        out = decoder_of(lm)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             use_cache=False)
+        out = decoder_of(lm)(input_ids=input_ids, use_cache=False,
+                             **decoder_kwargs(lm, input_ids, attention_mask, position_ids, segment_ids))
     else:
-        from .sequence_parallel import global_rope_length
+        from .sequence_parallel import VARLEN_KEYS, global_rope_length
 
+        varlen = {k: more[k] for k in VARLEN_KEYS if more.get(k) is not None}  # document attention's segments
         with global_rope_length(lm, max_position):
-            out = decoder_of(lm)(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+            out = decoder_of(lm)(input_ids=input_ids, position_ids=position_ids, use_cache=False, **varlen)
         labels = shift_labels
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     loss_sum, n = head_loss_sum(lm.get_output_embeddings(), hidden, labels, chunk=getattr(self, "_head_chunk", 4096),

@@ -190,7 +190,10 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
     """Run (or resume: ``resume`` "auto" or a checkpoint directory) a fine-tuning run with the settings ``args``;
     returns a summary ({run, steps, seconds, final}) on the main process, None on the others. The phases, in
     order: settings -> data -> trainer arguments -> model -> run record -> trainer -> fit and export."""
+    from .data import policy_of
+
     check(args)  # before any work
+    policy_of(args)  # a bad combination of --positions / --attention / --pose-* too
     env.setup_env()
     run = plan_run(args, recipe=recipe, resume=resume, overwrite=overwrite)
     when_interrupted("to continue from the last checkpoint (every --save-steps), run the same command with --resume "
@@ -239,8 +242,10 @@ def plan_run(args: TrainSettings, *, recipe: str | None, resume: str | None, ove
     resolved = dataclasses.replace(args, model=model_ref(args.model, model_dir), out=str(run_dir),
                                    attn=resolve_attn(args.attn, cuda), deepspeed=str(ds_path) if ds_path else None,
                                    dtype=dtype_name(str(dtype).replace("torch.", "")))  # fp32: --dtype's words
+    from .data import policy_of
+
     sequence_parallel.check_settings(args.sequence_parallel, config=config, world=env.world_size(),
-                                     deepspeed=ds_path, attn=resolved.attn)
+                                     deepspeed=ds_path, attn=resolved.attn, policy=policy_of(args))
     resume_from = None
     if resume:
         if old is None:
@@ -270,7 +275,7 @@ def prepare_data(run: Run) -> None:
     batch arithmetic (Appendix B.2)."""
     from data_concat.packed import TRAIN_FILE
 
-    from .data import build_default_data, check_rows, load_rows
+    from .data import build_default_data, check_positions, check_rows, load_rows, policy_of
 
     args, old = run.settings, run.old
     rope_desc = "no RoPE scaling" if run.rope.method == "none" else f"RoPE {run.rope.label()}"
@@ -289,9 +294,12 @@ def prepare_data(run: Run) -> None:
                                       seed=args.seed) if run.main else None
         if run.world > 1:  # other ranks wait for rank 0 to build it
             data_dir = _broadcast_path(data_dir)
-    rows = load_rows(data_dir)
+    policy = policy_of(args)
+    rows = load_rows(data_dir, boundaries=policy.needs_boundaries)
     stats = check_rows(rows, vocab_size=run.config.vocab_size, extended=run.extended,
                        allow_extrapolation=args.allow_extrapolation, where=data_dir, rope_desc=rope_desc)
+    check_positions(rows, policy, extended=run.extended, allow_extrapolation=args.allow_extrapolation,
+                    where=data_dir)
     if old is not None:  # the same path must still hold the same data
         was = old.get("data_stats") or {}
         diffs = [f"data {k} {fmt(was[k])} -> {fmt(stats[k])}" for k in ("samples", "tokens", "supervised", "min",
@@ -299,7 +307,7 @@ def prepare_data(run: Run) -> None:
         if diffs:
             raise refuse_resume(diffs, run.rd.meta_path, hint=RESUME_HINT)
     log(f"[finetune] data {data_dir}: {stats['samples']} samples, {stats['min']}-{stats['max']} tokens "
-        f"(mean {stats['mean']:.0f}), {stats['supervised']} labelled tokens")
+        f"(mean {stats['mean']:.0f}), {stats['supervised']} labelled tokens; positions {policy.label()}")
     global_batch = args.global_batch or default_global_batch(stats["max"])
     groups = run.world // args.sequence_parallel  # data-parallel ranks (a sequence group draws one batch)
     per_step = args.micro_batch * groups
@@ -352,7 +360,7 @@ def build_model(run: Run, ds_cfg: dict | None):
     model = load_model(run.model, run.dtype, args.attn)
     layout = sequence_layout(run)
     if layout is not None:  # before PEFT wraps the model (DeepSpeed #7729)
-        sequence_parallel.setup_model(model, layout, args.micro_batch)
+        sequence_parallel.setup_model(model, layout, args.micro_batch, document=args.attention == "document")
     peft_model, extra_names = add_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout,
                                        targets=args.lora_targets, embeddings=args.train_embeddings,
                                        norms=args.train_norms, gradient_checkpointing=args.gradient_checkpointing)
@@ -445,9 +453,9 @@ def build_trainer(run: Run, targs, model):
     HF's printers; on a resume without DeepSpeed, the trained embeddings/norms of the checkpoint's export."""
     from ropescale.common.compat import stdout_callbacks
 
-    from .data import Collator, PackedDataset
+    from .data import Collator, PackedDataset, policy_of
     from .saving import load_export_into
-    from .trainer import ExportCallback, LabelOnlyTrainer, ProgressCallback
+    from .trainer import CoverageCallback, ExportCallback, LabelOnlyTrainer, ProgressCallback, start_coverage
 
     config = run.config
     pad_id = config.pad_token_id if config.pad_token_id is not None else \
@@ -456,14 +464,17 @@ def build_trainer(run: Run, targs, model):
     layout = sequence_layout(run)
     if layout is not None:  # each rank gets its slice of the group's batch
         collator = sequence_parallel.ShardCollator(collator, layout, pad_id, run.settings.micro_batch)
-    trainer = LabelOnlyTrainer(model=model, args=targs, train_dataset=PackedDataset(run.rows),
-                               data_collator=collator, sequence_layout=layout)
+    dataset = PackedDataset(run.rows, policy_of(run.settings), seed=run.settings.seed)
+    coverage = start_coverage(run.extended, run.resume_from if run.main else None)  # counts add over the ranks
+    trainer = LabelOnlyTrainer(model=model, args=targs, train_dataset=dataset, data_collator=collator,
+                               sequence_layout=layout, coverage=coverage)
     ref = weakref.ref(trainer)
     for cb in stdout_callbacks():  # they print log dicts to stdout; ours go to stderr
         trainer.remove_callback(cb)
     trainer.add_callback(ProgressCallback(ref, run.run_dir / "train_log.jsonl" if run.main else None, run.main,
                                           run.world))
-    trainer.add_callback(ExportCallback(ref, export_kwargs(run), run.main))
+    trainer.add_callback(CoverageCallback(ref, run.record.train if run.record is not None else None, run.main))
+    trainer.add_callback(ExportCallback(ref, export_kwargs(run), run.main))  # after the coverage: it exports it
     if run.main:
         trainer.add_callback(record_callback(run))
     if run.resume_from is not None and not run.settings.deepspeed:
@@ -479,6 +490,11 @@ def fit(run: Run, trainer) -> dict | None:
 
     resume_from = run.resume_from
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    cov = trainer.total_coverage()
+    if run.record is not None:
+        run.record.train["coverage"] = cov.to_json()
+        log(f"[finetune] positions trained: up to {cov.longest} (longest distance {cov.longest_distance}) of the "
+            f"{cov.context}-token context")
     out = export(trainer.model, run.run_dir / "final", step=trainer.state.global_step, is_main=run.main,
                  **export_kwargs(run))
     if not run.main:

@@ -42,7 +42,9 @@ from dataclasses import dataclass
 from data_concat.packed import IGNORE_INDEX
 from ropescale.common.io import InputError
 
-SHARD_KEYS = ("position_ids", "shift_labels", "max_position")  # what a shard carries beyond ids / labels / mask
+VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")  # document attention's segments
+SHARD_KEYS = ("position_ids", "shift_labels", "max_position", *VARLEN_KEYS)  # a shard's keys beyond ids/labels/mask
+COVERAGE_KEY = "whole_batch"  # on a group's first rank: the micro-batch before the split (its position coverage)
 
 
 @dataclass(frozen=True)
@@ -82,13 +84,18 @@ def unverified_versions() -> list[str]:
     return [f"{d} {'.'.join(map(str, version(d)))}" for d, v in VERIFIED.items() if version(d) and version(d) < v]
 
 
-def check_settings(k: int, *, config, world: int, deepspeed, attn: str) -> None:
+def check_settings(k: int, *, config, world: int, deepspeed, attn: str, policy=None) -> None:
     """Refuse (InputError, one line) what sequence parallelism of degree ``k`` cannot run, before any model is
-    loaded: no DeepSpeed config or package, a launch whose process count is not a multiple of ``k``, attention
-    heads or KV heads that do not divide by ``k``, eager attention, releases older than :data:`VERIFIED`."""
+    loaded: document attention (``policy``, a ``data_concat.positions.Policy``) with another attention than SDPA,
+    no DeepSpeed config or package, a launch whose process count is not a multiple of ``k``,
+    attention heads or KV heads that do not divide by ``k``, eager attention, releases older than
+    :data:`VERIFIED`."""
     if k <= 1:
         return
     flag = f"--sequence-parallel {k}"
+    if policy is not None and policy.attention == "document" and attn != "sdpa":
+        raise InputError(f"{flag} with --attention document runs with --attn sdpa only (each segment's attention "
+                         f"over the gathered sequence: doc_mask.VARLEN_SDPA), not {attn}")
     if not deepspeed:
         raise InputError(f"{flag} runs under DeepSpeed: add --deepspeed zero3_offload (or zero2, zero2_offload, "
                          f"zero3, a JSON file)")
@@ -184,9 +191,15 @@ def global_rope_length(model, max_position):
             m._ropescale_max_position = None
 
 
-def setup_model(model, layout: Layout, micro_batch: int):
+def setup_model(model, layout: Layout, micro_batch: int, document: bool = False):
     """Sequence parallelism on the plain (not yet PEFT-wrapped) model: the Ulysses attention and the global RoPE
-    length. Returns DeepSpeed's group module."""
+    length; with ``document`` (document attention) the core attention behind Ulysses is ``doc_mask.VARLEN_SDPA``,
+    which runs SDPA causally inside each segment of the gathered sequence (the segments' varlen arguments ride
+    in every shard: :func:`shard_batch`). Returns DeepSpeed's group module."""
+    if document:
+        from .doc_mask import use_varlen_sdpa
+
+        use_varlen_sdpa(model)
     mpu = register_attention(model, layout, micro_batch)
     install_global_rope(model)
     return mpu
@@ -201,9 +214,18 @@ def shard_batch(batch: dict, k: int, rank: int, pad_id: int, rows: int = 0) -> d
     (0 .. T'-1 over the padded length), ``attention_mask`` (1 on real tokens: what the trainer counts; the model runs
     without a mask) and ``max_position`` = the unpadded length - 1 (what the model sees as the sample's last
     position). transformers 5.24: the Trainer counts ``num_items_in_batch`` on ``shift_labels`` when a batch has
-    them (``Trainer._get_num_items_in_batch``), so each labelled target is counted once, on the rank scoring it."""
+    them (``Trainer._get_num_items_in_batch``), so each labelled target is counted once, on the rank scoring it.
+
+    A batch of a positions policy (``ropescale.training.data``): its ``position_ids`` (PoSE, reset) are sharded
+    instead of 0 .. T'-1 (the padding gets 0) and ``max_position`` is their largest; its ``segment_ids`` (document
+    attention) become the varlen arguments of the whole padded batch (``doc_mask.varlen_kwargs``: the padding a
+    segment of its own), the same in every shard, for the core attention that sees the gathered sequence."""
     import torch
     import torch.nn.functional as F
+
+    from data_concat.positions import PAD_SEGMENT
+
+    from .doc_mask import varlen_kwargs
 
     ids, labels = batch["input_ids"], batch["labels"]
     b, t = ids.shape
@@ -215,17 +237,24 @@ def shard_batch(batch: dict, k: int, rank: int, pad_id: int, rows: int = 0) -> d
     ids = F.pad(ids, (0, extra, 0, more), value=pad_id)
     real = F.pad(real, (0, extra, 0, more), value=0)
     shift = F.pad(labels[:, 1:], (0, extra + 1, 0, more), value=IGNORE_INDEX)
-    pos = torch.arange(padded, dtype=torch.long).unsqueeze(0).expand(b + more, padded)
+    given = batch.get("position_ids")
+    if given is None:
+        pos, top = torch.arange(padded, dtype=torch.long).unsqueeze(0).expand(b + more, padded), t - 1
+    else:
+        pos, top = F.pad(given, (0, extra, 0, more), value=0), int(given.max())
     n = padded // k
     s = slice(rank * n, (rank + 1) * n)
     shard_labels = shift[:, s].contiguous()
-    return {"input_ids": ids[:, s].contiguous(), "labels": shard_labels, "shift_labels": shard_labels,
-            "position_ids": pos[:, s].contiguous(), "attention_mask": real[:, s].contiguous(), "max_position": t - 1}
+    out = {"input_ids": ids[:, s].contiguous(), "labels": shard_labels, "shift_labels": shard_labels,
+           "position_ids": pos[:, s].contiguous(), "attention_mask": real[:, s].contiguous(), "max_position": top}
+    if batch.get("segment_ids") is not None:
+        out.update(varlen_kwargs(F.pad(batch["segment_ids"], (0, extra, 0, more), value=PAD_SEGMENT)))
+    return out
 
 
 class ShardCollator:
     """``collate`` (the usual right-padding collator), then this rank's shard (:func:`shard_batch`) of a batch of
-    ``micro_batch`` rows."""
+    ``micro_batch`` rows; on the group's first rank also the whole collated batch (:data:`COVERAGE_KEY`)."""
 
     def __init__(self, collate, layout: Layout, pad_id: int, micro_batch: int = 1):
         self.collate = collate
@@ -234,8 +263,11 @@ class ShardCollator:
         self.micro_batch = int(micro_batch)
 
     def __call__(self, batch: list[dict]) -> dict:
-        return shard_batch(self.collate(batch), self.layout.degree, self.layout.sp_rank, self.pad_id,
-                           rows=self.micro_batch)
+        whole = self.collate(batch)
+        shard = shard_batch(whole, self.layout.degree, self.layout.sp_rank, self.pad_id, rows=self.micro_batch)
+        if self.layout.sp_rank == 0:  # the group's first rank counts what the group trains (trainer coverage)
+            shard[COVERAGE_KEY] = whole
+        return shard
 
 
 def shard_data_over_groups(dataloader, layout: Layout) -> None:

@@ -118,12 +118,45 @@ class LabelOnlyTrainer(Trainer):
     positions + count); the sum is normalised by the number of labelled tokens of the whole optimizer step
     (``num_items_in_batch``: all micro-batches and ranks), i.e. the token mean over the global batch."""
 
-    def __init__(self, *a, sequence_layout=None, **kw):
+    def __init__(self, *a, sequence_layout=None, coverage=None, **kw):
         super().__init__(*a, **kw)
         self.sequence_layout = sequence_layout  # sequence parallelism (ropescale.training.sequence_parallel)
         compat.trainer_takes_token_sums(self)  # we normalise by num_items_in_batch ourselves
         self.tokens_seen = 0
         self.label_tokens_seen = 0
+        self.coverage = coverage  # the positions trained (data_concat.positions.Coverage), or None
+
+    def count_coverage(self, inputs) -> None:
+        """Add a micro-batch's position ids to :attr:`coverage` (0 .. T-1 where the batch carries none). A
+        sequence-parallel shard counts the whole sample it belongs to, on the group's first rank only
+        (``sequence_parallel.COVERAGE_KEY``)."""
+        from .sequence_parallel import COVERAGE_KEY
+
+        if self.sequence_layout is not None:
+            inputs = inputs.get(COVERAGE_KEY)
+            if inputs is None:
+                return
+        ids = inputs["input_ids"]
+        pos = inputs.get("position_ids")
+        if pos is None:
+            pos = torch.arange(ids.shape[-1]).expand(ids.shape)
+        seg, mask = inputs.get("segment_ids"), inputs.get("attention_mask")
+        self.coverage.add(pos.cpu(), None if seg is None else seg.cpu(), inputs["labels"].cpu(),
+                          None if mask is None else mask.cpu())
+
+    def total_coverage(self):
+        """:attr:`coverage` summed over the ranks (a collective: every rank calls it); None without coverage."""
+        if self.coverage is None:
+            return None
+        import torch.distributed as dist
+
+        from data_concat.positions import Coverage
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return Coverage.total([self.coverage], self.coverage.context, self.coverage.bins)
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, self.coverage.to_json())
+        return Coverage.total([Coverage.from_json(p) for p in parts], self.coverage.context, self.coverage.bins)
 
     def create_accelerator_and_postprocess(self):
         super().create_accelerator_and_postprocess()
@@ -138,9 +171,12 @@ class LabelOnlyTrainer(Trainer):
         return dl
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        shard = {k: inputs[k] for k in SHARD_KEYS if k in inputs}  # a sequence-parallel shard's extra keys
+        # a sequence-parallel shard's extra keys; the positions policy's position / segment ids
+        extra = {k: inputs[k] for k in (*SHARD_KEYS, "segment_ids") if k in inputs}
         out = model(input_ids=inputs["input_ids"], labels=inputs["labels"],
-                    attention_mask=inputs.get("attention_mask"), **shard)
+                    attention_mask=inputs.get("attention_mask"), **extra)
+        if self.coverage is not None and model.training:
+            self.count_coverage(inputs)
         self.tokens_seen += int(inputs["input_ids"].numel()) if "attention_mask" not in inputs else \
             int(inputs["attention_mask"].sum())
         self.label_tokens_seen += int(out["n_tokens"])
@@ -216,6 +252,54 @@ class ProgressCallback(TrainerCallback):
                 with open(self.log_path, "a", encoding="utf-8") as f:
                     f.write(json.dumps(rec) + "\n")
                     f.flush()
+
+
+COVERAGE_JSON = "coverage.json"  # in each checkpoint: the positions trained up to it (a resume continues it)
+
+
+def start_coverage(context: int, checkpoint: Path | None = None):
+    """The position coverage a run starts from (``data_concat.positions.Coverage`` over its extended context):
+    empty, or what ``checkpoint`` recorded (a resume; pass it on one rank only, the counts add over ranks)."""
+    from data_concat.positions import Coverage
+
+    f = None if checkpoint is None else Path(checkpoint) / COVERAGE_JSON
+    if f is None or not f.is_file():
+        return Coverage(context)
+    from ropescale.common.io import read_json
+
+    cov = Coverage.from_json(read_json(f, "position coverage"), f)
+    if cov.context != int(context):
+        from ropescale.common.io import InputError
+
+        raise InputError(f"the checkpoint's position coverage is over {cov.context} tokens, this run's context is "
+                         f"{context}", f)
+    return cov
+
+
+class CoverageCallback(TrainerCallback):
+    """The positions trained (:meth:`LabelOnlyTrainer.total_coverage`): at each checkpoint into
+    checkpoint-N/coverage.json and into the run's training record ``record["coverage"]`` (main process; run.json
+    and the exports carry it). At each epoch's start, the dataset's epoch (PoSE draws afresh per epoch)."""
+
+    def __init__(self, trainer_ref, record: dict | None, is_main: bool):
+        self.trainer_ref = trainer_ref
+        self.record = record
+        self.is_main = is_main
+
+    def on_epoch_begin(self, args, state, control, **kw):
+        ds = self.trainer_ref().train_dataset
+        if hasattr(ds, "epoch"):
+            ds.epoch = int((state.epoch or 0) + 1e-6)  # the epoch starting (state.epoch: a float, whole here)
+
+    def on_save(self, args, state, control, **kw):
+        cov = self.trainer_ref().total_coverage()
+        if cov is None or not self.is_main:
+            return
+        from ropescale.common.io import write_json_atomic
+
+        write_json_atomic(Path(args.output_dir) / f"checkpoint-{state.global_step}" / COVERAGE_JSON, cov.to_json())
+        if self.record is not None:
+            self.record["coverage"] = cov.to_json()
 
 
 class ExportCallback(TrainerCallback):
