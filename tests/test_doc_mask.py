@@ -1,7 +1,7 @@
 """ropescale.training.doc_mask: a document-masked packed forward of a tiny Qwen2 equals the pairs' separate forwards
 (logits, per-pair loss, gradients; fp32, 1e-5) under SDPA, eager and the mask-free varlen SDPA; FlashAttention's varlen
 arguments against transformers' own derivation; and one test per transformers internal relied on
-(ropescale.training._compat_positions)."""
+(ropescale.common.compat, document masking)."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from data_concat.positions import PAD_SEGMENT, Policy, sample_positions
-from ropescale.training import _compat_positions as shims
+from ropescale.common import compat as shims
 from ropescale.training.doc_mask import (
     VARLEN_SDPA,
     decoder_inputs,
@@ -248,7 +248,7 @@ def test_varlen_sdpa_without_varlen_arguments_is_plain_sdpa(model):
 # ---------------------------------------------------------------- one test per transformers internal relied on
 def test_shim_custom_4d_mask_passes_through():
     assert shims.custom_mask_passes_through(), "transformers changed _preprocess_mask_arguments: a 4D mask is no " \
-                                                "longer returned as is (see _compat_positions)"
+                                                "longer returned as is (see compat.custom_mask_passes_through)"
 
 
 def test_shim_packed_sequence_heuristic():

@@ -21,7 +21,7 @@ packed sample, :data:`~data_concat.positions.PAD_SEGMENT` on padding) to what th
   it always passes an explicit 2D mask: without one, transformers reads position ids that skip (PoSE) as packed
   sequences and would cut each sample into chunks that cannot attend to each other.
 
-Which transformers internals this relies on: ``ropescale.training._compat_positions``.
+Which transformers internals this relies on: ``ropescale.common.compat`` (document masking).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import torch
 from data_concat.positions import PAD_SEGMENT
 from ropescale.common import compat
 
-from . import _compat_positions
+from ..common import compat as _compat_positions
 
 VARLEN_SDPA = "ropescale_sdpa_varlen"  # the registered name of varlen_sdpa_attention
 
