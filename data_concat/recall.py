@@ -8,7 +8,8 @@ import ropescale.common.recall as _task
 from ropescale.common.chapters import read_chapters
 from ropescale.common.cli import add_alias, add_command, add_json
 from ropescale.common.io import InputError, check_output_file, write_jsonl_atomic
-from ropescale.common.recall import HELDOUT, MARKS, PARTS, recall_samples, sources, split_part
+from ropescale.common.prompts import PROMPT_TYPES, STYLES
+from ropescale.common.recall import HELDOUT, MARKS, PARTS, recall_samples, sources, split_part, total_tokens
 
 
 def register(sub) -> None:
@@ -18,12 +19,20 @@ def register(sub) -> None:
                                                     "(default: the shared novels)")
     p.add_argument("--tokenizer", default="tiny", help="tokenizer directory, or 'tiny' (default)")
     p.add_argument("--eval-tokens", type=int, metavar="N",
-                   help="eval set: every context up to N tokens, one window in each of equal stretches of a book, "
-                        "never overlapping; records name subset T<N>")
+                   help="eval set of total length N: for every --prompts, the rendered prompt (context included, "
+                        "tokenized as eval_summ generate does) + the generation budget (--max-answer-tokens) <= N "
+                        "tokens; one window in each of equal stretches of a book, never overlapping; records name "
+                        "subset T<N>")
     add_alias(p, "--eval-tokens", "--target", type=int)
     p.add_argument("--max-answer-tokens", type=int, metavar="N",
-                   help="eval set: every reference plus EOS fits in N tokens (windows whose marked sentences are "
-                        "longer are moved), so generating N new tokens can hold the whole answer")
+                   help="eval set: the generation budget (eval_summ generate --max-new-tokens N), counted in "
+                        "--eval-tokens; every reference plus EOS fits in N tokens (windows whose marked sentences "
+                        "are longer are moved), so generating N new tokens can hold the whole answer")
+    p.add_argument("--prompts", default="ft-ie,ft-ib", metavar="P,P",
+                   help="eval set: the prompts it will be evaluated with, each counted whole in --eval-tokens "
+                        "(default ft-ie,ft-ib, Appendix F.2; add ie,ib for the F.1 baseline prompts)")
+    p.add_argument("--prompt-style", default="release", choices=STYLES,
+                   help="wording of the F.1 prompts ie/ib in --prompts (default release, as eval_summ generate)")
     p.add_argument("--min-tokens", type=int, help="training pairs: context lengths drawn from this ...")
     p.add_argument("--max-tokens", type=int, help="... to this many tokens, at random places")
     p.add_argument("--n", type=int, default=24, help="number of samples (default 24)")
@@ -51,20 +60,37 @@ def cmd_recall(args) -> int:
         raise InputError("give either --eval-tokens (an eval set) or --min-tokens and --max-tokens (training pairs)")
     if args.max_answer_tokens is not None and args.eval_tokens is None:
         raise InputError("--max-answer-tokens goes with --eval-tokens (an eval set)")
+    prompt_types = eval_prompts(args.prompts) if args.eval_tokens is not None else ()
     chs = split_part(read_chapters(args.chapters or CHAPTERS_JSONL, books=args.books), args.part, args.heldout)
     tok = load_tokenizer(args.tokenizer)
     rows = recall_samples(sources(chs, tok), tok, n=args.n, target=args.eval_tokens, min_tokens=args.min_tokens,
                           max_tokens=args.max_tokens, marks=args.marks, seed=args.seed,
-                          max_answer=args.max_answer_tokens)
+                          max_answer=args.max_answer_tokens, prompts=prompt_types, style=args.prompt_style)
     write_jsonl_atomic(args.out, rows)
     lens = [r["tokens"] for r in rows]
     rep = {"samples": len(rows), "part": args.part, "marks": args.marks, "min": min(lens), "max": max(lens),
            "mean": round(sum(lens) / len(lens), 1), "books": sorted({r["book"] for r in rows}), "out": args.out}
+    if prompt_types:
+        budget = args.max_answer_tokens or 0
+        rep["total_max"] = max(total_tokens(tok, r["context"], prompt_types, budget, args.prompt_style) for r in rows)
+        rep["prompts"], rep["budget"] = list(prompt_types), budget
     if args.json:
         print(json.dumps(rep, ensure_ascii=False))
-    else:
-        print(f"{rep['samples']} recall samples ({args.part} chapters, {args.marks} marks), context tokens "
-              f"{rep['min']}-{rep['max']} (mean {rep['mean']}), books {', '.join(rep['books'])}")
-        print(f"wrote {args.out}")
+        return 0
+    print(f"{rep['samples']} recall samples ({args.part} chapters, {args.marks} marks), context tokens "
+          f"{rep['min']}-{rep['max']} (mean {rep['mean']}), books {', '.join(rep['books'])}")
+    if prompt_types:
+        print(f"total (longest of the prompts {', '.join(prompt_types)} + context + {rep['budget']} new tokens): "
+              f"at most {rep['total_max']} of {args.eval_tokens}")
+    print(f"wrote {args.out}")
     return 0
+
+
+def eval_prompts(spec: str) -> tuple[str, ...]:
+    """``--prompts``: comma-separated prompt types (ie, ib, ft-ie, ft-ib), at least one."""
+    got = tuple(dict.fromkeys(p.strip().lower() for p in spec.split(",") if p.strip()))
+    bad = [p for p in got if p not in PROMPT_TYPES]
+    if bad or not got:
+        raise InputError(f"--prompts: expected some of {', '.join(PROMPT_TYPES)}, got {spec!r}")
+    return got
 

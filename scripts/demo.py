@@ -19,12 +19,17 @@ step prints the command it runs.
    MSE, the exact recall per mark when the report writes it (recall.md), the failure modes (OUT/report/) and
    the Fig. 3 plot (OUT/fig3.png); the F.1 runs get their own report (OUT/report/baseline_prompts/), so the two
    prompt families are never averaged together;
-6. the demo's own table (OUT/report/demo.md): each row's predicted reach (``rope_scaling describe``: the longest
-   context in which every rotary pair stays inside the angles it saw in pre-training), its fine-tune's answer loss
-   at step 1 (before any update) and over the last steps (a row whose loss stays above 1 nat per answer token is
-   marked under-trained: it has not learned the task at its training lengths), its ROUGE-L per length, the
-   Prompt-IE vs Prompt-IB MSE, and a floor row: the score of an answer holding only the four marks.
+6. the demo's own tables (OUT/report/demo.md): A. per row its angle bound (``formulas.reach``, or
+   ``formulas.finetune_bound`` with the fine-tune's longest trained sample for a fine-tuned row: the longest context
+   in which every rotary pair stays inside angles it saw -- a necessary condition, not a prediction) beside Liu et
+   al. 2023's closed form where its premise holds, the fine-tune's answer loss at step 1 and over the last steps,
+   ROUGE-L per length with n and a 95 % bootstrap interval, the effective context length (NoLiMa's 85 % of 1x and
+   RULER's absolute threshold: the marks-only floor's highest upper bound) and retention (1x / the base model's 1x),
+   under a floor row (the score of an answer holding only the four marks); B. IE - IB per length with its paired
+   bootstrap interval and MSE(P-IE vs P-IB) beside its noise floor.
 
+Every eval length is a total: the rendered prompt + context + the generation budget fit in it
+(``data_concat recall --eval-tokens T --max-answer-tokens N``), so the 1x column is inside the original window.
 The recall task stands in for CNNSum's human-written summaries, which a model this small cannot write: every
 reference line is copied from its input and the marks are spread evenly, so a model that cannot reach part of the
 input loses the lines there. ROUGE-L on it has a floor of about 20 (the marks and line breaks alone), not 0.
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import shutil
@@ -57,7 +63,7 @@ METHODS = ("none", "pi", "ntk", "yarn")  # fine-tuned
 FREE = ("pi", "ntk", "yarn")  # applied at load time, no fine-tune
 F2 = ("ft-ie", "ft-ib")  # Appendix F.2, the fine-tuning prompts: every row
 F1 = ("ie", "ib")  # Appendix F.1, the baseline prompts: the base model, as the paper's Table 2
-LEARNED = 1.0  # answer loss (nats/token) over the last steps above which a fine-tune is marked under-trained
+LEARNED = 1.0  # answer loss (nats/token) over the last steps above which a row is marked "answer loss > 1 nat"
 LAST = 4  # steps the final loss is averaged over
 
 
@@ -128,23 +134,67 @@ def train_losses(train_dir: Path) -> tuple[float, float, int] | None:
     return steps[order[0]], sum(last) / len(last), order[-1]
 
 
-def predicted_reach(model: str, spec=None) -> float | None:
-    """``rope_scaling describe``'s predicted reach for a model directory (with ``spec`` applied at load time)."""
-    from rope_scaling.describe import describe, load_config
+def trained_length(record: dict | None) -> float | None:
+    """The longest distance a fine-tune trained on: its record's ``coverage.longest_distance`` when present, else
+    ``length.max`` (the longest packed sample the run consumed, of the data set when the record does not say);
+    None for no record."""
+    if not record:
+        return None
+    cov = record.get("coverage") or {}
+    if isinstance(cov.get("longest_distance"), (int, float)):
+        return float(cov["longest_distance"])
+    mx = (record.get("length") or {}).get("max")
+    return float(mx) if isinstance(mx, (int, float)) else None
 
-    return describe(load_config(model), spec)["reach"]
+
+def row_bound(model: str, spec=None, train_record: dict | None = None) -> dict:
+    """A row's angle bound, called what it is: a necessary condition, not a prediction. ``bound``: the pre-training
+    bound (``formulas.reach``) of a training-free row, ``formulas.finetune_bound`` with the fine-tune's longest trained
+    distance (:func:`trained_length`) for a fine-tuned one; ``pretrain``: the pre-training bound alone; ``liu``: Liu et
+    al. 2023's closed form (``formulas.critical_period``: the critical pair's full period under the new base, T_train =
+    the original context) where its premise holds -- a training-free row whose method changes only the base (none,
+    ntk); else None. Values in tokens, None for unbounded."""
+    from rope_scaling import formulas as F
+    from rope_scaling.load import load_config
+
+    mc = load_config(model, spec)
+    st = mc.state
+    orig, new = st.original_frequencies(), st.frequencies(mc.context)
+    tl = trained_length(train_record)
+    pre = F.reach(st.orig_ctx, orig.inv_freq, new.inv_freq)
+    bound = pre if tl is None else F.finetune_bound(st.orig_ctx, orig.inv_freq, new.inv_freq, tl)
+    liu = None
+    if tl is None and st.spec.method in ("none", "ntk"):
+        liu = F.critical_period(st.rotary_dim, st.base, new.base, st.orig_ctx)
+
+    def fin(v):
+        return None if v is None or math.isinf(v) else v
+
+    return {"bound": fin(bound), "pretrain": fin(pre), "liu": fin(liu), "trained_length": tl,
+            "rule": "reach" if tl is None else "finetune_bound"}
 
 
-def row_cells(run_dirs: list[Path]) -> tuple[dict, float | None, dict]:
-    """({column: ROUGE-L}, MSE(P-IE vs P-IB), {column: marks-only floor}) of one row, by the report's own formulas
-    (one row's runs; the floor is the recall view's: the score of an answer holding only the marks)."""
+def row_stats(run_dirs: list[Path], threshold: float | None = None):
+    """One row's cells by the report's own formulas (a report over the row's runs only): the extrapolation row
+    (estimates with n and interval, effective length with ``threshold``), IE - IB per column (paired interval), the
+    MSE with its noise floor, and the recall view's marks-only floor per column (an Estimate each). None without
+    runs."""
     from ropescale.evaluation.report.intake import build_report
 
     rep = build_report([str(d) for d in run_dirs if (d / "predictions.jsonl").is_file()])
-    _, rows = rep.extrapolation()
-    t2 = list(rep.table2().values())
-    floor = {r["subset"]: r["rouge_l"] for r in rep.recall()[1] if r["label"] is None}
-    return (rows[0]["cells"] if rows else {}), (t2[0]["mse"] if t2 else None), floor
+    cols, rows = rep.extrapolation(threshold)
+    if not rows:
+        return None
+    s = rows[0]["setting"]
+    return {"columns": cols, "row": rows[0], "diffs": {c: rep.difference(s, c) for c in cols}, "mse": rep.mse(s),
+            "floor": {c: rep.floor(c) for c in cols}}
+
+
+def floor_threshold(floor: dict) -> float | None:
+    """RULER's absolute threshold for the demo: the highest upper 95 % bound of the marks-only floor over the
+    lengths (a row at or above it recalls more than the marks, the task's free points, at every length it holds)."""
+    his = [e.hi for e in floor.values() if e is not None and e.hi is not None]
+    return max(his) if his else None
 
 
 @dataclass
@@ -305,7 +355,8 @@ def the_data(d: Demo) -> None:
         if not p.is_file():
             in_process("python -m data_concat", data_main, recall + [
                 "--part", "heldout", "--eval-tokens", str(tg), "--n", str(d.samples), "--max-answer-tokens",
-                str(d.max_new_tokens), "--out", str(p)])
+                str(d.max_new_tokens), "--prompts", ",".join(F2 + (F1 if d.baseline_prompts else ())),
+                "--out", str(p)])
         d.evals[tg] = p
     d.times["data"] = time.time() - t
 
@@ -398,42 +449,40 @@ def reports(d: Demo) -> None:
 
 
 def demo_table(d: Demo) -> list[dict]:
-    """Step 6: the demo's own table (report/demo.{md,csv,json}), printed with both Table 2 views; returns its
-    rows."""
+    """Step 6: the demo's own tables (report/demo.{md,csv,json}), printed with both Table 2 views; returns its
+    rows. Table A: per row the bound, ROUGE-L per length with n and 95 % intervals, the effective context length
+    (NoLiMa's 85 % of 1x; RULER's with the marks-only floor's highest upper bound as threshold) and retention;
+    table B: IE - IB per length with its paired interval, MSE(P-IE vs P-IB) beside its noise floor."""
     from ropescale.common.io import write_text_atomic
-    from ropescale.common.tables import csv_text, json_text, markdown, number
+    from ropescale.common.tables import csv_text, json_text
 
-    say("step 6/6: the demo table: predicted reach (rope_scaling describe), the fine-tunes' answer loss, ROUGE-L per "
-        "length beside the marks-only floor, MSE(P-IE vs P-IB)")
+    say("step 6/6: the demo table: the angle bound (fine-tune aware) beside Liu et al.'s closed form, ROUGE-L per "
+        "length with n and 95% intervals beside the marks-only floor, effective context length, retention, IE-IB "
+        "with paired intervals, MSE(P-IE vs P-IB) beside its noise floor")
     cols = [f"T{tg}" for tg in d.targets]
-    cells_of = {r.key: row_cells([d.gen / f"{r.key}_{pr}_T{tg}" for pr in F2 for tg in d.targets]) for r in d.rows}
-    floor = cells_of[d.rows[0].key][2]
-    header = ["row", "predicted reach", "train length: mean (range)", "answer loss: step 1 -> last", *cols,
-              "MSE (P-IE vs P-IB)"]
-    table = [["marks only (the floor)", None, None, None, *[floor.get(c) for c in cols], None]]
-    records = [{"row": "marks only (the floor)", "cells": floor}]
+    base_runs = [d.gen / f"{d.rows[0].key}_{pr}_T{tg}" for pr in F2 for tg in d.targets]
+    first = row_stats(base_runs)
+    floor = first["floor"] if first else {}
+    thr = floor_threshold(floor)
+    stats = {r.key: row_stats([d.gen / f"{r.key}_{pr}_T{tg}" for pr in F2 for tg in d.targets], thr) for r in d.rows}
+    base_1x = _first(stats[d.rows[0].key], cols)
+    records = [{"row": "marks only (the floor)", "cells": {c: e and e.mean for c, e in floor.items()},
+                "n": {c: e.n for c, e in floor.items() if e}, "ci": {c: _ci(e) for c, e in floor.items()},
+                "threshold": thr}]
     for r in d.rows:
-        line, rec = table_row(d, r, cells_of[r.key], cols)
-        table.append(line)
-        records.append(rec)
+        records.append(table_row(d, r, stats[r.key], cols, base_1x))
         if r is d.rows[0] and d.baseline_prompts:  # the same model with the F.1 baseline prompts
-            cells, mse, _ = row_cells([d.gen_f1 / f"base_{pr}_T{tg}" for pr in F1 for tg in d.targets])
-            table.append([f"{r.label}, F.1 baseline prompts", line[1], None, None, *[cells.get(c) for c in cols],
-                          mse])
-            records.append({"row": f"{r.label}, F.1 baseline prompts", "key": "base-f1", "method": "none",
-                            "fine_tuned": False, "predicted_reach": rec["predicted_reach"], "cells": cells,
-                            "mse_ie_ib": mse, "prompts": "F.1"})
-    md = markdown(header, table, number(2))
-    title = ("### The demo table: CNNSum ROUGE-L x100 (mean of the two prompts: F.2 unless the row says F.1) by eval "
-             "length, the predicted reach "
-             f"(tokens), the fine-tunes' answer loss (nats/token; under-trained: above {LEARNED:g} over the last "
-             f"{LAST} steps)")
-    write_text_atomic(d.report / "demo.md", f"{title}\n{md}\n")
+            st = row_stats([d.gen_f1 / f"base_{pr}_T{tg}" for pr in F1 for tg in d.targets], thr)
+            rec = table_row(d, r, st, cols, None, bound=records[-1])  # retention: F.2 and F.1 not compared
+            records.append({**rec, "row": f"{r.label}, F.1 baseline prompts", "key": "base-f1", "prompts": "F.1"})
+    md_a, md_b, header, table = demo_markdown(records, cols, thr)
+    write_text_atomic(d.report / "demo.md", f"{md_a}\n\n{md_b}\n")
     write_text_atomic(d.report / "demo.csv", csv_text(header, table))
-    write_text_atomic(d.report / "demo.json", json_text({"columns": cols, "rows": records}))
+    write_text_atomic(d.report / "demo.json", json_text({"columns": cols, "threshold": thr, "rows": records}))
     print()
-    print(title)
-    print(md)
+    print(md_a)
+    print()
+    print(md_b)
     for p, what in ((d.report / "table2.md", "F.2 prompts"),
                     (d.report / "baseline_prompts" / "table2.md", "F.1 baseline prompts")):
         if p.is_file():
@@ -443,27 +492,116 @@ def demo_table(d: Demo) -> list[dict]:
     return records
 
 
-def table_row(d: Demo, r: Row, row_cells_: tuple, cols: list[str]) -> tuple[list, dict]:
-    """One row of the demo table (its markdown line's cells, its JSON record): predicted reach, training length,
-    answer losses, the cells and the MSE."""
+def _first(st, cols):
+    return None if not st or not cols else st["row"]["cells"].get(cols[0])
+
+
+def _ci(e) -> list | None:
+    return None if e is None or e.lo is None else [round(e.lo, 4), round(e.hi, 4)]
+
+
+def _tok(v) -> str:
+    return "unbounded" if v is None else f"{v:,.0f}"
+
+
+def demo_markdown(records: list[dict], cols: list[str], thr: float | None) -> tuple[str, str, list, list]:
+    """The two markdown tables (with their titles) and the CSV's header and rows, from the JSON records."""
+    from ropescale.common.tables import markdown
+
+    def cell(rec, c):
+        m, ci = rec["cells"].get(c), rec.get("ci", {}).get(c)
+        return "-" if m is None else f"{m:.1f}" if not ci else f"{m:.1f} [{ci[0]:.1f}, {ci[1]:.1f}]"
+
+    thr_txt = "-" if thr is None else f"{thr:.1f}"
+    head_a = ["row", "bound (tokens)", "Liu et al. 2023 T_extra", "train length (the data set): mean (range)",
+              "answer loss: step 1 -> last", "n", *cols, "effective length (85% of 1x)",
+              f"effective length (>= {thr_txt})", "retention"]
+    rows_a, rows_b, csv_rows = [], [], []
+    for rec in records:
+        fine = "key" in rec
+        eff = rec.get("effective_length") or {}
+        ns = sorted(set((rec.get("n") or {}).values()))
+        n_txt = "-" if not ns else str(ns[0]) if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
+        loss = None if rec.get("loss_last") is None else \
+            f"{rec['loss_step1']:.2f} -> {rec['loss_last']:.2f} ({rec['steps']} steps)"
+        label = rec["row"] + (f" (answer loss > {LEARNED:g} nat)" if rec.get("loss_above") else "")
+        rows_a.append([label, _tok(rec["bound"]) if fine else "", "" if not fine or rec.get("liu") is None
+                       else _tok(rec["liu"]), rec.get("train_length_text") or "", loss or "", n_txt,
+                       *[cell(rec, c) for c in cols],
+                       *[(eff.get(k) or {}).get("text", "-") if fine else "" for k in ("relative", "absolute")],
+                       "" if rec.get("retention") is None else f"{100 * rec['retention']:.0f}%"])
+        if fine:
+            diffs = rec["ie_minus_ib"]
+            rows_b.append([rec["row"], *[_diff_text(diffs.get(c)) for c in cols], _mse_text(rec)])
+        csv_rows.append([rec["row"], rec.get("bound"), rec.get("liu"), *[rec["cells"].get(c) for c in cols],
+                         *[x for c in cols for x in (rec.get("ci", {}).get(c) or [None, None])],
+                         (eff.get("relative") or {}).get("length"), (eff.get("absolute") or {}).get("length"),
+                         rec.get("retention"), rec.get("mse_ie_ib"), rec.get("mse_floor")])
+    title_a = ("### A. ROUGE-L x100 by total eval length (prompt + context + answer budget <= T), mean of the two "
+               "prompts (F.2 unless the row says F.1) [95% bootstrap interval]; n samples per cell (both prompts)")
+    note_a = (f"Bound: the longest context in which every rotary pair stays inside the angles it saw (pre-training; "
+              f"for a fine-tuned row also its fine-tune's longest sample) -- a necessary condition, not a prediction. "
+              f"Liu et al. 2023 T_extra: their closed form (the critical pair's full period, T_train = the original "
+              f"context), shown where its premise holds (no fine-tune, a base change). Effective length: the longest "
+              f"length up to which the row keeps >= 85% of its own 1x score (NoLiMa), and scores >= {thr_txt}, the "
+              f"marks-only floor's highest upper 95% bound (RULER's convention); '-': no 85% length for a row below "
+              f"that threshold at 1x; '>T': holds at every length. Retention: the row's 1x score / the base model's. "
+              f"Answer loss: nats per answer token at step 1 and over the last {LAST} steps.")
+    title_b = ("### B. IE - IB per length [paired 95% bootstrap interval; * excludes 0] and MSE(P-IE vs P-IB) "
+               "[noise floor: the MSE expected with no prompt effect]")
+    md_a = f"{title_a}\n{markdown(head_a, rows_a)}\n\n{note_a}"
+    md_b = f"{title_b}\n{markdown(['row', *cols, 'MSE [floor]'], rows_b)}"
+    header = ["row", "bound", "liu_t_extra", *cols, *[f"{c}_{x}" for c in cols for x in ("lo", "hi")],
+              "effective_length_85", "effective_length_abs", "retention", "mse", "mse_floor"]
+    return md_a, md_b, header, csv_rows
+
+
+def _diff_text(x: dict | None) -> str:
+    if not x or x.get("mean") is None:
+        return "-"
+    if not x.get("ci"):
+        return f"{x['mean']:+.1f}"
+    lo, hi = x["ci"]
+    return f"{x['mean']:+.1f} [{lo:+.1f}, {hi:+.1f}]" + ("*" if lo > 0 or hi < 0 else "")
+
+
+def _mse_text(rec: dict) -> str:
+    m, f = rec.get("mse_ie_ib"), rec.get("mse_floor")
+    return "-" if m is None else f"{m:.1f}" + ("" if f is None else f" [{f:.1f}]")
+
+
+def table_row(d: Demo, r: Row, st: dict | None, cols: list[str], base_1x: float | None,
+              bound: dict | None = None) -> dict:
+    """One row of the demo table as its JSON record: the bound (``bound``: another record's, for the F.1 row of
+    the same model), training length, answer losses, cells with n and intervals, effective length, retention, IE -
+    IB per column and the MSE with its floor."""
     from rope_scaling import RopeSpec
     from ropescale.common.runs import TrainLength, read_train_record
+    from ropescale.evaluation.report.uncertainty import retention
 
-    reach = predicted_reach(str(d.model_dir), RopeSpec(r.method, scale=d.scale) if r.flags else None) \
-        if r.train_dir is None else predicted_reach(r.model)
+    record = read_train_record(r.model) if r.train_dir is not None else None
+    if bound is None:
+        b = row_bound(str(d.model_dir), RopeSpec(r.method, scale=d.scale) if r.flags else None) \
+            if r.train_dir is None else row_bound(r.model, None, record or {})
+    else:
+        b = {k: bound.get(k) for k in ("bound", "pretrain", "liu", "trained_length", "rule")}
     loss = train_losses(r.train_dir) if r.train_dir is not None else None
-    under = loss is not None and loss[1] > LEARNED
-    cells, mse, _ = row_cells_
-    loss_txt = None if loss is None else f"{loss[0]:.2f} -> {loss[1]:.2f} ({loss[2]} steps)"
-    tl = TrainLength.of((read_train_record(r.model) or {}).get("length")) if r.train_dir is not None else None
-    reach_txt = "unbounded" if reach is None else f"{reach:.0f}"
-    line = [r.label + (" (under-trained)" if under else ""), reach_txt, tl and tl.text(), loss_txt,
-            *[cells.get(c) for c in cols], mse]
-    rec = {"row": r.label, "key": r.key, "method": r.method, "fine_tuned": r.train_dir is not None,
-           "predicted_reach": reach, "train_length": tl and tl.to_dict(), "loss_step1": loss and loss[0],
-           "loss_last": loss and loss[1], "steps": loss and loss[2], "under_trained": under, "cells": cells,
-           "mse_ie_ib": mse, "prompts": "F.2"}
-    return line, rec
+    tl = TrainLength.of((record or {}).get("length")) if r.train_dir is not None else None
+    row = st["row"] if st else {"cells": {}, "estimates": {}, "effective": {}, "retention": None}
+    est = row["estimates"]
+    diffs = (st or {}).get("diffs", {})
+    mse = (st or {}).get("mse")
+    return {"row": r.label, "key": r.key, "method": r.method, "fine_tuned": r.train_dir is not None, **b,
+            "train_length": tl and tl.to_dict(), "train_length_text": tl and tl.text(),
+            "loss_step1": loss and loss[0], "loss_last": loss and loss[1], "steps": loss and loss[2],
+            "loss_above": loss is not None and loss[1] > LEARNED,
+            "cells": {c: row["cells"].get(c) for c in cols},
+            "n": {c: e.n for c, e in est.items() if e.mean is not None},
+            "ci": {c: _ci(e) for c, e in est.items() if e.mean is not None},
+            "effective_length": {k: v and v.to_dict() for k, v in row["effective"].items()},
+            "retention": retention(_first(st, cols), base_1x),
+            "ie_minus_ib": {c: x and {"mean": x.mean, "ci": _ci(x), "n_pairs": x.n_pairs} for c, x in diffs.items()},
+            "mse_ie_ib": mse and mse.mse, "mse_floor": mse and mse.floor, "mse_ci": _ci(mse), "prompts": "F.2"}
 
 
 def main(argv=None) -> int:

@@ -2,7 +2,7 @@
 """The demo's seed-to-seed spread: reads the demo tables that ``scripts/demo.py --seed K`` wrote under one
 ``--out`` (``report/demo.json`` for seed 0, ``report_sK/demo.json`` for seed K) and prints, for every row of the
 demo table, each column as ``mean (min-max)`` over the seeds found, the MSE(P-IE vs P-IB) column included, and in
-how many seeds a fine-tune was under-trained (the demo table's mark).
+how many seeds a fine-tune's answer loss stayed above 1 nat (the demo table's mark).
 
 A seed moves the training pairs, the fine-tunes' seeds, the eval passages (other windows of the held-out chapters)
 and their marked sentences, so the spread is over all of these::
@@ -43,8 +43,8 @@ def spread(tables: dict[int, dict]) -> tuple[list[str], list[list]]:
         for c in cols:
             cells.append(summary([r["cells"].get(c) for r in per_seed]))
         cells.append(summary([r.get("mse_ie_ib") for r in per_seed]))
-        under = sum(bool(r.get("under_trained")) for r in per_seed)
-        label = row["row"] + (f" (under-trained in {under} of {len(per_seed)})" if under else "")
+        above = sum(bool(r.get("loss_above", r.get("under_trained"))) for r in per_seed)
+        label = row["row"] + (f" (answer loss > 1 nat in {above} of {len(per_seed)} seeds)" if above else "")
         out.append([label, str(len(per_seed)), *cells])
     return header, out
 

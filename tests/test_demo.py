@@ -5,6 +5,7 @@ without the DeepSpeed launcher. Every artifact is checked."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ def test_demo_miniature(make_tiny_model, tiny_tokenizer, tmp_path, capsys):
 
     _, model_dir = make_tiny_model("qwen2", orig_ctx=64)
     out = tmp_path / "demo"
-    res = run_demo(str(out), model=str(model_dir), methods=("none", "ntk"), free=("ntk",), scale=8, factors=(4, 8),
+    res = run_demo(str(out), model=str(model_dir), methods=("none", "ntk"), free=("ntk",), scale=8, factors=(8, 12),
                    samples=2, max_new_tokens=160, pairs=12, heldout=4, launcher="python", train_lo=4, train_hi=8,
                    finetune_args=["--max-steps", "2", "--global-batch", "1", "--save-steps", "2"])
     printed = capsys.readouterr().out
@@ -104,9 +105,10 @@ def _check_report(res, expect: dict, means: dict, printed: str) -> None:
     assert table.strip() in printed
     lines = [ln for ln in table.splitlines() if ln.startswith("|") and not ln.startswith("|---")]
     header, body = [c.strip() for c in lines[0].strip("|").split("|")], lines[1:]
-    assert header[-2:] == ["T256", "T512"] and len(body) == 4
-    cells_seen = sorted(tuple(c.strip() for c in ln.strip("|").split("|"))[-2:] for ln in body)
-    want = sorted(tuple(f"{sum(means[('gen', n, s)]) / 2:.2f}" for s in ("T256", "T512")) for n in expect)
+    at = [header.index("T512"), header.index("T768")]
+    assert header[at[1] + 1:] == ["effective length (85% of 1x)", "retention"] and len(body) == 4
+    cells_seen = sorted(tuple(ln.strip("|").split("|")[i].strip() for i in at) for ln in body)
+    want = sorted(tuple(f"{sum(means[('gen', n, s)]) / 2:.2f}" for s in ("T512", "T768")) for n in expect)
     for got, exp in zip(cells_seen, want):
         for g, e in zip(got, exp):
             assert abs(float(g) - float(e)) < 0.006
@@ -124,20 +126,32 @@ def _check_demo_table(res, expect: dict, means: dict, printed: str, train_length
     by_key = {r.get("key", "floor"): r for r in demo["rows"]}
     assert list(by_key) == ["floor", "base", "base-f1", "free-ntk-x8", "ft-none", "ft-ntk-x8"]
     for key in expect:
-        for s in ("T256", "T512"):
+        for s in ("T512", "T768"):
             assert abs(by_key[key]["cells"][s] - sum(means[("gen", key, s)]) / 2) < 1e-6
-    for s in ("T256", "T512"):
+    for s in ("T512", "T768"):
         assert abs(by_key["base-f1"]["cells"][s] - sum(means[("gen_f1", "base", s)]) / 2) < 1e-6
-    # predicted reach: 64 for the unscaled model; NTK x8 on head_dim 16 / base 1e4 / 64 tokens: pairs with
-    # wavelength 2*pi*1e4^(i/8) > 64 are i >= 3 (i = 2: 62.8); the reach is 64 * 8^(2*3/14) (see test_rope_reach)
-    assert by_key["base"]["predicted_reach"] == 64 and by_key["ft-none"]["predicted_reach"] == 64
-    for key in ("free-ntk-x8", "ft-ntk-x8"):
-        assert abs(by_key[key]["predicted_reach"] - 64 * 8 ** (6 / 14)) < 1e-6
-    # the fine-tunes' losses come from their train logs; 2 steps of a random model: under-trained
+    # the bound: 64 for the unscaled model; NTK x8 on head_dim 16 / base 1e4 / 64 tokens at load time: pairs with
+    # wavelength 2*pi*1e4^(i/8) > 64 are i >= 3 (i = 2: 62.8); the bound is 64 * 8^(2*3/14) (see test_rope_reach);
+    # a fine-tune on samples up to L >= 156 tokens (here 256-512) lifts both fine-tuned rows' bounds to L (see
+    # test_row_bound_is_fine_tune_aware)
+    assert by_key["base"]["bound"] == 64 and by_key["base"]["rule"] == "reach"
+    assert abs(by_key["free-ntk-x8"]["bound"] - 64 * 8 ** (6 / 14)) < 1e-6
+    for key, m in (("ft-none", "none"), ("ft-ntk-x8", "ntk")):
+        assert by_key[key]["bound"] == train_length[m]["max"] and by_key[key]["rule"] == "finetune_bound"
+        assert by_key[key]["pretrain"] == (64 if m == "none" else by_key["free-ntk-x8"]["bound"])
+    # every cell carries n (both prompts' samples) and an interval around its mean; IE - IB and the MSE floor
+    for key in expect:
+        row = by_key[key]
+        for s in ("T512", "T768"):
+            assert row["n"][s] == 4 and row["ci"][s][0] <= row["cells"][s] + 1e-9 <= row["ci"][s][1] + 2e-9
+            assert row["ie_minus_ib"][s]["n_pairs"] == 2
+        assert row["mse_floor"] is not None and set(row["effective_length"]) == {"relative", "absolute"}
+    assert by_key["base"]["retention"] == (1.0 if by_key["base"]["cells"]["T512"] > 0 else None)  # of 0: none
+    # the fine-tunes' losses come from their train logs; 2 steps of a random model: answer loss above 1 nat
     for key, m in (("ft-none", "none"), ("ft-ntk-x8", "ntk")):
         log = [json.loads(x) for x in (Path(res["merged"][m]).parent / "train_log.jsonl").read_text().splitlines()]
         assert by_key[key]["loss_step1"] == log[0]["loss"] and by_key[key]["steps"] == 2
-        assert by_key[key]["under_trained"] is True
+        assert by_key[key]["loss_above"] is True
         assert by_key[key]["train_length"] == train_length[m]  # the merged model's training record: the mean
     # the floor: an answer of the four marks alone, scored against each eval set's references
     from ropescale.common.rouge import rouge_l
@@ -146,3 +160,28 @@ def _check_demo_table(res, expect: dict, means: dict, printed: str, train_length
         refs = [json.loads(x)["summary"] for x in Path(p).read_text(encoding="utf-8").splitlines()]
         want_floor = 100 * sum(rouge_l("【1】\n【2】\n【3】\n【4】", r) for r in refs) / len(refs)
         assert abs(by_key["floor"]["cells"][f"T{t}"] - want_floor) < 1e-9 and want_floor > 5
+
+
+def test_row_bound_is_fine_tune_aware(make_tiny_model):
+    """The demo's row bound on a hand-worked case: NTK x8 on head_dim 16, base 1e4, a 64-token context. Pair i turns
+    theta_i = 1e4^(-i/8) per token, theta'_i = b'^(-i/8) under NTK (b' = 1e4 * 8^(16/14): theta_i / theta'_i =
+    8^(2i/14)). Pre-training saw pair i up to the angle 64 theta_i, < 2*pi for i >= 3; a fine-tune on distances up to
+    L adds L theta'_i. The bound is min over the pairs still short of a full turn of max(64 theta_i, L theta'_i) /
+    theta'_i = max(64 * 8^(2i/14), L) (pairs 0-2 saw a full turn: 64 theta_2 = 6.4 > 2*pi): at L = 100 the pre-training
+    term of pair 3 (64 * 8^(6/14) = 156.0) still binds; at L = 300 the fine-tune's length does."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from demo import row_bound
+
+    from rope_scaling import RopeSpec
+
+    _, model_dir = make_tiny_model("qwen2", orig_ctx=64)
+    pre = 64 * 8 ** (6 / 14)
+    free = row_bound(str(model_dir), RopeSpec("ntk", scale=8))
+    assert abs(free["bound"] - pre) < 1e-9 and free["rule"] == "reach"
+    # Liu et al.'s closed form: d_extra = 2 ceil(8 log_1e4(64 / 2pi)) = 6, T_extra = 2 pi b'^(6/16)
+    assert abs(free["liu"] - 2 * math.pi * (1e4 * 8 ** (16 / 14)) ** (6 / 16)) < 1e-6
+    for rec, want in (({"length": {"max": 100}}, pre), ({"length": {"max": 300}}, 300.0),
+                      ({"length": {"max": 300}, "coverage": {"longest_distance": 250}}, 250.0)):
+        got = row_bound(str(model_dir), RopeSpec("ntk", scale=8), rec)
+        assert abs(got["bound"] - want) < 1e-9 and got["rule"] == "finetune_bound" and got["liu"] is None
+        assert abs(got["pretrain"] - pre) < 1e-9

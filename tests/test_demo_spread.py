@@ -13,7 +13,7 @@ def _table(out: Path, seed: int, base: list, mse) -> None:
     d.mkdir(parents=True)
     rows = [{"row": "marks only (the floor)", "cells": {"T512": 21.0, "T1024": 22.0}},
             {"row": "tiny (no fine-tune)", "key": "base", "cells": {"T512": base[0], "T1024": base[1]},
-             "mse_ie_ib": mse, "under_trained": seed == 1}]
+             "mse_ie_ib": mse, "loss_above": seed == 1}]
     (d / "demo.json").write_text(json.dumps({"columns": ["T512", "T1024"], "rows": rows}), encoding="utf-8")
 
 
@@ -30,8 +30,9 @@ def test_spread_over_seeds(tmp_path, capsys):
     assert header == ["row", "seeds", "T512", "T1024", "MSE (P-IE vs P-IB)"]
     assert rows[0] == ["marks only (the floor)", "3", "21.0 (21.0–21.0)", "22.0 (22.0–22.0)", None]
     # 40/50/45 -> mean 45; T1024 only from the seeds that have it; MSE 2 and 4 -> 3
-    assert rows[1] == ["tiny (no fine-tune) (under-trained in 1 of 3)", "3", "45.0 (40.0–50.0)", "15.0 (10.0–20.0)",
-                       "3.0 (2.0–4.0)"]
+    assert rows[1] == ["tiny (no fine-tune) (answer loss > 1 nat in 1 of 3 seeds)", "3", "45.0 (40.0–50.0)",
+                       "15.0 (10.0–20.0)", "3.0 (2.0–4.0)"]
     assert demo_spread.main(["--out", str(tmp_path)]) == 0
-    assert "| tiny (no fine-tune) (under-trained in 1 of 3) | 3 | 45.0 (40.0–50.0) |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| tiny (no fine-tune) (answer loss > 1 nat in 1 of 3 seeds) | 3 | 45.0 (40.0–50.0) |" in out
     assert demo_spread.main(["--out", str(tmp_path / "none")]) == 2

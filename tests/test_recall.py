@@ -196,3 +196,35 @@ def test_default_finetune_data_is_packed_recall_pairs(make_tiny_model, tiny_toke
             assert s in text
     again = build_default_data(model_dir, 512, 4096, n_samples=6, cache_dir=tmp_path)  # cached
     assert again == packed
+
+
+def test_eval_set_total_length_holds_prompt_context_and_budget(tmp_path, tiny_tokenizer_dir, tiny_tokenizer, capsys):
+    """Issue 31.1: an eval set of length L holds, for every prompt it is built for, the rendered prompt as `eval_summ
+    generate` tokenizes it (its own Tokenize) + the generation budget <= L, and the windows are filled (not a few
+    sentences)."""
+    from data_concat.cli import main
+    from ropescale.evaluation.generate import Tokenize
+
+    L, budget = 512, 140
+    for prompts in ("ft-ie,ft-ib", "ft-ie,ft-ib,ie,ib"):
+        out = tmp_path / f"{prompts}.jsonl"
+        assert main(["recall", "--tokenizer", str(tiny_tokenizer_dir), "--eval-tokens", str(L), "--max-answer-tokens",
+                     str(budget), "--prompts", prompts, "--n", "6", "--heldout", "4", "--out", str(out),
+                     "--json"]) == 0
+        rep = json.loads(capsys.readouterr().out)
+        rows = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+        totals = []
+        for r in rows:
+            per_prompt = [len(Tokenize(tiny_tokenizer, p, "release", False).ids(r["context"])) + budget
+                          for p in prompts.split(",")]
+            assert max(per_prompt) <= L, (prompts, r["id"], per_prompt)
+            assert len(tiny_tokenizer(r["summary"], add_special_tokens=False)["input_ids"]) + 1 <= budget
+            assert r["subset"] == f"T{L}"
+            totals.append(max(per_prompt))
+        assert rep["total_max"] == max(totals) and rep["budget"] == budget
+        assert sum(totals) / len(totals) >= 0.85 * L  # windows filled to within a sentence or two of L
+    assert main(["recall", "--tokenizer", str(tiny_tokenizer_dir), "--eval-tokens", "150", "--max-answer-tokens",
+                 "120", "--n", "2", "--heldout", "3", "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert "context tokens beside the prompts" in capsys.readouterr().err
+    assert main(["recall", "--tokenizer", str(tiny_tokenizer_dir), "--eval-tokens", "300", "--prompts", "ft-ie,xx",
+                 "--n", "2", "--out", str(tmp_path / "y.jsonl")]) == 2

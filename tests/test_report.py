@@ -98,10 +98,14 @@ def test_table2_one_prompt_missing_is_missing_not_the_other_prompt():
     assert js["m"]["avg"] == {"L": 11.5, "XL": None} and js["m"]["mse"] is None
     assert js["ie-only"]["IB"] == {"L": None}
     csv_rows = list(csv.reader(io.StringIO(render(rep, "csv", "table2"))))
-    assert csv_rows[0] == ["model", "L", "XL", "mse"]
-    assert csv_rows[1:] == [["m", "11.5", "", ""], ["ie-only", "", "", ""]]
+    assert csv_rows[0] == ["model", "L", "XL", "mse", "mse_floor", "mse_lo", "mse_hi", "L_ie_minus_ib",
+                           "L_ie_minus_ib_lo", "L_ie_minus_ib_hi", "XL_ie_minus_ib", "XL_ie_minus_ib_lo",
+                           "XL_ie_minus_ib_hi"]
+    # IE - IB of L from the CSV: the difference alone (one number per prompt: no interval, no floor)
+    assert csv_rows[1:] == [["m", "11.5", "", "", "", "", "", "-3.0", "", "", "", "", ""],
+                            ["ie-only", "", "", "", "", "", "", "", "", "", "", "", ""]]
     md = render(rep, "markdown", "table2")
-    assert "| m | 11.50 | - | - |" in md and "| ie-only | - | - | - |" in md
+    assert "| m | 11.50 | - | - | - |" in md and "| ie-only | - | - | - | - |" in md
     assert "only one of the two prompts" in md
     # the Table 7 view still shows the single prompt's scores
     t7 = render(rep, "markdown", "table7")
@@ -117,11 +121,13 @@ def test_markdown_and_csv_views(capsys):
     assert "| GPT-4o-2024-08-06 | 15.30 / 15.70 | 14.20 / 14.20 | 12.40 / 12.50 | - / - |" in out
     rc, out, _ = run_cli(["report", "--scores", str(TABLE7), "--format", "csv", "--view", "table7"], capsys)
     rows = list(csv.DictReader(io.StringIO(out)))
+    # a scores CSV cell is one number: n 1, no interval; GPT-4o has no 3XL cell at all
     assert rows[0] == {"model": "GPT-4o-2024-08-06", "prompt": "IE", "L": "15.3", "XL": "14.2", "2XL": "12.4",
-                       "3XL": ""}
+                       "3XL": "", **{f"{c}_n": "1" for c in ("L", "XL", "2XL")}, "3XL_n": "",
+                       **{f"{c}_{x}": "" for c in ("L", "XL", "2XL", "3XL") for x in ("lo", "hi")}}
     rc, out, _ = run_cli(["report", "--scores", str(TABLE7), "--format", "csv"], capsys)
     head = next(csv.reader(io.StringIO(out)))
-    assert head == ["model", "L", "XL", "2XL", "3XL", "mse"]
+    assert head[:10] == ["model", "L", "XL", "2XL", "3XL", "mse", "mse_floor", "mse_lo", "mse_hi", "L_ie_minus_ib"]
 
 
 @pytest.mark.parametrize("content,line,what", [
@@ -258,7 +264,8 @@ def test_length_buckets(runs, capsys):
     assert rc == 0
     head = next(csv.reader(io.StringIO(out)))
     assert head == ["label", "model", "rope", "scale", "train_length", "train_length_min", "train_length_max",
-                    "<1000", "1000-2000", ">=2000"]
+                    *[f"{c}{x}" for c in ("<1000", "1000-2000", ">=2000") for x in ("", "_n", "_lo", "_hi")],
+                    "effective_length_85", "effective_length_abs", "retention"]
 
 
 def test_out_dir_and_plot(runs, tmp_path, capsys):

@@ -10,7 +10,8 @@ each of ``K`` equal stretches of the excerpt, are marked ``【1】`` ... ``【K�
 
 Every line of the reference is copied verbatim from the input (a model that can copy and look things up by their
 mark can write it) and the marks are spread evenly over the whole input, so a model that cannot attend past some
-position loses the lines before it: its ROUGE-L falls in proportion to what it cannot reach. CNNSum's real
+position can lose the lines it cannot reach (how ROUGE-L falls with it is measured, not assumed: the demo reports
+exact recall per mark beside it, and a model may fail everywhere at once rather than by depth). CNNSum's real
 summaries are human-written plot summaries, which a model of a few million parameters cannot write; the real
 CNNSum path (Appendix F prompts, the release files, ``data_concat sample``) is unchanged. Samples are rendered with
 the same prompts (``ft-ie`` / ``ft-ib``, Appendix F.2) and scored with the same ROUGE-L as CNNSum.
@@ -22,14 +23,19 @@ chapters of each book (the tiny default never trains on them).
 The task's format and samplers live here (the tiny default's build and ``python -m data_concat recall`` both use
 them); the command writes them to JSONL:
 
-    python -m data_concat recall --target 2048 --n 24 --part heldout --out recall_T2048.jsonl
+    python -m data_concat recall --eval-tokens 2048 --max-answer-tokens 128 --n 24 --part heldout --out T2048.jsonl
     python -m data_concat recall --min-tokens 1024 --max-tokens 2048 --n 400 --part train --out pairs.jsonl
+
+An eval set's length counts the total the model holds (:func:`total_tokens`): for every prompt it will be evaluated
+with, the rendered prompt (context included, tokenized as ``eval_summ generate`` tokenizes it) plus the generation
+budget is at most the set's length, so ``T512`` fits a 512-token window with its answer.
 """
 from __future__ import annotations
 
 import random
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 from .chapters import Chapter, by_book
@@ -173,6 +179,20 @@ def exact_tokens(tok, text: str) -> int:
     return len(tok(text, add_special_tokens=False)["input_ids"])
 
 
+def prompt_tokens(tok, context: str, prompt: str, style: str = "release") -> int:
+    """Tokens of ``context`` rendered with ``prompt`` (:func:`prompts.render`), tokenized as ``eval_summ generate``
+    tokenizes a prompt without a chat template: the whole text at once, with the tokenizer's special tokens."""
+    from . import prompts
+
+    return len(tok(prompts.render(context, prompt, style))["input_ids"])
+
+
+def total_tokens(tok, context: str, prompt_types: Sequence[str], budget: int = 0, style: str = "release") -> int:
+    """What an eval sample takes of the model's window: the longest of its rendered prompts (``prompt_types``) plus
+    the generation budget (the most new tokens generate may add)."""
+    return max(prompt_tokens(tok, context, p, style) for p in prompt_types) + budget
+
+
 # a marked sentence of the longest kind (MAX_CHARS characters), to size the answer in a given tokenizer
 _LONG_SENTENCE = "那行者在半空中看得分明，即将金箍棒变作一条铁索，把那妖精的两腿锁住了。"[:MAX_CHARS]
 
@@ -229,10 +249,10 @@ def _check_sizes(n: int, target: int | None, min_tokens: int | None, max_tokens:
 
 
 def _eval_windows(srcs: Sequence[Source], tok, n: int, target: int, marks: int, seed: int, rng: random.Random,
-                  max_answer: int | None) -> list[dict]:
-    """An eval set: non-overlapping windows of at most ``target`` tokens spread over each book, books taking
-    turns; a window whose stretch has no markable sentence, or whose answer does not fit ``max_answer``, is moved a
-    little."""
+                  max_answer: int | None, fits: "_Fit") -> list[dict]:
+    """An eval set: non-overlapping windows spread over each book, books taking turns, each holding as much text as
+    ``fits`` allows in ``target`` tokens; a window whose stretch has no markable sentence, whose answer does not fit
+    ``max_answer``, or whose rendered prompts run past ``target`` is moved a little."""
     out: list[dict] = []
     queues = [(src, window_starts(src, target, -(-n // len(srcs)), seed)) for src in srcs]
     i = 0
@@ -246,9 +266,9 @@ def _eval_windows(srcs: Sequence[Source], tok, n: int, target: int, marks: int, 
         for shift in (0, *(d for k in range(1, 13) for d in (k, -k))):
             if not 0 <= start + shift < len(src):
                 continue
-            ex = build(src, start + shift, target, rng, marks)
+            ex = build(src, start + shift, fits.context, rng, marks)
             if ex and not any(ex["start"] < b and a < ex["end"] for a, b in taken) \
-                    and exact_tokens(tok, ex["context"]) <= target \
+                    and fits.total(ex["context"]) <= target \
                     and (max_answer is None or exact_tokens(tok, ex["summary"]) + 1 <= max_answer):
                 out.append(ex)
                 break
@@ -256,6 +276,31 @@ def _eval_windows(srcs: Sequence[Source], tok, n: int, target: int, marks: int, 
         raise InputError(f"only {len(out)} of {n} samples of {target} tokens fit in the chosen text "
                          f"(use fewer --n, a shorter --target or more chapters)")
     return out
+
+
+@dataclass
+class _Fit:
+    """How an eval window is sized for a length ``target``: without prompts the context alone is at most ``target``
+    tokens; with prompts, every rendered prompt plus the generation ``budget`` is (:func:`total_tokens`), so the
+    context gets ``target`` less the budget and the longest prompt's own tokens."""
+
+    tok: object
+    target: int
+    prompts: tuple = ()
+    budget: int = 0
+    style: str = "release"
+
+    @cached_property
+    def context(self) -> int:
+        """The context tokens a window is built to (its exact total is checked by :meth:`total`)."""
+        if not self.prompts:
+            return self.target
+        return self.target - total_tokens(self.tok, "", self.prompts, self.budget, self.style)
+
+    def total(self, context: str) -> int:
+        if not self.prompts:
+            return exact_tokens(self.tok, context)
+        return total_tokens(self.tok, context, self.prompts, self.budget, self.style)
 
 
 def _training_samples(srcs: Sequence[Source], n: int, min_tokens: int, max_tokens: int, marks: int,
@@ -279,12 +324,15 @@ def _training_samples(srcs: Sequence[Source], n: int, min_tokens: int, max_token
 
 def recall_samples(srcs: Sequence[Source], tok, *, n: int, target: int | None = None, min_tokens: int | None = None,
                    max_tokens: int | None = None, marks: int = MARKS, seed: int = 0,
-                   max_answer: int | None = None) -> list[dict]:
-    """``n`` samples. With ``target``: every context has at most ``target`` tokens (within a few sentences of it),
-    one window in each of equal strata of a book's text, at a place the seed picks (:func:`window_starts`; round
-    robin over books, windows never overlap) — an eval set; with ``max_answer`` too, every reference plus an EOS
-    fits in that many tokens (a window whose marked sentences are longer is moved and its marks drawn again), so
-    a generation of ``max_answer`` new tokens can hold the whole answer.
+                   max_answer: int | None = None, prompts: Sequence[str] = (), budget: int | None = None,
+                   style: str = "release") -> list[dict]:
+    """``n`` samples. With ``target``: an eval set, one window in each of equal strata of a book's text, at a place
+    the seed picks (:func:`window_starts`; round robin over books, windows never overlap). Without ``prompts`` every
+    context has at most ``target`` tokens (within a few sentences of it); with ``prompts`` (e.g. ``("ft-ie",
+    "ft-ib")``) ``target`` is the total the model holds: every rendered prompt plus ``budget`` new tokens (default
+    ``max_answer``, else 0) is at most ``target`` tokens (:func:`total_tokens`). With ``max_answer`` too, every
+    reference plus an EOS fits in that many tokens (a window whose marked sentences are longer is moved and its
+    marks drawn again), so a generation of ``max_answer`` new tokens can hold the whole answer.
     With ``min_tokens``/``max_tokens``: lengths uniform in that range, random starts — training pairs."""
     _check_sizes(n, target, min_tokens, max_tokens, marks, max_answer)
     srcs = [s for s in srcs if len(s)]
@@ -292,7 +340,12 @@ def recall_samples(srcs: Sequence[Source], tok, *, n: int, target: int | None = 
         raise InputError("no text to sample from")
     rng = random.Random(seed)
     if target is not None:
-        out = _eval_windows(srcs, tok, n, target, marks, seed, rng, max_answer)
+        fits = _Fit(tok, target, tuple(prompts), (max_answer or 0) if budget is None else budget, style)
+        if fits.context < 8 * marks:
+            raise InputError(f"--eval-tokens {target} leaves {fits.context} context tokens beside the prompts "
+                             f"({', '.join(prompts)}) and the {fits.budget}-token generation budget: too short for "
+                             f"{marks} marked sentences")
+        out = _eval_windows(srcs, tok, n, target, marks, seed, rng, max_answer, fits)
     else:
         out = _training_samples(srcs, n, min_tokens, max_tokens, marks, rng)
     for j, ex in enumerate(out):

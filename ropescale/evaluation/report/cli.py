@@ -3,6 +3,7 @@ written (one :func:`check_report_out` for both), the files they write (the one t
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from ropescale.common.io import InputError, check_output_dir, check_output_file,
 from ropescale.common.rouge import DEFAULT_METRIC, METRICS
 
 from .model import Report, parse_buckets
-from .render import VIEWS, render, write_report
+from .render import VIEWS, Options, render, write_report
 
 TABLE_SUFFIXES = (".md", ".csv", ".json", ".txt")  # probes report --out FILE: the old spelling (one table file)
 
@@ -22,7 +23,8 @@ examples:
   eval_summ.py report --scores scores.csv                   # Table 2 + Table 7 views (markdown)
   eval_summ.py report --scores scores.csv --json            # {model: {avg: {subset: v}, mse: v}}
   eval_summ.py report runs/ --plot fig3.png --out tables/   # every view + Fig. 3 from run dirs
-  eval_summ.py report runs/ --buckets 1024,2048,4096 --view extrapolation --format csv"""
+  eval_summ.py report runs/ --buckets 1024,2048,4096 --view extrapolation --format csv
+  eval_summ.py report runs/ --intervals --effective-threshold 30   # cells with 95% intervals, RULER's length"""
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -48,6 +50,14 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="also write every view as DIR/<view>.{md,csv,json}")
     p.add_argument("--no-save-scores", action="store_true",
                    help="do not write scores.json / sample_scores.jsonl into runs scored on the fly")
+    p.add_argument("--intervals", action="store_true",
+                   help="markdown cells with their 95%% percentile bootstrap interval (extrapolation, Table 7; Table "
+                        "2: IE-IB per subset); JSON and CSV always carry n and the interval")
+    p.add_argument("--effective-threshold", type=float, metavar="X", default=None,
+                   help="also the effective context length by RULER's convention: the longest length up to which a "
+                        "row scores >= X (NoLiMa's, >= 85%% of the row's first column, is always shown)")
+    p.add_argument("--resamples", type=int, metavar="N", default=None,
+                   help="bootstrap resamples of every interval (default 2000; same input and N, same interval)")
     p.set_defaults(func=cmd_report)
     return p
 
@@ -75,16 +85,23 @@ def check_report_out(out_dir=None, plot=None) -> None:
 def make_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.PathLike] = (),
                 metric: str = DEFAULT_METRIC, buckets: Optional[Sequence[int]] = None, fmt: str = "markdown",
                 view: Optional[str] = None, out_dir: Optional[str | os.PathLike] = None,
-                plot: Optional[str | os.PathLike] = None, window: int = 15, save_scores: bool = True) -> str:
+                plot: Optional[str | os.PathLike] = None, window: int = 15, save_scores: bool = True,
+                intervals: bool = False, effective_threshold: Optional[float] = None,
+                resamples: Optional[int] = None) -> str:
     """Everything ``eval_summ.py report`` does, as one call (``eval_summ.py run`` uses it): build the views,
     validate every input, then save recomputed run scores, write ``out_dir`` tables and the ``plot`` PNG, and
     return the text to print. Bad input raises InputError before anything is written."""
     if window < 1:
         raise InputError("--window must be >= 1")
+    if resamples is not None and resamples < 1:
+        raise InputError(f"--resamples must be >= 1, got {resamples}")
+    if effective_threshold is not None and not math.isfinite(effective_threshold):
+        raise InputError(f"--effective-threshold must be a number, got {effective_threshold}")
     check_report_out(out_dir, plot)
     from .intake import build_report, save_fresh_scores  # (scoring: imported when a report is made, not for --help)
 
-    rep = build_report(sources, scores_csv=scores_csv, metric=metric, buckets=buckets)
+    rep = build_report(sources, scores_csv=scores_csv, metric=metric, buckets=buckets, resamples=resamples)
+    opts = Options(intervals, effective_threshold)
     if buckets and not rep.runs:
         raise InputError("--buckets needs run directories (per-sample input lengths)")
     if plot:
@@ -95,11 +112,11 @@ def make_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.Pa
         if not series_from_runs(rep.runs):
             raise InputError("--plot: no sample of these runs has input_tokens")
     view = view or ("all" if fmt == "markdown" else "table2")
-    text = render(rep, fmt, view)  # every check before the first write
+    text = render(rep, fmt, view, opts)  # every check before the first write
     if save_scores:
         save_fresh_scores(rep)
     if out_dir:
-        for p in write_report(rep, out_dir):
+        for p in write_report(rep, out_dir, opts):
             print(f"wrote {p}", file=sys.stderr)
     if plot:
         print(f"wrote {plot_report(rep, plot, window)}", file=sys.stderr)
@@ -110,7 +127,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     text = make_report(args.paths, scores_csv=args.scores, metric=args.metric,
                        buckets=parse_buckets(args.buckets) if args.buckets else None, fmt=args.format,
                        view=args.view, out_dir=args.out, plot=args.plot, window=args.window,
-                       save_scores=not args.no_save_scores)
+                       save_scores=not args.no_save_scores, intervals=args.intervals,
+                       effective_threshold=args.effective_threshold, resamples=args.resamples)
     sys.stdout.write(text)
     sys.stdout.flush()
     return 0

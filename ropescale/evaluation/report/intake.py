@@ -162,7 +162,10 @@ def load_runs(paths: Iterable[str | os.PathLike], metric: str = DEFAULT_METRIC) 
         if not isinstance(prompt, str):
             raise InputError("run.json has no prompt (ie/ib/ft-ie/ft-ib)", rd.meta_path)
         setting = Setting.of_run(meta, RopeSpec.from_record(meta.rope, rd.meta_path))
-        found.append(RunResult(rd.path, setting, canon_kind(prompt, (rd.meta_path, None)), summary, samples, fresh))
+        files = meta.settings.get("data_files")  # a dataset's file(s): part of which eval set was read
+        data = meta.data if not files or meta.data is None else f"{meta.data} [{files}]"
+        found.append(RunResult(rd.path, setting, canon_kind(prompt, (rd.meta_path, None)), summary, samples, fresh,
+                               data=data))
     return found
 
 
@@ -211,7 +214,8 @@ def probe_variant(meta: RunMeta) -> str:
 
 
 def build_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.PathLike] = (),
-                 metric: str = DEFAULT_METRIC, buckets: Optional[Sequence[int]] = None) -> Report:
+                 metric: str = DEFAULT_METRIC, buckets: Optional[Sequence[int]] = None,
+                 resamples: Optional[int] = None) -> Report:
     """Build every view from run directories / folders (paths), score rows (dicts with model, prompt|kind,
     subset, rouge_l[, rope, scale, train_length, longrope_factors] -- or a ``setting``) and scores CSV files.
     Nothing is written here."""
@@ -233,7 +237,7 @@ def build_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.P
     if not rows and not runs:
         raise InputError("nothing to report: give --scores FILE.csv and/or run directories with predictions")
 
-    return assemble(rows, runs, buckets)
+    return assemble(rows, runs, buckets, resamples)
 
 
 def save_fresh_scores(report: Report) -> list[Path]:

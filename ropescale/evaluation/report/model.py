@@ -1,8 +1,10 @@
 """The report's data model: a row is one full setting (``ropescale.common.tables.Setting``: model and its id, full
 RoPE spec, training record, prompt wording), the runs, the cells, and the paper's formulas over them (Table 2
-average and MSE, Table 7, extrapolation by subset or length bucket, failure modes, exact recall per mark). Every
-view keys its rows by the same settings and names them with the same labels (``tables.setting_labels``). Nothing
-here reads files or prints."""
+average and MSE, Table 7, extrapolation by subset or length bucket, failure modes, exact recall per mark), and
+beside every cell what its uncertainty needs: the per-sample scores, keyed by the eval set the run read and the
+sample's id (so a sample scored under Prompt-IE and Prompt-IB pairs; ``uncertainty`` computes the intervals, the
+effective context length and retention from them). Every view keys its rows by the same settings and names them
+with the same labels (``tables.setting_labels``). Nothing here reads files or prints."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -27,6 +29,12 @@ class RunResult:
     samples: list
     fresh: bool = False
     label: str = ""  # the series' label in this report (set by assemble)
+    data: Optional[str] = None  # the eval set the run read (run.json's data): with a sample's id, the pairing key
+
+    def sample_key(self, smp: dict, subset: str) -> tuple:
+        """A sample's identity across runs: (the eval set, the sample's id). IE and IB runs of one eval set share
+        it; without a recorded eval set, the subset stands in for it."""
+        return (self.data if self.data is not None else f"subset {subset}", smp.get("id"))
 
 
 @dataclass
@@ -37,6 +45,10 @@ class Report:
     runs: list = field(default_factory=list)  # [RunResult]
     buckets: Optional[list] = None  # bucket edges (ints) when the extrapolation view uses length buckets
     labels: dict = field(default_factory=dict)  # Setting -> tables.Label
+    samples: dict = field(default_factory=dict)  # (Setting, kind, subset) -> {(eval set, sample id): score}
+    base_ids: dict = field(default_factory=dict)  # Setting -> the id of the model it was fine-tuned from
+    resamples: Optional[int] = None  # bootstrap resamples of every interval (None: uncertainty.RESAMPLES)
+    _memo: dict = field(default_factory=dict, repr=False)
 
     def label(self, s: Setting) -> str:
         return self.labels[s].text
@@ -70,40 +82,137 @@ class Report:
                             "IB": {c: ib.get(c) for c in cols}}
         return out
 
-    def extrapolation(self) -> tuple[list[str], list[dict]]:
-        """(columns, rows): rows {setting, label (a tables.Label), cells {column: v}}."""
-        if self.buckets is None:
-            cols = list(self.columns)
-            get = self.value
-        else:
-            cols, bucket_cells = self._bucket_cells()
+    def extrapolation(self, threshold: Optional[float] = None) -> tuple[list[str], list[dict]]:
+        """(columns, rows): rows {setting, label (a tables.Label), cells {column: v}, estimates {column:
+        uncertainty.Estimate: the cell with n, standard error and interval}, effective {"relative": NoLiMa's
+        effective length (85 % of the row's own first-column score), "absolute": RULER's (the score >=
+        ``threshold``; None without one)}, retention (the row's first-column score / its base model's,
+        :meth:`base_of`; None without a base)}. The first column is the row's "1x": the shortest length evaluated.
+        With a threshold, a row whose first column is below it has no relative effective length (85 % of a score
+        that fails the task measures nothing)."""
+        from . import uncertainty as U
 
-            def get(s, k, c):
-                v = bucket_cells.get((s, k, c))
-                return v[0] / v[1] if v and v[1] else None
+        cols, _ = self._columns()
         rows = []
         for s in self.series:
-            cells = {}
-            for c in cols:
-                per_kind = [v for v in (get(s, k, c) for k in KINDS) if v is not None]
-                cells[c] = sum(per_kind) / len(per_kind) if per_kind else None
-            if any(v is not None for v in cells.values()):
-                rows.append({"setting": s, "label": self.labels[s], "cells": cells})
+            est = {c: self.estimate(s, c) for c in cols}
+            cells = {c: e.mean for c, e in est.items()}
+            if all(v is None for v in cells.values()):
+                continue
+            ivs = {c: (e.lo, e.hi) for c, e in est.items()}
+            first = cells[cols[0]] if cols else None
+            rel = U.effective_length_relative(cells, columns=cols, intervals=ivs)
+            if threshold is not None and (first is None or first < threshold):
+                rel = U.EffectiveLength(None, "undefined", None, "relative")
+            ab = None if threshold is None else U.effective_length(cells, threshold, columns=cols, intervals=ivs)
+            base = self.base_of(s)
+            ret = None if base is None or not cols else U.retention(first, self.estimate(base, cols[0]).mean)
+            rows.append({"setting": s, "label": self.labels[s], "cells": cells, "estimates": est,
+                         "effective": {"relative": rel, "absolute": ab}, "retention": ret})
         return cols, rows
 
-    def _bucket_cells(self) -> tuple[list[str], dict]:
-        labels = bucket_labels(self.buckets)
-        cells: dict = {}
+    def _columns(self) -> tuple[list[str], dict]:
+        """The extrapolation view's columns and their per-sample scores {(Setting, kind, column): {key: score}}:
+        the subsets, or the ``--buckets`` of input length (each sample in the bucket of its own input_tokens)."""
+        if self.buckets is None:
+            return list(self.columns), self.samples
+        if "buckets" not in self._memo:
+            labels = bucket_labels(self.buckets)
+            samples: dict = {}
+            for r in self.runs:
+                for smp in r.samples:
+                    t = smp.get("input_tokens")
+                    if not isinstance(t, (int, float)):
+                        continue
+                    sub = smp.get("subset") or r.summary.get("subset") or NO_SUBSET
+                    col = labels[bucket_index(self.buckets, t)]
+                    key = (sub, *r.sample_key(smp, sub))  # the subset too: a bucket may span several
+                    samples.setdefault((r.series, r.kind, col), {})[key] = float(smp["rouge_l"])
+            used = [lab for lab in labels if any(k[2] == lab for k in samples)]
+            self._memo["buckets"] = (used, samples)
+        return self._memo["buckets"]
+
+    def prompt_samples(self, s: Setting, col: str) -> list[dict]:
+        """Each prompt's samples of one cell of the extrapolation view ({(eval set, id): score}, IE then IB, the
+        prompts present)."""
+        _, samples = self._columns()
+        return [samples[(s, k, col)] for k in KINDS if (s, k, col) in samples]
+
+    def estimate(self, s: Setting, col: str, kind: Optional[str] = None) -> Any:
+        """A cell as an ``uncertainty.Estimate`` (mean, n, standard error, percentile bootstrap interval): the
+        extrapolation view's cell (the mean of the prompts' means, pairs resampled together) or, with ``kind``,
+        one prompt's (Table 7). A cell from a scores CSV has one number per prompt: its mean, n the numbers, no
+        interval."""
+        key = ("estimate", s, col, kind, self.buckets is not None)
+        if key in self._memo:
+            return self._memo[key]
+        from . import uncertainty as U
+
+        kinds = KINDS if kind is None else (kind,)
+        _, samples = self._columns()
+        groups = [samples[(s, k, col)] for k in kinds if (s, k, col) in samples]
+        if self.buckets is None and any((s, k, col) in self.cells and (s, k, col) not in samples for k in kinds):
+            vals = [v for v in (self.value(s, k, col) for k in kinds) if v is not None]  # scores CSV cells
+            est = U.Estimate(sum(vals) / len(vals), len(vals))
+        else:
+            est = U.cell_of_prompts(groups, resamples=self._resamples())
+        self._memo[key] = est
+        return est
+
+    def difference(self, s: Setting, col: str) -> Any:
+        """IE - IB of one subset as an ``uncertainty.Difference`` (paired bootstrap interval, ids scored under one
+        prompt only listed); a scores CSV's cell: the difference alone; None without both prompts."""
+        from . import uncertainty as U
+
+        ie, ib = self.samples.get((s, "IE", col)), self.samples.get((s, "IB", col))
+        if ie and ib:
+            return U.ie_minus_ib(ie, ib, resamples=self._resamples())
+        a, b = self.value(s, "IE", col), self.value(s, "IB", col)
+        return None if a is None or b is None else U.Difference(a - b, 2, n_pairs=1)
+
+    def mse(self, s: Setting) -> Any:
+        """MSE(P-IE vs P-IB) of a row as an ``uncertainty.MSE``: the Table 2 value over its subsets, its noise
+        floor and interval from the per-sample scores (a scores CSV's row: the MSE alone)."""
+        from . import uncertainty as U
+
+        cols = [c for c in self.columns if any((s, k, c) in self.cells for k in KINDS)]
+        pairs = {c: (self.samples.get((s, "IE", c), {}), self.samples.get((s, "IB", c), {})) for c in cols}
+        if cols and all(ie and ib for ie, ib in pairs.values()):
+            return U.mse_with_floor(pairs, resamples=self._resamples())
+        vals = mse_ie_ib({c: self.value(s, "IE", c) for c in cols}, {c: self.value(s, "IB", c) for c in cols})
+        return U.MSE(vals, None, cells=len(cols) if vals is not None else 0)
+
+    def base_of(self, s: Setting) -> Optional[Setting]:
+        """The row that is ``s``'s base model: unscaled (no RoPE method), not fine-tuned, the same prompt wording and
+        variant, and the model ``s`` is (or was fine-tuned from: its training record's ``base_model_id``; by name
+        where no id is recorded). None when the report has no such row."""
+        want = self.base_ids.get(s) or s.model_id
+        for t in self.series:
+            if t.train is not None or (t.rope is not None and t.rope.method != "none"):
+                continue
+            if (t.prompt_style, t.variant) != (s.prompt_style, s.variant):
+                continue
+            if (want is not None and t.model_id == want) or (want is None and t.model == s.model):
+                return t
+        return None
+
+    def floor(self, col: str) -> Any:
+        """The recall task's marks-only floor of one subset as an ``uncertainty.Estimate``: the ROUGE-L of an answer
+        holding the marks alone, one value per eval sample (the runs' ``marks_only_rouge_l``); None without it."""
+        from . import uncertainty as U
+
+        vals = {}
         for r in self.runs:
             for smp in r.samples:
-                t = smp.get("input_tokens")
-                if not isinstance(t, (int, float)):
-                    continue
-                c = cells.setdefault((r.series, r.kind, labels[bucket_index(self.buckets, t)]), [0.0, 0])
-                c[0] += smp["rouge_l"]
-                c[1] += 1
-        used = [lab for lab in labels if any(k[2] == lab for k in cells)]
-        return used, cells
+                sub = smp.get("subset") or r.summary.get("subset") or NO_SUBSET
+                if sub == col and isinstance(smp.get("marks_only_rouge_l"), (int, float)):
+                    vals[r.sample_key(smp, sub)] = float(smp["marks_only_rouge_l"])
+        return U.cell(vals, resamples=self._resamples()) if vals else None
+
+    def _resamples(self) -> int:
+        from .uncertainty import RESAMPLES
+
+        return RESAMPLES if self.resamples is None else self.resamples
 
     def failures(self) -> list[dict]:
         """Per run: label, prompt kind, subset, n and the failure-mode rates."""
@@ -219,11 +328,16 @@ def bucket_index(edges: Sequence[int], t: float) -> int:
 
 
 
-def assemble(rows: Sequence[dict], runs: Sequence[RunResult], buckets: Optional[Sequence[int]] = None) -> Report:
+def assemble(rows: Sequence[dict], runs: Sequence[RunResult], buckets: Optional[Sequence[int]] = None,
+             resamples: Optional[int] = None) -> Report:
     """The report of score ``rows`` ({setting (a tables.Setting), kind, subset, rouge_l}) and ``runs``: each
-    setting one row in every view, named by ``tables.setting_labels``."""
+    setting one row in every view, named by ``tables.setting_labels``; every run sample kept under its pairing key
+    (:meth:`RunResult.sample_key`). The same sample of one setting and prompt in two runs (one eval set pooled
+    twice) is an InputError naming both run directories."""
     series: list = []
     cells: dict = {}
+    samples: dict = {}
+    owner: dict = {}  # (setting, kind, subset, sample key) -> the run directory it came from
 
     def add(s: Setting, kind: str, subset: str, value: float) -> None:
         if s not in series:
@@ -237,10 +351,22 @@ def assemble(rows: Sequence[dict], runs: Sequence[RunResult], buckets: Optional[
     for run in runs:
         for smp in run.samples:
             sub = smp.get("subset") or run.summary.get("subset") or NO_SUBSET
+            key = run.sample_key(smp, sub)
+            first = owner.setdefault((run.series, run.kind, sub, key), run.path)
+            if (run.series, run.kind, sub) in samples and key in samples[(run.series, run.kind, sub)]:
+                where = "twice in this run" if first == run.path else f"also in {first}"
+                raise InputError(f"sample {key[1]!r} of {key[0]} under prompt {run.kind} is {where}: the same "
+                                 "setting, prompt and eval set pooled twice (give one of the two runs)", run.path)
             add(run.series, run.kind, sub, float(smp["rouge_l"]))
+            samples.setdefault((run.series, run.kind, sub), {})[key] = float(smp["rouge_l"])
     labels = setting_labels(series)
+    base_ids = {}
     for run in runs:
         run.label = labels[run.series].text
+        train = run.summary.get("train")
+        if isinstance(train, dict) and train.get("base_model_id"):
+            base_ids[run.series] = train["base_model_id"]
     columns = sorted({k[2] for k in cells}, key=order_key)
     return Report(series=series, columns=columns, cells=cells, runs=list(runs),
-                  buckets=list(buckets) if buckets else None, labels=labels)
+                  buckets=list(buckets) if buckets else None, labels=labels, samples=samples, base_ids=base_ids,
+                  resamples=resamples)
