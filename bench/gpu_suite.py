@@ -971,7 +971,7 @@ def _flash_attn() -> str | None:
         import flash_attn
 
         return getattr(flash_attn, "__version__", "found")
-    except Exception as e:  # noqa: BLE001 - found but broken (built for another torch): say so
+    except Exception as e:  # found but broken (built for another torch): say so
         return f"found but fails to import ({type(e).__name__})"
 
 
@@ -1093,7 +1093,7 @@ def lock(workdir: Path):
     """An exclusive lock on DIR/suite.lock for this process's life; None when another suite holds it."""
     import fcntl
 
-    f = open(workdir / LOCK, "a+")  # noqa: SIM115 - held open until the process ends
+    f = open(workdir / LOCK, "a+")  # held open until the process ends
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -207,7 +207,7 @@ def run_here(variant: str, seq: int, a) -> dict:
     try:
         return one(variant, seq, a.warmup, a.steps, a.toy, a.label_share, a.attn, a.bf16, a.offload_checkpoints,
                    a.tile_mlp)
-    except Exception as e:  # noqa: BLE001 - reported as run_sub reports a failed child
+    except Exception as e:  # reported as run_sub reports a failed child
         traceback.print_exc()
         return {"variant": variant, "seq": seq, "oom": "out of memory" in str(e).lower(),
                 "error": f"{type(e).__name__}: {e}"[-400:]}
