@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ropescale.evaluation.report import uncertainty as U
-from ropescale.evaluation.report.model import mse_ie_ib
+from ropescale.evaluation.report.uncertainty import mse_ie_ib
 
 
 def exact_bootstrap_quantile(x, q):

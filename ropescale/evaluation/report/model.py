@@ -15,6 +15,8 @@ from ropescale.common.io import InputError
 from ropescale.common.subsets import order_key
 from ropescale.common.tables import Setting, setting_labels
 
+from .uncertainty import mse_ie_ib
+
 KINDS = ("IE", "IB")
 NO_SUBSET = "all"  # the column of runs generated without a subset (``generate --max-new-tokens`` only)
 FLOOR = "marks only (floor)"  # the recall view's floor row: a prediction of the marks alone
@@ -276,16 +278,6 @@ def prompt_average(ie: Optional[float], ib: Optional[float]) -> Optional[float]:
     if ie is None or ib is None:
         return None
     return (ie + ib) / 2
-
-
-def mse_ie_ib(ie: dict, ib: dict) -> Optional[float]:
-    """CNNSum Table 2 'MSE (P-IE vs P-IB)' (Sec 4.3): the mean over the model's subsets of (IE - IB)^2; None when a
-    subset has only one of the two prompts (a subset with neither, like GPT-4o's 3XL, is not one of its subsets)."""
-    ie = {c: v for c, v in ie.items() if v is not None}
-    ib = {c: v for c, v in ib.items() if v is not None}
-    if not ie or set(ie) != set(ib):
-        return None
-    return sum((ie[c] - ib[c]) ** 2 for c in ie) / len(ie)
 
 
 # ---------------------------------------------------------------- helpers

@@ -23,8 +23,6 @@ from typing import Any, Hashable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from .model import mse_ie_ib
-
 CONFIDENCE = 0.95
 # resamples: an endpoint's Monte Carlo sd (over seeds) is ~1.5 % of the interval's width at n = 16 and n = 200
 # (measured: 1.4 % and 1.7 %; 2.2-2.5 % at 1000, 0.9-1.1 % at 4000), a cell takes 20-45 ms at n = 200
@@ -34,6 +32,16 @@ NOLIMA_KEEP = 0.85  # NoLiMa: the effective length keeps >= 85 % of the base sco
 
 
 # ------------------------------------------------------------------------------------------------ results
+
+def mse_ie_ib(ie: dict, ib: dict) -> Optional[float]:
+    """CNNSum Table 2 'MSE (P-IE vs P-IB)' (Sec 4.3): the mean over the model's subsets of (IE - IB)^2; None when a
+    subset has only one of the two prompts (a subset with neither, like GPT-4o's 3XL, is not one of its subsets)."""
+    ie = {c: v for c, v in ie.items() if v is not None}
+    ib = {c: v for c, v in ib.items() if v is not None}
+    if not ie or set(ie) != set(ib):
+        return None
+    return sum((ie[c] - ib[c]) ** 2 for c in ie) / len(ie)
+
 @dataclass(frozen=True)
 class Estimate:
     """A cell: the mean over its samples (for several prompts, the mean of each prompt's mean), n (all samples),
@@ -84,7 +92,7 @@ class Difference(Estimate):
 
 @dataclass(frozen=True)
 class MSE:
-    """MSE(P-IE vs P-IB) of a row (``model.mse_ie_ib``), its noise floor (the MSE expected with no prompt effect,
+    """MSE(P-IE vs P-IB) of a row (``mse_ie_ib``), its noise floor (the MSE expected with no prompt effect,
     :func:`mse_noise_floor`), the percentile bootstrap interval of the MSE (samples resampled within each cell) and
     the cells it is over."""
 
@@ -191,7 +199,7 @@ def ie_minus_ib(ie: Mapping[Hashable, float], ib: Mapping[Hashable, float], *, r
 def mse_noise_floor(cells: Mapping[str, tuple[Mapping[Hashable, float], Mapping[Hashable, float]]]) -> Optional[float]:
     """The MSE(P-IE vs P-IB) expected with no prompt effect: the mean over the cells of Var(IE - IB) (derived below).
 
-    Derivation. A row's MSE is (1/C) sum_c D_c^2 over its C cells (CNNSum Table 2, ``model.mse_ie_ib``), with
+    Derivation. A row's MSE is (1/C) sum_c D_c^2 over its C cells (CNNSum Table 2, ``mse_ie_ib``), with
     D_c = mean(IE_c) - mean(IB_c). For any random variable E[D^2] = (E D)^2 + Var(D); with no prompt effect the two
     prompts score a cell alike in expectation, E D_c = 0, so E[MSE] = (1/C) sum_c Var(D_c): the floor. Samples are
     independent across ids, so with n_IE and n_IB samples of which m ids pair,
@@ -212,7 +220,7 @@ def mse_noise_floor(cells: Mapping[str, tuple[Mapping[Hashable, float], Mapping[
 
 def mse_with_floor(cells: Mapping[str, tuple[Mapping[Hashable, float], Mapping[Hashable, float]]], *,
                    resamples: int = RESAMPLES, seed: int = SEED, confidence: float = CONFIDENCE) -> MSE:
-    """A row's MSE(P-IE vs P-IB) exactly as the report computes it (``model.mse_ie_ib`` of the cells' IE and IB
+    """A row's MSE(P-IE vs P-IB) exactly as the report computes it (``mse_ie_ib`` of the cells' IE and IB
     means), its noise floor (:func:`mse_noise_floor`) and a percentile bootstrap interval of the MSE (ids resampled
     within each cell, cells independently, one generator in the cells' order).
 
