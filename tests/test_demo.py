@@ -55,6 +55,9 @@ def _check_fine_tunes(res) -> dict:
         train_length[m] = ft["train"]["length"]  # the paper's Train Len.: the mean, with the range
         lens = [r["length"] for r in rows]
         assert train_length[m] == {"mean": round(sum(lens) / len(lens), 1), "min": min(lens), "max": max(lens)}
+        # the positions the run trained (its coverage record): the longest query-key distance is inside a sample
+        cov = ft["train"]["coverage"]
+        assert 0 < cov["longest_distance"] < max(lens)
         merged = read_rope(AutoConfig.from_pretrained(res["merged"][m]))
         assert merged.method == want and (want == "none" or (merged.scale, merged.orig_ctx) == (8.0, 64))
     return train_length
@@ -132,12 +135,15 @@ def _check_demo_table(res, expect: dict, means: dict, printed: str, train_length
         assert abs(by_key["base-f1"]["cells"][s] - sum(means[("gen_f1", "base", s)]) / 2) < 1e-6
     # the bound: 64 for the unscaled model; NTK x8 on head_dim 16 / base 1e4 / 64 tokens at load time: pairs with
     # wavelength 2*pi*1e4^(i/8) > 64 are i >= 3 (i = 2: 62.8); the bound is 64 * 8^(2*3/14) (see test_rope_reach);
-    # a fine-tune on samples up to L >= 156 tokens (here 256-512) lifts both fine-tuned rows' bounds to L (see
-    # test_row_bound_is_fine_tune_aware)
+    # a fine-tune that trained distances up to L >= 156 tokens (samples of 256-512) lifts both fine-tuned rows'
+    # bounds to L (see test_row_bound_is_fine_tune_aware)
     assert by_key["base"]["bound"] == 64 and by_key["base"]["rule"] == "reach"
     assert abs(by_key["free-ntk-x8"]["bound"] - 64 * 8 ** (6 / 14)) < 1e-6
     for key, m in (("ft-none", "none"), ("ft-ntk-x8", "ntk")):
-        assert by_key[key]["bound"] == train_length[m]["max"] and by_key[key]["rule"] == "finetune_bound"
+        # the bound reads the run's longest trained distance (coverage), not the data set's longest sample
+        cov = json.loads((Path(res["merged"][m]).parent / "run.json").read_text())["train"]["coverage"]
+        assert abs(by_key[key]["bound"] - cov["longest_distance"]) < 1e-6
+        assert by_key[key]["rule"] == "finetune_bound"
         assert by_key[key]["pretrain"] == (64 if m == "none" else by_key["free-ntk-x8"]["bound"])
     # every cell carries n (both prompts' samples) and an interval around its mean; IE - IB and the MSE floor
     for key in expect:

@@ -83,15 +83,16 @@ B = {"short_factor": [1.0] * 32, "long_factor": [1.0 + 7 * (i / 31) ** 2 for i i
 REF = "【1】那怪闻言，急回头看。"
 
 
-def _run(root: Path, name: str, rope: dict, right: bool) -> None:
-    """Two generation run dirs (IE and IB, as Table 2 averages them) of one setting, all right or all empty."""
+def _run(root: Path, name: str, rope: dict, right: bool, sid: int = 0) -> None:
+    """Two generation run dirs (IE and IB, as Table 2 averages them) of one setting, all right or all empty; ``sid``:
+    the sample's id (two runs of one setting pool only different samples)."""
     for prompt in ("ie", "ib"):
         d = root / f"{name}-{prompt}"
         d.mkdir(parents=True)
         meta = {"kind": "generate", "model": "tiny", "rope": rope, "prompt": prompt, "subset": "T1024",
                 "backend": "hf"}
         _write(d / "run.json", meta)
-        _write(d / "predictions.jsonl", json.dumps({"id": 0, "subset": "T1024", "prompt": prompt,
+        _write(d / "predictions.jsonl", json.dumps({"id": sid, "subset": "T1024", "prompt": prompt,
                                                     "input_tokens": 1000, "prediction": REF if right else "",
                                                     "reference": REF}, ensure_ascii=False) + "\n")
 
@@ -105,7 +106,7 @@ def test_runs_with_other_factors_are_other_rows_named_by_the_factor_hash(tmp_pat
     ha, hb = (LongRopeFactors.from_dict(x).short_hash for x in (A, B))
     lr = {"method": "longrope", "scale": 8.0, "orig_ctx": 512}
     _run(tmp_path, "a1", {**lr, "longrope_factors": {**A, "source": "one/a.json"}}, True)
-    _run(tmp_path, "a2", {**lr, "longrope_factors": {**A, "source": "other/copy.json"}}, True)  # same numbers
+    _run(tmp_path, "a2", {**lr, "longrope_factors": {**A, "source": "other/copy.json"}}, True, sid=1)  # same numbers
     _run(tmp_path, "b", {**lr, "longrope_factors": B}, False)
     _run(tmp_path, "y", {"method": "yarn", "scale": 8.0, "orig_ctx": 512}, True)
     _run(tmp_path, "dy", {"method": "dynamic_yarn", "scale": 8.0, "orig_ctx": 512}, False)
