@@ -70,9 +70,11 @@ def load_config(model_dir: str | os.PathLike, spec: RopeSpec | None = None) -> M
     return ModelConfig(model_dir, config, change, state, int(extended_context(config, state)))
 
 
-def load_model(model_dir: str | os.PathLike, config, *, dtype, attn: str | None = None):
+def load_model(model_dir: str | os.PathLike, config, *, dtype, attn: str | None = None, state: RopeState | None = None):
     """The causal LM in ``model_dir`` with ``config`` (the rope already applied), in ``dtype`` with attention
-    ``attn``, running the rope the config carries (:func:`install_rope_rule`: dynamic_yarn per forward). Under an
+    ``attn``, running the rope the config carries (:func:`install_rope_rule`: dynamic_yarn per forward; ``state``: the
+    RopeState read with the config, ``ModelConfig.state``, so that it is not read again; read here only when not
+    given). Under an
     active ZeRO-3 DeepSpeed config transformers partitions the weights while loading."""
     from transformers import AutoModelForCausalLM
 
@@ -83,7 +85,7 @@ def load_model(model_dir: str | os.PathLike, config, *, dtype, attn: str | None 
         check_weights(Path(model_dir))
     kw = {"attn_implementation": attn} if attn else {}
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, **dtype_kwargs(dtype), **kw)
-    install_rope_rule(model, rope_state(config))
+    install_rope_rule(model, state if state is not None else rope_state(config))
     return model
 
 

@@ -192,14 +192,15 @@ class HFBackend(Backend):
     @classmethod
     def plan(cls, job: BackendJob):
         def build():
-            return cls(job.cfg.path, job.cfg.config, job.tokenizer, job.settings, model=job.model, log=job.log)
+            return cls(job.cfg.path, job.cfg.config, job.tokenizer, job.settings, model=job.model, log=job.log,
+                       state=job.cfg.state)
 
         return ("hf", str(job.cfg.path), job.settings, id(job.model)), build
 
     def __init__(self, model_dir, config, tokenizer, settings: BackendSettings | None = None, *, model=None, log=None,
-                 **fields):
+                 state=None, **fields):
         """``settings`` (or its fields as keywords, e.g. ``cache="static"``) as :class:`BackendSettings`; ``model``:
-        an already-loaded model (tests, benchmarks)."""
+        an already-loaded model (tests, benchmarks); ``state``: the RopeState read with ``config``."""
         st = dataclasses.replace(settings or BackendSettings(), **fields)
         self.log = log or (lambda m: print(m, file=sys.stderr))
         self.device = pick_device(st.device)
@@ -215,7 +216,7 @@ class HFBackend(Backend):
             from rope_scaling.load import load_model
 
             self.attn = attn_implementation(self.device, self.dtype)
-            model = load_model(model_dir, config, dtype=self.dtype, attn=self.attn).to(self.device)
+            model = load_model(model_dir, config, dtype=self.dtype, attn=self.attn, state=state).to(self.device)
         else:
             self.attn = compat.attn_implementation(model.config)
         self.model = model.eval()

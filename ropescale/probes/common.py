@@ -83,7 +83,7 @@ def load_model(name: str | os.PathLike | None, spec=None) -> Loaded:
 
     path = resolve_model(name)
     cfg = load_config(path, spec)  # read once: the spec, context and original context below all come from it
-    model = load_lm(path, cfg.config, dtype=torch.float32, attn="sdpa")
+    model = load_lm(path, cfg.config, dtype=torch.float32, attn="sdpa", state=cfg.state)
     model.float().eval()
     tok = AutoTokenizer.from_pretrained(str(path))
     return Loaded(model, tok, Path(path), str(name or "tiny"), cfg.rope.to_dict(), float(cfg.rope.scale or 1.0),

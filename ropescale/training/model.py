@@ -43,7 +43,7 @@ def load_model(cfg, dtype: torch.dtype, attn: str):
     ``rope_scaling.load.load_model``), no KV cache."""
     from rope_scaling.load import load_model as load
 
-    model = load(cfg.path, cfg.config, dtype=dtype, attn=attn)
+    model = load(cfg.path, cfg.config, dtype=dtype, attn=attn, state=cfg.state)
     model.config.use_cache = False
     return model
 

@@ -205,7 +205,8 @@ def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_mod
     check_merge_out(out, protect={**protect, "the base model": base}, overwrite=overwrite)
     if not (base / "config.json").is_file():
         raise InputError("base model of the run not found (pass --base-model)", base)
-    config = load_config(d).config  # the trained config: rope applied
+    trained = load_config(d)  # the trained config: rope applied
+    config = trained.config
     if dtype == "auto":
         torch_dtype = compat.config_dtype(config) or torch.float32
         if isinstance(torch_dtype, str):
@@ -214,7 +215,7 @@ def merge(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, base_mod
         from .model import resolve_dtype
 
         torch_dtype = resolve_dtype(dtype, False)
-    model = load_model(base, config, dtype=torch_dtype)
+    model = load_model(base, config, dtype=torch_dtype, state=trained.state)
     extra = load_file(str(d / TRAINED_FILE))
     params = dict(model.named_parameters())
     with torch.no_grad():
