@@ -68,10 +68,12 @@ def _finish(proc, timeout=400) -> str:
 @pytest.fixture(scope="module")
 def runs(setup):
     """{method: (one process, two processes with --sequence-parallel 2)} run directories after 3 steps, and the SP
-    runs' stderr. The launches run side by side (DeepSpeed start-up dominates); the YaRN SP run stops at its
+    runs' stderr (YaRN). The launches run side by side (DeepSpeed start-up dominates); the YaRN SP run stops at its
     step-2 checkpoint and is resumed (--resume auto) for step 3, so its comparison covers resume under SP too."""
     tmp, model_dir, data = setup
-    dirs = {rope: (tmp / f"{rope}-1", tmp / f"{rope}-sp2") for rope in ("yarn", "ntk")}
+    # YaRN only: NTK under two ranks is tests/test_positions_sp.py's run (with the positions policy on), and every
+    # method's shard of the rotary angles is test_shard_rope_equals_the_slice_of_the_whole_sample's
+    dirs = {rope: (tmp / f"{rope}-1", tmp / f"{rope}-sp2") for rope in ("yarn",)}
     if sp.unverified_versions():  # releases below sequence_parallel.VERIFIED: the launch must be refused, in one line
         proc = _start(_launch(2, *_args(model_dir, data, dirs["yarn"][1], "yarn"), "--sequence-parallel", "2"))
         _, err = proc.communicate(timeout=400)
@@ -85,9 +87,8 @@ def runs(setup):
     first = sp2("yarn", steps=2)
     singles = [_start(finetune_cmd(*_args(model_dir, data, dirs[rope][0], rope))) for rope in dirs]
     logs = {"yarn": _finish(first)}
-    resumed, ntk = sp2("yarn", "--resume", "auto"), sp2("ntk")
+    resumed = sp2("yarn", "--resume", "auto")
     logs["resume"] = _finish(resumed)
-    logs["ntk"] = _finish(ntk)
     for p in singles:
         _finish(p)
     return dirs, logs
@@ -108,7 +109,7 @@ def test_uneven_lengths_are_padded(setup):
     assert (lengths % 2 == 1).any() and (lengths % 2 == 0).any(), lengths  # odd ones get a pad under K = 2
 
 
-@pytest.mark.parametrize("rope", ["yarn", "ntk"])
+@pytest.mark.parametrize("rope", ["yarn"])
 def test_sp2_matches_one_process(runs, rope):
     if runs is None:
         return  # refused below the verified releases (checked by the fixture)
