@@ -17,6 +17,7 @@ import math
 
 import pytest
 import torch
+from test_generate import varied
 
 from rope_scaling import RopeSpec, apply_rope
 from rope_scaling.spec import LongRopeFactors
@@ -48,16 +49,9 @@ def yarn_by_hand(L: int, s_max: float = 8.0) -> tuple[list[float], float]:
 
 
 def varied_model(make_tiny_model, seed: int):
-    """A tiny Qwen2 model (orig 64) whose matrices are redrawn with std 0.3 so that greedy decoding varies (as
-    tests/test_generate.varied), saved; returns its directory."""
-    model, d = make_tiny_model("qwen2", orig_ctx=ORIG, seed=seed)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    model.save_pretrained(d)
-    return d
+    """A tiny Qwen2 model (orig 64) whose matrices are redrawn so that greedy decoding varies
+    (tests/test_generate.varied), saved; returns its directory."""
+    return varied(make_tiny_model, "qwen2", seed, orig_ctx=ORIG)[1]
 
 
 def load(d, spec):
