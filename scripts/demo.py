@@ -9,12 +9,14 @@ step prints the command it runs.
    the marked sentences in order as the reference; see data_concat/recall.py) — training pairs of 2x-4x the original
    context from the training chapters, packed with ``python -m data_concat pack`` (F.2 prompts, loss on the
    answers); eval sets at 1x, 2x, 4x, 8x the original context from the held-out chapters (never trained on);
-3. ``deepspeed finetune.py --rope M --scale 8 --data PACK --out OUT/train/tiny-M-x8`` for each method (none
-   = the same fine-tune without RoPE scaling), then ``python finetune.py merge``;
+3. ``deepspeed finetune.py --rope M --scale 8 --data PACK --out OUT/train/tiny-M-x8`` for each method of
+   ``--methods`` (default ntk, yarn; none = the same fine-tune without RoPE scaling), then ``python finetune.py
+   merge``;
 4. ``eval_summ.py generate``, greedy, every length, for: the base model; the base model with each method applied
    at load time (``--rope M --scale 8``, no fine-tune: what the method alone does); every fine-tuned model — all
    with both F.2 prompts (ft-ie / ft-ib, those of the pre-training and the fine-tunes) — and the base model with
-   the F.1 baseline prompts (ie / ib, as the paper's Table 2 evaluates its baselines);
+   the F.1 baseline prompts (ie / ib, as the paper's Table 2 evaluates its baselines) inside its window (1x: past
+   it the unscaled base model is below the floor with any prompt);
 5. ``eval_summ.py report``: CNNSum ROUGE-L of every run, the extrapolation table, Table 2's IE/IB averages and
    MSE, the exact recall per mark when the report writes it (recall.md), the failure modes (OUT/report/) and
    the Fig. 3 plot (OUT/fig3.png); the F.1 runs get their own report (OUT/report/baseline_prompts/), so the two
@@ -59,7 +61,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 T0 = time.time()
-METHODS = ("none", "pi", "ntk", "yarn")  # fine-tuned
+METHODS = ("ntk", "yarn")  # fine-tuned by default (none and pi: --methods none,pi,ntk,yarn, about 5 minutes more)
 FREE = ("pi", "ntk", "yarn")  # applied at load time, no fine-tune
 F2 = ("ft-ie", "ft-ib")  # Appendix F.2, the fine-tuning prompts: every row
 F1 = ("ie", "ib")  # Appendix F.1, the baseline prompts: the base model, as the paper's Table 2
@@ -238,6 +240,11 @@ class Demo:
         return [int(self.orig * f) for f in self.factors]
 
     @property
+    def f1_targets(self) -> list[int]:
+        """The lengths the F.1 baseline prompts run at: those inside the original context (1x)."""
+        return [tg for tg in self.targets if tg <= self.orig] or self.targets[:1]
+
+    @property
     def sfx(self) -> str:
         return f"_s{self.seed}" if self.seed else ""
 
@@ -413,15 +420,17 @@ def generation(d: Demo) -> None:
     prompts) at every length."""
     from ropescale.evaluation.cli import main as eval_main
 
-    jobs = [(d.gen, r, pr) for r in d.rows for pr in F2]
-    jobs += [(d.gen_f1, d.rows[0], pr) for pr in F1] if d.baseline_prompts else []
-    say(f"step 4/6: greedy generation: {len(jobs) * len(d.targets)} runs ({len(d.rows)} settings x 2 F.2 prompts"
-        + (" + the base model x 2 F.1 prompts" if d.baseline_prompts else "")
-        + f", x {len(d.targets)} lengths, {d.samples} samples each, at most {d.max_new_tokens} new tokens; a "
-          f"fine-tuned model keeps the RoPE setting saved in its config)")
+    jobs = [(d.gen, r, pr, d.targets) for r in d.rows for pr in F2]
+    jobs += [(d.gen_f1, d.rows[0], pr, d.f1_targets) for pr in F1] if d.baseline_prompts else []
+    say(f"step 4/6: greedy generation: {sum(len(j[3]) for j in jobs)} runs ({len(d.rows)} settings x 2 F.2 prompts"
+        f" x {len(d.targets)} lengths"
+        + (f" + the base model x 2 F.1 prompts at {', '.join(f'T{tg}' for tg in d.f1_targets)}"
+           if d.baseline_prompts else "")
+        + f"; {d.samples} samples each, at most {d.max_new_tokens} new tokens; a fine-tuned model keeps the RoPE "
+          f"setting saved in its config)")
     t = time.time()
-    for where, r, pr in jobs:
-        for tg in d.targets:
+    for where, r, pr, targets in jobs:
+        for tg in targets:
             in_process("python eval_summ.py", eval_main, [
                 "generate", "--model", r.model, *r.flags, "--data", str(d.evals[tg]), "--prompt", pr,
                 "--max-new-tokens", str(d.max_new_tokens), "--out", str(where / f"{r.key}_{pr}_T{tg}")])
@@ -472,7 +481,7 @@ def demo_table(d: Demo) -> list[dict]:
     for r in d.rows:
         records.append(table_row(d, r, stats[r.key], cols, base_1x))
         if r is d.rows[0] and d.baseline_prompts:  # the same model with the F.1 baseline prompts
-            st = row_stats([d.gen_f1 / f"base_{pr}_T{tg}" for pr in F1 for tg in d.targets], thr)
+            st = row_stats([d.gen_f1 / f"base_{pr}_T{tg}" for pr in F1 for tg in d.f1_targets], thr)
             rec = table_row(d, r, st, cols, None, bound=records[-1])  # retention: F.2 and F.1 not compared
             records.append({**rec, "row": f"{r.label}, F.1 baseline prompts", "key": "base-f1", "prompts": "F.1"})
     md_a, md_b, header, table = demo_markdown(records, cols, thr)
@@ -608,7 +617,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/demo", help="where everything goes (default runs/demo)")
     ap.add_argument("--model", default="tiny", help="'tiny' (default) or an HF model directory")
-    ap.add_argument("--methods", default=",".join(METHODS), help="RoPE methods to fine-tune (default none,pi,ntk,yarn)")
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help="RoPE methods to fine-tune (default ntk,yarn; none,pi,ntk,yarn adds the fine-tune without "
+                         "scaling and PI's, about 5 minutes more on 2 CPU cores)")
     ap.add_argument("--free", default=",".join(FREE),
                     help="RoPE methods to evaluate applied at load time, without fine-tuning (default pi,ntk,yarn; "
                          "'' for none)")
@@ -622,7 +633,7 @@ def main(argv=None) -> int:
     ap.add_argument("--launcher", default="deepspeed", choices=("deepspeed", "python"))
     ap.add_argument("--finetune-args", default="", help="extra finetune.py flags, e.g. '--max-steps 4'")
     ap.add_argument("--no-baseline-prompts", action="store_true",
-                    help="skip the base model's runs with the F.1 baseline prompts (ie / ib)")
+                    help="skip the base model's runs with the F.1 baseline prompts (ie / ib; at 1x only)")
     ap.add_argument("--seed", type=int, default=0,
                     help="seed of the fine-tunes, the training pairs, the eval passages and their marks")
     ap.add_argument("--fresh", action="store_true", help="remove earlier demo outputs first")

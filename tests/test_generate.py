@@ -73,6 +73,33 @@ def test_plan_batches_by_token_budget():
     assert plan_batches([1000], 10, 5, 8) == [[0]]  # one sample always fits
 
 
+def test_cpu_slot_budget(monkeypatch):
+    """On CPU the slot count comes from 32K tokens or 512 MiB of KV cache, whichever holds more, at most a quarter
+    of the RAM. Hand-worked: the tiny default (4 layers, 2 KV heads of 64, fp32) keeps 2*4*2*64*4 = 4,096 bytes a
+    token, so 512 MiB is 131,072 tokens: 16 slots of a 4,096-token prompt + 2 x 128; a 7B MHA shape (32 layers,
+    32 x 128, fp32: 1 MiB a token) stays at 32K tokens when RAM allows, else a quarter of the RAM."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from ropescale.evaluation import backends
+
+    def slots(cfg, longest, new, ram_gib=24, max_batch=64):
+        page = 4096
+        monkeypatch.setattr(backends.os, "sysconf",
+                            lambda k: page if k == "SC_PAGE_SIZE" else ram_gib * 2 ** 30 // page)
+        be = SimpleNamespace(batch_tokens=None, device="cpu", dtype=torch.float32, max_batch=max_batch,
+                             model=SimpleNamespace(config=cfg))
+        return backends.SlotDecoding(be).slots(new, longest)
+
+    tiny = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, hidden_size=256, num_hidden_layers=4)
+    assert slots(tiny, 3968, 128) == 131072 // (3968 + 256) == 31  # 7 with 32K tokens
+    assert slots(tiny, 4096, 128, max_batch=16) == 16
+    big = SimpleNamespace(num_attention_heads=32, num_key_value_heads=32, hidden_size=4096, num_hidden_layers=32)
+    assert slots(big, 1792, 128, ram_gib=256) == 32768 // 2048 == 16
+    assert slots(big, 1792, 128, ram_gib=24) == (6 * 1024) // 2048 == 3  # a quarter of 24 GiB holds 6,144 tokens
+
+
 @pytest.mark.parametrize("arch,cache,slots", [("qwen2", "static", 4), ("qwen2", "dynamic", 4), ("llama", "static", 4),
                                               ("qwen2", "slots", 4), ("llama", "slots", 4), ("qwen2", "slots", 2),
                                               ("llama", "slots", 1)])

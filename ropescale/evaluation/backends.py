@@ -7,10 +7,10 @@ for both) and return, per sample, the greedy continuation's token ids cut at the
 hf backend, ``cache="slots"`` (the default; :mod:`ropescale.evaluation.engine`): ropescale's own greedy loop over a
 fixed slot cache — each sample prefilled alone (no padding, SDPA's causal flash path), continuous batching (a finished
 slot is refilled from the length-sorted queue), and on CUDA a decode step captured once as a CUDA graph. The slot count
-comes from a token budget: slots x (longest prompt + 2 x max new tokens) <= ``batch_tokens`` (default 32K tokens on
-CPU, at most a quarter of the RAM; on CUDA what 90% of the free memory holds after one prefill's activations). On an
-H100 with a 7B shape at 12-17K prompts this is 12.4x plain batch-1 ``generate`` (README). It needs transformers 5.x and
-SDPA; otherwise the backend falls back to ``static`` with a note.
+comes from a token budget: slots x (longest prompt + 2 x max new tokens) <= ``batch_tokens`` (default on CPU: 32K
+tokens or 512 MiB of cache, whichever holds more, at most a quarter of the RAM; on CUDA what 90% of the free memory
+holds after one prefill's activations). On an H100 with a 7B shape at 12-17K prompts this is 12.4x plain batch-1
+``generate`` (README). It needs transformers 5.x and SDPA; otherwise the backend falls back to ``static`` with a note.
 
 hf backend, ``cache="static"`` / ``"dynamic"``: transformers ``generate`` on length-sorted, left-padded batches
 whose size is set by a token budget (batch x (longest input + max new tokens) <= budget; CUDA: 70% of the free
@@ -62,6 +62,7 @@ from ropescale.common.settings import setting
 from .engine import cut_at_eos
 
 CACHES = ("slots", "static", "dynamic")  # hf backend: our slot decoder, or transformers generate with that cache
+CPU_SLOT_CACHE_BYTES = 512 * 2 ** 20  # slot decoder on CPU: the cache a default batch may fill (or 32K tokens)
 GROUP = "advanced: backend (how predictions are computed; never part of what a resumed run must match)"
 
 
@@ -278,10 +279,12 @@ class SlotDecoding:
             budget = be.batch_tokens
         elif not be.device.startswith("cuda"):
             # CPU: a decode step is bound by reading the slots' caches, plus a fixed per-step cost that more slots
-            # share (tiny default, 2K prompts, 400 new tokens: 2 slots 2.0x, 12 slots 2.7x plain generate); at
-            # most a quarter of the RAM
+            # share (tiny default, 2K prompts, 400 new tokens: 2 slots 2.0x, 12 slots 2.7x plain generate; 16
+            # prompts of 4K, 128 new tokens: 16 slots 15.9 s vs 20.7 s with 7). So the budget is 32K tokens or
+            # CPU_SLOT_CACHE_BYTES of cache, whichever holds more, and at most a quarter of the RAM
             ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-            budget = min(32768, int(ram / 4 / slot_bytes_per_token(be.model.config, be.dtype)))
+            per_token = slot_bytes_per_token(be.model.config, be.dtype)
+            budget = min(max(32768, CPU_SLOT_CACHE_BYTES // per_token), int(ram / 4 / per_token))
         else:
             cfg = be.model.config
             b = torch.finfo(be.dtype).bits // 8
@@ -617,9 +620,9 @@ class BackendSettings:
     dtype: str = setting("auto", "weights' dtype; auto: fp32 on CPU, bf16 on GPU", parse=dtype_name, choices=DTYPES,
                          group=GROUP)
     batch_tokens: int | None = setting(None, "hf backend: token budget of a batch, i.e. slots x (longest prompt + 2 x "
-                                             "max new tokens) with --cache slots; default: 32K on CPU with slots, "
-                                             "else 8K; from free memory on GPU", check=(lambda v: v >= 1, ">= 1"),
-                                       group=GROUP)
+                                             "max new tokens) with --cache slots; default: 32K tokens or 512 MiB "
+                                             "of KV cache on CPU with slots, else 8K; from free memory on GPU",
+                                       check=(lambda v: v >= 1, ">= 1"), group=GROUP)
     max_batch: int = setting(64, "hf backend: most samples per batch", check=(lambda v: v >= 1, ">= 1"), group=GROUP)
     cache: str = setting("slots", "hf backend decoder: slots (ropescale's slot decoder: per-sample prefill, "
                                   "continuous batching, a CUDA-graph decode step on GPU; needs transformers 5.x + "
