@@ -275,11 +275,13 @@ class Coverage:
     (bin k = ``edges[k]`` .. ``edges[k+1] - 1``, ``edges[k] = k * context // bins``) and ``tokens_beyond`` at or past
     ``context``; the same for ``labelled`` (the positions whose next-token prediction has a label: the query that
     predicts a summary token); ``samples`` (rows seen), ``longest`` (the largest position id, -1 when empty) and
-    ``longest_distance`` (the largest query-key distance attended, :func:`longest_distance`). Additive
-    (:meth:`merge`) and plain JSON (:meth:`to_json` / :meth:`from_json`)."""
+    ``longest_distance`` (the largest query-key distance attended, :func:`longest_distance`); ``from_step``: 0 when
+    the counts cover the whole run, else the step they start at (a resume from a checkpoint that holds no coverage:
+    the steps before it are not counted). Additive (:meth:`merge`) and plain JSON (:meth:`to_json` /
+    :meth:`from_json`)."""
 
     FIELDS = ("context", "bins", "edges", "tokens", "tokens_beyond", "labelled", "labelled_beyond", "samples",
-              "longest", "longest_distance")
+              "longest", "longest_distance", "from_step")
 
     def __init__(self, context: int, bins: int = COVERAGE_BINS):
         if int(context) < 1 or int(bins) < 1 or int(bins) > int(context):
@@ -288,7 +290,7 @@ class Coverage:
         self.edges = [k * self.context // self.bins for k in range(self.bins + 1)]
         self.tokens = [0] * self.bins
         self.labelled = [0] * self.bins
-        self.tokens_beyond = self.labelled_beyond = self.samples = 0
+        self.tokens_beyond = self.labelled_beyond = self.samples = self.from_step = 0
         self.longest = self.longest_distance = -1
 
     def _count(self, pos: np.ndarray) -> tuple[list[int], int]:
@@ -334,6 +336,7 @@ class Coverage:
         self.samples += other.samples
         self.longest = max(self.longest, other.longest)
         self.longest_distance = max(self.longest_distance, other.longest_distance)
+        self.from_step = max(self.from_step, other.from_step)
         return self
 
     @property
@@ -356,6 +359,7 @@ class Coverage:
                 setattr(cov, f, v)
             for f in ("tokens_beyond", "labelled_beyond", "samples", "longest", "longest_distance"):
                 setattr(cov, f, int(d[f]))
+            cov.from_step = int(d.get("from_step", 0))  # absent in records written before it existed: whole runs
             if [int(x) for x in d.get("edges", cov.edges)] != cov.edges:
                 raise ValueError("edges do not match context and bins")
         except (KeyError, TypeError, ValueError) as e:

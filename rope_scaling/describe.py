@@ -274,20 +274,13 @@ def config_from_args(args: argparse.Namespace):
 
 
 def trained_length_of(args: argparse.Namespace) -> float | None:
-    """``--trained-length``, else the training record of the ``--config`` model directory (its coverage's
-    ``longest_distance`` when recorded, else ``length.max``), else None."""
+    """``--trained-length``, else the training record of the ``--config`` model directory
+    (:func:`ropescale.common.runs.trained_distance`), else None."""
     if args.trained_length is not None or args.config is None or not Path(args.config).is_dir():
         return args.trained_length
-    from ropescale.common.runs import TRAIN_JSON, read_train_record
+    from ropescale.common.runs import TRAIN_JSON, read_train_record, trained_distance
 
-    rec = read_train_record(args.config) or {}
-    cov, length = rec.get("coverage") or {}, rec.get("length") or {}
-    v = cov.get("longest_distance") if isinstance(cov, dict) else None
-    if v is None and isinstance(length, dict):
-        v = length.get("max")
-    if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1):
-        raise InputError(f"the longest trained distance is not a number >= 1: {v!r}", Path(args.config) / TRAIN_JSON)
-    return None if v is None else float(v)
+    return trained_distance(read_train_record(args.config), Path(args.config) / TRAIN_JSON)
 
 
 def cmd_describe(args: argparse.Namespace) -> int:

@@ -136,33 +136,21 @@ def train_losses(train_dir: Path) -> tuple[float, float, int] | None:
     return steps[order[0]], sum(last) / len(last), order[-1]
 
 
-def trained_length(record: dict | None) -> float | None:
-    """The longest distance a fine-tune trained on: its record's ``coverage.longest_distance`` when present, else
-    ``length.max`` (the longest packed sample the run consumed, of the data set when the record does not say);
-    None for no record."""
-    if not record:
-        return None
-    cov = record.get("coverage") or {}
-    if isinstance(cov.get("longest_distance"), (int, float)):
-        return float(cov["longest_distance"])
-    mx = (record.get("length") or {}).get("max")
-    return float(mx) if isinstance(mx, (int, float)) else None
-
-
 def row_bound(model: str, spec=None, train_record: dict | None = None) -> dict:
     """A row's angle bound, called what it is: a necessary condition, not a prediction. ``bound``: the pre-training
     bound (``formulas.reach``) of a training-free row, ``formulas.finetune_bound`` with the fine-tune's longest trained
-    distance (:func:`trained_length`) for a fine-tuned one; ``pretrain``: the pre-training bound alone; ``liu``: Liu et
-    al. 2023's closed form (``formulas.critical_period``: the critical pair's full period under the new base, T_train =
-    the original context) where its premise holds -- a training-free row whose method changes only the base (none,
-    ntk); else None. Values in tokens, None for unbounded."""
+    distance (``ropescale.common.runs.trained_distance``) for a fine-tuned one; ``pretrain``: the pre-training bound
+    alone; ``liu``: Liu et al. 2023's closed form (``formulas.critical_period``: the critical pair's full period under
+    the new base, T_train = the original context) where its premise holds -- a training-free row whose method
+    changes only the base (none, ntk); else None. Values in tokens, None for unbounded."""
     from rope_scaling import formulas as F
     from rope_scaling.load import load_config
+    from ropescale.common.runs import trained_distance
 
     mc = load_config(model, spec)
     st = mc.state
     orig, new = st.original_frequencies(), st.frequencies(mc.context)
-    tl = trained_length(train_record)
+    tl = trained_distance(train_record)
     pre = F.reach(st.orig_ctx, orig.inv_freq, new.inv_freq)
     bound = pre if tl is None else F.finetune_bound(st.orig_ctx, orig.inv_freq, new.inv_freq, tl)
     liu = None

@@ -77,8 +77,8 @@ def _check_eval_sets(res, tiny_tokenizer) -> None:
 
 def _check_generation(res, expect: dict, model_dir) -> dict:
     """Generation: 4 settings (base, NTK x8 at load time, two fine-tunes) x 2 F.2 prompts x 2 lengths, and the
-    base model with the two F.1 prompts at the shortest length in a folder of its own; each complete, with the right rope and prompt.
-    Returns each run's mean ROUGE-L by (folder, setting, length)."""
+    base model with the two F.1 prompts at the shortest length in a folder of its own; each complete, with the
+    right rope and prompt. Returns each run's mean ROUGE-L by (folder, setting, length)."""
     means: dict = {}
     for gen, n_runs, names in ((Path(res["gen"]), 16, expect), (Path(res["gen_f1"]), 2, {"base": ("none", None,
                                                                                                       ("ie", "ib"))})):

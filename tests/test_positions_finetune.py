@@ -58,7 +58,19 @@ def test_pose_resume_redraws_the_same_positions(setup, tmp_path):
     assert 300 < cov.longest < 512 and cov.longest_distance == cov.longest  # one segment from position 0
     assert sum(cov.tokens[8:]) > 0  # PoSE: positions in the upper half of the context, from <= 480-token samples
     half = Coverage.from_json(json.loads((cut_dir / "checkpoint-2" / "coverage.json").read_text()))
-    assert half.samples == 4 and half.total_tokens < cov.total_tokens
+    assert half.samples == 4 and half.total_tokens < cov.total_tokens and cov.from_step == 0
+
+    # a checkpoint written before runs kept a coverage record: the resume says so, and its coverage counts the
+    # steps after the checkpoint only, recorded as from_step
+    old_dir = tmp_path / "old"
+    first = run(finetune_cmd(*_args(model_dir, data, old_dir, 2)))
+    assert first.returncode == 0, first.stderr[-2000:]
+    (old_dir / "checkpoint-2" / "coverage.json").unlink()
+    again = run(finetune_cmd(*_args(model_dir, data, old_dir, STEPS), "--resume", "auto"))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "holds no position coverage" in again.stderr and "counted from step 2" in again.stderr
+    part = Coverage.from_json(json.loads((old_dir / "run.json").read_text())["train"]["coverage"])
+    assert part.from_step == 2 and part.samples == 2 * (STEPS - 2)
 
     out = tmp_path / "merged"
     assert main(["merge", "--run", str(ref_dir), "--out", str(out)]) == 0

@@ -54,6 +54,11 @@ def test_trained_length_from_the_model_directory(capsys, tmp_path):
     # pairs with 6000 theta_i / 8 >= 2 pi now saw every angle; the first still bounded, i0 = the smallest i with
     # 6000 / 8 x 1e4^(-2i/64) < 2 pi, is bounded at 6000
     assert d["bound"]["finetune"] == pytest.approx(6000)
+    # a coverage counted from a later step (a resume from a checkpoint that kept none) misses the first steps: the
+    # longest sample stands in, as for a record without coverage
+    rec["coverage"]["from_step"] = 12
+    (tmp_path / "ropescale_train.json").write_text(json.dumps(rec))
+    assert run(capsys, *args)["bound"]["trained_length"] == 2024
     assert run(capsys, *args, "--trained-length", "3000")["bound"]["trained_length"] == 3000  # the flag first
     (tmp_path / "ropescale_train.json").write_text(json.dumps({"length": {"max": "long"}}))
     assert describe_main(args) == 2

@@ -181,6 +181,25 @@ def read_train_record(model_dir: str | os.PathLike | None) -> dict | None:
     return None
 
 
+def trained_distance(record: dict | None, where=None) -> float | None:
+    """The longest query-key distance a fine-tune trained, from its training record (what a fine-tune-aware bound
+    reads): the position coverage's ``longest_distance`` when it counts the whole run, else ``length.max`` (the
+    longest packed sample: of the samples the run consumed, or of the data set when the record does not say; also
+    for a coverage counted from a later step, a resume from a checkpoint that kept none); None without either.
+    InputError naming ``where`` for a value that is not a number >= 1."""
+    if not record:
+        return None
+    cov, length = record.get("coverage") or {}, record.get("length") or {}
+    v = None
+    if isinstance(cov, dict) and not cov.get("from_step"):
+        v = cov.get("longest_distance")
+    if v is None and isinstance(length, dict):
+        v = length.get("max")
+    if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1):
+        raise InputError(f"the longest trained distance is not a number >= 1: {v!r}", where)
+    return None if v is None else float(v)
+
+
 # ---------------------------------------------------------------- the model: as recorded, and its identity
 def model_ref(given: str | os.PathLike | None, model_dir: str | os.PathLike) -> str:
     """How a run records the model it read: ``tiny`` for the embedded default, else the absolute path of the

@@ -465,7 +465,8 @@ def build_trainer(run: Run, targs, model):
     if layout is not None:  # each rank gets its slice of the group's batch
         collator = sequence_parallel.ShardCollator(collator, layout, pad_id, run.settings.micro_batch)
     dataset = PackedDataset(run.rows, policy_of(run.settings), seed=run.settings.seed)
-    coverage = start_coverage(run.extended, run.resume_from if run.main else None)  # counts add over the ranks
+    coverage = start_coverage(run.extended, run.resume_from if run.main else None,  # counts add over the ranks
+                              _checkpoint_step(run.resume_from), log if run.main else None)
     trainer = LabelOnlyTrainer(model=model, args=targs, train_dataset=dataset, data_collator=collator,
                                sequence_layout=layout, coverage=coverage)
     ref = weakref.ref(trainer)
@@ -494,7 +495,7 @@ def fit(run: Run, trainer) -> dict | None:
     if run.record is not None:
         run.record.train["coverage"] = cov.to_json()
         log(f"[finetune] positions trained: up to {cov.longest} (longest distance {cov.longest_distance}) of the "
-            f"{cov.context}-token context")
+            f"{cov.context}-token context" + (f", counted from step {cov.from_step}" if cov.from_step else ""))
     out = export(trainer.model, run.run_dir / "final", step=trainer.state.global_step, is_main=run.main,
                  **export_kwargs(run))
     if not run.main:

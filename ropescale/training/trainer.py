@@ -257,14 +257,24 @@ class ProgressCallback(TrainerCallback):
 COVERAGE_JSON = "coverage.json"  # in each checkpoint: the positions trained up to it (a resume continues it)
 
 
-def start_coverage(context: int, checkpoint: Path | None = None):
+def start_coverage(context: int, checkpoint: Path | None = None, step: int = 0, log=None):
     """The position coverage a run starts from (``data_concat.positions.Coverage`` over its extended context):
-    empty, or what ``checkpoint`` recorded (a resume; pass it on one rank only, the counts add over ranks)."""
+    empty, or what ``checkpoint`` (at ``step``) recorded (a resume; pass it on one rank only, the counts add over
+    ranks). A checkpoint without a coverage record (written before runs kept one) starts the counts at its step
+    (``from_step``), said through ``log``."""
     from data_concat.positions import Coverage
 
     f = None if checkpoint is None else Path(checkpoint) / COVERAGE_JSON
-    if f is None or not f.is_file():
+    if f is None:
         return Coverage(context)
+    if not f.is_file():
+        cov = Coverage(context)
+        cov.from_step = int(step)
+        if log is not None:
+            log(f"[finetune] {checkpoint} holds no position coverage ({COVERAGE_JSON}): the run's coverage counts "
+                f"the steps after {cov.from_step} only (recorded as from_step); a fine-tune-aware bound falls back "
+                f"to the longest training sample")
+        return cov
     from ropescale.common.io import read_json
 
     cov = Coverage.from_json(read_json(f, "position coverage"), f)
