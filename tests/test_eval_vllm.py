@@ -118,17 +118,19 @@ def test_dynamic_ntk_is_refused_on_vllm(base_dir):
 
 
 def test_generate_refuses_before_looking_for_vllm(base_dir, chapters, tmp_path, capsys):
-    """The rope refusal comes first (it holds on a GPU machine with vLLM too), and nothing is written."""
+    """The rope refusals (dynamic NTK, dynamic YaRN) come first (they hold on a GPU machine with vLLM too), and
+    nothing is written."""
     from ropescale.evaluation.cli import main
 
     data = tmp_path / "cnnsum_L_16k.jsonl"
     data.write_text(json.dumps({"context": chapters[0]["text"][:100], "summary": "x"}, ensure_ascii=False) + "\n",
                     encoding="utf-8")
-    rc = main(["generate", "--model", str(base_dir), "--data", str(data), "--prompt", "ie", "--out",
-               str(tmp_path / "o"), "--backend", "vllm", "--rope", "dynamic_ntk", "--scale", "4"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and "dynamic NTK" in err[-1] and "--backend hf" in err[-1]
-    assert not (tmp_path / "o").exists()
+    for method, says in (("dynamic_ntk", "dynamic NTK"), ("dynamic_yarn", "dynamic_yarn")):
+        rc = main(["generate", "--model", str(base_dir), "--data", str(data), "--prompt", "ie", "--out",
+                   str(tmp_path / "o"), "--backend", "vllm", "--rope", method, "--scale", "4"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and says in err[-1] and "--backend hf" in err[-1] and "Traceback" not in "".join(err)
+        assert not (tmp_path / "o").exists()
     rc = main(["generate", "--model", str(base_dir), "--data", str(data), "--prompt", "ie", "--out",
                str(tmp_path / "o"), "--backend", "vllm", "--rope", "ntk", "--scale", "4"])
     assert rc == 2 and "needs the vllm package" in capsys.readouterr().err

@@ -107,16 +107,3 @@ def test_dynamic_yarn_is_refused_and_llama3_passes(base_dir):
     assert mml == 600 and after["max_position_embeddings"] >= 600  # vLLM's llama3 cache: max_position_embeddings
     assert after["rope_parameters"] == before["rope_parameters"]  # the frequencies as transformers computes them
     assert set(ov) - set(cfg.rope_fields()) <= {"max_position_embeddings"}
-
-
-def test_generate_refuses_dynamic_yarn_on_vllm_in_one_line(base_dir, chapters, tmp_path, capsys):
-    from ropescale.evaluation.cli import main
-
-    data = tmp_path / "cnnsum_L_16k.jsonl"
-    data.write_text(json.dumps({"context": chapters[0]["text"][:100], "summary": "x"}, ensure_ascii=False) + "\n",
-                    encoding="utf-8")
-    rc = main(["generate", "--model", str(base_dir), "--data", str(data), "--prompt", "ie", "--out",
-               str(tmp_path / "o"), "--backend", "vllm", "--rope", "dynamic_yarn", "--scale", "4"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and "dynamic_yarn" in err[-1] and "--backend hf" in err[-1] and "Traceback" not in "".join(err)
-    assert not (tmp_path / "o").exists()
