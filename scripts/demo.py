@@ -471,7 +471,9 @@ def demo_table(d: Demo) -> list[dict]:
         if r is d.rows[0] and d.baseline_prompts:  # the same model with the F.1 baseline prompts
             st = row_stats([d.gen_f1 / f"base_{pr}_T{tg}" for pr in F1 for tg in d.f1_targets], thr)
             rec = table_row(d, r, st, cols, None, bound=records[-1])  # retention: F.2 and F.1 not compared
-            records.append({**rec, "row": f"{r.label}, F.1 baseline prompts", "key": "base-f1", "prompts": "F.1"})
+            # evaluated inside the window only: no effective length to measure
+            records.append({**rec, "row": f"{r.label}, F.1 baseline prompts (1x only)", "key": "base-f1",
+                            "prompts": "F.1", "effective_length": {}})
     md_a, md_b, header, table = demo_markdown(records, cols, thr)
     write_text_atomic(d.report / "demo.md", f"{md_a}\n\n{md_b}\n")
     write_text_atomic(d.report / "demo.csv", csv_text(header, table))
@@ -525,7 +527,7 @@ def demo_markdown(records: list[dict], cols: list[str], thr: float | None) -> tu
         rows_a.append([label, _tok(rec["bound"]) if fine else "", "" if not fine or rec.get("liu") is None
                        else _tok(rec["liu"]), rec.get("train_length_text") or "", loss or "", n_txt,
                        *[cell(rec, c) for c in cols],
-                       *[(eff.get(k) or {}).get("text", "-") if fine else "" for k in ("relative", "absolute")],
+                       *[(eff.get(k) or {}).get("text", "-") if fine and eff else "" for k in ("relative", "absolute")],
                        "" if rec.get("retention") is None else f"{100 * rec['retention']:.0f}%"])
         if fine:
             diffs = rec["ie_minus_ib"]

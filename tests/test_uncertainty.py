@@ -89,14 +89,20 @@ def test_paired_difference_is_the_bootstrap_of_per_id_differences():
     ib = {i: float(v) for i, v in zip(ids, base)}
     d = [ie[i] - ib[i] for i in ids]
     diff = U.ie_minus_ib(ie, ib, resamples=3000, seed=5)
-    ref = U.cell(d, resamples=3000, seed=5)  # the paired bootstrap is the bootstrap of the differences
+    # the paired bootstrap is the bootstrap of the differences, ids in sorted order (s0, s1, s10, ...: string ids
+    # sort as strings), whatever order a run wrote them in
+    ref = U.cell([ie[i] - ib[i] for i in sorted(ids)], resamples=3000, seed=5)
     assert diff.paired and diff.n_pairs == 16 and diff.n == 32
     assert diff.mean == pytest.approx(float(np.mean(d)))
     assert (diff.lo, diff.hi) == (pytest.approx(ref.lo), pytest.approx(ref.hi))
     assert diff.se == pytest.approx(float(np.std(d, ddof=1)) / 4)
     assert diff.excludes(0.0)  # a +4 shift with noise 3 at n = 16
-    # the insertion order of IB does not matter (pairs are by id)
+    # the insertion order of either prompt does not matter (pairs are by id; ids are resampled in sorted order):
+    # a run's predictions come in the order its batches finished them
     assert U.ie_minus_ib(ie, dict(reversed(list(ib.items()))), resamples=3000, seed=5) == diff
+    assert U.ie_minus_ib(dict(reversed(list(ie.items()))), ib, resamples=3000, seed=5) == diff
+    shuffled = [dict(sorted(g.items(), key=lambda kv: kv[1])) for g in (ie, ib)]
+    assert U.cell_of_prompts(shuffled, resamples=500) == U.cell_of_prompts([ie, ib], resamples=500)
     # the unpaired interval (independent resampling) is far wider: the sample-to-sample spread cancels in pairs
     unpaired = U.ie_minus_ib(ie, {f"x{k}": v for k, v in ib.items()}, resamples=3000, seed=5)
     assert not unpaired.paired and unpaired.n_pairs == 0

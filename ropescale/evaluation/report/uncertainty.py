@@ -177,6 +177,7 @@ def ie_minus_ib(ie: Mapping[Hashable, float], ib: Mapping[Hashable, float], *, r
     """IE - IB of one cell (CNNSum Sec. 4.3 compares the two prompts per subset): mean(IE) - mean(IB) over each
     prompt's samples, the standard error of that difference and its paired percentile bootstrap interval (ids
     resampled: a pair moves as one; ids under one prompt only are resampled within their prompt and listed)."""
+    ie, ib = _canonical(ie), _canonical(ib)
     unpaired_ie = tuple(i for i in ie if i not in ib)
     unpaired_ib = tuple(i for i in ib if i not in ie)
     n_pairs = sum(1 for i in ie if i in ib)
@@ -214,7 +215,7 @@ def mse_noise_floor(cells: Mapping[str, tuple[Mapping[Hashable, float], Mapping[
     for ie, ib in cells.values():
         if len(ie) < 2 or len(ib) < 2:
             return None
-        terms.append(var_of_combination([ie, ib], np.array([1.0, -1.0])))
+        terms.append(var_of_combination([_canonical(ie), _canonical(ib)], np.array([1.0, -1.0])))
     return float(np.mean(terms))
 
 
@@ -227,6 +228,7 @@ def mse_with_floor(cells: Mapping[str, tuple[Mapping[Hashable, float], Mapping[H
     ``cells``: {column: (IE samples {id: score}, IB samples)}; a column with only one prompt makes the MSE None, as
     in the report. The interval describes the MSE's sampling spread; a squared statistic is biased upward by its own
     noise (E[D^2] = (E D)^2 + Var D), so read the MSE against its floor, not the interval against 0."""
+    cells = {c: (_canonical(ie), _canonical(ib)) for c, (ie, ib) in cells.items()}
     ie_means = {c: _mean(ie) for c, (ie, _) in cells.items()}
     ib_means = {c: _mean(ib) for c, (_, ib) in cells.items()}
     mse = mse_ie_ib(ie_means, ib_means)
@@ -334,7 +336,9 @@ class _Table:
     groups (each group keeps its n in every resample)."""
 
     def __init__(self, groups: Sequence[Mapping[Hashable, float]]):
-        self.ids = list(dict.fromkeys(i for g in groups for i in g))
+        # ids in a canonical order (:func:`_id_order`), not the order a run happened to write them: a cell's interval
+        # depends on its samples only, not on the batch schedule that finished them
+        self.ids = sorted(dict.fromkeys(i for g in groups for i in g), key=_id_order)
         row = {i: k for k, i in enumerate(self.ids)}
         self.values = np.zeros((len(self.ids), len(groups)))
         self.present = np.zeros((len(self.ids), len(groups)), dtype=bool)
@@ -364,9 +368,28 @@ class _Table:
         return sums / self.n
 
 
+def _id_order(i: Hashable) -> tuple:
+    """A sort key for sample ids of mixed kinds: numbers by value, then strings, then tuples element-wise (a
+    sequence's (group, position) ids keep the order given), then anything else by its repr."""
+    if isinstance(i, (int, float, np.integer, np.floating)) and not isinstance(i, bool):
+        return (0, float(i))
+    if isinstance(i, str):
+        return (1, i)
+    if isinstance(i, tuple):
+        return (2, tuple(_id_order(x) for x in i))
+    return (3, repr(i))
+
+
 def _as_mapping(values: Any, group: int) -> Mapping[Hashable, float]:
-    """{id: score}: a mapping as given; a sequence's scores keyed (group, position), ids no other group has."""
-    return values if isinstance(values, Mapping) else {(group, i): v for i, v in enumerate(values)}
+    """{id: score}: a mapping in canonical id order (:func:`_canonical`); a sequence's scores keyed (group,
+    position), ids no other group has."""
+    return _canonical(values) if isinstance(values, Mapping) else {(group, i): v for i, v in enumerate(values)}
+
+
+def _canonical(values: Mapping[Hashable, float]) -> dict:
+    """The same {id: score} in canonical id order (:func:`_id_order`): every sum over it runs in the same order
+    whatever order a run wrote its samples in, so a cell's numbers are bit-identical between such runs."""
+    return dict(sorted(values.items(), key=lambda kv: _id_order(kv[0])))
 
 
 def _mean(values: Mapping[Hashable, float]) -> Optional[float]:
