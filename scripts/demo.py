@@ -628,7 +628,10 @@ def main(argv=None) -> int:
                     help="seed of the fine-tunes, the training pairs, the eval passages and their marks")
     ap.add_argument("--fresh", action="store_true", help="remove earlier demo outputs first")
     args = ap.parse_args(argv)
+    from ropescale.common.cli import prepare_process
     from ropescale.common.io import InputError
+
+    prepare_process()  # an entry point like the CLIs it calls in-process: their library warnings filtered alike
 
     try:
         run_demo(args.out, model=args.model, methods=[m for m in args.methods.split(",") if m],

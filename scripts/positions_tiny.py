@@ -145,6 +145,40 @@ def score_cells(gen_runs: list[Path]) -> dict:
     return out
 
 
+def seed_spread(gen_runs: list[Path]) -> dict:
+    """{length: {rouge_l, recall}: {"seeds": {seed dir: cell mean}, "mean", "min", "max"}}: each seed's own cell
+    (:func:`score_cells` over that seed's runs) and the spread of those means over the seeds."""
+    by_seed: dict = {}
+    for r in gen_runs:
+        by_seed.setdefault(r.parent.name, []).append(r)
+    per = {s: score_cells(rs) for s, rs in sorted(by_seed.items())}
+    out: dict = {}
+    for tg in sorted({t for v in per.values() for t in v}):
+        for key in ("rouge_l", "recall"):
+            vals = {s: v[tg][key]["mean"] for s, v in per.items() if tg in v and v[tg][key]["mean"] is not None}
+            if vals:
+                out.setdefault(tg, {})[key] = {"seeds": vals, "mean": round(sum(vals.values()) / len(vals), 2),
+                                               "min": min(vals.values()), "max": max(vals.values())}
+    return out
+
+
+def spread_table(results: dict) -> str:
+    """Each policy's per-seed cell means as ``mean (min-max)`` over the seeds."""
+    lengths = sorted({tg for r in results.values() for tg in r["seeds"]})
+    n = max(len(c["seeds"]) for r in results.values() for t in r["seeds"].values() for c in t.values())
+    lines = [f"Spread over the {n} seeds: each seed's cell mean (its own 16 samples x 2 prompts), mean (min-max)", "",
+             "| policy | " + " | ".join(f"T{tg} ROUGE-L" for tg in lengths) + " | "
+             + " | ".join(f"T{tg} recall" for tg in lengths) + " |", "|---" * (1 + 2 * len(lengths)) + "|"]
+    for name, r in results.items():
+        cells = []
+        for key in ("rouge_l", "recall"):
+            for tg in lengths:
+                c = r["seeds"].get(tg, {}).get(key)
+                cells.append("-" if c is None else f"{c['mean']:.1f} ({c['min']:.1f}-{c['max']:.1f})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def est_dict(e) -> dict:
     def r(x):
         return None if x is None else round(x, 2)
@@ -195,9 +229,11 @@ def main(argv=None) -> int:
             merged = fine_tune(d, p, data[POLICIES[p][0]], args)
             train_runs[p].append(merged.parent)
             gen_runs[p] += generate(d, p, merged)
-    results = {p: {"coverage": coverage_row(train_runs[p]), "scores": score_cells(gen_runs[p])}
-               for p in args.policies}
+    results = {p: {"coverage": coverage_row(train_runs[p]), "scores": score_cells(gen_runs[p]),
+                   "seeds": seed_spread(gen_runs[p])} for p in args.policies}
     md = table(results, args.seeds, args.rope, f"{args.scale:g}")
+    if len(args.seeds) > 1:
+        md += "\n\n" + spread_table(results)
     out = Path(args.out)
     (out / "positions.json").write_text(json.dumps({"seeds": args.seeds, "rope": args.rope, "scale": args.scale,
                                                     "results": results}, indent=1), encoding="utf-8")

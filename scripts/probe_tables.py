@@ -124,8 +124,11 @@ def main(argv=None) -> int:
         rows.append(row(f"tiny, {m}" + ("" if m == "none" else " x8"), per, lengths, ".3f"))
         c = probe(out / f"copy4096-{m}", ["copy", "--model", "tiny", *rope_flags(m), "--length", "4096",
                                           "--distances", "0,256,512,1024,2048,3840", "--seed", "0"] + common)
-        crows.append(row(f"tiny, {m}" + ("" if m == "none" else " x8"), [cells(c, "copy")],
-                         [0, 256, 512, 1024, 2048, 3840], ".2f"))
+        nocopy = list(cells(c, "no-copy").values())  # the same target without its copy: one loss, whatever d
+        both = {**cells(c, "copy"), "no copy": sum(nocopy) / len(nocopy) if nocopy else None}
+        crows.append(row(f"tiny, {m}" + ("" if m == "none" else " x8"), [{k: v for k, v in both.items()
+                                                                          if v is not None}],
+                         [0, 256, 512, 1024, 2048, 3840, "no copy"], ".2f"))
     after = {m: Path(args.demo) / "train" / (f"tiny-{m}" if m == "none" else f"tiny-{m}-x8") / "merged"
              for m in METHODS}
     for m, d in after.items():
@@ -135,8 +138,9 @@ def main(argv=None) -> int:
             rows.append(row(f"fine-tuned, {m}" + ("" if m == "none" else " x8"), [cells(p)], lengths, ".3f"))
     md.append(table("ppl: loss (nats/token) on the last 10 tokens vs input length N", ["model", *map(str, lengths)],
                     rows))
-    md.append(table(f"copy, N = 4096: loss on the 128-token target with its copy d tokens before it (seed 0, {args.n} "
-                    "targets)", ["model", *[f"d={d}" for d in (0, 256, 512, 1024, 2048, 3840)]], crows))
+    md.append(table(f"copy, N = 4096: loss on the 128-token target with its copy d tokens before it, and without a "
+                    f"copy (seed 0, {args.n} targets)", ["model", *[f"d={d}" for d in (0, 256, 512, 1024, 2048, 3840)],
+                                                         "no copy"], crows))
     Path(args.md).write_text("\n".join(md), encoding="utf-8")
     print("\n".join(md))
     return 0
