@@ -85,7 +85,8 @@ def main(argv=None) -> int:
     lengths = [512, 1024, 2048, 3072, 4096]
     sid_lengths = [256, 512, 1024, 2048, 4096]
     md = ["# Probe tables on the tiny default", "",
-          f"Made by `.venv/bin/python scripts/probe_tables.py` ({args.seeds} seeds x {args.n} items per 'before' "
+          f"Made by `.venv/bin/python scripts/probe_tables.py --seeds {args.seeds} --n {args.n}` ({args.seeds} seeds "
+          f"x {args.n} items per 'before' "
           "cell; a cell is the mean over seeds, with the min-max of the per-seed means in brackets). Held-out text: "
           "the last 12 chapters of each book (never trained on). 'before': the tiny default with the RoPE flags "
           "applied at load time (no training); 'after': the demo's models fine-tuned on recall pairs of "
