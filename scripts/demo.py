@@ -404,8 +404,8 @@ def finetune_command(d: Demo, method: str, train_dir: Path) -> list[str]:
 
 
 def generation(d: Demo) -> None:
-    """Step 4: greedy generation of every row with both F.2 prompts (and the base model with the F.1 baseline
-    prompts) at every length."""
+    """Step 4: greedy generation of every row with both F.2 prompts at every length, and of the base model with the
+    F.1 baseline prompts at 1x (:attr:`Demo.f1_targets`)."""
     from ropescale.evaluation.cli import main as eval_main
 
     jobs = [(d.gen, r, pr, d.targets) for r in d.rows for pr in F2]
