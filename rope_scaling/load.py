@@ -74,8 +74,7 @@ def load_model(model_dir: str | os.PathLike, config, *, dtype, attn: str | None 
     """The causal LM in ``model_dir`` with ``config`` (the rope already applied), in ``dtype`` with attention
     ``attn``, running the rope the config carries (:func:`install_rope_rule`: dynamic_yarn per forward; ``state``: the
     RopeState read with the config, ``ModelConfig.state``, so that it is not read again; read here only when not
-    given). Under an
-    active ZeRO-3 DeepSpeed config transformers partitions the weights while loading."""
+    given). Under an active ZeRO-3 DeepSpeed config transformers partitions the weights while loading."""
     from transformers import AutoModelForCausalLM
 
     from ropescale.common.compat import dtype_kwargs

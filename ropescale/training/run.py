@@ -144,6 +144,7 @@ class Run:
     old: RunMeta | None  # the run being resumed
     resume: str | None
     resume_from: Path | None
+    resume_step: int  # the global step of resume_from (0: none), read once from its trainer_state.json
     overwrite: bool
     init_export: Path | None
     cuda: bool
@@ -265,8 +266,9 @@ def plan_run(args: TrainSettings, *, recipe: str | None, resume: str | None, ove
         init_export = find_export(args.init_from, args.init_step)
         check_init_rope(init_export, effective)
     return Run(settings=resolved, recipe=recipe, model=model, model_id=mid, run_dir=run_dir, rd=rd, old=old,
-               resume=resume, resume_from=resume_from, overwrite=overwrite, init_export=init_export, cuda=cuda,
-               world=env.world_size(), main=env.is_main(), dtype=dtype, t_start=t_start, ds_path=ds_path)
+               resume=resume, resume_from=resume_from, resume_step=_checkpoint_step(resume_from), overwrite=overwrite,
+               init_export=init_export, cuda=cuda, world=env.world_size(), main=env.is_main(), dtype=dtype,
+               t_start=t_start, ds_path=ds_path)
 
 
 def prepare_data(run: Run) -> None:
@@ -395,7 +397,7 @@ def start_record(run: Run) -> None:
     run_dir, rd, old = run.run_dir, run.rd, run.old
     if run.resume:
         log(f"[finetune] resuming from {run.resume_from or 'the start (no checkpoint yet)'}")
-        _cut_log(run_dir / "train_log.jsonl", _checkpoint_step(run.resume_from))
+        _cut_log(run_dir / "train_log.jsonl", run.resume_step)
     elif run.overwrite:
         _clear_run(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -466,7 +468,7 @@ def build_trainer(run: Run, targs, model):
         collator = sequence_parallel.ShardCollator(collator, layout, pad_id, run.settings.micro_batch)
     dataset = PackedDataset(run.rows, policy_of(run.settings), seed=run.settings.seed)
     coverage = start_coverage(run.extended, run.resume_from if run.main else None,  # counts add over the ranks
-                              _checkpoint_step(run.resume_from), log if run.main else None)
+                              run.resume_step, log if run.main else None)
     trainer = LabelOnlyTrainer(model=model, args=targs, train_dataset=dataset, data_collator=collator,
                                sequence_layout=layout, coverage=coverage)
     ref = weakref.ref(trainer)
