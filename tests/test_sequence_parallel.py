@@ -67,39 +67,38 @@ def _finish(proc, timeout=400) -> str:
 
 @pytest.fixture(scope="module")
 def runs(setup):
-    """{method: (one process, two processes with --sequence-parallel 2)} run directories after 3 steps, and the SP
-    runs' stderr (YaRN). The launches run side by side (DeepSpeed start-up dominates); the YaRN SP run stops at its
-    step-2 checkpoint and is resumed (--resume auto) for step 3, so its comparison covers resume under SP too."""
+    """(one process, two processes with --sequence-parallel 2) run directories of YaRN after 3 steps, and the SP
+    run's stderr before and after its resume ("sp2", "resume"). The one-process run goes side by side with the SP
+    run (DeepSpeed start-up dominates); the SP run stops at its step-2 checkpoint and is resumed (--resume auto) for
+    step 3, so the comparison covers resume under SP too."""
     tmp, model_dir, data = setup
     # YaRN only: NTK under two ranks is tests/test_positions_sp.py's run (with the positions policy on), and every
     # method's shard of the rotary angles is test_shard_rope_equals_the_slice_of_the_whole_sample's
-    dirs = {rope: (tmp / f"{rope}-1", tmp / f"{rope}-sp2") for rope in ("yarn",)}
+    one, two = tmp / "yarn-1", tmp / "yarn-sp2"
     if sp.unverified_versions():  # releases below sequence_parallel.VERIFIED: the launch must be refused, in one line
-        proc = _start(_launch(2, *_args(model_dir, data, dirs["yarn"][1], "yarn"), "--sequence-parallel", "2"))
+        proc = _start(_launch(2, *_args(model_dir, data, two, "yarn"), "--sequence-parallel", "2"))
         _, err = proc.communicate(timeout=400)
         assert proc.returncode == 2 and "is verified to train what one process trains only with" in err, err[-2000:]
         return None
 
-    def sp2(rope, *extra, steps=STEPS):
-        return _start(_launch(2, *_args(model_dir, data, dirs[rope][1], rope, steps=steps, save=2),
-                              "--sequence-parallel", "2", *extra))
+    def sp2(*extra, steps=STEPS):
+        return _start(_launch(2, *_args(model_dir, data, two, "yarn", steps=steps, save=2), "--sequence-parallel",
+                              "2", *extra))
 
-    first = sp2("yarn", steps=2)
-    singles = [_start(finetune_cmd(*_args(model_dir, data, dirs[rope][0], rope))) for rope in dirs]
-    logs = {"yarn": _finish(first)}
-    resumed = sp2("yarn", "--resume", "auto")
-    logs["resume"] = _finish(resumed)
-    for p in singles:
-        _finish(p)
-    return dirs, logs
+    first = sp2(steps=2)
+    single = _start(finetune_cmd(*_args(model_dir, data, one, "yarn")))
+    logs = {"sp2": _finish(first)}
+    logs["resume"] = _finish(sp2("--resume", "auto"))
+    _finish(single)
+    return one, two, logs
 
 
 def test_resume_under_sp(runs):
     if runs is None:
         return  # refused below the verified releases (checked by the fixture)
-    dirs, logs = runs
+    _, two, logs = runs
     assert "resuming from" in logs["resume"] and "checkpoint-2" in logs["resume"]
-    assert [r["step"] for r in train_log(dirs["yarn"][1])] == list(range(1, STEPS + 1))  # each step once
+    assert [r["step"] for r in train_log(two)] == list(range(1, STEPS + 1))  # each step once
 
 
 def test_uneven_lengths_are_padded(setup):
@@ -109,17 +108,15 @@ def test_uneven_lengths_are_padded(setup):
     assert (lengths % 2 == 1).any() and (lengths % 2 == 0).any(), lengths  # odd ones get a pad under K = 2
 
 
-@pytest.mark.parametrize("rope", ["yarn"])
-def test_sp2_matches_one_process(runs, rope):
+def test_sp2_matches_one_process(runs):
     if runs is None:
         return  # refused below the verified releases (checked by the fixture)
-    dirs, logs = runs
-    one, two = dirs[rope]
-    assert "sequence parallel 2 (Ulysses): 1 group(s) of 2 processes" in logs[rope]
-    assert "[finetune] memory estimate for 2" in logs[rope]  # the memory model's line, before training
+    one, two, logs = runs
+    assert "sequence parallel 2 (Ulysses): 1 group(s) of 2 processes" in logs["sp2"]
+    assert "[finetune] memory estimate for 2" in logs["sp2"]  # the memory model's line, before training
     meta = json.loads((two / "run.json").read_text())
     assert meta["settings"]["sequence_parallel"] == 2 and meta["info"]["world_size"] == 2
-    assert meta["rope"]["method"] == rope and meta["status"] == "done" and meta["train"]["steps"] == STEPS
+    assert meta["rope"]["method"] == "yarn" and meta["status"] == "done" and meta["train"]["steps"] == STEPS
     la, lb = train_log(one), train_log(two)
     assert [r["step"] for r in la] == [r["step"] for r in lb] == list(range(1, STEPS + 1))
     dloss = max(abs(a["loss"] - b["loss"]) for a, b in zip(la, lb))
@@ -133,7 +130,7 @@ def test_sp2_matches_one_process(runs, rope):
     assert ta.keys() == tb.keys() and len(ta) > 10
     dw = max((ta[k] - tb[k]).abs().max().item() for k in ta)
     moved = max(ta[k].abs().max().item() for k in ta if "lora_B" in k)  # LoRA B starts at zero
-    print(f"[{rope}] max |loss diff| {dloss:.2e}, max relative grad-norm diff {dnorm:.2e}, max |weight diff| "
+    print(f"[yarn] max |loss diff| {dloss:.2e}, max relative grad-norm diff {dnorm:.2e}, max |weight diff| "
           f"{dw:.2e} (LoRA B up to {moved:.2e})")
     assert dloss < 1e-5, (la, lb)
     assert dnorm < 1e-5, (la, lb)  # a gradient counted twice over the sequence group would double the norm
