@@ -109,8 +109,8 @@ def test_offloaded_checkpoints_leave_the_device(make_tiny_model, device):
     assert alive_after_forward(model) == 0
 
 
-def _lora(make_tiny_model, arch, dropout=0.0, gc_=True, device="cpu"):
-    model, _ = make_tiny_model(arch=arch, save=False)
+def _lora(make_tiny_model, arch, dropout=0.0, gc_=True, device="cpu", **kw):
+    model, _ = make_tiny_model(arch=arch, save=False, **kw)
     model.to(device)
     pm, _ = add_lora(model, r=4, alpha=8, dropout=dropout, gradient_checkpointing=gc_,
                      targets=("q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"))
@@ -172,6 +172,88 @@ def test_tiled_mlp_off_restores_and_no_grad_is_chunked(make_tiny_model):
         assert torch.allclose(mlp(x), ref, **TOL)
         memory.enable_tiled_mlp(model, 0)
         assert "forward" not in mlp.__dict__ and torch.equal(mlp(x), ref)
+
+
+# ---------------------------------------------------------------- the memory planner's activation choices
+def test_layer_roles_by_hand():
+    r = memory.layer_roles
+    assert r(4) == [("gpu", 0)] * 4  # every layer recomputed, every input stored on the device
+    assert r(4, offload=True) == [("host", 0)] * 4
+    assert r(5, recompute_every=2) == [("gpu", 0), ("none", 0), ("gpu", 0), ("none", 0), ("gpu", 0)]
+    assert r(3, recompute_every=0) == [("none", 0)] * 3
+    # blocks of 3 over 8 layers: inputs of 0, 3, 6 stored, the others recomputed from them in backward
+    block3 = [("gpu", 0), ("derived", 1), ("derived", 2)] * 2 + [("gpu", 0), ("derived", 1)]
+    assert r(8, block=3) == block3
+    # offloaded, the top 2 stored inputs (layers 3 and 6) stay on the device: backward needs them first
+    assert r(8, block=3, offload=True, gpu_checkpoints=2) == [("host", 0)] + block3[1:]
+    assert r(4, offload=True, gpu_checkpoints=9) == [("gpu", 0)] * 4
+    assert r(4, recompute_every=2, block=2) == r(4, recompute_every=2)  # blocks only with every layer recomputed
+
+
+PLANS = {"every-2nd-layer": dict(recompute_every=2), "no-recompute": dict(recompute_every=0),
+         "block-2-host": dict(checkpoint_block=2, offload_checkpoints=True),
+         "block-3-device": dict(checkpoint_block=3, offload_checkpoints=False),
+         "device-and-host": dict(offload_checkpoints=True, gpu_checkpoints=2),
+         "block-2-split-tiled": dict(checkpoint_block=2, offload_checkpoints=True, gpu_checkpoints=1, tile_mlp=20)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_plan_paths_match_plain_checkpointing(make_tiny_model, name, device):
+    """Selective recompute, block checkpoints (an upper layer's input recomputed from its block's stored one, with
+    the forward's dropout masks) and checkpoints split between the device and the host give the plain
+    gradient-checkpointed path's loss and every trained gradient: a 5-layer PEFT model, LoRA dropout 0.3 on the
+    attention and the MLP."""
+    from ropescale.training.planner import Plan
+
+    ids, labels = _batch(1000, seed=4, device=device)
+
+    def run(plan):
+        pm = _lora(make_tiny_model, "qwen2", dropout=0.3, device=device, num_layers=5)
+        mp = None
+        if plan is not None:
+            mp = memory.setup_memory(pm, argparse.Namespace(), tokens=96, cuda=device == "cuda", dtype=torch.float32,
+                                     page_bytes=512, quiet=True, available=2**40, plan=plan)
+        torch.manual_seed(123)
+        return _step(pm, ids, labels), mp
+
+    plan = Plan(**PLANS[name])
+    # a tiled MLP draws its dropout masks chunk by chunk: the reference tiles it too (and stores every checkpoint)
+    ref, _ = run(Plan(tile_mlp=plan.tile_mlp) if plan.tile_mlp else None)
+    got, mp = run(plan)
+    _assert_same(got, ref)
+    rec = mp.record()
+    if name == "block-2-host":  # stored: layers 0, 2, 4 (to the host); 1 and 3 recomputed from 0 and 2
+        st = mp.offloader.stats
+        assert st["offloaded"] == 3 and st["recomputed"] == 2 and st["late"] == 1 and st["prefetched"] == 2
+        assert rec["host_checkpoints"] == 3 and rec["checkpoint_block"] == 2
+    if name == "device-and-host":  # layers 3, 4 on the device; 0-2 on the host, all prefetched
+        st = mp.offloader.stats
+        assert st["offloaded"] == 3 and st["late"] == 0 and st["prefetched"] == 3
+        assert rec["gpu_checkpoints"] == 2 and rec["host_checkpoints"] == 3
+    if name == "every-2nd-layer":
+        assert mp.count("none") == 2 and rec["recompute_every"] == 2 and mp.offloader is None
+
+
+def test_block_checkpoints_keep_only_the_blocks_inputs(make_tiny_model):
+    """With blocks of 2 on 5 layers only the inputs of layers 0, 2 and 4 are alive after the forward."""
+    from ropescale.training.planner import Plan
+
+    ids, labels = _batch(1000)
+    model, _ = make_tiny_model(arch="qwen2", save=False, num_layers=5)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    memory.setup_memory(model, argparse.Namespace(), tokens=96, cuda=False, dtype=torch.float32, quiet=True,
+                        plan=Plan(checkpoint_block=2))
+    refs = []
+    hooks = [layer.register_forward_pre_hook(lambda m, a, kw: refs.append(weakref.ref(
+        a[0] if a else kw["hidden_states"])), with_kwargs=True) for layer in model.model.layers]
+    loss = label_only_loss(model, ids, labels)
+    gc.collect()
+    assert [r() is not None for r in refs] == [True, False, True, False, True]
+    loss.backward()
+    for h in hooks:
+        h.remove()
 
 
 # ---------------------------------------------------------------- settings and host memory
@@ -344,7 +426,7 @@ from transformers.integrations import HfDeepSpeedConfig
 from ropescale.training.loss import install_label_only_forward
 from ropescale.training.model import add_lora, setup_memory
 
-model_dir, with_plan, out = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+model_dir, variant, out = sys.argv[1], sys.argv[2], sys.argv[3]
 from ropescale.common.compat import disable_deepspeed_shm_op
 disable_deepspeed_shm_op()  # no JIT build of the shm op (minutes on 2 cores)
 deepspeed.init_distributed(dist_backend="gloo")
@@ -364,13 +446,21 @@ for i, (n, p) in enumerate(pm.named_parameters()):
         with deepspeed.zero.GatheredParameters([p], modifier_rank=0):
             torch.manual_seed(i)
             p.data.copy_(torch.randn(p.shape) * 0.1)
-if with_plan:
+if variant == "1":  # the recipe plan's activation part: every checkpoint to the host, the MLP tiled
     args = argparse.Namespace(offload_checkpoints="true", tile_mlp=40, gradient_checkpointing=True, micro_batch=1)
     setup_memory(pm, args, max_len=96, cuda=False, dtype=torch.float32, ds_config=ds)
-install_label_only_forward(pm, 8)
+if variant == "2":  # the planner's levers: blocks of 2 (layer 1 recomputed from layer 0's input in backward, a
+    # forward of ZeRO-3 partitioned layers inside backward), layer 2's input kept, layer 0's on the host, the head
+    # in chunks of 8 under ZeRO-3
+    from ropescale.training.memory import setup_memory as setup
+    from ropescale.training.planner import Plan
+    plan = Plan(checkpoint_block=2, offload_checkpoints=True, gpu_checkpoints=1, tile_mlp=40, head_chunk_zero3=True)
+    mp = setup(pm, argparse.Namespace(), tokens=96, cuda=False, dtype=torch.float32, ds_config=ds, plan=plan)
+install_label_only_forward(pm, 8, zero3_chunks=variant == "2")
 opt = torch.optim.SGD([p for p in pm.parameters() if p.requires_grad], lr=0.0)
 engine, *_ = deepspeed.initialize(model=pm, optimizer=opt, config=ds)
 assert all(hasattr(p, "ds_id") for p in pm.parameters())  # all partitioned: the tiles take the ZeRO-3 branch
+engine.train()  # (from_pretrained gives eval mode, where transformers checkpoints nothing)
 g = torch.Generator().manual_seed(0)
 ids = torch.randint(0, 1000, (1, 96), generator=g)
 labels = ids.clone()
@@ -379,24 +469,26 @@ o = engine(input_ids=ids, labels=labels)
 loss = o["loss_sum"] / o["n_tokens"]
 engine.backward(loss)
 grads = {n: safe_get_full_grad(p) for n, p in engine.module.named_parameters() if p.requires_grad}
-torch.save({"loss": loss.detach(), "grads": grads}, out)
+stats = mp.offloader.stats if variant == "2" else {}
+torch.save({"loss": loss.detach(), "grads": grads, "stats": stats}, out)
 """
 
 
 def test_zero3_gradients_with_offload_and_tiled_lora_mlp_match_plain(tmp_path, make_tiny_model):
     """ZeRO-3 with every parameter partitioned and LoRA on the MLP (each tile accumulates into partitioned
     gradients that DeepSpeed reduces once, after the last tile): the full gradients (gathered from the partitions)
-    equal the plain run's."""
+    equal the plain run's, with the recipe plan's checkpoint offload and with the planner's block checkpoints
+    (a partitioned layer run forward inside backward), device + host checkpoints and the head in chunks."""
     import subprocess
     import sys
 
     from ft_helpers import ROOT, run_env
 
-    _, model_dir = make_tiny_model(arch="qwen2", orig_ctx=128)
+    _, model_dir = make_tiny_model(arch="qwen2", orig_ctx=128, num_layers=3)
     script = tmp_path / "z3.py"
     script.write_text(ZERO3_SCRIPT)
     res = []
-    for flag in ("0", "1"):
+    for flag in ("0", "1", "2"):
         out = tmp_path / f"grads{flag}.pt"
         p = subprocess.run([sys.executable, str(script), str(model_dir), flag, str(out)], cwd=ROOT, env=run_env(),
                            capture_output=True, text=True, timeout=300)
@@ -404,13 +496,16 @@ def test_zero3_gradients_with_offload_and_tiled_lora_mlp_match_plain(tmp_path, m
         if flag == "1":
             assert "checkpoints offloaded to host memory" in p.stderr and "MLP tiled over 40-token" in p.stderr
         res.append(torch.load(out))
-    ref, got = res
-    assert torch.allclose(got["loss"], ref["loss"], **TOL)
-    assert got["grads"].keys() == ref["grads"].keys()
+    ref = res[0]
     assert any("mlp" in n and "lora_A" in n for n in ref["grads"])
-    for n, g in ref["grads"].items():
-        assert g is not None and g.abs().sum() > 0, n
-        assert torch.allclose(got["grads"][n], g, **TOL), (n, (got["grads"][n] - g).abs().max())
+    st = res[2]["stats"]
+    assert st["recomputed"] == 1 and st["offloaded"] == 1, st  # layer 1 recomputed from 0; 0 on the host
+    for got in res[1:]:
+        assert torch.allclose(got["loss"], ref["loss"], **TOL)
+        assert got["grads"].keys() == ref["grads"].keys()
+        for n, g in ref["grads"].items():
+            assert g is not None and g.abs().sum() > 0, n
+            assert torch.allclose(got["grads"][n], g, **TOL), (n, (got["grads"][n] - g).abs().max())
 
 
 # ---------------------------------------------------------------- bench/bench_train_path.py (toy, CPU)

@@ -461,6 +461,12 @@ def checkpointed_modules(root) -> list:
     return [m for m in root.modules() if getattr(m, "gradient_checkpointing", False) is True]
 
 
+def set_layer_checkpointing(module, on: bool) -> None:
+    """Checkpoint one layer or not (selective recompute): transformers checks the layer's own
+    ``gradient_checkpointing`` attribute at each call (``GradientCheckpointingLayer``, 4.52+ and 5.x)."""
+    module.gradient_checkpointing = bool(on)
+
+
 def set_checkpoint_function(module, fn) -> None:
     """A checkpointed layer runs ``module._gradient_checkpointing_func(forward, *args)`` in training (all versions
     in range): ``fn`` replaces torch's checkpoint there."""

@@ -43,11 +43,12 @@ def _head_ce(head, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 
 def head_loss_sum(head, hidden: torch.Tensor, labels: torch.Tensor, chunk: int = 4096,
-                  shifted: bool = False) -> tuple[torch.Tensor, int]:
+                  shifted: bool = False, zero3_chunks: bool = False) -> tuple[torch.Tensor, int]:
     """(sum of next-token CE over positions whose shifted label != -100, their count): the head sees only those
     positions. ``hidden``: (B, T, H) final hidden states; ``labels``: (B, T), the tokens (position t is scored on
     ``labels[t+1]``), or with ``shifted`` the targets themselves (position t on ``labels[t]``: a sequence-parallel
-    shard, whose last target sits on the next rank)."""
+    shard, whose last target sits on the next rank). ``zero3_chunks``: chunk under ZeRO-3 too (one process: no
+    other rank whose call count must match)."""
     tgt = labels if shifted else labels[:, 1:]
     mask = tgt != IGNORE_INDEX
     h = (hidden if shifted else hidden[:, :-1])[mask]  # (N, H)
@@ -56,8 +57,9 @@ def head_loss_sum(head, hidden: torch.Tensor, labels: torch.Tensor, chunk: int =
     if n == 0:  # still run the head once (weight 0): every rank calls it the same number of times (ZeRO-3)
         return _head_ce(head, hidden[:, :1].reshape(-1, hidden.size(-1)), tgt[:, :1].reshape(-1).clamp(min=0)) * 0.0, 0
     zero3 = any(is_zero3_param(p) for p in head.parameters())
-    if n <= chunk or not torch.is_grad_enabled() or zero3:
-        # under ZeRO-3 each head call gathers its weight collectively, so the call count must not depend on n
+    if n <= chunk or not torch.is_grad_enabled() or (zero3 and not zero3_chunks):
+        # under ZeRO-3 each head call gathers its weight collectively, so across processes the call count must not
+        # depend on n
         return _head_ce(head, h, t), n
     total = None
     for s in range(0, n, chunk):
@@ -102,14 +104,17 @@ def label_only_forward(self, input_ids=None, labels=None, attention_mask=None, p
         labels = shift_labels
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     loss_sum, n = head_loss_sum(lm.get_output_embeddings(), hidden, labels, chunk=getattr(self, "_head_chunk", 4096),
-                                shifted=shift_labels is not None)
+                                shifted=shift_labels is not None,
+                                zero3_chunks=getattr(self, "_head_chunk_zero3", False))
     return {"loss_sum": loss_sum, "n_tokens": torch.tensor(n, device=loss_sum.device)}
 
 
-def install_label_only_forward(model, chunk: int = 4096):
+def install_label_only_forward(model, chunk: int = 4096, zero3_chunks: bool = False):
     """Make ``model(input_ids=, labels=, attention_mask=)`` return the label-only loss sum (see module doc).
-    The model object stays what it is (a PeftModel stays a PeftModel for saving / loading)."""
+    The model object stays what it is (a PeftModel stays a PeftModel for saving / loading). ``zero3_chunks``: the
+    head in chunks under ZeRO-3 too (one process only; :func:`head_loss_sum`)."""
     model._head_chunk = int(chunk)
+    model._head_chunk_zero3 = bool(zero3_chunks)
     model.forward = types.MethodType(label_only_forward, model)
     return model
 

@@ -33,7 +33,6 @@ On a CPU-only machine the same code runs with synchronous copies into pageable p
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
@@ -47,6 +46,9 @@ from ropescale.common import compat
 from ropescale.common.host import available_host_bytes  # torch-free home; check_host_memory reads it here
 from ropescale.common.io import InputError
 
+from .memory_model import HOST_HEADROOM
+from .tiled_mlp import _replay_context, decoder_mlps, enable_tiled_mlp  # noqa: F401  (the tiled MLP's home)
+
 # auto: offload the checkpoints / tile the MLP on CUDA from this many tokens per micro-batch on. Measured on an
 # H100 with the 7B shape (README "Measured"): 16K trains in 10 GiB and 32K in 37 GiB without either; the
 # checkpoints grow by 256 KiB a token (16 GiB at 64K, 32 GiB at 128K) and the MLP's recompute by 172 KiB a token,
@@ -55,7 +57,6 @@ from ropescale.common.io import InputError
 # offload) for memory the run does not need.
 AUTO_MIN_TOKENS = 65536
 PAGE_BYTES = 32 << 20  # pinned host pages of the checkpoint pool
-HOST_HEADROOM = 0.9  # use at most this share of the available host memory (pinned pages cannot be swapped out)
 DS_OFFLOAD_BYTES_PER_PARAM = 16  # DeepSpeed's offloaded optimizer: fp32 master + Adam m, v + fp32 grad per param
 
 
@@ -167,12 +168,65 @@ class _Slot:
             self.pool._free.extend(pages)
 
 
+class _Kept:
+    """A checkpoint that stays on the device (its unpack starts fetching the topmost one on the host)."""
+
+    __slots__ = ("t",)
+
+    def __init__(self, t):
+        self.t = t
+
+
+class _Block:
+    """The layers of one checkpoint block in this forward: the stored input of its first layer (a :class:`_Slot`
+    or :class:`_Kept`), each layer's call (function, other arguments, autocast state, RNG state at its start) and
+    the upper layers' inputs once recomputed in backward."""
+
+    __slots__ = ("input", "calls", "cache", "__weakref__")
+
+    def __init__(self):
+        self.input = None
+        self.calls: list[tuple] = []
+        self.cache: dict[int, torch.Tensor] = {}
+
+
+class _Derived:
+    """The input of the layer at ``pos`` > 0 of a block: not stored, recomputed from the block's input."""
+
+    __slots__ = ("block", "pos")
+
+    def __init__(self, block: _Block, pos: int):
+        self.block, self.pos = block, pos
+
+
+def layer_roles(layers: int, *, recompute_every: int = 1, block: int = 1, offload: bool = False,
+                gpu_checkpoints: int = 0) -> list[tuple[str, int]]:
+    """(role, position in its block) of each decoder layer: ``none`` (not recomputed: its activations are kept from
+    forward), ``gpu`` (its input stored on the device), ``host`` (stored in host memory), ``derived`` (a block's
+    upper layer: its input recomputed from the block's stored one). Every ``recompute_every``-th layer is
+    recomputed (layers 0, k, 2k, ...); with every layer recomputed, one input is stored per ``block`` layers;
+    offloaded, the top ``gpu_checkpoints`` stored inputs stay on the device (backward needs them first)."""
+    k = max(0, int(recompute_every))
+    block = max(1, int(block)) if k == 1 else 1
+    roles: list[tuple[str, int]] = []
+    for i in range(layers):
+        if not k or i % k:
+            roles.append(("none", 0))
+        else:
+            pos = i % block
+            roles.append(("derived", pos) if pos else ("store", 0))
+    stored = [i for i, (r, _) in enumerate(roles) if r == "store"]
+    keep = set(stored) if not offload else set(stored[len(stored) - min(len(stored), max(0, gpu_checkpoints)):])
+    return [(("gpu" if i in keep else "host"), 0) if r == "store" else (r, p) for i, (r, p) in enumerate(roles)]
+
+
 class CheckpointOffloader:
-    """Moves each decoder layer's checkpoint to host memory and back (see module doc).
+    """Moves each decoder layer's checkpoint to host memory and back (see module doc); with blocks, stores one
+    input per block and recomputes the others in backward.
 
     ``page_bytes``: size of the host pages; ``pin``: page-locked pages (default: when CUDA is available). Counters
-    in :attr:`stats`: checkpoints offloaded, bytes copied each way, prefetches issued and fetches that had to be
-    started at unpack time (not prefetched)."""
+    in :attr:`stats`: checkpoints offloaded, bytes copied each way, prefetches issued, fetches that had to be
+    started at unpack time (not prefetched) and layer forwards run again to recompute a block's inputs."""
 
     def __init__(self, page_bytes: int = PAGE_BYTES, pin: bool | None = None):
         self.page_bytes = int(page_bytes)
@@ -181,7 +235,10 @@ class CheckpointOffloader:
         self.pages_allocated = 0
         self._streams: dict = {}
         self._last: weakref.ref | None = None
-        self.stats = {"offloaded": 0, "bytes_to_host": 0, "bytes_to_device": 0, "prefetched": 0, "late": 0}
+        self._block: _Block | None = None  # the block the forward is in
+        self._blocks = False  # whether any layer is a block's upper layer (enable_checkpoint_offload sets it)
+        self.stats = {"offloaded": 0, "bytes_to_host": 0, "bytes_to_device": 0, "prefetched": 0, "late": 0,
+                      "recomputed": 0}
 
     @property
     def host_bytes(self) -> int:
@@ -189,11 +246,12 @@ class CheckpointOffloader:
         return self.pages_allocated * self.page_bytes
 
     # -- the hook transformers calls
-    def checkpoint_fn(self, base=None):
+    def checkpoint_fn(self, base=None, role: str = "host", pos: int = 0):
         """A drop-in ``_gradient_checkpointing_func``: ``fn(function, *args, **kwargs)`` = torch's non-reentrant
         checkpoint of ``function(*args, **kwargs)`` whose checkpoint (the first positional argument, the hidden
-        states) lives in host memory until its recompute. ``base``: the checkpoint function to wrap (default
-        ``torch.utils.checkpoint.checkpoint`` with ``use_reentrant=False``)."""
+        states) lives in host memory (``role`` host) or on the device (gpu) until its recompute, or is not stored
+        but recomputed from its block's input (derived, at ``pos`` in the block). ``base``: the checkpoint function
+        to wrap (default ``torch.utils.checkpoint.checkpoint`` with ``use_reentrant=False``)."""
         if base is None:
             from torch.utils.checkpoint import checkpoint
 
@@ -203,25 +261,56 @@ class CheckpointOffloader:
             x = args[0] if args and torch.is_tensor(args[0]) else None
             if x is None or not torch.is_grad_enabled() or not x.is_floating_point():
                 return base(function, *args, **kwargs)
-            with self.hooks(x):
+            blk = self._enter_block(function, args, kwargs, x, role, pos)
+            with self.hooks(x, "host" if role == "derived" and blk is None else role, blk, pos):
                 return base(function, *args, **kwargs)
 
         offloaded_checkpoint._ropescale_offloader = self
         return offloaded_checkpoint
 
-    def hooks(self, target: torch.Tensor):
-        """saved_tensors_hooks that offload ``target`` (when it is saved) and keep every other tensor as is."""
+    def _enter_block(self, function, args, kwargs, x, role: str, pos: int) -> _Block | None:
+        """Record this layer's call in its block (a new block at pos 0); None outside blocks (or where the calls
+        came out of order: the layer is then stored as any other)."""
+        if role == "derived":
+            blk = self._block
+            if blk is None or len(blk.calls) != pos:
+                return None
+        elif pos == 0 and role in ("gpu", "host") and self._blocks:
+            blk = self._block = _Block()
+        else:
+            return None
+        from .tiled_mlp import _autocast_state
+
+        rng = (torch.get_rng_state(), torch.cuda.get_rng_state(x.device) if x.is_cuda else None)
+        blk.calls.append((function, args[1:], kwargs, _autocast_state(x.device.type), rng))
+        return blk
+
+    def hooks(self, target: torch.Tensor, role: str = "host", blk: _Block | None = None, pos: int = 0):
+        """saved_tensors_hooks that store ``target`` (when it is saved) as ``role`` says and keep every other tensor
+        as is."""
 
         # the hooks live as long as the saved tensor (autograd keeps them with it): no reference to target
         key = (target.data_ptr(), tuple(target.shape), target.dtype, target.device)
 
         def pack(t):
-            if (t.data_ptr(), tuple(t.shape), t.dtype, t.device) == key:
-                return self._pack(t)
-            return t
+            if (t.data_ptr(), tuple(t.shape), t.dtype, t.device) != key:
+                return t
+            if role == "derived" and blk is not None:
+                return _Derived(blk, pos)
+            obj = self._pack(t) if role == "host" else _Kept(t)
+            if blk is not None:
+                blk.input = obj
+            return obj
 
         def unpack(obj):
-            return self._unpack(obj) if isinstance(obj, _Slot) else obj
+            if isinstance(obj, _Slot):
+                return self._unpack(obj)
+            if isinstance(obj, _Derived):
+                return self._derive(obj)
+            if isinstance(obj, _Kept):
+                self._prefetch(self._last() if self._last is not None else None)
+                return obj.t
+            return obj
 
         return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
@@ -296,22 +385,53 @@ class CheckpointOffloader:
         self._free.extend(pages)
         self.stats["bytes_to_device"] += n
 
-    def _unpack(self, slot: _Slot) -> torch.Tensor:
+    def _prefetch(self, slot: _Slot | None) -> None:
+        if slot is not None and slot.pages is not None and slot.fetched is None:
+            self._fetch(slot)
+            self.stats["prefetched"] += 1
+
+    def _on_device(self, slot: _Slot) -> torch.Tensor:
+        """The slot's tensor back on its device (fetched now where it was not prefetched), usable on the current
+        stream; it stays in the slot."""
         if slot.fetched is None:
             if slot.pages is None:
                 raise RuntimeError("an offloaded checkpoint was unpacked twice")
             self.stats["late"] += 1
             self._fetch(slot)
-        out, slot.fetched = slot.fetched, None
+        out = slot.fetched
         if out.is_cuda:
-            cur = torch.cuda.current_stream(out.device)
-            cur.wait_event(slot.ready)
-            out.record_stream(cur)  # allocated on the side stream, used (and freed) on this one
-        prev = slot.prev() if slot.prev is not None else None
-        if prev is not None and prev.pages is not None and prev.fetched is None:
-            self._fetch(prev)  # the layer below is recomputed next: bring its checkpoint back meanwhile
-            self.stats["prefetched"] += 1
+            torch.cuda.current_stream(out.device).wait_event(slot.ready)
         return out
+
+    def _unpack(self, slot: _Slot) -> torch.Tensor:
+        out = self._on_device(slot)
+        slot.fetched = None
+        if out.is_cuda:
+            out.record_stream(torch.cuda.current_stream(out.device))  # allocated on the side stream, freed here
+        self._prefetch(slot.prev() if slot.prev is not None else None)  # the one backward needs next
+        return out
+
+    def _derive(self, d: _Derived) -> torch.Tensor:
+        """The input of a block's upper layer: from the cache, or recomputed (no grad, the forward's autocast and
+        RNG) from the block's stored input through the layers below it, the ones in between cached."""
+        blk = d.block
+        if d.pos in blk.cache:
+            x = blk.cache.pop(d.pos)
+        else:
+            obj = blk.input
+            x = self._on_device(obj) if isinstance(obj, _Slot) else obj.t
+            with torch.no_grad():
+                for i in range(d.pos):
+                    function, rest, kwargs, autocast, rng = blk.calls[i]
+                    with _replay_context(autocast, rng, x.device):
+                        out = function(x, *rest, **kwargs)
+                    x = out[0] if isinstance(out, (tuple, list)) else out
+                    if i + 1 < d.pos:
+                        blk.cache[i + 1] = x
+            self.stats["recomputed"] += d.pos
+        if d.pos == 1:  # the block's lowest upper layer: nothing more to recompute (its first layer keeps its own)
+            blk.input, blk.calls = None, []
+        return x
 
 
 def checkpointed_layers(model) -> list:
@@ -322,160 +442,36 @@ def checkpointed_layers(model) -> list:
     return compat.checkpointed_modules(causal_lm_of(model))
 
 
-def enable_checkpoint_offload(model, offloader: CheckpointOffloader | None = None) -> CheckpointOffloader:
+def _innermost(modules: list) -> list:
+    """The decoder layers among checkpointed modules: those holding no other one (5.x flags the decoder too)."""
+    ids = {id(m) for m in modules}
+    return [m for m in modules if not any(id(c) in ids for c in m.modules() if c is not m)]
+
+
+def enable_checkpoint_offload(model, offloader: CheckpointOffloader | None = None, roles=None) -> CheckpointOffloader:
     """Route every checkpointed layer of ``model`` (gradient checkpointing already enabled, e.g. by
-    :func:`ropescale.training.model.add_lora`) through ``offloader``. Returns the offloader."""
+    :func:`ropescale.training.model.add_lora`) through ``offloader``: each layer as ``roles`` says
+    (:func:`layer_roles`; default: every checkpoint to the host). A ``none`` layer is no longer checkpointed.
+    Returns the offloader."""
     layers = checkpointed_layers(model)
     if not layers:
         raise InputError("--offload-checkpoints: the model has no gradient-checkpointed layer (enable gradient "
                          "checkpointing first)")
+    if roles is None:
+        roles = [("host", 0)] * len(layers)
+    else:
+        layers = _innermost(layers)
+    if len(roles) != len(layers):
+        raise InputError(f"the memory plan is for {len(roles)} checkpointed layers, the model has {len(layers)} "
+                         "(a transformers release that checkpoints the whole decoder?)")
     off = offloader or CheckpointOffloader()
-    fn = off.checkpoint_fn()
-    for m in layers:
-        compat.set_checkpoint_function(m, fn)
+    off._blocks = any(r == "derived" for r, _ in roles)
+    for m, (role, pos) in zip(layers, roles):
+        if role == "none":
+            compat.set_layer_checkpointing(m, False)
+        else:
+            compat.set_checkpoint_function(m, off.checkpoint_fn(role=role, pos=pos))
     return off
-
-
-# ---------------------------------------------------------------- tiled MLP
-def _autocast_state(device_type: str) -> list[tuple[str, bool, torch.dtype]]:
-    out = []
-    for dt in dict.fromkeys(("cpu", device_type)):
-        try:
-            out.append((dt, torch.is_autocast_enabled(dt), torch.get_autocast_dtype(dt)))
-        except (RuntimeError, TypeError):  # a device type without autocast
-            continue
-    return out
-
-
-@contextlib.contextmanager
-def _replay_context(autocast_state, rng_state, device: torch.device):
-    """Autocast as in the forward, and the RNG where the forward's chunks started (dropout masks match)."""
-    cpu_rng, dev_rng = rng_state
-    devices = [device] if device.type == "cuda" else []
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(torch.random.fork_rng(devices=devices, device_type="cuda"))
-        torch.set_rng_state(cpu_rng)
-        if dev_rng is not None:
-            torch.cuda.set_rng_state(dev_rng, device)
-        for dt, enabled, dtype in autocast_state:
-            stack.enter_context(torch.amp.autocast(dt, enabled=enabled, dtype=dtype))
-        yield
-
-
-class _TiledMLP(torch.autograd.Function):
-    """``fn`` (a position-wise MLP) over chunks of ``chunk`` rows of x (flattened to (rows, hidden)): forward keeps
-    only x; backward recomputes one chunk at a time. The trained parameters of the MLP either come in as inputs
-    (their gradients are summed over the chunks and returned: one accumulation, which DDP and ZeRO-1/2 expect) or,
-    under ZeRO-3 (partitioned parameters cannot be inputs), are listed in ``zero3_params``: then every chunk's
-    backward accumulates into them and DeepSpeed reduces only after the last chunk (``ds_grad_is_ready``)."""
-
-    @staticmethod
-    def forward(ctx, fn, chunk, zero3_params, x, *params):
-        ctx.fn, ctx.chunk, ctx.zero3_params = fn, chunk, zero3_params
-        ctx.params = params
-        ctx.autocast = _autocast_state(x.device.type)
-        ctx.rng = (torch.get_rng_state(), torch.cuda.get_rng_state(x.device) if x.is_cuda else None)
-        ctx.save_for_backward(x)
-        flat = x.reshape(-1, x.shape[-1])
-        out = None
-        for s in range(0, flat.shape[0], chunk):
-            o = fn(flat[s:s + chunk])
-            if out is None:
-                out = o.new_empty((flat.shape[0], o.shape[-1]))
-            out[s:s + o.shape[0]] = o
-        return out.view(*x.shape[:-1], out.shape[-1])
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        (x,) = ctx.saved_tensors
-        fn, chunk, params, zero3 = ctx.fn, ctx.chunk, ctx.params, ctx.zero3_params
-        need_x = ctx.needs_input_grad[3]
-        flat = x.detach().reshape(-1, x.shape[-1])
-        g = grad_out.reshape(-1, grad_out.shape[-1])
-        x_grad = torch.empty_like(flat) if need_x else None
-        p_grads: list[torch.Tensor | None] = [None] * len(params)
-        starts = list(range(0, flat.shape[0], chunk))
-        with torch.enable_grad(), _replay_context(ctx.autocast, ctx.rng, x.device):
-            for i, s in enumerate(starts):
-                xc = flat[s:s + chunk].detach().requires_grad_(need_x)
-                if zero3:
-                    compat.defer_zero3_reduce(zero3, ready=i == len(starts) - 1)
-                oc = fn(xc)
-                gc = g[s:s + oc.shape[0]]
-                if zero3:
-                    torch.autograd.backward(oc, gc)
-                    if need_x:
-                        x_grad[s:s + oc.shape[0]] = xc.grad
-                    continue
-                want = ([xc] if need_x else []) + list(params)
-                grads = torch.autograd.grad(oc, want, gc, allow_unused=True)
-                if need_x:
-                    x_grad[s:s + oc.shape[0]] = grads[0]
-                    grads = grads[1:]
-                for k, gp in enumerate(grads):
-                    if gp is not None:
-                        gp = gp.float()
-                        p_grads[k] = gp if p_grads[k] is None else p_grads[k].add_(gp)
-        p_out = [None if gp is None else gp.to(p.dtype) for gp, p in zip(p_grads, params)]
-        return (None, None, None, None if x_grad is None else x_grad.view_as(x), *p_out)
-
-
-def _tiled_forward(mlp, orig, chunk: int):
-    def forward(x, *args, **kwargs):
-        if args or kwargs or not torch.is_tensor(x) or x.dim() < 2:
-            return orig(x, *args, **kwargs)
-        rows = x.numel() // max(1, x.shape[-1])
-        if rows <= chunk:
-            return orig(x)
-        trained = [p for p in mlp.parameters() if p.requires_grad]
-        if torch.is_grad_enabled() and (x.requires_grad or trained):
-            zero3 = [p for p in trained if compat.is_zero3_param(p)]
-            if zero3:
-                return _TiledMLP.apply(orig, chunk, zero3, x)
-            return _TiledMLP.apply(orig, chunk, None, x, *trained)
-        flat = x.reshape(-1, x.shape[-1])  # no graph to build: just chunk the forward
-        out = None
-        for s in range(0, rows, chunk):
-            o = orig(flat[s:s + chunk])
-            if out is None:
-                out = o.new_empty((rows, o.shape[-1]))
-            out[s:s + o.shape[0]] = o
-        return out.view(*x.shape[:-1], out.shape[-1])
-
-    forward._ropescale_tiled = chunk
-    return forward
-
-
-def decoder_mlps(model) -> list:
-    """The MLP module of every decoder layer (``layer.mlp`` of Llama / Qwen2 / Mistral layers)."""
-    from .loss import causal_lm_of
-
-    out = []
-    for m in causal_lm_of(model).modules():
-        mlp = getattr(m, "mlp", None)
-        if isinstance(mlp, torch.nn.Module) and type(m).__name__.endswith(("DecoderLayer", "Block", "Layer")):
-            out.append(mlp)
-    return out
-
-
-def enable_tiled_mlp(model, chunk: int) -> int:
-    """Compute every decoder layer's MLP over ``chunk``-token chunks (see :class:`_TiledMLP`); chunk 0 restores
-    the plain MLP. Returns the number of MLPs changed."""
-    mlps = decoder_mlps(model)
-    if not mlps and chunk:
-        raise InputError(f"--tile-mlp: no decoder layer with an `mlp` module in {type(model).__name__}")
-    for mlp in mlps:
-        if "_ropescale_own_forward" in mlp.__dict__:  # tiled before: start from the MLP's own forward
-            own = mlp.__dict__.pop("_ropescale_own_forward")
-            if own is None:
-                mlp.__dict__.pop("forward", None)
-            else:
-                mlp.forward = own
-        if chunk:
-            mlp._ropescale_own_forward = mlp.__dict__.get("forward")  # None: the class's forward
-            mlp.forward = _tiled_forward(mlp, mlp.forward, int(chunk))
-    return len(mlps)
 
 
 # ---------------------------------------------------------------- one entry point for finetune
@@ -489,60 +485,125 @@ class MemoryPlan:
     checkpoint_bytes: int = 0  # of one micro-batch, all layers
     host_pool_bytes: int = 0  # what the offload pool reaches (whole pages)
     host_available_bytes: int | None = None
+    recompute_every: int = 1  # every k-th layer recomputed (0: none)
+    checkpoint_block: int = 1  # one stored checkpoint per block of k layers
+    gpu_checkpoints: int = 0  # offloaded: stored checkpoints kept on the device
+    roles: list = field(default_factory=list, repr=False)
     offloader: CheckpointOffloader | None = field(default=None, repr=False)
+
+    def count(self, role: str) -> int:
+        return sum(1 for r, _ in self.roles if r == role)
 
     def record(self) -> dict:
         r = {"offload_checkpoints": self.offload_checkpoints, "tile_mlp": self.tile_mlp}
+        if self.roles:
+            r.update(recompute_every=self.recompute_every, checkpoint_block=self.checkpoint_block,
+                     gpu_checkpoints=self.count("gpu"), host_checkpoints=self.count("host"))
         if self.offloader is not None:
             r["offload_host_mb"] = round(self.offloader.host_bytes / 2**20, 3)
         return r
 
     def describe(self) -> str:
         parts = []
+        if self.roles and self.recompute_every != 1:
+            parts.append("no layer recomputed" if not self.recompute_every else
+                         f"{len(self.roles) - self.count('none')} of {len(self.roles)} layers recomputed (every "
+                         f"{self.recompute_every}th)")
+        if self.checkpoint_block > 1:
+            parts.append(f"one checkpoint per {self.checkpoint_block} layers")
         if self.offload_checkpoints:
-            parts.append(f"checkpoints offloaded to {'pinned ' if self.offloader and self.offloader.pin else ''}"
-                         f"host memory ({gib(self.host_pool_bytes)} for {self.tokens:,} tokens"
+            kept = self.count("gpu")
+            parts.append((f"{kept} checkpoints on the device, {self.count('host')}" if kept else "checkpoints")
+                         + " offloaded to "
+                         f"{'pinned ' if self.offloader and self.offloader.pin else ''}host memory "
+                         f"({gib(self.host_pool_bytes)} for {self.tokens:,} tokens"
                          + (f", {gib(self.host_available_bytes)} available" if self.host_available_bytes else "")
                          + ")")
-        else:
+        elif self.recompute_every:
             parts.append("checkpoints on the device")
         parts.append(f"MLP tiled over {self.tile_mlp}-token chunks" if self.tile_mlp else "MLP not tiled")
         return ", ".join(parts)
 
 
+def _int_or(value, default: int, flag: str) -> int:
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return default
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{flag} must be a whole number or auto, not {value!r}") from None
+    if n < 0:
+        raise InputError(f"{flag} must be >= 0, got {n}")
+    return n
+
+
+def plan_from_args(args, *, cuda: bool, tokens: int, hidden: int):
+    """A planner ``Plan`` from finetune's flags with the old auto rules (the ``recipe`` plan's activation part):
+    checkpoint offload and MLP tiling from :data:`AUTO_MIN_TOKENS` tokens on CUDA, every layer recomputed, one
+    checkpoint per layer, none kept on the device; the flags given override each."""
+    from .planner import Plan
+
+    gc = bool(getattr(args, "gradient_checkpointing", True))
+    offload = resolve_offload(getattr(args, "offload_checkpoints", "auto"), cuda=cuda, gradient_checkpointing=gc,
+                              tokens=tokens)
+    return Plan(name="recipe", recompute_every=_int_or(getattr(args, "recompute_every", None), 1 if gc else 0,
+                                                       "--recompute-every") if gc else 0,
+                checkpoint_block=max(1, _int_or(getattr(args, "checkpoint_block", None), 1, "--checkpoint-block")),
+                offload_checkpoints=offload,
+                gpu_checkpoints=_int_or(getattr(args, "gpu_checkpoints", None), 0, "--gpu-checkpoints"),
+                tile_mlp=resolve_tile(getattr(args, "tile_mlp", None), cuda=cuda, tokens=tokens, hidden=hidden))
+
+
 def setup_memory(model, args, *, tokens: int, cuda: bool, dtype: torch.dtype, ds_config: dict | None = None,
-                 available: int | None = None, page_bytes: int | None = None, quiet: bool = False) -> MemoryPlan:
-    """Apply ``args.offload_checkpoints`` / ``args.tile_mlp`` (and ``args.gradient_checkpointing``) to the
-    trained ``model`` (PEFT-wrapped or not; gradient checkpointing already enabled by ``add_lora``). ``tokens``:
-    the longest micro-batch (micro batch x longest sample); ``dtype``: the residual stream's (the compute dtype).
-    Raises InputError before any training when host memory cannot hold the offloaded checkpoints. The plan is
-    also kept as ``model._ropescale_memory`` (the trainer logs it)."""
+                 available: int | None = None, page_bytes: int | None = None, quiet: bool = False,
+                 plan=None) -> MemoryPlan:
+    """Apply a memory plan's activation part to the trained ``model`` (PEFT-wrapped or not; gradient checkpointing
+    already enabled by ``add_lora``): which layers are recomputed (``plan.recompute_every``), one stored checkpoint
+    per layer or per block, stored checkpoints on the device or in host memory (the top ``gpu_checkpoints`` kept on
+    the device), the tiled MLP. ``plan``: a ``ropescale.training.planner.Plan``; None = from ``args``
+    (:func:`plan_from_args`). ``tokens``: the longest micro-batch (micro batch x longest sample); ``dtype``: the
+    residual stream's (the compute dtype). Raises InputError before any training when host memory cannot hold the
+    offloaded checkpoints. The plan is also kept as ``model._ropescale_memory`` (the trainer logs it)."""
     from .loss import causal_lm_of
 
     lm = causal_lm_of(model)
     cfg = compat.text_config(lm.config)
     hidden, layers = int(cfg.hidden_size), int(cfg.num_hidden_layers)
-    gc = bool(getattr(args, "gradient_checkpointing", True))
-    offload = resolve_offload(getattr(args, "offload_checkpoints", "auto"), cuda=cuda, gradient_checkpointing=gc,
-                              tokens=tokens)
-    tile = resolve_tile(getattr(args, "tile_mlp", None), cuda=cuda, tokens=tokens, hidden=hidden)
+    if plan is None:
+        plan = plan_from_args(args, cuda=cuda, tokens=tokens, hidden=hidden)
+    if plan.offload_checkpoints and not plan.recompute_every:
+        raise InputError("--offload-checkpoints true needs recomputed layers (--recompute-every >= 1): without "
+                         "recompute there are no checkpoints to offload")
     esize = torch.empty((), dtype=dtype).element_size()
     per_layer = int(tokens) * hidden * esize
-    plan = MemoryPlan(offload_checkpoints=offload, tile_mlp=tile, tokens=int(tokens),
-                      checkpoint_bytes=checkpoint_bytes(layers, tokens, hidden, esize))
-    if offload:
+    roles = layer_roles(layers, recompute_every=plan.recompute_every, block=plan.checkpoint_block,
+                        offload=plan.offload_checkpoints, gpu_checkpoints=plan.gpu_checkpoints)
+    mp = MemoryPlan(offload_checkpoints=plan.offload_checkpoints, tile_mlp=int(plan.tile_mlp), tokens=int(tokens),
+                    checkpoint_bytes=checkpoint_bytes(layers, tokens, hidden, esize),
+                    recompute_every=plan.recompute_every, checkpoint_block=plan.checkpoint_block if
+                    plan.recompute_every == 1 else 1, gpu_checkpoints=plan.gpu_checkpoints, roles=roles)
+    hosted = mp.count("host")
+    page = PAGE_BYTES
+    if hosted:
         page = int(page_bytes or min(PAGE_BYTES, 1 << max(12, (per_layer - 1).bit_length())))
-        plan.host_pool_bytes = pool_bytes(layers, tokens, hidden, esize, page)
+        mp.host_pool_bytes = pool_bytes(hosted, tokens, hidden, esize, page)
         trainable = sum(compat.param_numel(p) for p in model.parameters() if p.requires_grad)
         extra = ds_offload_extra(ds_config, trainable)
-        plan.host_available_bytes = check_host_memory(
-            plan.host_pool_bytes, what=f"offloading the checkpoints of {layers} layers x {tokens:,} tokens x "
+        mp.host_available_bytes = check_host_memory(
+            mp.host_pool_bytes, what=f"offloading the checkpoints of {hosted} layers x {tokens:,} tokens x "
             f"{hidden} x {esize} bytes", extra=extra, extra_what="DeepSpeed's offloaded optimizer states",
             available=available, processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-        plan.offloader = enable_checkpoint_offload(model, CheckpointOffloader(page_bytes=page, pin=cuda))
-    if tile:
-        enable_tiled_mlp(model, tile)
-    model._ropescale_memory = plan
+    if hosted or mp.checkpoint_block > 1:
+        off = enable_checkpoint_offload(model, CheckpointOffloader(page_bytes=page if hosted else PAGE_BYTES,
+                                                                   pin=cuda), roles)
+        mp.offloader = off if hosted else None
+    elif mp.count("none"):  # selective recompute alone: the other layers are checkpointed as transformers does
+        for m, (role, _) in zip(_innermost(checkpointed_layers(model)), roles):
+            if role == "none":
+                compat.set_layer_checkpointing(m, False)
+    if plan.tile_mlp:
+        enable_tiled_mlp(model, int(plan.tile_mlp))
+    model._ropescale_memory = mp
     if not quiet:
-        log(f"[finetune] memory: {plan.describe()}")
-    return plan
+        log(f"[finetune] memory: {mp.describe()}")
+    return mp

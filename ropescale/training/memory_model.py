@@ -40,6 +40,7 @@ from ropescale.common.cli import Tool, add_command
 
 GIB = 2**30
 FITS_SHARE = 0.9  # a length "fits" when the estimate is at most this share of the GPU's memory
+HOST_HEADROOM = 0.9  # use at most this share of the available host memory (pinned pages cannot be swapped out)
 
 
 @dataclass(frozen=True)
@@ -117,11 +118,26 @@ class Setup:
     tile_mlp: int = 0  # tokens per MLP chunk, 0 = off
     head_chunk: int = 4096
     label_share: float = 0.1  # labelled tokens / tokens (the summaries)
+    recompute_every: int = 1  # checkpoint (and recompute) every k-th decoder layer; 0 = none (all kept)
+    checkpoint_block: int = 1  # with every layer recomputed: one stored checkpoint per block of k layers
+    gpu_checkpoints: int = 0  # with offload_checkpoints: the stored checkpoints that stay on the GPU
+    head_chunk_zero3: bool = False  # under ZeRO-3 the head runs in --head-chunk chunks too (one process)
 
     @property
     def tokens(self) -> int:
         """t: the tokens one GPU holds."""
         return self.micro_batch * -(-self.length // self.sp)
+
+    def recomputed_layers(self, layers: int) -> int:
+        """Decoder layers whose activations are recomputed in backward (every k-th; all for k = 1)."""
+        if not self.gradient_checkpointing or self.recompute_every <= 0:
+            return 0
+        return -(-layers // self.recompute_every)
+
+    def stored_checkpoints(self, layers: int) -> int:
+        """Checkpoints kept from forward to backward: one per recomputed layer, or one per block."""
+        n = self.recomputed_layers(layers)
+        return -(-n // self.checkpoint_block) if self.recompute_every == 1 else n
 
 
 @dataclass
@@ -172,6 +188,18 @@ def layer_bytes_per_token(shape: Shape, s: Setup) -> dict:
     return {"attention": attn, "lora_dropout": dropout, "mlp": mlp, "backward": grads, "all_to_all": a2a}
 
 
+def checkpoint_split(shape: Shape, s: Setup) -> tuple[int, int, int]:
+    """(checkpoints on the GPU at the step's peak, of which in flight, checkpoints on the host), in checkpoints of
+    t x h x b bytes. Offloaded: the top ``gpu_checkpoints`` stored ones stay on the GPU, the rest go to the host and
+    two are on the GPU at a time (the one in use and the next one, prefetched); with blocks of k layers the inputs
+    of a block's upper k - 1 layers are recomputed from its stored input and alive until their layer's backward."""
+    stored = s.stored_checkpoints(shape.layers)
+    kept = min(stored, max(0, s.gpu_checkpoints)) if s.offload_checkpoints else stored
+    host = stored - kept
+    flight = (2 if host else 0) + (s.checkpoint_block - 1 if s.recompute_every == 1 and stored else 0)
+    return kept + flight, flight, host
+
+
 def estimate(shape: Shape, s: Setup) -> Estimate:
     """The memory of one training step on one GPU (see module doc)."""
     b, t, h, w = s.dtype_bytes, s.tokens, shape.hidden, s.world
@@ -192,34 +220,34 @@ def estimate(shape: Shape, s: Setup) -> Estimate:
     else:
         state = 0 if s.offload_optimizer else math.ceil((16 + b) * trained / w)
         emb_grad = emb * b
-    # checkpoints and one layer's recompute
+    # checkpoints, the activations of the layers not recomputed (kept from forward), one layer's backward
     per = layer_bytes_per_token(shape, s)
     per_token = sum(per.values())
     const = 6 * b * shape.intermediate * min(s.tile_mlp, t) if s.tile_mlp else 0
-    if s.gradient_checkpointing:
-        ckpt = (2 if s.offload_checkpoints else shape.layers) * t * h * b
-        act = t * per_token + const
-    else:
-        ckpt = 0
-        act = t * (shape.layers * (per_token - per["backward"]) + per["backward"]) + const
+    recomputed = s.recomputed_layers(shape.layers)
+    on_gpu, _, on_host = checkpoint_split(shape, s)
+    ckpt = on_gpu * t * h * b
+    kept_act = t * (shape.layers - recomputed) * (per_token - per["backward"])
+    act = kept_act + t * (per_token if recomputed else per["backward"]) + const
     # the label-only head
     labelled = math.ceil(s.label_share * t)
-    at_once = labelled if s.zero == 3 else min(labelled, s.head_chunk)
+    at_once = labelled if (s.zero == 3 and not s.head_chunk_zero3) else min(labelled, s.head_chunk)
     logits = at_once * shape.vocab * (b + 12)
     final_norm = t * h * (4 + b)
     tied_grad = shape.vocab * h * b if (shape.tied and s.train_embeddings) else 0
-    moments = {"head": ckpt + logits + final_norm + tied_grad, "layer": ckpt + act, "end": emb_grad}
+    moments = {"head": ckpt + kept_act + logits + final_norm + tied_grad, "layer": ckpt + act, "end": emb_grad}
     at = max(moments, key=moments.get)
     host = 0
     if s.zero == 3 and s.offload_param:
         host += math.ceil(total * b / w)
     if s.zero and s.offload_optimizer:
         host += math.ceil(16 * trained / w)
-    if s.offload_checkpoints:
-        host += shape.layers * t * h * b
+    host += on_host * t * h * b
     return Estimate(weights=weights, state=state, checkpoints=ckpt, activations=act, logits=logits + final_norm,
                     embedding_grad=emb_grad, peak=weights + state + moments[at], at=at, tokens=t, host=host,
-                    parts={"per_token": per, "labelled_at_once": at_once, "moments": moments})
+                    parts={"per_token": per, "labelled_at_once": at_once, "moments": moments,
+                           "recomputed_layers": recomputed, "host_checkpoints": on_host,
+                           "checkpoint_bytes": t * h * b})
 
 
 def auto_memory(s: Setup, shape: Shape) -> Setup:
