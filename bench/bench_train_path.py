@@ -4,7 +4,8 @@ For each ``--lengths`` L this runs finetune.py itself as a subprocess (the DeepS
 
 - a random model of ``--shape`` written to disk once (``7b`` = Qwen1.5-7B: hidden 4096, 32 layers, 32 heads,
   intermediate 11,008, vocab 151,936, q/k/v bias, bf16 safetensors, ~15 GB; ``toy`` = hidden 64, 2 layers, for
-  a CPU smoke run) with the shared Qwen2 tokenizer beside it,
+  a CPU smoke run; ``7b-2l`` / ``7b-4l``, ``toy-2l`` / ``toy-4l``: the same cut to 2 / 4 decoder layers) with the
+  shared Qwen2 tokenizer beside it,
 - packed data of exactly L tokens per sample (data_concat's format: ``--pairs`` prompt + summary pairs per sample,
   the summaries ``--label-share`` of it, random token ids),
 - the recipe (default ``recipes/qwen1.5-7b_ntk-x8_16k.yaml``: NTK x8 = 262,144-token context, LoRA r=8 +
@@ -13,10 +14,12 @@ For each ``--lengths`` L this runs finetune.py itself as a subprocess (the DeepS
 
 and reads RUN/train_log.jsonl: the steady tokens/s (the trainer's rate over the steps after its 2 warm-up steps),
 peak GPU memory (``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``), the process's peak host RSS,
-and what the memory plan was (checkpoint offload, MLP tiling). It also samples the machine's available memory
-while the run lasts (peak host memory used by everything: pinned pages, DeepSpeed's offloaded parameters and
-optimizer). ``--baseline`` also runs ``bench/gpu_train_step.py`` (the same training without DeepSpeed: plain
-PyTorch, fp32 master copies of the trained tensors on the GPU) at the same lengths, in the same invocation.
+and what the memory plan was (checkpoint offload, MLP tiling, recompute, blocks); and RUN/run.json: the plan the
+run chose with the memory model's numbers behind it, and the attention kernel. It also samples the machine's
+available memory while the run lasts (peak host memory used by everything: pinned pages, DeepSpeed's offloaded
+parameters and optimizer). ``--baseline`` also runs ``bench/gpu_train_step.py`` (the same training without
+DeepSpeed: plain PyTorch, fp32 master copies of the trained tensors on the GPU) at the same lengths, in the same
+invocation.
 
 Model, data and results live in ``--workdir`` (default: a temporary directory removed at the end), so a GPU
 session with a per-command time limit can run one length per command and print everything at the end:
@@ -51,6 +54,8 @@ SHAPES = {
     "toy": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
                 intermediate_size=172, vocab_size=151936),
 }
+# the same shapes cut to 2 and 4 decoder layers (the memory model's per-layer check)
+SHAPES.update({f"{k}-{n}l": dict(v, num_hidden_layers=n) for k, v in list(SHAPES.items()) for n in (2, 4)})
 ORIG_CTX = 32768  # Qwen1.5-7B's max_position_embeddings: NTK x8 extends it to 262,144
 DEFAULT_RECIPE = ROOT / "recipes" / "qwen1.5-7b_ntk-x8_16k.yaml"
 REGULAR_VOCAB = 151643  # Qwen2 ids below the special tokens
@@ -249,13 +254,26 @@ def run_finetune(a, model_dir: Path, work: Path, length: int) -> dict:
         res["host_peak_rss_gib"] = round(max(r.get("host_peak_rss_mb", 0) for r in recs) / 1024, 2)
         res["final_loss"] = last.get("loss")
         if "offload_checkpoints" in last:
-            res["memory_plan"] = {k: last[k] for k in ("offload_checkpoints", "tile_mlp", "offload_host_mb")
-                                  if k in last}
+            res["memory_plan"] = {k: last[k] for k in ("offload_checkpoints", "tile_mlp", "offload_host_mb",
+                                                       "recompute_every", "checkpoint_block", "gpu_checkpoints",
+                                                       "host_checkpoints") if k in last}
+    info = run_info(run_dir)
+    for key in ("memory", "attention"):  # the plan chosen with the memory model's numbers; the attention kernel
+        if info.get(key):
+            res[key] = info[key]
     if rc != 0:
         low = err.lower()
         res["oom"] = "out of memory" in low or "outofmemoryerror" in low
         res["error"] = tail_error(err)
     return res
+
+
+def run_info(run_dir: Path) -> dict:
+    """The run record's ``info`` (run.json; {} where the run wrote none)."""
+    try:
+        return json.loads((run_dir / "run.json").read_text()).get("info") or {}
+    except (OSError, ValueError):
+        return {}
 
 
 def run_baseline(a, length: int) -> dict:
@@ -301,7 +319,9 @@ def fmt_row(r: dict) -> str:
             what += f"  host RSS peak {r['host_peak_rss_gib']} GiB"
     what += f"  host used {r.get('host_used_peak_gib', '-')} GiB"
     plan = r.get("memory_plan")
-    if plan:
+    if (r.get("memory") or {}).get("describe"):
+        what += f"  [{r['memory']['describe']}]"
+    elif plan:
         what += f"  [offload {'on' if plan.get('offload_checkpoints') else 'off'}, tile {plan.get('tile_mlp', 0)}]"
     elif r["path"] == "finetune" and r.get("steps_done"):
         what += "  [no memory plan in the log]"

@@ -54,6 +54,7 @@ def _alive(pid: int) -> bool:
 
 
 PLAN = ["env", "prepare", "recipe-16k", "recipe-32k", "recipe-64k", "recipe-128k", "recipe-256k", "recipe-512k",
+        "plan-16k", "plan-32k", "plan-64k", "plan-128k", "plan-256k", "plan-512k", "fit-2l", "fit-4l",
         "nozero-16k", "nozero-32k", "gen-L", "gen-XL", "gen-2XL", "gen-3XL", "gen-gqa-L", "gen-gqa-XL", "gen-gqa-2XL",
         "gen-gqa-3XL", "fa2-16k"]
 
@@ -159,13 +160,27 @@ def test_the_plan_is_the_issue_s_on_the_gpu_and_in_the_dry_run():
     real, dry = m.plan(Path("/w"), dry=False), m.plan(Path("/w"), dry=True)
     assert [s.name for s in real] == [s.name for s in dry] == PLAN
     by = {s.name: s for s in real}
-    # the recipe path: bench_train_path on the written 7B model, one length a step, NTK x16 past x8's 262,144
+    # the recipe path: bench_train_path on the written 7B model, one length a step, NTK x16 past x8's 262,144; the
+    # old plan (recipe-N) and the planner's (plan-N)
     for n in (16, 32, 64, 128, 256, 512):
-        s = by[f"recipe-{n}k"]
-        a = list(s.args)
-        assert a[0].endswith("bench_train_path.py") and a[a.index("--lengths") + 1] == str(n * K)
-        assert a[a.index("--shape") + 1] == "7b" and s.timeout_flag == "--timeout" and s.group == "recipe"
-        assert ("--ft-arg=--scale=16" in a) == (n == 512) and "--launcher" not in a  # the deepspeed launcher
+        for which, flags in (("recipe", ["--ft-arg=--memory-plan=recipe", "--ft-arg=--sdpa-backend=default"]),
+                             ("plan", ["--ft-arg=--memory-plan=fit"])):
+            s = by[f"{which}-{n}k"]
+            a = list(s.args)
+            assert a[0].endswith("bench_train_path.py") and a[a.index("--lengths") + 1] == str(n * K)
+            assert a[a.index("--shape") + 1] == "7b" and s.timeout_flag == "--timeout" and s.group == which
+            assert ("--ft-arg=--scale=16" in a) == (n == 512) and "--launcher" not in a  # the deepspeed launcher
+            assert all(f in a for f in flags) and "--ft-arg=--memory-plan=fit" not in a[:1]
+    # the cut models: 2 and 4 layers at 512K, one step, one plan fixed by hand for both
+    for layers in (2, 4):
+        a = list(by[f"fit-{layers}l"].args)
+        assert a[a.index("--shape") + 1] == f"7b-{layers}l" and a[a.index("--lengths") + 1] == str(512 * K)
+        assert a[a.index("--steps") + 1] == "1" and "--ft-arg=--recompute-every=1" in a
+        assert "--ft-arg=--offload-checkpoints=false" in a and "--ft-arg=--offload-params=false" in a
+    # --only's sets: the first command's steps, then the second's, each in its own order
+    assert [s.name for s in m.select(real, ["first"])] == ["env", "prepare", "recipe-16k", "plan-16k", "plan-128k"]
+    assert [s.name for s in m.select(real, ["second"])] == ["plan-32k", "plan-64k", "plan-256k", "fit-2l", "fit-4l",
+                                                           "plan-512k"]
     # the no-ZeRO path against plain HF Trainer + PEFT, SDPA (FlashAttention-2 is its own step)
     for n in (16, 32):
         a = list(by[f"nozero-{n}k"].args)
@@ -350,29 +365,41 @@ def test_dry_run_killed_mid_step_runs_that_step_again_and_no_done_one(dry):
 
 def test_dry_run_steps_run_the_real_benches_and_their_results_are_read(dry):
     steps = dry.report()["steps"]
-    assert all(steps[n]["status"] == "done" for n in ("env", "prepare", "recipe-16k", "nozero-16k", "gen-L",
-                                                      "gen-gqa-L"))
+    assert all(steps[n]["status"] == "done" for n in ("env", "prepare", "recipe-16k", "plan-16k", "fit-2l",
+                                                      "nozero-16k", "gen-L", "gen-gqa-L"))
     r = steps["recipe-16k"]["result"]
     assert r["steps_done"] == 2 and r["tokens_per_s_last_step"] > 0 and r["model_estimate_gib"] > 0
+    assert r["memory"]["plan"]["name"] == "recipe" and r["attention"]["sdpa_backend"] == "default"
+    p = steps["plan-16k"]["result"]  # the planner's plan, its own estimate beside the measurement
+    assert p["memory"]["plan"]["name"] == "fit" and p["model_estimate_gib"] == round(
+        p["memory"]["estimate_gib"]["peak"], 2)
+    f = steps["fit-2l"]["result"]  # the 2-layer cut with the plan fixed by hand
+    assert f["shape"] == "toy-2l" and f["memory"]["plan"]["recompute_every"] == 1 and f["steps_done"] == 1
+    assert f["memory"]["plan"]["offload_params"] is False and f["memory"]["plan"]["head_chunk_zero3"] is True
     n = steps["nozero-16k"]["result"]
     assert n["ours"]["tokens_per_s"] > 0 and n["baseline"]["tokens_per_s"] > 0 and n["model_estimate_gib"] > 0
     for name in ("gen-L", "gen-gqa-L"):
         g = steps[name]["result"]
         assert g["ours"]["samples_per_hour"] > 0 and g["baseline"]["samples_per_hour"] > 0, name
-    assert steps["env"]["result"]["smoke"]["ok"] and steps["env"]["result"]["smoke"]["dtype"] == "bfloat16"
+    sm = steps["env"]["result"]["smoke"]
+    assert sm["ok"] and sm["dtype"] == "bfloat16" and set(sm["variants"]) == {"recipe", "blocks", "selective"}
+    assert sm["variants"]["blocks"]["memory_plan"]["checkpoint_block"] == 2
 
 
 def test_dry_run_skips_the_longer_lengths_after_an_out_of_memory_error(dry):
     steps = dry.report()["steps"]
     # the dry run's default stand-in above 16K: that step failed as OOM, the longer ones of its group skipped
     for group, oom, skipped in (("recipe", "recipe-32k", ["recipe-64k", "recipe-128k", "recipe-256k", "recipe-512k"]),
-                                ("nozero", "nozero-32k", []), ("gen", "gen-XL", ["gen-2XL", "gen-3XL"]),
+                                ("plan", "plan-32k", ["plan-64k", "plan-128k", "plan-256k", "plan-512k"]),
+                                ("fit", "fit-4l", []), ("nozero", "nozero-32k", []),
+                                ("gen", "gen-XL", ["gen-2XL", "gen-3XL"]),
                                 ("gen-gqa", "gen-gqa-XL", ["gen-gqa-2XL", "gen-gqa-3XL"])):
         assert steps[oom]["status"] == "failed" and steps[oom]["result"]["oom"] == "gpu", (group, steps[oom])
         assert "out of memory" in steps[oom]["error"].lower() and "fake OOM" in steps[oom]["note"]
         assert "default --fake-oom-above 16384" in steps[oom]["note"]
+        assert steps[oom]["simulated"]  # the table says "simulated", not "failed"
         for s in skipped:
-            assert steps[s]["status"] == "skipped" and steps[s]["why"] == f"{oom} ran out of GPU memory"
+            assert steps[s]["status"] == "skipped" and "simulated out-of-memory" in steps[s]["why"]
     assert steps["fa2-16k"]["status"] == "skipped" and "CUDA" in steps["fa2-16k"]["why"]
 
 
@@ -389,4 +416,53 @@ def test_dry_run_table_has_a_row_per_step_and_the_cnnsum_estimate(dry):
     assert isinstance(est[("7B GQA", "plain generate")]["hours"]["L"], float)
     md = (dry.work / "suite.md").read_text()
     assert md.startswith("GPU suite (DRY RUN") and "| step | what | status |" in md
+    # the stand-ins read as simulated: the header counts them apart, no row calls them failed or out of memory
+    head = md.splitlines()[0]
+    assert "0 failed" in head and "6 simulated" in head and rep["counts"]["simulated"] == 6  # one per group but fa2
+    assert "| failed |" not in md and "OUT OF MEMORY" not in md
     assert sum(1 for line in md.splitlines() if line.startswith("| recipe-")) == 6
+
+
+def test_expected_seconds_come_from_the_time_model_and_the_start_up():
+    from ropescale.training import planner
+    from ropescale.training.memory_model import QWEN15_7B, Setup
+
+    m = _module()
+    by = {s.name: s for s in m.plan(Path("/w"), dry=False)}
+    # measured on the H200 (docs/gpu/suite-h200-2026-11-27.json): recipe-16k 90.5 s, recipe-128k 324.6 s
+    assert m.expected_seconds(by["recipe-16k"]) == pytest.approx(90.5, rel=0.1)
+    assert m.expected_seconds(by["recipe-128k"]) == pytest.approx(324.6, rel=0.02)
+    # plan-16k: the start-up (60 s, nothing pinned: weights and optimizer on the GPU) + 4 of the planner's steps
+    c = planner.choose(QWEN15_7B, Setup(length=16 * K), planner.H200)
+    assert m.expected_seconds(by["plan-16k"]) == pytest.approx(60 + 4 * c.seconds["step"], abs=0.1)
+    assert m.expected_seconds(by["gen-L"]) is None and m.expected_seconds(by["env"]) == 30
+
+
+def test_mfu_and_the_run_s_own_estimate_beside_a_measurement(tmp_path):
+    m = _module()
+    from gpusuite.runner import Context, add_estimate
+
+    step = {s.name: s for s in m.plan(tmp_path, dry=False)}["recipe-16k"]
+    ctx = Context(tmp_path, False, "NVIDIA H200, 143771 MiB", 540)
+    res = add_estimate(step, {"tokens_per_s_steady": 5864.7, "memory": {"estimate_gib": {"peak": 9.9265,
+                                                                                          "at": "layer"}}}, ctx)
+    # 6.4042e14 model FLOPs (tests/test_memory_planner.py) in 16,384 / 5,864.7 s over 989.4 TFLOP/s
+    assert res["mfu"] == pytest.approx(0.2317, abs=1e-4) and res["model_estimate_gib"] == 9.93
+    cpu = add_estimate(step, {"tokens_per_s_steady": 100.0}, Context(tmp_path, False, "cpu", 540))
+    assert "mfu" not in cpu and cpu["model_estimate_gib"] > 0  # no peak to divide by; the estimate rebuilt
+
+
+def test_the_cut_models_give_the_per_layer_slope_and_constant(tmp_path):
+    m = _module()
+    from gpusuite.table import fit_check
+
+    suite = m.Suite(tmp_path, dry=False)
+    for n, peak, model in ((2, 104.0, 105.0), (4, 112.5, 113.76)):
+        suite.steps[f"fit-{n}l"] = {"status": "done", "result": {"peak_gpu_gib": peak, "model_estimate_gib": model}}
+    f = fit_check(suite)
+    # slope (112.5 - 104) / 2 = 4.25 measured, (113.76 - 105) / 2 = 4.38 modelled: +3.1%; constant 104 - 2 x 4.25 =
+    # 95.5 measured, 105 - 2 x 4.38 = 96.24 modelled: +0.8%
+    assert f == {"slope_gib": 4.25, "slope_model_gib": 4.38, "slope_error": 0.0306, "constant_gib": 95.5,
+                 "constant_model_gib": 96.24, "constant_error": 0.0077}
+    suite.steps["fit-4l"]["status"] = "failed"
+    assert fit_check(suite) is None

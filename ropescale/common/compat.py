@@ -268,6 +268,46 @@ def sdpa_attention():
     return sdpa_attention_forward
 
 
+# SDPA's kernels by this project's names (torch.nn.attention.SDPBackend members, torch 2.3+; cuDNN's since 2.3)
+SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                 "math": "MATH"}
+_PREFERRED: list = []  # the sdpa_kernel contexts prefer_sdpa_backend entered (left only by reset_sdpa_backend)
+
+
+def sdpa_backend_context(name: str | None):
+    """Only SDPA kernel ``name`` inside the block (``torch.nn.attention.sdpa_kernel``); None: nothing changed."""
+    import contextlib
+
+    if not name:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[name]))
+
+
+def prefer_sdpa_backend(name: str) -> str:
+    """SDPA tries kernel ``name`` first for the rest of the process, the others behind it for inputs it does not
+    take: ``sdpa_kernel(order, set_priority=True)`` (torch 2.6+) entered and not left ("priority"); where
+    set_priority does not exist, that kernel alone ("exclusive")."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    names = dict.fromkeys([name, "cudnn", "flash", "efficient", "math"])
+    order = [getattr(SDPBackend, SDPA_BACKENDS[n]) for n in names]
+    try:
+        cm, how = sdpa_kernel(order, set_priority=True), "priority"
+    except TypeError:
+        cm, how = sdpa_kernel(order[0]), "exclusive"
+    cm.__enter__()
+    _PREFERRED.append(cm)
+    return how
+
+
+def reset_sdpa_backend() -> None:
+    """Undo :func:`prefer_sdpa_backend` (SDPA's own kernel order again)."""
+    while _PREFERRED:
+        _PREFERRED.pop().__exit__(None, None, None)
+
+
 def prepared_mask_blocker() -> str | None:
     """None when decoder models take a prepared 4D additive mask as is (transformers 5.x); else why not (a guard:
     pyproject.toml requires 5.13+, but an environment of your own may hold anything)."""

@@ -103,21 +103,60 @@ class TrainSettings:
                                group=HOW)
     dtype: str = setting("auto", "weights' dtype; auto: bf16 on CUDA, fp32 on CPU", parse=dtype_name, choices=DTYPES,
                          group=HOW)
-    attn: str = setting("auto", "attention: auto (flash_attention_2 when importable on CUDA, else sdpa), sdpa, "
-                                "eager or flash_attention_2", group=HOW)
+    attn: str = setting("auto", "attention: auto (on CUDA the faster of flash_attention_2, where importable, and "
+                                "sdpa in a short check at the start; sdpa on CPU), sdpa, eager or flash_attention_2",
+                        group=HOW)
     gradient_checkpointing: bool = setting(True, "recompute activations in backward", group=HOW)
-    offload_checkpoints: str = setting("auto", "copy each decoder layer's gradient checkpoint (its input) to pinned "
-                                               "CPU memory on a side stream after its forward and prefetch it back "
-                                               "before its recompute: true, false or auto (on CUDA with gradient "
-                                               "checkpointing when micro_batch x sample length >= 65536 tokens); "
-                                               "refused when host memory cannot hold the checkpoints",
+    memory_plan: str = setting("auto", "where a step's tensors live and what is recomputed: fit (the fastest plan "
+                                       "that fits the device's free memory and the host's: weights and optimizer "
+                                       "on the GPU or offloaded, recompute of no / every k-th / every layer, "
+                                       "checkpoints on the GPU then the host, MLP tiling; a plan that cannot fit "
+                                       "is refused before the model loads), recipe (the DeepSpeed config's offload "
+                                       "as written, every layer recomputed, checkpoint offload and MLP tiling from "
+                                       "65536 tokens on CUDA) or auto (fit on CUDA, recipe on CPU); the flags "
+                                       "below fix single choices", choices=("auto", "fit", "recipe"),
+                               resume="ignore", group=HOW)
+    offload_params: str = setting("auto", "ZeRO-3: the frozen weights in host memory (true) or on the GPU (false); "
+                                          "auto: the memory plan's choice", choices=("auto", "true", "false"),
+                                  resume="ignore", group=HOW)
+    offload_optimizer: str = setting("auto", "ZeRO-2/3: the optimizer state in host memory with DeepSpeed's CPU "
+                                             "Adam (true) or on the GPU (false); auto: the memory plan's choice",
+                                     choices=("auto", "true", "false"), resume="ignore", group=HOW)
+    recompute_every: int | None = setting(None, "recompute every k-th decoder layer's activations in backward (1: "
+                                                "every layer, 0: none, the others kept from forward); default: the "
+                                                "memory plan's choice", check=(lambda v: v >= 0, ">= 0"),
+                                          resume="ignore", group=HOW)
+    checkpoint_block: int | None = setting(None, "with every layer recomputed, store one checkpoint per block of k "
+                                                 "layers (the others' inputs recomputed from it in backward); "
+                                                 "default: the memory plan's choice", check=_at_least(1),
+                                           resume="ignore", group=HOW)
+    gpu_checkpoints: int | None = setting(None, "with --offload-checkpoints: how many stored checkpoints (the top "
+                                                "ones) stay on the GPU; default: as many as the memory plan fits",
+                                          check=(lambda v: v >= 0, ">= 0"), resume="ignore", group=HOW)
+    offload_checkpoints: str = setting("auto", "copy stored decoder-layer checkpoints (their inputs) to pinned CPU "
+                                               "memory on a side stream after the layer's forward and prefetch them "
+                                               "back before its recompute: true, false or auto (the memory plan's "
+                                               "choice); refused when host memory cannot hold them",
                                        choices=("auto", "true", "false"), resume="ignore", group=HOW)
     tile_mlp: int | None = setting(None, "compute each decoder layer's MLP over sequence chunks of N tokens, each "
                                          "chunk recomputed in backward, so the MLP's intermediate activations "
                                          "never exist for the whole sequence: N, 0 = off, or auto (default: the "
-                                         "model's hidden size on CUDA when micro_batch x sample length >= 65536 "
-                                         "tokens)", check=(lambda v: v >= 0, ">= 0 (0: off)"), resume="ignore",
-                                   group=HOW)
+                                         "memory plan's choice: the model's hidden size where tiled)",
+                                   check=(lambda v: v >= 0, ">= 0 (0: off)"), resume="ignore", group=HOW)
+    chunk_head: str = setting("auto", "under ZeRO-3 in one process, run the LM head in --head-chunk chunks too "
+                                      "(true; each chunk's logits recomputed in backward) or in one call over "
+                                      "every labelled position (false); auto: the memory plan's choice",
+                              choices=("auto", "true", "false"), resume="ignore", group=HOW)
+    device_memory_gib: float | None = setting(None, "plan for this much free device memory (GiB) instead of what "
+                                                    "the device reports (on CPU: the host's available memory)",
+                                              check=_positive(), resume="ignore", group=HOW)
+    host_memory_gib: float | None = setting(None, "plan for this much available host memory (GiB) instead of what "
+                                                  "the machine reports", check=_positive(), resume="ignore",
+                                            group=HOW)
+    sdpa_backend: str = setting("auto", "SDPA's kernel on CUDA: auto (the fastest in a short check at the start, "
+                                        "recorded in run.json), default (SDPA's own order), cudnn, flash, efficient "
+                                        "or math", choices=("auto", "default", "cudnn", "flash", "efficient", "math"),
+                                resume="ignore", group=HOW)
     sequence_parallel: int = setting(1, "split each sample over K processes (DeepSpeed Ulysses sequence "
                                         "parallelism; needs a DeepSpeed config and a launch of a multiple of K "
                                         "processes; the attention heads and KV heads must divide by K): K, 1 = off",

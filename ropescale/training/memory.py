@@ -9,7 +9,11 @@ intermediate 11,008, bf16, gradient checkpointing on every decoder layer; the LM
   input to pinned host memory on a side CUDA stream as soon as the layer has run (the GPU copy is freed once the
   copy is done), and brings it back on that stream while the layer above it is recomputed, so the copies overlap
   the compute. The GPU holds one or two checkpoints instead of all of them; host memory holds all of them:
-  :func:`check_host_memory` refuses (one line, before training) when it cannot.
+  :func:`check_host_memory` refuses (one line, before training) when it cannot. The memory planner
+  (:mod:`ropescale.training.planner`) gives each layer a role (``memory_model.layer_roles``): its input stored on
+  the GPU (the top ones: backward needs them first) or on the host, recomputed from its block's stored input (blocks
+  of k layers store one input; the others are rerun forward without grad, with the forward's autocast and RNG, when
+  backward reaches the block), or not recomputed at all (``--recompute-every k``: its activations kept).
 - the recompute of one layer in backward: besides attention, its MLP's intermediate activations (gate, up,
   act(gate), their product: 4 x T x intermediate x 2 bytes, 22 GiB at 256K). :func:`enable_tiled_mlp` computes
   each layer's MLP over chunks of N tokens without keeping anything (forward under no_grad) and recomputes it
@@ -46,16 +50,9 @@ from ropescale.common import compat
 from ropescale.common.host import available_host_bytes  # torch-free home; check_host_memory reads it here
 from ropescale.common.io import InputError
 
-from .memory_model import HOST_HEADROOM
+from .memory_model import AUTO_MIN_TOKENS, HOST_HEADROOM, gib, layer_roles, ordinal  # their home: the model
 from .tiled_mlp import _replay_context, decoder_mlps, enable_tiled_mlp  # noqa: F401  (the tiled MLP's home)
 
-# auto: offload the checkpoints / tile the MLP on CUDA from this many tokens per micro-batch on. Measured on an
-# H100 with the 7B shape (README "Measured"): 16K trains in 10 GiB and 32K in 37 GiB without either; the
-# checkpoints grow by 256 KiB a token (16 GiB at 64K, 32 GiB at 128K) and the MLP's recompute by 172 KiB a token,
-# so from 64K on they are what decides whether a sample fits on an 80 GB GPU (128K needed 68 GiB, 256K does not
-# fit), while below it offloading only costs host memory and PCIe bandwidth (shared with ZeRO-3's parameter
-# offload) for memory the run does not need.
-AUTO_MIN_TOKENS = 65536
 PAGE_BYTES = 32 << 20  # pinned host pages of the checkpoint pool
 DS_OFFLOAD_BYTES_PER_PARAM = 16  # DeepSpeed's offloaded optimizer: fp32 master + Adam m, v + fp32 grad per param
 
@@ -113,11 +110,6 @@ def pool_bytes(layers: int, tokens: int, hidden: int, dtype_bytes: int, page_byt
     """Host bytes the offload pool reaches: every layer's checkpoint in whole pages."""
     per_layer = int(tokens) * int(hidden) * int(dtype_bytes)
     return int(layers) * math.ceil(per_layer / page_bytes) * page_bytes
-
-
-def gib(n: float) -> str:
-    """``64.0 GiB``; below 0.1 GiB in MiB (``12.0 MiB``)."""
-    return f"{n / 2**30:.1f} GiB" if n >= 0.1 * 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def check_host_memory(need: int, *, what: str, extra: int = 0, extra_what: str = "", available: int | None = None,
@@ -197,27 +189,6 @@ class _Derived:
 
     def __init__(self, block: _Block, pos: int):
         self.block, self.pos = block, pos
-
-
-def layer_roles(layers: int, *, recompute_every: int = 1, block: int = 1, offload: bool = False,
-                gpu_checkpoints: int = 0) -> list[tuple[str, int]]:
-    """(role, position in its block) of each decoder layer: ``none`` (not recomputed: its activations are kept from
-    forward), ``gpu`` (its input stored on the device), ``host`` (stored in host memory), ``derived`` (a block's
-    upper layer: its input recomputed from the block's stored one). Every ``recompute_every``-th layer is
-    recomputed (layers 0, k, 2k, ...); with every layer recomputed, one input is stored per ``block`` layers;
-    offloaded, the top ``gpu_checkpoints`` stored inputs stay on the device (backward needs them first)."""
-    k = max(0, int(recompute_every))
-    block = max(1, int(block)) if k == 1 else 1
-    roles: list[tuple[str, int]] = []
-    for i in range(layers):
-        if not k or i % k:
-            roles.append(("none", 0))
-        else:
-            pos = i % block
-            roles.append(("derived", pos) if pos else ("store", 0))
-    stored = [i for i, (r, _) in enumerate(roles) if r == "store"]
-    keep = set(stored) if not offload else set(stored[len(stored) - min(len(stored), max(0, gpu_checkpoints)):])
-    return [(("gpu" if i in keep else "host"), 0) if r == "store" else (r, p) for i, (r, p) in enumerate(roles)]
 
 
 class CheckpointOffloader:
@@ -508,7 +479,7 @@ class MemoryPlan:
         if self.roles and self.recompute_every != 1:
             parts.append("no layer recomputed" if not self.recompute_every else
                          f"{len(self.roles) - self.count('none')} of {len(self.roles)} layers recomputed (every "
-                         f"{self.recompute_every}th)")
+                         f"{ordinal(self.recompute_every)})")
         if self.checkpoint_block > 1:
             parts.append(f"one checkpoint per {self.checkpoint_block} layers")
         if self.offload_checkpoints:
@@ -537,21 +508,32 @@ def _int_or(value, default: int, flag: str) -> int:
     return n
 
 
-def plan_from_args(args, *, cuda: bool, tokens: int, hidden: int):
-    """A planner ``Plan`` from finetune's flags with the old auto rules (the ``recipe`` plan's activation part):
-    checkpoint offload and MLP tiling from :data:`AUTO_MIN_TOKENS` tokens on CUDA, every layer recomputed, one
-    checkpoint per layer, none kept on the device; the flags given override each."""
-    from .planner import Plan
+@dataclass(frozen=True)
+class Activations:
+    """The activation part of a memory plan (a ``planner.Plan`` has the same fields)."""
 
+    recompute_every: int = 1
+    checkpoint_block: int = 1
+    offload_checkpoints: bool = False
+    gpu_checkpoints: int = 0
+    tile_mlp: int = 0
+
+
+def plan_from_args(args, *, cuda: bool, tokens: int, hidden: int) -> Activations:
+    """The activation part of the ``recipe`` plan from finetune's flags with the old auto rules: checkpoint offload
+    and MLP tiling from :data:`AUTO_MIN_TOKENS` tokens on CUDA, every layer recomputed, one checkpoint per layer,
+    none kept on the device; the flags given override each."""
     gc = bool(getattr(args, "gradient_checkpointing", True))
     offload = resolve_offload(getattr(args, "offload_checkpoints", "auto"), cuda=cuda, gradient_checkpointing=gc,
                               tokens=tokens)
-    return Plan(name="recipe", recompute_every=_int_or(getattr(args, "recompute_every", None), 1 if gc else 0,
-                                                       "--recompute-every") if gc else 0,
-                checkpoint_block=max(1, _int_or(getattr(args, "checkpoint_block", None), 1, "--checkpoint-block")),
-                offload_checkpoints=offload,
-                gpu_checkpoints=_int_or(getattr(args, "gpu_checkpoints", None), 0, "--gpu-checkpoints"),
-                tile_mlp=resolve_tile(getattr(args, "tile_mlp", None), cuda=cuda, tokens=tokens, hidden=hidden))
+    return Activations(recompute_every=_int_or(getattr(args, "recompute_every", None), 1, "--recompute-every")
+                       if gc else 0,
+                       checkpoint_block=max(1, _int_or(getattr(args, "checkpoint_block", None), 1,
+                                                       "--checkpoint-block")),
+                       offload_checkpoints=offload,
+                       gpu_checkpoints=_int_or(getattr(args, "gpu_checkpoints", None), 0, "--gpu-checkpoints"),
+                       tile_mlp=resolve_tile(getattr(args, "tile_mlp", None), cuda=cuda, tokens=tokens,
+                                             hidden=hidden))
 
 
 def setup_memory(model, args, *, tokens: int, cuda: bool, dtype: torch.dtype, ds_config: dict | None = None,
@@ -560,10 +542,11 @@ def setup_memory(model, args, *, tokens: int, cuda: bool, dtype: torch.dtype, ds
     """Apply a memory plan's activation part to the trained ``model`` (PEFT-wrapped or not; gradient checkpointing
     already enabled by ``add_lora``): which layers are recomputed (``plan.recompute_every``), one stored checkpoint
     per layer or per block, stored checkpoints on the device or in host memory (the top ``gpu_checkpoints`` kept on
-    the device), the tiled MLP. ``plan``: a ``ropescale.training.planner.Plan``; None = from ``args``
-    (:func:`plan_from_args`). ``tokens``: the longest micro-batch (micro batch x longest sample); ``dtype``: the
-    residual stream's (the compute dtype). Raises InputError before any training when host memory cannot hold the
-    offloaded checkpoints. The plan is also kept as ``model._ropescale_memory`` (the trainer logs it)."""
+    the device), the tiled MLP. ``plan``: a ``ropescale.training.planner.Plan`` or :class:`Activations`; None =
+    from ``args`` (:func:`plan_from_args`). ``tokens``: the longest micro-batch (micro batch x longest sample);
+    ``dtype``: the residual stream's (the compute dtype). Raises InputError before any training when host memory
+    cannot hold the offloaded checkpoints. The plan is also kept as ``model._ropescale_memory`` (the trainer logs
+    it)."""
     from .loss import causal_lm_of
 
     lm = causal_lm_of(model)

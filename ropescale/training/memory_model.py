@@ -26,7 +26,8 @@ end (weights + state + that gradient). Not counted: the CUDA context, the alloca
 communication buckets, biases and other small tensors.
 
 ``python -m ropescale.training.memory_model --table`` prints the README's table (the longest context per GPU
-count); ``--check`` compares the model with the H100 measurements of :data:`H100_MEASURED`.
+count); ``--check`` compares the model with the H100 measurements of :data:`H100_MEASURED`. The memory planner
+(which plan fits a device, ``python -m ropescale.training.planner``) is built on :func:`estimate`.
 """
 from __future__ import annotations
 
@@ -41,6 +42,22 @@ from ropescale.common.cli import Tool, add_command
 GIB = 2**30
 FITS_SHARE = 0.9  # a length "fits" when the estimate is at most this share of the GPU's memory
 HOST_HEADROOM = 0.9  # use at most this share of the available host memory (pinned pages cannot be swapped out)
+# the recipe plan (finetune.py's old auto rules): offload the checkpoints / tile the MLP on CUDA from this many tokens
+# per micro-batch on. Measured on an H100 with the 7B shape (README "Measured"): 16K trains in 10 GiB and 32K in 37
+# GiB without either; the checkpoints grow by 256 KiB a token (16 GiB at 64K, 32 GiB at 128K) and the MLP's recompute
+# by 172 KiB a token, so from 64K on they are what decides whether a sample fits on an 80 GB GPU (128K needed 68 GiB,
+# 256K does not fit), while below it offloading only costs host memory and PCIe bandwidth for memory not needed.
+AUTO_MIN_TOKENS = 65536
+
+
+def ordinal(k: int) -> str:
+    """2 -> 2nd, 4 -> 4th."""
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+def gib(n: float) -> str:
+    """``64.0 GiB``; below 0.1 GiB in MiB (``12.0 MiB``)."""
+    return f"{n / 2**30:.1f} GiB" if n >= 0.1 * 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 @dataclass(frozen=True)
@@ -157,8 +174,7 @@ class Estimate:
     parts: dict = field(default_factory=dict)
 
     def describe(self) -> str:
-        from .memory import gib as g
-
+        g = gib
         return (f"~{g(self.peak)} per GPU at the step's peak ({MOMENTS[self.at]}): weights {g(self.weights)}, "
                 f"LoRA + optimizer state {g(self.state)}, checkpoints {g(self.checkpoints)}, activations "
                 f"{g(self.activations)}, logits {g(self.logits)}; host {g(self.host)} per process")
@@ -186,6 +202,27 @@ def layer_bytes_per_token(shape: Shape, s: Setup) -> dict:
     grads = max(0 if s.tile_mlp else 2 * b * f, b * (q + 2 * kv)) + 2 * b * h
     a2a = b * (2 * q + 2 * kv) if s.sp > 1 else 0
     return {"attention": attn, "lora_dropout": dropout, "mlp": mlp, "backward": grads, "all_to_all": a2a}
+
+
+def layer_roles(layers: int, *, recompute_every: int = 1, block: int = 1, offload: bool = False,
+                gpu_checkpoints: int = 0) -> list[tuple[str, int]]:
+    """(role, position in its block) of each decoder layer: ``none`` (not recomputed: its activations are kept from
+    forward), ``gpu`` (its input stored on the device), ``host`` (stored in host memory), ``derived`` (a block's
+    upper layer: its input recomputed from the block's stored one). Every ``recompute_every``-th layer is
+    recomputed (layers 0, k, 2k, ...); with every layer recomputed, one input is stored per ``block`` layers;
+    offloaded, the top ``gpu_checkpoints`` stored inputs stay on the device (backward needs them first)."""
+    k = max(0, int(recompute_every))
+    block = max(1, int(block)) if k == 1 else 1
+    roles: list[tuple[str, int]] = []
+    for i in range(layers):
+        if not k or i % k:
+            roles.append(("none", 0))
+        else:
+            pos = i % block
+            roles.append(("derived", pos) if pos else ("store", 0))
+    stored = [i for i, (r, _) in enumerate(roles) if r == "store"]
+    keep = set(stored) if not offload else set(stored[len(stored) - min(len(stored), max(0, gpu_checkpoints)):])
+    return [(("gpu" if i in keep else "host"), 0) if r == "store" else (r, p) for i, (r, p) in enumerate(roles)]
 
 
 def checkpoint_split(shape: Shape, s: Setup) -> tuple[int, int, int]:
@@ -251,10 +288,8 @@ def estimate(shape: Shape, s: Setup) -> Estimate:
 
 
 def auto_memory(s: Setup, shape: Shape) -> Setup:
-    """finetune.py's ``auto`` choices on CUDA (``ropescale.training.memory``): checkpoint offload and an MLP tiled
-    over hidden-size chunks from :data:`~ropescale.training.memory.AUTO_MIN_TOKENS` tokens per GPU on."""
-    from .memory import AUTO_MIN_TOKENS
-
+    """The recipe plan's choices on CUDA: checkpoint offload and an MLP tiled over hidden-size chunks from
+    :data:`AUTO_MIN_TOKENS` tokens per GPU on."""
     on = s.gradient_checkpointing and s.tokens >= AUTO_MIN_TOKENS
     return replace(s, offload_checkpoints=on, tile_mlp=shape.hidden if s.tokens >= AUTO_MIN_TOKENS else 0)
 
@@ -346,11 +381,11 @@ def cmd_memory_model(a: argparse.Namespace) -> int:
     return 0
 
 
-def estimate_run(config, settings, *, length: int, label_share: float, world: int, ds_config: dict | None,
-                 dtype_bytes: int, plan=None) -> Estimate:
-    """The estimate for a finetune run: its model config, :class:`~ropescale.training.config.TrainSettings`, the
-    longest sample, the data's labelled share, the process count, the DeepSpeed config as run and the memory plan
-    (:class:`~ropescale.training.memory.MemoryPlan`: checkpoint offload, MLP tiling)."""
+def run_setup(config, settings, *, length: int, label_share: float, world: int, ds_config: dict | None,
+              dtype_bytes: int) -> tuple[Shape, Setup]:
+    """(the model's shape, the step's :class:`Setup`) of a finetune run: its model config,
+    :class:`~ropescale.training.config.TrainSettings`, the longest sample, the data's labelled share, the process
+    count, the DeepSpeed config as written (its ZeRO stage and offload) and the compute dtype's bytes."""
     zo = (ds_config or {}).get("zero_optimization", {}) or {}
     dev = lambda k: (zo.get(k) or {}).get("device", "none") not in (None, "none")  # noqa: E731
     s = Setup(length=int(length), micro_batch=settings.micro_batch, sp=settings.sequence_parallel, world=world,
@@ -358,11 +393,23 @@ def estimate_run(config, settings, *, length: int, label_share: float, world: in
               offload_optimizer=dev("offload_optimizer"), dtype_bytes=dtype_bytes, lora_r=settings.lora_r,
               lora_targets=tuple(settings.lora_targets), lora_dropout=settings.lora_dropout,
               train_embeddings=settings.train_embeddings, train_norms=settings.train_norms,
-              gradient_checkpointing=settings.gradient_checkpointing,
-              offload_checkpoints=bool(plan.offload_checkpoints) if plan is not None else False,
-              tile_mlp=int(plan.tile_mlp) if plan is not None else 0, head_chunk=settings.head_chunk,
+              gradient_checkpointing=settings.gradient_checkpointing, head_chunk=settings.head_chunk,
               label_share=label_share)
-    return estimate(Shape.from_config(config), s)
+    return Shape.from_config(config), s
+
+
+def estimate_run(config, settings, *, length: int, label_share: float, world: int, ds_config: dict | None,
+                 dtype_bytes: int, plan=None) -> Estimate:
+    """The estimate for a finetune run (:func:`run_setup`) with the activation part of a memory plan
+    (:class:`~ropescale.training.memory.MemoryPlan`: checkpoint offload, MLP tiling, recompute, blocks)."""
+    shape, s = run_setup(config, settings, length=length, label_share=label_share, world=world,
+                         ds_config=ds_config, dtype_bytes=dtype_bytes)
+    if plan is not None:
+        s = replace(s, offload_checkpoints=bool(plan.offload_checkpoints), tile_mlp=int(plan.tile_mlp),
+                    recompute_every=int(getattr(plan, "recompute_every", 1)),
+                    checkpoint_block=int(getattr(plan, "checkpoint_block", 1)),
+                    gpu_checkpoints=int(getattr(plan, "gpu_checkpoints", 0)))
+    return estimate(shape, s)
 
 
 TOOL = Tool("python -m ropescale.training.memory_model", __doc__, (register,), single=True)

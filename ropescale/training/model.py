@@ -123,15 +123,18 @@ def fp32_master(model, compute_dtype: torch.dtype) -> None:
     emb.register_forward_hook(to_compute)
 
 
-def setup_memory(peft_model, args, *, max_len: int, cuda: bool, dtype: torch.dtype, ds_config: dict | None = None):
+def setup_memory(peft_model, args, *, max_len: int, cuda: bool, dtype: torch.dtype, ds_config: dict | None = None,
+                 plan=None):
     """Long samples on one GPU (:mod:`ropescale.training.memory`): ``args.offload_checkpoints`` (each decoder layer's
     gradient checkpoint in pinned host memory, copied out and back on a side stream) and ``args.tile_mlp`` (each
     layer's MLP over sequence chunks, recomputed per chunk in backward), sized for the longest micro-batch
     (``args.micro_batch`` x ``max_len`` tokens). Call after :func:`add_lora` (which enables gradient
     checkpointing) and before the Trainer is built; InputError (one line, before any training) when host memory
-    cannot hold the offloaded checkpoints. Returns the :class:`ropescale.training.memory.MemoryPlan`."""
+    cannot hold the offloaded checkpoints. ``plan``: the run's memory plan (``ropescale.training.planner.Plan``;
+    None: from ``args``). Returns the :class:`ropescale.training.memory.MemoryPlan`."""
     from .env import is_main
     from .memory import setup_memory as _setup
 
     tokens = int(getattr(args, "micro_batch", 1) or 1) * int(max_len)
-    return _setup(peft_model, args, tokens=tokens, cuda=cuda, dtype=dtype, ds_config=ds_config, quiet=not is_main())
+    return _setup(peft_model, args, tokens=tokens, cuda=cuda, dtype=dtype, ds_config=ds_config, quiet=not is_main(),
+                  plan=plan)

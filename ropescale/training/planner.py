@@ -35,7 +35,19 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 
-from .memory_model import FITS_SHARE, GIB, HOST_HEADROOM, Estimate, Setup, Shape, estimate
+from ropescale.common.cli import Tool, add_command
+
+from .memory_model import (
+    AUTO_MIN_TOKENS,
+    FITS_SHARE,
+    GIB,
+    HOST_HEADROOM,
+    Estimate,
+    Setup,
+    Shape,
+    estimate,
+    ordinal,
+)
 
 # ---------------------------------------------------------------- the time model's constants
 # RATE_TOKEN, RATE_ATTN: the no-ZeRO path (bench/gpu_train_step.py: weights and optimizer on the GPU, every layer
@@ -183,16 +195,17 @@ class Plan:
 
     def describe(self) -> str:
         rec = {0: "no layer recomputed", 1: "every layer recomputed"}.get(self.recompute_every,
-                                                                            f"every {self.recompute_every}th layer "
-                                                                            "recomputed")
+                                                                            f"every {ordinal(self.recompute_every)} "
+                                                                            "layer recomputed")
         if self.recompute_every == 1 and self.checkpoint_block > 1:
             rec += f", one checkpoint per {self.checkpoint_block} layers"
-        ck = "checkpoints on the GPU"
+        ck = "checkpoints on the device"
         if self.offload_checkpoints:
-            ck = (f"{self.gpu_checkpoints} checkpoints on the GPU, the rest on the host" if self.gpu_checkpoints
+            n = self.gpu_checkpoints
+            ck = (f"{n} checkpoint{'s' if n > 1 else ''} on the device, the rest on the host" if n
                   else "checkpoints on the host")
-        return (f"{self.name}: weights {'offloaded' if self.offload_params else 'on the GPU'}, optimizer "
-                f"{'offloaded' if self.offload_optimizer else 'on the GPU'}, {rec}, {ck}, "
+        return (f"{self.name}: weights {'offloaded' if self.offload_params else 'on the device'}, optimizer "
+                f"{'offloaded' if self.offload_optimizer else 'on the device'}, {rec}, {ck}, "
                 + (f"MLP tiled ({self.tile_mlp})" if self.tile_mlp else "MLP not tiled")
                 + (", head chunked" if self.head_chunk_zero3 else ""))
 
@@ -213,10 +226,10 @@ class Choice:
         """What run.json keeps (GiB and seconds rounded)."""
         e = self.estimate
         r = {"plan": asdict(self.plan), "describe": self.plan.describe(),
-             "estimate_gib": {"peak": round(e.peak / GIB, 2), "at": e.at, "weights": round(e.weights / GIB, 2),
-                              "state": round(e.state / GIB, 2), "checkpoints": round(e.checkpoints / GIB, 2),
-                              "activations": round(e.activations / GIB, 2), "logits": round(e.logits / GIB, 2),
-                              "host": round(e.host / GIB, 2), "host_with_base": round(self.host_need / GIB, 2)},
+             "estimate_gib": {k: round(v / GIB, 4) for k, v in (
+                 ("peak", e.peak), ("weights", e.weights), ("state", e.state), ("checkpoints", e.checkpoints),
+                 ("activations", e.activations), ("logits", e.logits), ("host", e.host),
+                 ("host_with_base", self.host_need))} | {"at": e.at},
              "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
              "considered": self.considered, "fitting": self.fitting}
         if self.machine is not None:
@@ -311,24 +324,20 @@ def choose(shape: Shape, base: Setup, machine: Machine, fixed: dict | None = Non
 
 
 def _no_fit_message(base: Setup, machine: Machine, closest) -> str:
-    from .memory import gib
-
+    g = lambda n: f"{n / GIB:.1f} GiB"  # noqa: E731
     head = f"no memory plan fits {base.tokens:,}-token micro-batches on {machine.name}"
     if closest is None:
         return head + " (no plan is allowed by the flags given)"
     _, plan, e, host = closest
-    return (f"{head}: the closest ({plan.describe()}) needs {gib(e.peak)} of GPU memory (budget "
-            f"{gib(machine.gpu_budget)}) and {gib(host)} of host memory (budget "
-            f"{gib(machine.host_budget + HOST_BASE)}); train on shorter samples, use sequence parallelism over "
-            f"more GPUs, or a machine with more memory")
+    return (f"{head}: the closest ({plan.describe()}) needs {g(e.peak)} of GPU memory (budget "
+            f"{g(machine.gpu_budget)}) and {g(host)} of host memory (budget {g(machine.host_budget + HOST_BASE)}); "
+            f"train on shorter samples, use sequence parallelism over more GPUs, or a machine with more memory")
 
 
 def recipe_plan(base: Setup, shape: Shape, *, cuda: bool) -> Plan:
     """The plan the recipes ran with before the planner: the DeepSpeed config's offload settings as written,
     every layer recomputed, checkpoint offload and MLP tiling from ``memory.AUTO_MIN_TOKENS`` tokens on CUDA, the
     head in one call under ZeRO-3."""
-    from .memory import AUTO_MIN_TOKENS
-
     long_ = cuda and base.tokens >= AUTO_MIN_TOKENS
     return Plan(name="recipe", offload_params=base.zero == 3 and base.offload_param,
                 offload_optimizer=bool(base.zero) and base.offload_optimizer,
@@ -393,3 +402,185 @@ def reach(shape: Shape, machine: Machine, family: Family, *, step: int = 16384, 
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if at(mid) is not None else (lo, mid)
     return lo * step, at(lo)
+
+
+# ---------------------------------------------------------------- a finetune run's plan
+TRI = {"true": True, "false": False, "auto": None}
+
+
+def machine_here(cuda: bool, *, device_gib: float | None = None, host_gib: float | None = None) -> Machine:
+    """This machine: the device's free memory (``device_gib`` instead where given; on CPU the host's available
+    memory) and the host's available memory (``host_gib``), split between the processes of this node."""
+    import os
+
+    from ropescale.common.host import available_host_bytes
+
+    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    host = int(host_gib * GIB) if host_gib else available_host_bytes() // local
+    name = "cpu"
+    if cuda:
+        import torch
+
+        torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info()
+        name = torch.cuda.get_device_name()
+    gpu = int(device_gib * GIB) if device_gib else (free if cuda else host)
+    return Machine(f"{name} ({gpu / GIB:.1f} GiB free) + {host / GIB:.1f} GiB host", gpu, host)
+
+
+def fixed_choices(settings, base: Setup) -> dict:
+    """The choices ``settings`` (TrainSettings) fix by hand ({field: value}; None = the planner's), checked
+    against the run's set-up (InputError)."""
+    from ropescale.common.io import InputError
+
+    f = {"offload_params": TRI[settings.offload_params], "offload_optimizer": TRI[settings.offload_optimizer],
+         "recompute_every": settings.recompute_every, "checkpoint_block": settings.checkpoint_block,
+         "gpu_checkpoints": settings.gpu_checkpoints, "offload_checkpoints": TRI[settings.offload_checkpoints],
+         "tile_mlp": settings.tile_mlp, "head_chunk_zero3": TRI[settings.chunk_head]}
+    if not settings.gradient_checkpointing:
+        if f["recompute_every"]:
+            raise InputError("--recompute-every needs --gradient-checkpointing true")
+        f["recompute_every"] = 0
+    if f["offload_params"] and base.zero != 3:
+        raise InputError("--offload-params true needs ZeRO-3 (--deepspeed zero3 or zero3_offload)")
+    if f["offload_optimizer"] and base.zero not in (2, 3):
+        raise InputError("--offload-optimizer true needs ZeRO-2 or ZeRO-3 (--deepspeed zero2, zero3, ...)")
+    if f["head_chunk_zero3"] and (base.zero != 3 or base.world > 1):
+        raise InputError("--chunk-head true is for ZeRO-3 in one process (elsewhere the head is chunked anyway, or "
+                         "must run in one call)")
+    if f["offload_checkpoints"] and f["recompute_every"] == 0:
+        raise InputError("--offload-checkpoints true needs recomputed layers (--recompute-every >= 1)")
+    return f
+
+
+def own_or(given, own):
+    """A flag's value where given (not None), else the plan's own."""
+    return own if given is None else given
+
+
+def plan_for_run(config, settings, *, cuda: bool, world: int, ds_config: dict | None, length: int,
+                 label_share: float, dtype_bytes: int, accum: int = 1, previous: dict | None = None) -> Choice:
+    """A finetune run's memory plan (``--memory-plan``): ``fit`` = :func:`choose` on this machine with the
+    choices the flags fix (a resume keeps its run's weight and optimizer placement unless the flags say), raising
+    InputError in one line when nothing fits; ``recipe`` = :func:`recipe_plan` with the flags' activation choices
+    (``memory.plan_from_args``), evaluated."""
+    from ropescale.common.io import InputError
+
+    from .memory import plan_from_args
+    from .memory_model import run_setup
+
+    shape, base = run_setup(config, settings, length=length, label_share=label_share, world=world,
+                            ds_config=ds_config, dtype_bytes=dtype_bytes)
+    machine = machine_here(cuda, device_gib=settings.device_memory_gib, host_gib=settings.host_memory_gib)
+    mode = settings.memory_plan if settings.memory_plan != "auto" else ("fit" if cuda else "recipe")
+    fixed = fixed_choices(settings, base)
+    if mode == "recipe":
+        acts = plan_from_args(settings, cuda=cuda, tokens=base.tokens, hidden=shape.hidden)
+        own = recipe_plan(base, shape, cuda=cuda)
+        keep = lambda k: own_or(fixed[k], getattr(own, k))  # noqa: E731
+        plan = Plan(name="recipe", **asdict(acts), offload_params=keep("offload_params"),
+                    offload_optimizer=keep("offload_optimizer"), head_chunk_zero3=bool(fixed["head_chunk_zero3"]))
+        return evaluate(plan, shape, base, machine, accum=accum)
+    for key in ("offload_params", "offload_optimizer"):
+        was = ((previous or {}).get("plan") or {}).get(key)
+        if fixed[key] is None and was is not None:
+            fixed[key] = bool(was)
+    try:
+        return choose(shape, base, machine, fixed, accum=accum)
+    except NoFit as e:
+        raise InputError(str(e)) from None
+
+
+def ds_config_dict(path, *, cuda: bool, cpu_adam: str, offload: tuple[bool, bool] | None = None) -> dict:
+    """The DeepSpeed JSON with what this machine needs: ``offload`` (the memory plan's (weights, optimizer) to the
+    host or not) written into its ZeRO section; no pinned memory on CPU; with optimizer offload either
+    DeepSpeedCPUAdam (an ``optimizer`` section, "auto" values from HF) or torch AdamW
+    (``zero_force_ds_cpu_optimizer: false``)."""
+    from ropescale.common.io import InputError, read_json
+
+    cfg = read_json(path, "DeepSpeed config")
+    zo = cfg.get("zero_optimization", {})
+    if offload is not None:
+        stage = int(zo.get("stage", 0))
+        for key, on, stages in (("offload_param", offload[0], (3,)), ("offload_optimizer", offload[1], (2, 3))):
+            if stage in stages:
+                zo[key] = {"device": "cpu", "pin_memory": True} if on else {"device": "none"}
+    offload = zo.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
+    if not cuda:
+        for k in ("offload_optimizer", "offload_param"):
+            if isinstance(zo.get(k), dict):
+                zo[k]["pin_memory"] = False
+    use_cpu_adam = {"auto": cuda, "true": True, "false": False}.get(str(cpu_adam).lower())
+    if use_cpu_adam is None:
+        raise InputError(f"--ds-cpu-adam must be auto, true or false, not {cpu_adam!r}")
+    if offload and use_cpu_adam:
+        cfg.setdefault("optimizer", {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                                "weight_decay": "auto"}})
+    elif offload:
+        cfg.pop("optimizer", None)
+        cfg["zero_force_ds_cpu_optimizer"] = False
+    return cfg
+
+
+# ---------------------------------------------------------------- the command line
+def register(sub) -> None:
+    p = add_command(sub, "memory-plan", help="the memory planner's choice for a 7B LoRA fine-tune on one GPU",
+                       description="The memory planner (a model, not a measurement) for the 7B Qwen1.5 shape on the "
+                                   "recipe path (ZeRO-3, LoRA r=8 + embeddings + norms, bf16): --plan N: the "
+                                   "fastest plan that fits a sample of N tokens on one GPU with the given memory; "
+                                   "--reach: the longest sample each family of plans fits on one H200 (139.8 GiB) "
+                                   "and one H100 80GB (79.6 GiB), each with 125 GiB of host memory.")
+    p.add_argument("--plan", type=int, metavar="TOKENS", help="plan one sample of TOKENS tokens")
+    p.add_argument("--reach", action="store_true", help="the longest sample of each family of plans")
+    p.add_argument("--gpu-gib", type=float, default=139.8, help="free GPU memory in GiB, with --plan (default: 139.8)")
+    p.add_argument("--host-gib", type=float, default=125.0, help="available host memory in GiB, with --plan "
+                   "(default: 125)")
+    p.add_argument("--label-share", type=float, default=0.1, help="labelled share of the tokens (default: 0.1)")
+    p.add_argument("--json", action="store_true", help="JSON instead of text")
+    p.set_defaults(func=cmd_memory_plan)
+
+
+def cmd_memory_plan(a) -> int:
+    import json
+    import sys
+
+    from .memory_model import QWEN15_7B
+
+    if not a.plan and not a.reach:
+        print("error: give --plan TOKENS or --reach", file=sys.stderr)
+        return 2
+    if a.plan:
+        m = Machine(f"one GPU of {a.gpu_gib:g} GiB + {a.host_gib:g} GiB host", int(a.gpu_gib * GIB),
+                    int(a.host_gib * GIB))
+        try:
+            c = choose(QWEN15_7B, Setup(length=a.plan, label_share=a.label_share), m)
+        except NoFit as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        rec = c.record() | {"tokens_per_s": round(a.plan / c.seconds["step"], 1)}
+        print(json.dumps(rec) if a.json else f"{c.plan.describe()}\n{c.estimate.describe()}\n"
+              f"~{c.seconds['step']:.1f} s a step, {rec['tokens_per_s']:,.0f} tok/s (the time model)")
+        return 0
+    rows = []
+    for m in (H200, H100):
+        for f in FAMILIES:
+            n, c = reach(QWEN15_7B, m, f, base=Setup(length=16384, label_share=a.label_share))
+            rows.append({"machine": m.name, "plans": f.name, "longest": n, "plan": c.plan.describe() if c else None,
+                         "step_seconds": round(c.seconds["step"], 1) if c else None})
+    if a.json:
+        print(json.dumps(rows))
+        return 0
+    print("| machine | plans | longest sample (model) | the plan there | step (time model) |\n|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['machine']} | {r['plans']} | {r['longest'] // 1024:,}K ({r['longest']:,}) | {r['plan']} | "
+              f"{r['step_seconds']} s |")
+    return 0
+
+
+TOOL = Tool("python -m ropescale.training.planner", __doc__, (register,), single=True)
+main = TOOL.entry()
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

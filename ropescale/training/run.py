@@ -51,6 +51,7 @@ from ropescale.common.settings import check, fmt, from_record
 
 from . import env, sequence_parallel
 from .config import TrainSettings, default_global_batch, resolve_ds_config
+from .planner import ds_config_dict  # the DeepSpeed config as this machine and the plan need it
 
 RUNS_DIR = Path("runs") / "train"  # under the current directory, never inside the checkout from elsewhere
 RESUME_HINT = ("--resume continues a run only with its settings (only --max-steps may grow): use another --out, or "
@@ -105,31 +106,6 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return max(cps)[1] if cps else None
 
 
-def ds_config_dict(path: Path, *, cuda: bool, cpu_adam: str) -> dict:
-    """The DeepSpeed JSON with what this machine needs: no pinned memory on CPU; with optimizer offload either
-    DeepSpeedCPUAdam (an ``optimizer`` section, "auto" values from HF) or torch AdamW
-    (``zero_force_ds_cpu_optimizer: false``)."""
-    from ropescale.common.io import read_json
-
-    cfg = read_json(path, "DeepSpeed config")
-    zo = cfg.get("zero_optimization", {})
-    offload = zo.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
-    if not cuda:
-        for k in ("offload_optimizer", "offload_param"):
-            if isinstance(zo.get(k), dict):
-                zo[k]["pin_memory"] = False
-    use_cpu_adam = {"auto": cuda, "true": True, "false": False}.get(str(cpu_adam).lower())
-    if use_cpu_adam is None:
-        raise InputError(f"--ds-cpu-adam must be auto, true or false, not {cpu_adam!r}")
-    if offload and use_cpu_adam:
-        cfg.setdefault("optimizer", {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
-                                                                "weight_decay": "auto"}})
-    elif offload:
-        cfg.pop("optimizer", None)
-        cfg["zero_force_ds_cpu_optimizer"] = False
-    return cfg
-
-
 @dataclass
 class Run:
     """One run as its phases build it up: :func:`plan_run` fills the first block (nothing written yet),
@@ -159,6 +135,9 @@ class Run:
     stats: dict = field(default_factory=dict)
     global_batch: int = 0
     grad_accum: int = 0
+    # plan_memory
+    memory: Any = None  # ropescale.training.planner.Choice: the memory plan and the numbers behind it
+    attention: dict = field(default_factory=dict)  # the attention kernel chosen and the check behind it
     # build_model
     extra_names: list = field(default_factory=list)
     trainable: int = 0
@@ -190,7 +169,7 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
           overwrite: bool = False) -> dict | None:
     """Run (or resume: ``resume`` "auto" or a checkpoint directory) a fine-tuning run with the settings ``args``;
     returns a summary ({run, steps, seconds, final}) on the main process, None on the others. The phases, in
-    order: settings -> data -> trainer arguments -> model -> run record -> trainer -> fit and export."""
+    order: settings -> data -> memory plan -> trainer arguments -> model -> run record -> trainer -> fit and export."""
     from .data import policy_of
 
     check(args)  # before any work
@@ -204,6 +183,7 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
     if run.world > 1:  # join the process group first (DeepSpeed sizes its batch from it)
         _init_dist(run.cuda)
     prepare_data(run)
+    plan_memory(run)
     targs, ds_cfg = training_arguments(run)
     from ropescale.common.cli import logs_to_stderr
 
@@ -247,6 +227,11 @@ def plan_run(args: TrainSettings, *, recipe: str | None, resume: str | None, ove
 
     sequence_parallel.check_settings(args.sequence_parallel, config=config, world=env.world_size(),
                                      deepspeed=ds_path, attn=resolved.attn, policy=policy_of(args))
+    from .attn_pick import for_run
+
+    attn, attn_rec = for_run(args, resolved.attn, config, cuda=cuda, context=model.context, world=env.world_size(),
+                             resumed=old.settings.get("attn") if resume and old is not None else None)
+    resolved = dataclasses.replace(resolved, attn=attn)
     resume_from = None
     if resume:
         if old is None:
@@ -268,7 +253,7 @@ def plan_run(args: TrainSettings, *, recipe: str | None, resume: str | None, ove
     return Run(settings=resolved, recipe=recipe, model=model, model_id=mid, run_dir=run_dir, rd=rd, old=old,
                resume=resume, resume_from=resume_from, resume_step=_checkpoint_step(resume_from), overwrite=overwrite,
                init_export=init_export, cuda=cuda, world=env.world_size(), main=env.is_main(), dtype=dtype,
-               t_start=t_start, ds_path=ds_path)
+               t_start=t_start, ds_path=ds_path, attention=attn_rec)
 
 
 def prepare_data(run: Run) -> None:
@@ -321,6 +306,28 @@ def prepare_data(run: Run) -> None:
     run.settings = dataclasses.replace(args, data=str(data_dir), global_batch=global_batch)
 
 
+def plan_memory(run: Run) -> None:
+    """Phase 2b, the memory plan (``--memory-plan``, :mod:`ropescale.training.planner`): where the weights, the
+    optimizer state and the checkpoints live and what is recomputed, from the memory model, the device's free
+    memory and the host's; a plan that cannot fit is refused here, before the model loads."""
+    import torch
+
+    from ropescale.common.io import read_json
+
+    from .planner import plan_for_run
+
+    ds = read_json(run.ds_path, "DeepSpeed config") if run.ds_path else None
+    prev = (run.old.info.get("memory") if run.old is not None and run.resume else None) or None
+    share = run.stats["supervised"] / max(run.stats["tokens"], 1)
+    run.memory = plan_for_run(run.config, run.settings, cuda=run.cuda, world=run.world, ds_config=ds,
+                              length=run.stats["max"], label_share=share, accum=run.grad_accum, previous=prev,
+                              dtype_bytes=torch.empty((), dtype=run.dtype).element_size())
+    c = run.memory
+    log(f"[finetune] memory plan {c.plan.describe()}; estimated peak {c.estimate.peak / 2**30:.1f} GiB per GPU "
+        f"({c.machine.name}; {c.fitting} of {c.considered} plans fit), host {c.host_need / 2**30:.1f} GiB, "
+        f"~{c.seconds['step']:.1f} s a step (the time model)")
+
+
 def training_arguments(run: Run):
     """Phase 3, the HF TrainingArguments and the DeepSpeed config this machine runs (before the model: ZeRO-3
     partitions while loading)."""
@@ -328,7 +335,10 @@ def training_arguments(run: Run):
     from transformers import TrainingArguments
 
     args, cuda = run.settings, run.cuda
-    ds_cfg = ds_config_dict(run.ds_path, cuda=cuda, cpu_adam=args.ds_cpu_adam) if run.ds_path else None
+    plan = run.memory.plan if run.memory is not None else None
+    offload = (plan.offload_params, plan.offload_optimizer) if plan is not None and plan.name == "fit" else None
+    ds_cfg = ds_config_dict(run.ds_path, cuda=cuda, cpu_adam=args.ds_cpu_adam, offload=offload) if run.ds_path \
+        else None
     targs = TrainingArguments(
         output_dir=str(run.run_dir), max_steps=args.max_steps, per_device_train_batch_size=args.micro_batch,
         gradient_accumulation_steps=run.grad_accum, learning_rate=args.lr, warmup_steps=args.warmup_steps,
@@ -353,7 +363,6 @@ def build_model(run: Run, ds_cfg: dict | None):
     from transformers import set_seed
 
     from .loss import install_label_only_forward
-    from .memory_model import estimate_run
     from .model import add_lora, fp32_master, load_model, param_counts, setup_memory
     from .saving import load_export_into
 
@@ -372,12 +381,10 @@ def build_model(run: Run, ds_cfg: dict | None):
     if ds_cfg is None and run.cuda and run.dtype != torch.float32:
         fp32_master(peft_model, run.dtype)  # fp32 trained tensors; the forward runs under autocast
     local_len = -(-run.stats["max"] // args.sequence_parallel)  # the tokens of a sample one process holds
-    plan = setup_memory(peft_model, args, max_len=local_len, cuda=run.cuda, dtype=run.dtype, ds_config=ds_cfg)
-    est = estimate_run(run.config, args, length=run.stats["max"], world=run.world, ds_config=ds_cfg, plan=plan,
-                       label_share=run.stats["supervised"] / max(run.stats["tokens"], 1),
-                       dtype_bytes=torch.empty((), dtype=run.dtype).element_size())
+    setup_memory(peft_model, args, max_len=local_len, cuda=run.cuda, dtype=run.dtype, ds_config=ds_cfg,
+                 plan=run.memory.plan)
     log(f"[finetune] memory estimate for {run.stats['max']:,}-token samples (a model, not a measurement: "
-        f"ropescale/training/memory_model.py): {est.describe()}")
+        f"ropescale/training/memory_model.py): {run.memory.estimate.describe()}")
     run.trainable, run.total = param_counts(peft_model)
     run.extra_names = extra_names
     log(f"[finetune] trainable params: {run.trainable:,} of {run.total:,} "
@@ -386,7 +393,7 @@ def build_model(run: Run, ds_cfg: dict | None):
         f"{'DeepSpeed ' + run.ds_path.stem if run.ds_path else 'no DeepSpeed'}, {run.world} process(es), "
         f"global batch {run.global_batch} = {args.micro_batch} x {run.world // args.sequence_parallel} x "
         f"{run.grad_accum} accumulation" + (f"; {sequence_parallel.describe(layout)}" if layout else ""))
-    install_label_only_forward(peft_model, args.head_chunk)
+    install_label_only_forward(peft_model, args.head_chunk, zero3_chunks=run.memory.plan.head_chunk_zero3)
     return peft_model
 
 
@@ -412,7 +419,9 @@ def start_record(run: Run) -> None:
         "finetune", model=args.model, model_id=run.model_id, rope=run.rope.to_dict(), context=run.extended,
         train=train, data=args.data, settings=settings_record(args),
         info={"data_stats": run.stats, "recipe": run.recipe, "grad_accum": run.grad_accum, "world_size": run.world,
-              "trainable_params": run.trainable, "total_params": run.total, "extra_trained": run.extra_names},
+              "trainable_params": run.trainable, "total_params": run.total, "extra_trained": run.extra_names,
+              "memory": run.memory.record() if run.memory is not None else None,
+              "attention": run.attention or None},
         seconds=old.seconds if old is not None else 0.0,  # the parts before this one
         created=old.get("created") if old is not None else None)
     rd.write_record(run.record)
