@@ -408,8 +408,9 @@ def execute(step: Step, suite: Suite, ctx: Context, bound: float, limited: bool)
         if note and note.startswith("fake OOM"):
             rec["simulated"] = True  # a stand-in that ran nothing: the table says so, not "failed"
     suite.put(step.name, rec)
-    log(f"{step.name}: {rec['status']}" + (f": {rec['error']}" if rec["status"] == "failed" else "") +
-        f" ({rec['seconds']:.0f} s)")
+    said = "simulated out of memory (a stand-in: nothing ran)" if rec.get("simulated") else rec["status"] + (
+        f": {rec['error']}" if rec["status"] == "failed" else "")
+    log(f"{step.name}: {said} ({rec['seconds']:.0f} s)")
     return rec
 
 
