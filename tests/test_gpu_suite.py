@@ -466,3 +466,15 @@ def test_the_cut_models_give_the_per_layer_slope_and_constant(tmp_path):
                  "constant_model_gib": 96.24, "constant_error": 0.0077}
     suite.steps["fit-4l"]["status"] = "failed"
     assert fit_check(suite) is None
+
+
+def test_a_step_expected_to_outlast_the_budget_is_not_started(tmp_path, capsys):
+    m = _module()
+    from gpusuite.runner import Context, run_plan
+
+    full = m.plan(tmp_path, dry=False)
+    step = {s.name: s for s in full}["plan-128k"]  # ~205 s expected on an H200
+    suite = m.Suite(tmp_path, dry=False)
+    ctx = Context(tmp_path, False, "NVIDIA H200, 143771 MiB", 540, max_seconds=200, gpu_gib=140.4)
+    assert run_plan(suite, [step], full, ctx) == "budget"  # it would get 200 - 40 = 160 s: nothing spawned
+    assert "plan-128k" not in suite.steps and "expected to take ~205 s" in capsys.readouterr().err

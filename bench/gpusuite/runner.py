@@ -432,8 +432,9 @@ def run_plan(suite: Suite, steps: list[Step], full: list[Step], ctx: Context) ->
         if left is not None and left < min(MIN_START_SECONDS, ctx.step_seconds):
             return "budget"
         need = None if ctx.dry else expected_seconds(step, ctx.gpu_gib or 139.8)
-        if left is not None and need is not None and need > left and step.name != "prepare":
-            log(f"{step.name}: expected to take ~{need:.0f} s, {left:.0f} s left (--max-seconds): not started")
+        gets = None if left is None else left - min(45, left / 5)  # the step's own time limit inside its bound
+        if gets is not None and need is not None and need > gets and step.name != "prepare":
+            log(f"{step.name}: expected to take ~{need:.0f} s, it would get {gets:.0f} s (--max-seconds): not started")
             return "budget"
         bound = ctx.step_seconds if left is None else min(ctx.step_seconds, left)
         rec = execute(step, suite, ctx, bound, limited=bound < ctx.step_seconds)
