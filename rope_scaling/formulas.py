@@ -105,7 +105,7 @@ def finetune_bound(orig_ctx: float, inv_freq: Sequence[float], scaled_inv_freq: 
     fine-tune); a pair with seen_i >= 2*pi saw every angle and bounds nothing; the bound is min(seen_i / theta'_i)
     over the other pairs (inf when none). ``trained_len`` None (no fine-tune) gives :func:`reach`.
 
-    Derived here as :func:`reach` is, from the angles alone (issue 31.4): a fine-tune that trained at T_ft tokens
+    Derived here as :func:`reach` is, from the angles alone: a fine-tune that trained at T_ft tokens
     lifts every pair's bound to at least T_ft, so a fine-tuned row's bound says what its training length allows."""
     if len(inv_freq) != len(scaled_inv_freq):
         raise ValueError("inv_freq and scaled_inv_freq must have the same length")
@@ -357,9 +357,10 @@ def _check_longrope_model(spec: RopeSpec, d: int) -> None:
     f = spec.longrope_factors
     for k in ("short_factor", "long_factor"):
         n = len(getattr(f, k))
-        if n != d // 2:
-            where = f"{f.source}: " if getattr(f, "source", None) else "the config's longrope entries: "
-            raise InputError(f"{where}{k} has {n} values; this model's rotary dim {d} needs {d // 2} (one per pair)")
+        if n != d // 2:  # named: the factors file, else (the config's own entries) the config, by load_config
+            src = getattr(f, "source", None)
+            raise InputError(f"{'' if src else 'the config longrope entries: '}{k} has {n} values; this model's "
+                             f"rotary dim {d} needs {d // 2} (one per pair)", src)
 
 
 def _check_llama3(spec: RopeSpec) -> None:

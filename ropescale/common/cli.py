@@ -66,6 +66,12 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         super().error(message + did_you_mean(self, message))
 
+    def parse_known_args(self, args=None, namespace=None):
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras and getattr(ns, "_leaf", None) is not None and ns._leaf is not self:
+            ns._leaf.error(f"unrecognized arguments: {' '.join(extras)}")  # the subcommand's usage, not its parent's
+        return ns, extras
+
     def format_help(self) -> str:
         advanced = [g for g in self._action_groups if _is_advanced(g)]
         if self.help_all or not advanced:
@@ -110,12 +116,6 @@ class _HelpAll(argparse.Action):
         parser.help_all = True
         parser.print_help()
         parser.exit()
-
-    def parse_known_args(self, args=None, namespace=None):
-        ns, extras = super().parse_known_args(args, namespace)
-        if extras and getattr(ns, "_leaf", None) is not None and ns._leaf is not self:
-            ns._leaf.error(f"unrecognized arguments: {' '.join(extras)}")  # the subcommand's usage, not its parent's
-        return ns, extras
 
 
 def _flags(p: argparse.ArgumentParser) -> list[str]:

@@ -747,7 +747,12 @@ def resume_diffs(old: RunMeta, settings, *, rope=None, model_id: str | None = No
     if rope is not None:
         was_rope = type(rope).from_record(old.rope, old.meta_path)
         if not was_rope.same_rope(rope):
-            diffs.append(f"rope {was_rope.label()} -> {rope.label()}")
+            a, b = was_rope.label(), rope.label()
+            if a == b:  # the label hides the field that differs (e.g. orig_ctx): name it
+                da, db = was_rope.to_dict(), rope.to_dict()
+                b += " (" + ", ".join(f"{k} {fmt(da.get(k))} -> {fmt(db.get(k))}" for k in sorted({*da, *db})
+                                      if da.get(k) != db.get(k)) + ")"
+            diffs.append(f"rope {a} -> {b}")
     if model_id is not None and old.model_id is not None and model_id != old.model_id:
         diffs.append(f"model_id {old.model_id} -> {model_id} (not the model this run read)")
     cls = type(settings)

@@ -131,7 +131,7 @@ def check_positions(rows, policy, *, extended: int, allow_extrapolation: bool, w
         return longest - 1
     if policy.pose_target > extended and not allow_extrapolation:
         raise InputError(f"--pose-target {policy.pose_target} is beyond the model's {extended}-token extended "
-                         f"context; use a larger --scale, a smaller --pose-target, or --allow-extrapolation", where)
+                         f"context; use a larger --scale, a smaller --pose-target, or --allow-extrapolation")
     return policy.pose_target - 1
 
 
