@@ -4,7 +4,7 @@ A method is a :class:`Method`: its formula (rotary dimension ``d`` (head_dim), t
 :class:`RopeSpec` and the current sequence length -> :class:`Freqs`: the ``d/2`` inverse frequencies in float64, the
 attention factor that multiplies cos/sin, and the effective base), how it is written as plain Hugging Face rope
 entries and read back from them, what its settings must satisfy (alone, and against a model's rotary dim), and the
-one line ``--rope``'s help shows.
+one line ``describe --help`` shows of it.
 
 Beside the methods: the angle bounds of a scaled rope (:func:`reach`, the pre-training bound; :func:`finetune_bound`,
 the same after a fine-tune; :func:`critical_dimension` / :func:`critical_period`, Liu et al. 2023's closed form) and
@@ -375,7 +375,7 @@ class Method:
     """One RoPE method: everything about it in one place."""
 
     name: str
-    help: str  # one line in --rope's help
+    help: str  # one line in describe's --help
     freqs: Callable[[int, float, "RopeSpec", int | None], Freqs]
     hf: Callable[["RopeSpec", float, int], tuple[dict, int]]
     check: Callable[["RopeSpec"], None] | None = None
