@@ -228,6 +228,12 @@ def cmd_sample(args) -> int:
     records, rep = sample(chs, tok, sub, unit=args.unit, max_samples=args.max_samples, per_book=args.per_book,
                           progress=sys.stderr.isatty())
     rep["skipped_bad_lines"] = len(bad)
+    if not records:  # an empty eval set is no result: nothing is written
+        lo, hi = rep["range"]
+        hint = ("; for targets below a chapter's length use --unit paragraph" if args.unit == "chapter" else
+                "; a larger --subset-tokens, or other --books")
+        raise InputError(f"no window of {args.unit}s fits the range [{lo}, {hi}] tokens of subset {rep['subset']} "
+                         f"(nothing written){hint}", args.chapters)
     write_jsonl_atomic(args.out, records)
     if args.json:
         print(json.dumps(rep, ensure_ascii=False))
@@ -239,8 +245,5 @@ def cmd_sample(args) -> int:
         print(f"samples: {rep['samples']}  per book: {json.dumps(rep['per_book'], ensure_ascii=False)}")
         print(f"tokens min / Q1 / mean / max: {L['min']} / {L['q1']} / {L['mean']} / {L['max']}   "
               f"skipped at the range edge: {rep['edge_out_of_range']}   bad lines skipped: {len(bad)}")
-        if not records:
-            print("no window fits the range: for targets below a chapter's length use --unit paragraph",
-                  file=sys.stderr)
         print(f"wrote {args.out}")
     return 0

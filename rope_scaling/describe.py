@@ -246,8 +246,12 @@ def add_describe_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def register(sub) -> None:
+    from .formulas import REGISTRY
+
+    width = max(map(len, REGISTRY))
+    methods = "--rope's methods:\n" + "\n".join(f"  {n:<{width}}  {m.help}" for n, m in REGISTRY.items())
     p = add_command(sub, "describe", help="explain a RoPE setting per rotary dimension pair",
-                    description=__doc__.split("\n\n", 1)[1].strip())
+                    description=__doc__.split("\n\n", 1)[1].strip(), epilog=methods)
     add_describe_args(p)
     p.set_defaults(func=cmd_describe)
 

@@ -4,7 +4,7 @@ A method is a :class:`Method`: its formula (rotary dimension ``d`` (head_dim), t
 :class:`RopeSpec` and the current sequence length -> :class:`Freqs`: the ``d/2`` inverse frequencies in float64, the
 attention factor that multiplies cos/sin, and the effective base), how it is written as plain Hugging Face rope
 entries and read back from them, what its settings must satisfy (alone, and against a model's rotary dim), and the
-one line ``--rope``'s help shows.
+one line ``describe --help`` shows of it.
 
 Beside the methods: the angle bounds of a scaled rope (:func:`reach`, the pre-training bound; :func:`finetune_bound`,
 the same after a fine-tune; :func:`critical_dimension` / :func:`critical_period`, Liu et al. 2023's closed form) and
@@ -105,7 +105,7 @@ def finetune_bound(orig_ctx: float, inv_freq: Sequence[float], scaled_inv_freq: 
     fine-tune); a pair with seen_i >= 2*pi saw every angle and bounds nothing; the bound is min(seen_i / theta'_i)
     over the other pairs (inf when none). ``trained_len`` None (no fine-tune) gives :func:`reach`.
 
-    Derived here as :func:`reach` is, from the angles alone (issue 31.4): a fine-tune that trained at T_ft tokens
+    Derived here as :func:`reach` is, from the angles alone: a fine-tune that trained at T_ft tokens
     lifts every pair's bound to at least T_ft, so a fine-tuned row's bound says what its training length allows."""
     if len(inv_freq) != len(scaled_inv_freq):
         raise ValueError("inv_freq and scaled_inv_freq must have the same length")
@@ -357,9 +357,10 @@ def _check_longrope_model(spec: RopeSpec, d: int) -> None:
     f = spec.longrope_factors
     for k in ("short_factor", "long_factor"):
         n = len(getattr(f, k))
-        if n != d // 2:
-            where = f"{f.source}: " if getattr(f, "source", None) else "the config's longrope entries: "
-            raise InputError(f"{where}{k} has {n} values; this model's rotary dim {d} needs {d // 2} (one per pair)")
+        if n != d // 2:  # named: the factors file, else (the config's own entries) the config, by load_config
+            src = getattr(f, "source", None)
+            raise InputError(f"{'' if src else 'the config longrope entries: '}{k} has {n} values; this model's "
+                             f"rotary dim {d} needs {d // 2} (one per pair)", src)
 
 
 def _check_llama3(spec: RopeSpec) -> None:
@@ -374,7 +375,7 @@ class Method:
     """One RoPE method: everything about it in one place."""
 
     name: str
-    help: str  # one line in --rope's help
+    help: str  # one line in describe's --help
     freqs: Callable[[int, float, "RopeSpec", int | None], Freqs]
     hf: Callable[["RopeSpec", float, int], tuple[dict, int]]
     check: Callable[["RopeSpec"], None] | None = None

@@ -23,6 +23,7 @@ from ropescale.common.settings import setting
 from .formulas import METHODS, NATIVE_METHODS, REGISTRY
 
 GROUP = "RoPE scaling (written into the model's config as plain transformers entries)"
+MORE = "advanced: RoPE method parameters"  # a method's own knobs: listed by name in --help (--help-all explains)
 # The longest context a setting may ask for (2**24 = 16,777,216 tokens): past anything these code paths can run
 # (the longest published fine-tune, ALST's 15M tokens, needed 32 GPUs); a larger orig_ctx x scale is a typo.
 MAX_CONTEXT = 1 << 24
@@ -154,7 +155,9 @@ def _short(v) -> str:
 
 
 def _method_help() -> str:
-    return "; ".join(f"{n}: {REGISTRY[n].help}" for n in METHODS)
+    """--rope's help: the methods by name (each one's line in ``describe``'s help and docs/rope_methods.md)."""
+    return (f"{', '.join(METHODS)} (abf with --rope-base, longrope with --longrope-factors; what each does: "
+            "docs/rope_methods.md)")
 
 
 @dataclass(frozen=True)
@@ -183,22 +186,22 @@ class RopeSpec:
                                    metavar="N", group=GROUP)
     yarn_alpha: float = setting(1.0, "YaRN alpha (beta_slow): rotary pairs turning fewer than A times over the "
                                      "original context are fully interpolated (yarn, dynamic_yarn)", metavar="A",
-                                group=GROUP)
+                                group=MORE)
     yarn_beta: float = setting(32.0, "YaRN beta (beta_fast): pairs turning more than B times are left unchanged "
-                                     "(yarn, dynamic_yarn)", metavar="B", group=GROUP)
+                                     "(yarn, dynamic_yarn)", metavar="B", group=MORE)
     yarn_mscale: float | None = setting(None, "YaRN attention factor on cos/sin; default: 0.1 ln(s) + 1",
-                                        metavar="M", group=GROUP)
+                                        metavar="M", group=MORE)
     replace: bool = setting(False, "replace RoPE scaling the model already carries (e.g. Llama-3.x llama3) "
-                                   "instead of refusing to stack a second method", group=GROUP)
+                                   "instead of refusing to stack a second method", group=MORE)
     llama3_low: float = setting(1.0, "--rope llama3: low_freq_factor (pairs with wavelength > orig-ctx / F are "
-                                     "divided by s)", key="llama3_low_freq_factor", metavar="F", group=GROUP)
+                                     "divided by s)", key="llama3_low_freq_factor", metavar="F", group=MORE)
     llama3_high: float = setting(4.0, "--rope llama3: high_freq_factor (pairs with wavelength < orig-ctx / F are "
                                       "kept; a smooth blend between)", key="llama3_high_freq_factor", metavar="F",
-                                 group=GROUP)
+                                 group=MORE)
     longrope_factors: LongRopeFactors | None = setting(
         None, "--rope longrope: JSON file of LongRoPE factors (short_factor and long_factor: one number per rotary "
               "pair; optional attention_factor), e.g. what 'rope_scaling search' writes", metavar="FILE",
-        parse=_factors, group=GROUP)
+        parse=_factors, group=MORE)
 
     def __post_init__(self):
         """Normalise, then check: the numbers, the context, the fields that belong to one method, the method's own

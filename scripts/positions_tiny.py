@@ -1,4 +1,4 @@
-"""Issue 33, item 4: which positions a fine-tune trains, measured on the tiny default at x8 (docs/positions.md).
+"""Which positions a fine-tune trains, measured on the tiny default at x8 (docs/positions.md).
 
 For each seed, the demo's data (``scripts/demo.py``: recall pairs from the training chapters packed into 1-2K-token
 samples, eval sets at 512-4,096 tokens from the held-out chapters) and three fine-tunes of the ``tiny_demo`` recipe

@@ -1,4 +1,4 @@
-"""The LongRoPE search on the tiny default, measured (issue 32 item 4; the table in docs/rope_methods.md).
+"""The LongRoPE search on the tiny default, measured (the table in docs/rope_methods.md).
 
 For each seed: ``rope_scaling search`` at x8 for 4,096 tokens (the tiny default: original context 512) on the
 chapters its build held out from training, under a time budget; then the loss (nats/token, the last 512 tokens of
@@ -7,7 +7,7 @@ and NTK x8 on held-out windows the search never saw (drawn with another seed, ev
 window dropped), and of YaRN's factors run as LongRoPE (the search's seed: LongRoPE's attention factor). The seed is
 both the search's and the window draw's.
 
-    .venv/bin/python scripts/search_tiny.py --out /tmp/search_tiny --seeds 0,1,2 --budget 3
+    .venv/bin/python scripts/search_tiny.py --seeds 0,1,2 --budget 3      # into runs/search_tiny/ (--out DIR)
 
 Each search run directory is resumable (a re-run continues it); the table goes to stdout (``--json``: the rows).
 """
@@ -120,7 +120,8 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="directory of the search runs and results.json")
+    ap.add_argument("--out", default="runs/search_tiny",
+                    help="directory of the search runs and results.json (default: runs/search_tiny)")
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (search and window draw)")
     ap.add_argument("--budget", type=float, default=3.0, help="minutes per search")
     ap.add_argument("--windows", type=int, default=1, help="fitness windows of the search")

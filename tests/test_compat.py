@@ -486,3 +486,23 @@ def test_agree_grad_accum_meets_what_accelerate_checks():
 
     agree_grad_accum(Fake)
     assert Fake.accelerator.gradient_accumulation_steps == 4
+
+
+def test_warmup_schedules_start_at_zero_and_the_trainer_builds_them_with_create_scheduler():
+    """What warmup_from_first_step relies on: transformers' warm-up schedules are a torch LambdaLR whose multiplier is 0
+    at step 0 (the first optimizer step would run at learning rate 0), with ``lr_lambdas``; the Trainer (also under
+    DeepSpeed) makes its scheduler through ``create_scheduler``. The shifted schedule's values: test_second_hour."""
+    from torch.optim.lr_scheduler import LambdaLR
+    from transformers import Trainer, get_scheduler
+    from transformers.integrations import deepspeed as hf_ds
+
+    for kind in ("constant_with_warmup", "linear", "cosine"):
+        opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+        sched = get_scheduler(kind, opt, num_warmup_steps=4, num_training_steps=10)
+        assert type(sched) is LambdaLR and sched.lr_lambdas[0](0) == 0.0, \
+            changed("transformers", f"the {kind} warm-up schedule", "warmup_from_first_step")
+        shifted = compat.warmup_from_first_step(sched, 4)
+        assert shifted.optimizer is opt and opt.param_groups[0]["lr"] == pytest.approx(1e-3 / 4)
+    assert "self.lr_scheduler = get_scheduler(" in inspect.getsource(Trainer.create_scheduler) and \
+        ".create_scheduler(" in inspect.getsource(hf_ds.deepspeed_optim_sched), \
+        changed("transformers", "where the Trainer builds its scheduler", "warmup_from_first_step")

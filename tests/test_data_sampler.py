@@ -127,11 +127,12 @@ def test_cli_sample_and_bad_input(tmp_path, capsys):
     rc = cli_main(["sample", "--chapters", str(bad), "--tokenizer", str(QWEN2_TOKENIZER), "--subset-tokens", "512",
                    "--out", str(tmp_path / "o.jsonl")])
     assert rc == 2 and "ch.jsonl:2: empty or non-string 'title'" in capsys.readouterr().err
+    # no window fits: an empty eval set is refused in one line naming the chapters, and nothing is written
     rc = cli_main(["sample", "--chapters", str(bad), "--tokenizer", str(QWEN2_TOKENIZER), "--subset-tokens", "512",
                    "--on-bad", "skip", "--out", str(tmp_path / "o.jsonl"), "--json"])
-    rep = json.loads(capsys.readouterr().out)
-    assert rc == 0 and rep["skipped_bad_lines"] == 1 and rep["samples"] == 0
-    assert (tmp_path / "o.jsonl").read_text() == ""
+    cap = capsys.readouterr()
+    assert rc == 2 and cap.out == "" and cap.err.startswith(f"error: {bad}: no window of chapters fits the range")
+    assert "--unit paragraph" in cap.err and not (tmp_path / "o.jsonl").exists()
     assert CHAPTERS_JSONL.is_file()
 
 

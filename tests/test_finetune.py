@@ -25,7 +25,7 @@ def ds_run(tmp_path_factory, make_tiny_model, chapters, tiny_tokenizer_dir):
     cmd = [str(launcher), "--num_gpus", "2", "--master_port", str(free_port()), str(ROOT / "finetune.py"),
            "--model", model_dir, "--data", data, "--rope", "ntk", "--scale", "8",
            "--deepspeed", "zero3_offload", "--max-steps", STEPS, "--global-batch", "2", "--save-steps", "2",
-           "--warmup-steps", "0", "--lr", "1e-2", "--output-dir", out]
+           "--warmup-steps", "0", "--lr", "1e-2", "--output-dir", out, "--report-to", "tensorboard"]
     proc = run([str(c) for c in cmd], timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"model_dir": model_dir, "run": out, "proc": proc, "data": data}
@@ -42,7 +42,10 @@ def test_launcher_run_two_processes_zero3_offload(ds_run):
     assert st["max_steps"] == STEPS and st["lr"] == 1e-2 and meta["model"] == str(ds_run["model_dir"])
     log = train_log(out)
     assert [r["step"] for r in log] == [1, 2, 3]
-    assert all(r["tokens_per_s"] > 0 and r["peak_mem_mb"] > 0 for r in log)
+    assert all(r["tokens_per_s"] > 0 and r["peak_mem_mb"] > 0 and r["lr"] == 1e-2 for r in log)
+    # the curves: the loss-and-lr PNG (rank 0) and, with --report-to tensorboard, transformers' own event files
+    assert (out / "train_curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 1
     assert "trainable params:" in proc.stderr and "tok/s" in proc.stderr
     for d in (out / "final", out / "checkpoint-2" / "export"):
         assert (d / "adapter_model.safetensors").is_file() and (d / "trained_tensors.safetensors").is_file()

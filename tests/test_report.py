@@ -98,14 +98,14 @@ def test_table2_one_prompt_missing_is_missing_not_the_other_prompt():
     assert js["m"]["avg"] == {"L": 11.5, "XL": None} and js["m"]["mse"] is None
     assert js["ie-only"]["IB"] == {"L": None}
     csv_rows = list(csv.reader(io.StringIO(render(rep, "csv", "table2"))))
-    assert csv_rows[0] == ["model", "L", "XL", "mse", "mse_floor", "mse_lo", "mse_hi", "L_ie_minus_ib",
-                           "L_ie_minus_ib_lo", "L_ie_minus_ib_hi", "XL_ie_minus_ib", "XL_ie_minus_ib_lo",
-                           "XL_ie_minus_ib_hi"]
-    # IE - IB of L from the CSV: the difference alone (one number per prompt: no interval, no floor)
-    assert csv_rows[1:] == [["m", "11.5", "", "", "", "", "", "-3.0", "", "", "", "", ""],
-                            ["ie-only", "", "", "", "", "", "", "", "", "", "", "", ""]]
-    md = render(rep, "markdown", "table2")
-    assert "| m | 11.50 | - | - | - |" in md and "| ie-only | - | - | - | - |" in md
+    assert csv_rows[0] == ["model", "L", "XL", "mse", "mse_floor", "mse_lo", "mse_hi", "L_n", "L_lo", "L_hi", "XL_n",
+                           "XL_lo", "XL_hi", "L_ie_minus_ib", "L_ie_minus_ib_lo", "L_ie_minus_ib_hi",
+                           "XL_ie_minus_ib", "XL_ie_minus_ib_lo", "XL_ie_minus_ib_hi"]
+    # the average of L from the CSV: two numbers (n 2), no interval; IE - IB: the difference alone (no floor)
+    assert csv_rows[1:] == [["m", "11.5", "", "", "", "", "", "2", "", "", "", "", "", "-3.0", "", "", "", "", ""],
+                            ["ie-only"] + [""] * 18]
+    md = render(rep, "markdown", "table2")  # cells and IE - IB (with their intervals where there are any), n
+    assert "| m | 11.50 | -3.00 | - | - | - | - | 2 |" in md and "| ie-only | - | - | - | - | - | - | - |" in md
     assert "only one of the two prompts" in md
     # the Table 7 view still shows the single prompt's scores
     t7 = render(rep, "markdown", "table7")
@@ -116,7 +116,8 @@ def test_markdown_and_csv_views(capsys):
     rc, out, _ = run_cli(["report", "--scores", str(TABLE7)], capsys)
     assert rc == 0
     assert "Table 2 view" in out and "Table 7 view" in out
-    assert "| Qwen1.5-7B | 12.10 | 10.85 | 5.70 | 2.55 | 34.38 |" in out
+    # each subset's average, IE - IB beside it (a CSV's cells: one number per prompt, so no interval), MSE, n
+    assert "| Qwen1.5-7B | 12.10 | +8.80 | 10.85 | +7.30 | 5.70 | +2.60 | 2.55 | -0.10 | 34.38 | - | 2 |" in out
     assert "| Qwen1.5-7B | 16.50 / 7.70 | 14.50 / 7.20 | 7.00 / 4.40 | 2.50 / 2.60 |" in out
     assert "| GPT-4o-2024-08-06 | 15.30 / 15.70 | 14.20 / 14.20 | 12.40 / 12.50 | - / - |" in out
     rc, out, _ = run_cli(["report", "--scores", str(TABLE7), "--format", "csv", "--view", "table7"], capsys)
@@ -127,7 +128,8 @@ def test_markdown_and_csv_views(capsys):
                        **{f"{c}_{x}": "" for c in ("L", "XL", "2XL", "3XL") for x in ("lo", "hi")}}
     rc, out, _ = run_cli(["report", "--scores", str(TABLE7), "--format", "csv"], capsys)
     head = next(csv.reader(io.StringIO(out)))
-    assert head[:10] == ["model", "L", "XL", "2XL", "3XL", "mse", "mse_floor", "mse_lo", "mse_hi", "L_ie_minus_ib"]
+    assert head[:12] == ["model", "L", "XL", "2XL", "3XL", "mse", "mse_floor", "mse_lo", "mse_hi", "L_n", "L_lo",
+                         "L_hi"] and head[21] == "L_ie_minus_ib"
 
 
 @pytest.mark.parametrize("content,line,what", [

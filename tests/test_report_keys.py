@@ -79,7 +79,8 @@ def test_fine_tuned_and_load_time_rows_are_told_apart(tmp_path, capsys):
     assert ft["train_length"] == {"mean": 1536.4, "min": 1090, "max": 2024} and ft["train"] == "run1@24"
     assert eval_main(["report", str(tmp_path), "--view", "extrapolation"]) == 0
     md = capsys.readouterr().out
-    assert "| tiny | yarn x8 | 1536 (1090-2024) | 4 | 100.00 |" in md and "| tiny | yarn x8 | - | 4 | 0.00 |" in md
+    assert "| tiny | yarn x8 | 1536 (1090-2024) | 4 | 100.00 [100.0, 100.0] |" in md
+    assert "| tiny | yarn x8 | - | 4 | 0.00 [0.0, 0.0] |" in md
 
 
 def test_probe_runs_that_differ_in_the_rope_base_are_two_rows(tmp_path):
@@ -93,4 +94,4 @@ def test_probe_runs_that_differ_in_the_rope_base_are_two_rows(tmp_path):
                                                 "lengths": [512], "metric": "loss", "column": "N"}))
         (d / "items.jsonl").write_text(json.dumps({"id": "a", "group": "", "col": 512, "value": v}) + "\n")
     md = render(load_runs([tmp_path]), "md")
-    assert "| tiny | abf x1 base=8e4 | 1.000 |" in md and "| tiny | abf x1 base=5e5 | 3.000 |" in md
+    assert "| tiny | abf x1 base=8e4 | 1 | 1.000 |" in md and "| tiny | abf x1 base=5e5 | 1 | 3.000 |" in md

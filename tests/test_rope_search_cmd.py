@@ -115,7 +115,10 @@ def test_an_existing_run_needs_resume_and_its_own_settings(setup, tmp_path, caps
     capsys.readouterr()
     assert search(setup, tmp_path / "r", "--evals", 5) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith(f"error: {tmp_path / 'r' / 'run.json'}: holds a search run: --resume auto continues it")
+    assert err.startswith(f"error: {tmp_path / 'r'}: already holds a rope-search run")
+    assert "--resume auto continues it" in err
+    assert search(setup, tmp_path / "r", "--evals", 5, "--resume", "never") == 2  # said outright: refused too
+    assert "--resume auto continues it" in capsys.readouterr().err
     assert search(setup, tmp_path / "r", "--evals", 5, "--resume", "auto", "--seed", 9) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: ") and "seed 0 -> 9" in err

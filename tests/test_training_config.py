@@ -164,13 +164,16 @@ def test_data_longer_than_the_extended_context(capsys, tmp_path, make_tiny_model
     assert rc == 2 and "global batch 3" in line
 
 
-def test_resume_requires_a_run_dir(capsys, tmp_path, make_tiny_model, chapters, tiny_tokenizer_dir):
+def test_resume_checks_the_run_it_continues(capsys, tmp_path, make_tiny_model, chapters, tiny_tokenizer_dir):
     from ft_helpers import packed
 
     _, model_dir = make_tiny_model(orig_ctx=64)
     data = packed(chapters, tiny_tokenizer_dir, tmp_path / "packed", 300, 480, n=12)
+    # checkpoints without a run record: not a run --resume can continue
+    (tmp_path / "bare" / "checkpoint-1").mkdir(parents=True)
+    (tmp_path / "bare" / "checkpoint-1" / "trainer_state.json").write_text('{"global_step": 1}')
     rc, line = _err(capsys, ["--model", str(model_dir), "--data", str(data), "--rope", "ntk", "--scale", "8",
-                             "--output-dir", str(tmp_path / "none"), "--resume", "auto"])
+                             "--output-dir", str(tmp_path / "bare"), "--resume", "auto"])
     assert rc == 2 and "run.json" in line
     # a run dir of another rope setting
     run = tmp_path / "other"

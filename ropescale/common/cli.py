@@ -12,7 +12,10 @@
   takes one vocabulary (:data:`DTYPES`, :func:`add_dtype`).
 - The same names for the same ideas (:func:`add_out`, :func:`add_json`, :func:`add_format`): ``--out`` for what a
   command writes, ``--json`` wherever it prints a result, ``--format markdown|csv|json`` for tables.
-- Help in plain words: module docstrings lose their reST markup, each default is shown once.
+- Help in plain words: module docstrings lose their reST markup, each default is shown once; a command's help fits
+  on 100 lines (the rest of its manual is in docs/usage.md, :func:`doc_sections`).
+- A misspelt flag, subcommand or choice is refused with the command's own usage and a "did you mean" (:class:`Parser`).
+- ``--resume auto|never`` means the same in every stage that writes a run directory (:func:`add_resume`).
 - Results go to stdout, progress and logs to stderr (:func:`prepare_process` also sends DeepSpeed's and transformers'
   loggers there, filters library warnings nobody here can act on and sets the CUDA allocator); bad input is one
   ``error: FILE:LINE: ...`` line and exit code 2 (:func:`cli_main`).
@@ -21,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import difflib
 import json
 import logging
 import os
+import re
 import sys
 import warnings
 from typing import Callable, Iterable
@@ -48,6 +53,94 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         # them required all the same (settings.add_arguments marks them)
         actions = [_required_copy(a) if getattr(a, "shown_required", False) else a for a in actions]
         super().add_usage(usage, actions, groups, prefix)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with a "did you mean" for a misspelt flag, subcommand or choice (difflib's closest known
+    spelling), ``unrecognized arguments`` reported with the usage of the command that was given them, and a
+    ``--help`` that lists the flags of its ``advanced: ...`` groups by name only (``--help-all`` explains them), so
+    it fits on a screen or two."""
+
+    help_all = False
+
+    def error(self, message: str):
+        super().error(message + did_you_mean(self, message))
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras and getattr(ns, "_leaf", None) is not None and ns._leaf is not self:
+            ns._leaf.error(f"unrecognized arguments: {' '.join(extras)}")  # the subcommand's usage, not its parent's
+        return ns, extras
+
+    def format_help(self) -> str:
+        advanced = [g for g in self._action_groups if _is_advanced(g)]
+        if self.help_all or not advanced:
+            return super().format_help()
+        fmt = self._get_formatter()
+        fmt.add_usage(self.usage, self._actions, self._mutually_exclusive_groups)
+        fmt.add_text(self.description)
+        for g in self._action_groups:
+            fmt.start_section(g.title)
+            if g in advanced:
+                fmt.add_text(_flag_list(g, fmt._width))
+            else:
+                fmt.add_text(g.description)
+                fmt.add_arguments(g._group_actions)
+            fmt.end_section()
+        fmt.add_text(self.epilog)
+        fmt.add_text(f"The flags of the advanced groups, explained: {self.prog} --help-all")
+        return fmt.format_help()
+
+
+def _is_advanced(g) -> bool:
+    return (g.title or "").startswith("advanced") and any(a.help != argparse.SUPPRESS for a in g._group_actions)
+
+
+def _flag_list(g, width: int) -> str:
+    """An advanced group's flags by name (with their metavar), wrapped: what ``--help`` shows of it."""
+    import textwrap
+
+    parts = [next(o for o in a.option_strings if o.startswith("--")) for a in g._group_actions
+             if a.help != argparse.SUPPRESS and a.option_strings]
+    return textwrap.fill("  ".join(parts), width=max(width - 2, 40), initial_indent="  ", subsequent_indent="  ",
+                         break_on_hyphens=False, break_long_words=False)
+
+
+class _HelpAll(argparse.Action):
+    """``--help-all``: the whole help, every flag explained."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.help_all = True
+        parser.print_help()
+        parser.exit()
+
+
+def _flags(p: argparse.ArgumentParser) -> list[str]:
+    return [o for a in p._actions if a.help != argparse.SUPPRESS  # argparse has no public accessor for its actions
+            for o in a.option_strings if o.startswith("--")]
+
+
+def did_you_mean(p: argparse.ArgumentParser, message: str) -> str:
+    """`` (did you mean --limit?)`` for an argparse error about an unknown flag, command or choice; '' when
+    nothing known is close."""
+    if message.startswith("unrecognized arguments:"):
+        words = [w.split("=", 1)[0] for w in message.split(":", 1)[1].split() if w.startswith("-")]
+        known = _flags(p)
+        close = {w: m[0] for w in words if (m := difflib.get_close_matches(w, known, n=1, cutoff=0.6))}
+        if len(close) == 1:
+            return f" (did you mean {next(iter(close.values()))}?)"
+        return f" (did you mean {', '.join(f'{m} for {w}' for w, m in close.items())}?)" if close else ""
+    m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message) or \
+        re.search(r"expected one of (.*), got '([^']*)'", message)
+    if not m:
+        return ""
+    got, choices = (m.group(1), m.group(2)) if "invalid choice" in m.group(0) else (m.group(2), m.group(1))
+    known = [c.strip().strip("'") for c in choices.split(",")]
+    close = difflib.get_close_matches(got, known, n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _required_copy(action: argparse.Action) -> argparse.Action:
@@ -117,6 +210,11 @@ def add_command(subparsers, name: str, *, help: str, description: str | None = N
                                  aliases=list(aliases))
 
 
+def _mark_leaf(p: argparse.ArgumentParser) -> None:
+    """The parsed namespace names the (sub)command parser that read it: its usage goes with an unknown flag."""
+    p.set_defaults(_leaf=p)
+
+
 class _OneCommand:
     """What a module's ``register`` sees for a one-command tool: its ``add_parser`` gives the tool's own parser."""
 
@@ -124,7 +222,7 @@ class _OneCommand:
         self.prog, self.parser = prog, None
 
     def add_parser(self, name: str, *, help: str | None = None, aliases=(), **kw) -> argparse.ArgumentParser:
-        self.parser = argparse.ArgumentParser(prog=self.prog, **kw)
+        self.parser = Parser(prog=self.prog, **kw)
         return self.parser
 
 
@@ -135,11 +233,13 @@ def _commands(ap: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]
     return {}
 
 
-def doc_sections(doc: str, head: int = 2) -> dict[str, str | None]:
+def doc_sections(doc: str, head: int = 2, more: str | None = None) -> dict[str, str | None]:
     """``add_command``'s description and epilog from a module doc: its first ``head`` paragraphs (what the command
-    does, how it is called) before the flags, the rest after them, so the first screen of --help shows the flags."""
+    does, how it is called) before the flags; after them the rest, or with ``more`` (a page of docs/, where the rest
+    is written for users) one line naming that page, so a --help fits on 100 lines."""
     parts = doc.strip().split("\n\n")
-    return {"description": "\n\n".join(parts[:head]), "epilog": "\n\n".join(parts[head:]) or None}
+    rest = f"More: {more}" if more and parts[head:] else "\n\n".join(parts[head:]) or None
+    return {"description": "\n\n".join(parts[:head]), "epilog": rest}
 
 
 class Tool:
@@ -162,12 +262,13 @@ class Tool:
         desc = plain(self.description)
         if self.default:
             desc += f"\n\nWithout a command, {self.default!r} runs: {self.prog_name(prog)} [{self.default}] FLAGS."
-        ap = argparse.ArgumentParser(prog=prog or self.prog, description=desc, formatter_class=HelpFormatter)
-        sub = ap.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+        ap = Parser(prog=prog or self.prog, description=desc, formatter_class=HelpFormatter)
+        sub = ap.add_subparsers(dest="command", metavar="COMMAND", title="commands", parser_class=Parser)
         for register in self.commands:
             register(sub)
         for sp in sub.choices.values():  # one style, whatever a module's register wrote
             _plain_parser(sp)
+            _mark_leaf(sp)
         if self.default:
             self._default_help(sub, prog)
         return ap
@@ -215,6 +316,8 @@ class Tool:
 
 def _plain_parser(p: argparse.ArgumentParser) -> None:
     p.formatter_class = HelpFormatter
+    if any(_is_advanced(g) for g in p._action_groups) and "--help-all" not in p._option_string_actions:
+        p.add_argument("--help-all", action=_HelpAll, help=argparse.SUPPRESS)  # named at the end of --help
     p.description = plain(p.description) if p.description else p.description
     p.epilog = plain(p.epilog) if p.epilog else p.epilog
     for a in p._actions:  # argparse has no public accessor for its actions
@@ -229,12 +332,12 @@ SHORT_USAGE_FROM = 24  # a command with more flags shows only its ungrouped ones
 def _short_usage(p: argparse.ArgumentParser) -> None:
     """A command with many flags: the usage names the flags a newcomer needs (those outside the ``advanced: ...``
     groups, required first, as required), then ``[FLAGS ...]`` for the advanced ones, listed under their titles."""
-    shown = [a for a in p._actions if a.option_strings and a.help != argparse.SUPPRESS]
+    shown = [a for a in p._actions if a.option_strings and a.help != argparse.SUPPRESS and not isinstance(a, _HelpAll)]
     if p.usage or len(shown) <= SHORT_USAGE_FROM:
         return
     main = [a for g in p._action_groups if not (g.title or "").startswith("advanced")
             for a in g._group_actions  # argparse has no public accessor for a group's flags
-            if a.help != argparse.SUPPRESS and a.option_strings and not isinstance(a, argparse._HelpAction)]
+            if a.help != argparse.SUPPRESS and a.option_strings and not isinstance(a, (argparse._HelpAction, _HelpAll))]
     needed = lambda a: a.required or getattr(a, "shown_required", False)  # noqa: E731
     parts = [_usage_part(a, needed(a)) for a in sorted(main, key=lambda a: not needed(a))] + ["[FLAGS ...]"]
     lines, line = [], "%(prog)s"
@@ -279,6 +382,23 @@ def add_out(p: argparse.ArgumentParser, help: str, *, required: bool = True, met
     for a in aliases:
         p.add_argument(a, dest="out", help=argparse.SUPPRESS, **kw)
     _note_aliases(p, "--out", aliases)
+
+
+def add_resume(p: argparse.ArgumentParser, default: str, *, checkpoint: bool = False) -> None:
+    """``--resume {auto,never}`` (a fine-tune also takes a CHECKPOINT directory), the same words in every stage that
+    writes a run directory (``ropescale.common.runs.RESUME_HELP``); ``default``: what the stage does without the
+    flag. A bare ``--resume`` is ``auto``."""
+    from .runs import RESUME_HELP, RESUME_MODES
+
+    def mode(v: str) -> str:
+        if v in RESUME_MODES or checkpoint:
+            return v
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(RESUME_MODES)}, got {v!r}")
+
+    metavar = "{auto,never}" + ("|CHECKPOINT" if checkpoint else "")
+    extra = "; CHECKPOINT: continue from that checkpoint directory" if checkpoint else ""
+    p.add_argument("--resume", nargs="?", const="auto", default=default, type=mode, metavar=metavar,
+                   help=f"{RESUME_HELP}{extra} (default: {default})")
 
 
 def add_json(p: argparse.ArgumentParser, what: str = "the result") -> None:

@@ -65,7 +65,9 @@ transformers
   :func:`token_mean_world_factor`; Trainer callbacks that print to stdout (training/run.py):
   :func:`stdout_callbacks`; ``TrainerCallback.on_save`` runs after ``checkpoint-N`` is written
   (trainer.ExportCallback; tested only); the Trainer gives accelerate 1 accumulation step under DeepSpeed
-  (trainer.LabelOnlyTrainer): :func:`agree_grad_accum`
+  (trainer.LabelOnlyTrainer): :func:`agree_grad_accum`; the warm-up schedules of ``get_scheduler`` are a torch
+  ``LambdaLR`` whose lambdas give 0 at step 0, and the Trainer (also under DeepSpeed) builds its scheduler with
+  ``create_scheduler`` (trainer.LabelOnlyTrainer): :func:`warmup_from_first_step`
 peft
 - trained parameter names start with ``base_model.model.`` (training/saving.py): :data:`PEFT_PREFIX`
 - ``get_peft_model`` / ``PeftModel.from_pretrained`` take ``autocast_adapter_dtype`` (training/model.py, saving.py):
@@ -542,6 +544,26 @@ def agree_grad_accum(trainer) -> None:
     DeepSpeed's value. Setting that value first is the same end state, without a warning no user can act on."""
     if getattr(trainer, "is_deepspeed_enabled", False):
         trainer.accelerator.gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
+
+
+def warmup_from_first_step(scheduler, warmup: int):
+    """A warm-up that starts above 0: transformers' warm-up schedules (``get_scheduler``: a torch ``LambdaLR`` whose
+    multipliers are ``step / warmup`` during the warm-up, so 0 at step 0; 4.x and 5.x alike) run the first optimizer
+    step at learning rate 0, a step that changes nothing. Returns a ``LambdaLR`` over the same optimizer whose
+    multiplier at step s < ``warmup`` is the old one's at s + 1 (the first step at lr / warmup, the last warm-up step
+    at the full rate) and the old one's after it; ``scheduler`` itself when it is no ``LambdaLR`` or there is no
+    warm-up. Relies on ``LambdaLR.lr_lambdas`` (the multipliers, a public attribute) and on a new LambdaLR taking the
+    optimizer's recorded ``initial_lr`` as its base rates. The multipliers are plain functions, so the scheduler's
+    state_dict stays a plain dict (a checkpoint's scheduler.pt loads with ``weights_only``)."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    if warmup <= 0 or type(scheduler) is not LambdaLR:
+        return scheduler
+
+    def shifted(f):
+        return lambda step: f(step + 1) if step < warmup else f(step)
+
+    return LambdaLR(scheduler.optimizer, [shifted(f) for f in scheduler.lr_lambdas])
 
 
 def stdout_callbacks() -> tuple:

@@ -33,10 +33,12 @@ MODELS_DIR = "models"  # where the README and the recipes put downloaded models
 HUB_TIMEOUT_S = 5.0  # one look-up at the Hub; a network that is down answers at once, a black hole in 5 s
 # The Hub ids of the models the recipes expect under models/ (the download hint names the right one)
 HUB_IDS = {"Qwen1.5-7B": "Qwen/Qwen1.5-7B", "Yi-6B": "01-ai/Yi-6B", "Llama-3.1-8B": "meta-llama/Llama-3.1-8B"}
-MODEL_HELP = ("'tiny' (the embedded default), a model directory, or a Hugging Face Hub id. A value that is not an "
-              "existing directory is a Hub id only when it reads OWNER/NAME (one '/'; not ./ ../ / or ~ first, no "
-              "trailing /; OWNER neither 'models' nor a folder here: models/X is a path) and the Hub has it (with "
-              "HF_HUB_OFFLINE=1: the local Hugging Face cache has it); anything else is a missing directory")
+MODEL_HELP = ("'tiny' (the embedded default), a model directory, or a Hugging Face Hub id OWNER/NAME (how the two are "
+              "told apart: docs/usage.md)")
+# The rule (docs/usage.md says it to users): a value that is not an existing directory is a Hub id only when it reads
+# OWNER/NAME (one '/'; not ./ ../ / or ~ first, no trailing /; OWNER neither 'models' nor a folder here: models/X is
+# a path) and the Hub has it (with HF_HUB_OFFLINE=1: the local Hugging Face cache has it); anything else is a missing
+# directory.
 _verified: set[tuple] = set()  # (path, size, mtime) of weights whose sha256 matched their record
 
 

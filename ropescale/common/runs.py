@@ -19,11 +19,14 @@ A run directory holds:
   skips ids already present and never duplicates one.
 - ``summary.json`` / ``scores.json``: derived numbers, written atomically.
 
-A directory holding a run record belongs to that run (:func:`claim_run_dir`): a run of another kind is never
-written into it, and a run of the same kind continues it only with the same settings (:func:`check_resume`, the
-one resume check every stage calls) and the same model (:func:`model_id`). One process writes it at a time: the
-writer holds an advisory lock on ``.lock`` in it (:func:`lock_run_dir`, taken by :func:`open_run_dir`; the kernel
-drops it when the process dies, however it dies), and a second writer is refused naming the holder's pid.
+A directory holding a run record belongs to that run (:func:`claim_run_dir`): a run of another kind is never written
+into it, and a run of the same kind continues it only with the same settings (:func:`check_resume`, the one resume check
+every stage calls) and the same model (:func:`model_id`). ``--resume`` says the same in every stage that writes a run
+directory (:data:`RESUME_HELP`, :func:`check_resume_mode`): ``auto`` continues the run --out holds or starts one where
+there is none, ``never`` starts only a new run; without the flag generate, run and the probes continue (auto), a
+fine-tune and a factor search refuse (never: they say how to continue). One process writes it at a time: the writer
+holds an advisory lock on ``.lock`` in it (:func:`lock_run_dir`, taken by :func:`open_run_dir`; the kernel drops it when
+the process dies, however it dies), and a second writer is refused naming the holder's pid.
 
 A model directory made by ``finetune.py merge`` carries its training record in ``ropescale_train.json``
 (:data:`TRAIN_JSON`): the run's id, the checkpoint step, the RoPE spec, the data and its length (mean, min, max:
@@ -596,14 +599,33 @@ def claim_run_dir(path: str | os.PathLike, kind: str, *, what: str = "--out") ->
     return meta
 
 
-def open_run_dir(path: str | os.PathLike, kind: str, *, what: str = "--out") -> tuple[Path, RunMeta | None]:
+RESUME_MODES = ("auto", "never")
+RESUME_HELP = ("auto: continue the run in --out (same settings and model only) or start one; never: refuse an --out "
+               "that holds a run")
+
+
+def check_resume_mode(old: "RunMeta | None", resume: str | None, *, what: str = "--out", hint: str = "") -> None:
+    """``--resume never`` (or a stage's default never, ``resume`` None there): an InputError when ``old`` (the run
+    --out holds) exists, saying how to continue it; ``auto`` lets the caller continue it (:func:`check_resume`)."""
+    if resume not in RESUME_MODES:
+        raise ValueError(f"resume mode {resume!r}")
+    if old is not None and resume == "never":
+        status = f" ({old.status})" if old.status else ""
+        raise InputError(f"already holds a {old.kind} run{status}: --resume auto continues it (the same settings "
+                         f"only){hint}, or use another {what}", old.meta_path.parent)
+
+
+def open_run_dir(path: str | os.PathLike, kind: str, *, what: str = "--out",
+                 resume: str | None = None) -> tuple[Path, RunMeta | None]:
     """Where a run of ``kind`` writes, checked before any work: ``path`` is a directory or does not exist yet (no
-    parent of it is a file), can be written, holds no run of another kind (:func:`claim_run_dir`) and no other
-    process is writing it (:func:`lock_run_dir`, held until the process ends or :func:`release_run_dirs`). Returns
-    (the path, the run already there or None); the caller decides whether that run may continue
-    (:func:`check_resume`)."""
+    parent of it is a file), can be written, holds no run of another kind (:func:`claim_run_dir`) nor, with
+    ``resume`` "never", one of this kind (:func:`check_resume_mode`), and no other process is writing it
+    (:func:`lock_run_dir`, held until the process ends or :func:`release_run_dirs`). Returns (the path, the run
+    already there or None); the caller decides whether that run may continue (:func:`check_resume`)."""
     p = check_output_dir(path, what)
     old = claim_run_dir(p, kind, what=what)
+    if resume is not None:
+        check_resume_mode(old, resume, what=what)
     lock_run_dir(p, what=what)
     return p, old
 
@@ -725,7 +747,12 @@ def resume_diffs(old: RunMeta, settings, *, rope=None, model_id: str | None = No
     if rope is not None:
         was_rope = type(rope).from_record(old.rope, old.meta_path)
         if not was_rope.same_rope(rope):
-            diffs.append(f"rope {was_rope.label()} -> {rope.label()}")
+            a, b = was_rope.label(), rope.label()
+            if a == b:  # the label hides the field that differs (e.g. orig_ctx): name it
+                da, db = was_rope.to_dict(), rope.to_dict()
+                b += " (" + ", ".join(f"{k} {fmt(da.get(k))} -> {fmt(db.get(k))}" for k in sorted({*da, *db})
+                                      if da.get(k) != db.get(k)) + ")"
+            diffs.append(f"rope {a} -> {b}")
     if model_id is not None and old.model_id is not None and model_id != old.model_id:
         diffs.append(f"model_id {old.model_id} -> {model_id} (not the model this run read)")
     cls = type(settings)

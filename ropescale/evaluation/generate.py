@@ -34,13 +34,15 @@ Output (a run directory, see :mod:`ropescale.common.runs`): ``DIR/predictions.js
 (id, subset, prompt, input_tokens, truncated, new_tokens, prediction, reference), appended and fsynced as each
 sample finishes — and ``DIR/run.json`` (the run record: model, model_id, rope spec, context, the model's training
 record, data, the settings -- prompt, prompt_style, subset, backend... --, counts, versions). Re-running the same
-command resumes: finished ids are skipped, a killed run loses at most the samples in flight (one per slot / batch
-row) and never duplicates a record. Re-running with different settings, or with another model (even at the same
-path: the model's id is compared), into the same DIR is an error, and so is a DIR holding another kind of run.
+command resumes (``--resume auto``, the default; ``--resume never`` refuses a DIR that holds a run): finished ids
+are skipped, a killed run loses at most the samples in flight (one per slot / batch row) and never duplicates a
+record. Re-running with different settings, or with another model (even at the same path: the model's id is
+compared), into the same DIR is an error, and so is a DIR holding another kind of run.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -49,7 +51,15 @@ from typing import Any
 
 from rope_scaling import RopeSpec
 from ropescale.common import prompts, subsets
-from ropescale.common.cli import add_command, add_json, doc_sections, print_result, rerun_command, when_interrupted
+from ropescale.common.cli import (
+    add_command,
+    add_json,
+    add_resume,
+    doc_sections,
+    print_result,
+    rerun_command,
+    when_interrupted,
+)
 from ropescale.common.io import InputError
 from ropescale.common.models import MODEL_HELP, is_tiny
 from ropescale.common.runs import (
@@ -185,14 +195,14 @@ POSITIONAL = ("model", "data", "prompt", "out")
 
 @run_dir_scope()
 def generate(settings: GenerateSettings | None = None, *args, progress: bool = True, log=_log, hf_model=None,
-             backends: dict | None = None, **fields) -> dict:
+             backends: dict | None = None, resume: str = "auto", **fields) -> dict:
     """Generate predictions into the run directory ``settings.out`` (see module doc); returns a summary dict.
 
     ``generate(GenerateSettings(...))``, or the settings spelled out: ``generate(model, data, prompt, out,
     max_new_tokens=10, rope=RopeSpec("ntk", 8), cache="static", ...)`` (any :class:`GenerateSettings` key).
     ``hf_model`` lets a caller pass an already-loaded model for the hf backend (tests, benchmarks); ``backends`` (a
     dict the caller keeps) lets consecutive calls reuse a loaded backend when its settings are the same (``run
-    --data-dir``).
+    --data-dir``). ``resume``: "auto" continues a run ``out`` holds, "never" refuses one (``runs.RESUME_HELP``).
     """
     from ropescale.common.settings import check, make
 
@@ -203,7 +213,7 @@ def generate(settings: GenerateSettings | None = None, *args, progress: bool = T
     elif fields or args:
         settings = make(GenerateSettings, settings, **fields)
     check(settings)
-    return _generate(settings, progress=progress, log=log, hf_model=hf_model, backends=backends)
+    return _generate(settings, progress=progress, log=log, hf_model=hf_model, backends=backends, resume=resume)
 
 
 @dataclass
@@ -236,9 +246,9 @@ class Generation:
         return self.old.seconds if self.old is not None else 0.0
 
 
-def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict:
+def _generate(s: GenerateSettings, *, progress, log, hf_model, backends, resume="auto") -> dict:
     """The phases, in order: inputs -> prompts -> backend and run record -> decoding -> counts."""
-    g = plan_generation(s, log)
+    g = plan_generation(s, log, resume)
     when_interrupted(f"the predictions so far are kept; to continue, run the same command again: {rerun_command()}")
     prepare_items(g)
     warn_context(g, log)
@@ -247,7 +257,7 @@ def _generate(s: GenerateSettings, *, progress, log, hf_model, backends) -> dict
     return finish_run(g, seconds, log)
 
 
-def plan_generation(s: GenerateSettings, log) -> Generation:
+def plan_generation(s: GenerateSettings, log, resume: str = "auto") -> Generation:
     """Phase 1, inputs: the run directory, the data and its subset, the model's config with the RoPE flags (read
     once), the token limits, the settings as resolved and the resume check. Nothing is written."""
     from rope_scaling.load import load_config
@@ -255,7 +265,7 @@ def plan_generation(s: GenerateSettings, log) -> Generation:
 
     t_start = time.time()
     require(s, NEEDS)
-    out, old = open_run_dir(s.out, "generate")  # a file, or another kind of run's directory: refused before any work
+    out, old = open_run_dir(s.out, "generate", resume=resume)  # a file, another kind of run's: refused before any work
     prompt = s.prompt.lower()
     prompts.template(prompt, s.prompt_style or "release")
     src = open_source(s.data, s.data_files, s.data_split)
@@ -328,10 +338,36 @@ def warn_context(g: Generation, log) -> None:
         return
     fate = ("middle-truncated to fit" if s.truncate == "middle" else
             "run beyond the model's positions (extrapolation; scores near 0 are likely)")
-    tok = "" if is_tiny(s.model) else f" --tokenizer {s.model}"
     log(f"[generate] warning: {over} of {len(g.items)} samples are longer than the model's {ctx}-token context "
-        f"less {g.max_new_tokens} new tokens: they will be {fate}. An eval set that fits: python -m data_concat "
-        f"sample{tok} --subset-tokens {max(room // 2, 1)} --out eval_fit.jsonl")
+        f"less {g.max_new_tokens} new tokens: they will be {fate}. {fitting_eval_set(g)}")
+
+
+def fitting_eval_set(g: Generation) -> str:
+    """How to get an eval set that fits the model (a sentence with the commands): ``data_concat sample`` over the
+    shared novels' paragraphs at the largest scaled-down target whose longest window, rendered with this run's
+    prompt, leaves room for the new tokens, then this generation with ``--max-new-tokens`` kept (a T<N> subset's
+    own default is the paper's 400)."""
+    import shlex
+
+    from ropescale.common.paths import CHAPTERS_JSONL
+
+    s = g.settings
+    prompt = len(Tokenize(g.tokenizer, s.prompt, s.prompt_style or "release", s.chat_template).ids(""))
+    room = g.cfg.context - g.max_new_tokens - prompt - 2  # (2: tokens a context can merge with at its edges)
+    target = int(room / 1.125)  # a scaled-down subset's range ends at 18/16 of its target (the L preset's shape)
+    while target > 0 and subsets.scaled(target).range[1] > room:
+        target -= 1
+    if target < 32:
+        return (f"The {g.cfg.context}-token context leaves {max(room, 0)} tokens for a context after the prompt and "
+                f"{g.max_new_tokens} new tokens: a smaller --max-new-tokens, or a larger --scale.")
+    here = Path.cwd()
+    chapters = str(CHAPTERS_JSONL)
+    if CHAPTERS_JSONL.is_relative_to(here.parent):
+        chapters = os.path.relpath(CHAPTERS_JSONL, here)
+    tok = "" if is_tiny(s.model) else f" --tokenizer {shlex.quote(str(s.model))}"
+    return (f"An eval set that fits: python -m data_concat sample --chapters {shlex.quote(chapters)}{tok} "
+            f"--subset-tokens {target} --unit paragraph --max-samples 200 --out eval_fit.jsonl, then this command "
+            f"with --data eval_fit.jsonl --max-new-tokens {g.max_new_tokens}")
 
 
 def start_run(g: Generation, *, hf_model, backends, log):
@@ -405,7 +441,7 @@ def finish_run(g: Generation, seconds: float, log) -> dict:
 
 # ---------------------------------------------------------------- CLI
 def cmd_generate(args) -> int:
-    res = generate(from_args(args, GenerateSettings))
+    res = generate(from_args(args, GenerateSettings), resume=args.resume)
     return print_result(res, args.json, f"{res['out']}: {res['done']} of {res['samples']} predictions "
                                         f"({res['generated']} new in {res['seconds']:.1f}s; {res['truncated']} "
                                         f"truncated, {res['over_context']} beyond the extended context)")
@@ -413,7 +449,8 @@ def cmd_generate(args) -> int:
 
 def register(subparsers) -> None:
     p = add_command(subparsers, "generate", help="greedy summaries for CNNSum-format data (hf or vllm backend), "
-                                                 "resumable", **doc_sections(__doc__))
+                                                 "resumable", **doc_sections(__doc__, more="docs/usage.md (generate)"))
     add_settings(p, GenerateSettings, required=NEEDS)
+    add_resume(p, "auto")
     add_json(p, "the summary (out, samples, generated, seconds, counts)")
     p.set_defaults(func=cmd_generate)

@@ -24,7 +24,7 @@ import dataclasses
 import sys
 
 from ropescale.common import prompts as _prompts
-from ropescale.common.cli import add_command, add_json, doc_sections, print_result
+from ropescale.common.cli import add_command, add_json, add_resume, doc_sections, print_result
 from ropescale.common.io import InputError, check_output_dir
 from ropescale.common.settings import add_settings, from_args
 
@@ -39,7 +39,7 @@ def _log_default(m: str) -> None:
 
 
 def run(settings: GenerateSettings, *, metric: str = "cnnsum", with_runs=(), plot=None, report_out=None,
-        buckets=None, log=None) -> dict:
+        buckets=None, log=None, resume: str = "auto") -> dict:
     """Generate (``settings``), score, and build the report (into ``report_out``, default OUT/report/, and Fig. 3
     into ``plot``, default OUT/fig3.png). Returns {"generate": ..., "score": scores.json summary, "report": the
     tables as markdown, "report_dir", "plot"}."""
@@ -51,7 +51,7 @@ def run(settings: GenerateSettings, *, metric: str = "cnnsum", with_runs=(), plo
     report_out = report_out or (out / "report" if out is not None else None)
     plot = plot or (out / "fig3.png" if out is not None else None)
     check_report_out(report_out, plot)
-    gen = generate(settings, log=log)
+    gen = generate(settings, log=log, resume=resume)
     log(f"[run] scoring {gen['out']} ({metric} ROUGE-L)")
     summary = score_run(gen["out"], metric)
     log(f"[run] ROUGE-L {summary['rouge_l']:.2f} over {summary['n']} samples")
@@ -78,12 +78,14 @@ def parse_prompts(spec) -> list[str]:
 
 
 def run_matrix(settings: GenerateSettings, *, data_dir, prompts=DEFAULT_PROMPTS, metric: str = "cnnsum",
-               with_runs=(), buckets=None, log=None) -> dict:
+               with_runs=(), buckets=None, log=None, resume: str = "auto") -> dict:
     """The paper's evaluation of one model: every release file of ``data_dir`` x every prompt into
     ``OUT/<subset>_<prompt>/`` (OUT = ``settings.out``), scored, then the report in ``OUT/report/`` and Fig. 3 in
     ``OUT/fig3.png`` (see the module doc). ``settings`` without data / prompt / subset (each cell sets them).
     Returns {"runs": {name: {"generate", "score"}}, "skipped": [subsets], "report": markdown, "report_dir",
     "plot"}."""
+    from ropescale.common.runs import check_resume_mode, claim_run_dir
+
     from .report.cli import check_report_out, make_report
     from .score import score_run
 
@@ -104,6 +106,9 @@ def run_matrix(settings: GenerateSettings, *, data_dir, prompts=DEFAULT_PROMPTS,
     for path in files.values():  # every file read (and its records' subset checked) before the first run
         samples = load_samples(path, settings.limit)
         resolve_subset(None, path.name, samples, str(path))
+    for name in files:  # --resume never: no cell may hold a run yet (checked before the first one generates)
+        for prompt in prompts:
+            check_resume_mode(claim_run_dir(out / f"{name}_{prompt}", "generate"), resume)
     for name in missing:
         log(f"[run] {data_dir}: no file for subset {name}, skipped")
     log(f"[run] {len(files)} subset(s) x {len(prompts)} prompt(s): "
@@ -117,7 +122,7 @@ def run_matrix(settings: GenerateSettings, *, data_dir, prompts=DEFAULT_PROMPTS,
                 d = out / cell
                 log(f"[run] {cell}: {path.name} -> {d}")
                 cell_settings = dataclasses.replace(settings, data=str(path), prompt=prompt, out=str(d))
-                gen = generate(cell_settings, log=log, backends=backends)
+                gen = generate(cell_settings, log=log, backends=backends, resume=resume)
                 summary = score_run(d, metric)
                 log(f"[run] {cell}: ROUGE-L {summary['rouge_l']:.2f} over {summary['n']} samples")
                 results[cell] = {"generate": gen, "score": summary}
@@ -143,7 +148,7 @@ def cmd_run(args) -> int:
             raise InputError("give --prompts (or one --prompt), not both")
         prompts = args.prompts if args.prompts is not None else (settings.prompt or ",".join(DEFAULT_PROMPTS))
         res = run_matrix(dataclasses.replace(settings, prompt=None), data_dir=args.data_dir, prompts=prompts,
-                         metric=args.metric, with_runs=args.with_runs, buckets=buckets)
+                         metric=args.metric, with_runs=args.with_runs, buckets=buckets, resume=args.resume)
         return print_result({k: res[k] for k in ("runs", "skipped", "report_dir", "plot")}, args.json, res["report"])
     if settings.data is None:
         raise InputError("run needs --data FILE (one run) or --data-dir DIR (the whole matrix)")
@@ -152,7 +157,7 @@ def cmd_run(args) -> int:
     if args.prompts is not None:
         raise InputError("--prompts goes with --data-dir; with --data give one --prompt")
     res = run(settings, metric=args.metric, with_runs=args.with_runs, plot=args.plot, report_out=args.report_out,
-              buckets=buckets)
+              buckets=buckets, resume=args.resume)
     return print_result({k: res[k] for k in ("generate", "score", "report_dir", "plot")}, args.json, res["report"])
 
 
@@ -161,8 +166,9 @@ def register(subparsers) -> None:
 
     p = add_command(subparsers, "run", help="generate + score + report in one (resumable): one data file, or every "
                                             "subset x prompt of a release directory (--data-dir)",
-                    **doc_sections(__doc__, 3))
+                    **doc_sections(__doc__, 3, more="docs/usage.md (run)"))
     add_settings(p, GenerateSettings)
+    add_resume(p, "auto")
     report = p.add_argument_group("advanced: the report")
     p.add_argument("--data-dir", metavar="DIR",
                    help="the paper's matrix: the CNNSum release files in DIR x --prompts, into OUT/<subset>_<prompt>/")

@@ -24,9 +24,9 @@ from typing import Iterable, Optional
 from rope_scaling import RopeSpec
 from ropescale.common.io import (
     InputError,
-    check_output_dir,
     read_jsonl,
     sha256_file,
+    writable_dir,
     write_json_atomic,
     write_jsonl_atomic,
 )
@@ -235,7 +235,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                     "  exactly and fast. metric standard: textbook ROUGE-L F1 (rouge-score) on jieba tokens.\n\n"
                     "--pred takes a JSONL file (one {prediction, reference} object a line; CNNSum's 'summary'\n"
                     "is accepted as the reference) or a run directory of `eval_summ.py generate` (then\n"
-                    "scores.json and sample_scores.jsonl are written into it).",
+                    "scores.json and sample_scores.jsonl are written into it; a run directory that cannot be\n"
+                    "written is scored all the same, without saving them).",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pred", required=True, metavar="FILE.jsonl|RUN_DIR", help="predictions to score")
     p.add_argument("--metric", choices=METRICS, default=DEFAULT_METRIC, help="ROUGE-L flavour (default: cnnsum)")
@@ -249,10 +250,12 @@ def register(subparsers) -> argparse.ArgumentParser:
 def cmd_score(args: argparse.Namespace) -> int:
     path = Path(args.pred)
     if path.is_dir():
-        if RunDir(path).exists():  # scores.json is saved into the run: where it goes is checked first
-            check_output_dir(path, "--pred (scores.json is saved into the run directory)")
         summary, samples = score_run_data(path, args.metric)
-        write_run_scores(path, summary, samples)
+        if writable_dir(path):  # the scores are saved into the run; a run read from a read-only place is only read
+            write_run_scores(path, summary, samples)
+        else:
+            print(f"note: {path} cannot be written here: scored without saving {SCORES_JSON} / {SAMPLE_SCORES}",
+                  file=sys.stderr)
         out = dict(summary)
         if args.per_sample:
             out["scores"] = [s["rouge_l"] for s in samples]

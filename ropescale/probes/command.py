@@ -6,12 +6,14 @@ command (:func:`cmd_probe`) is the same for all of them.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Callable
 
-from ropescale.common.cli import add_command, add_json
+from ropescale.common.cli import add_command, add_json, add_resume, doc_sections
 from ropescale.common.io import check_output_dir
+from ropescale.common.runs import check_resume_mode, claim_run_dir
 from ropescale.common.settings import add_settings, from_args, given
-from ropescale.evaluation.report.probes import print_summary
+from ropescale.evaluation.report.probes import print_summary, with_intervals
 
 from .common import ProbeSettings, load_model, set_threads
 from .data import heldout_default, load_docs
@@ -26,8 +28,9 @@ def register_probe(sub, name: str, cls, *, help: str, description: str, run: Cal
                    load: Callable[[ProbeSettings], object] = book_docs) -> argparse.ArgumentParser:
     """A probe's subcommand: ``load(settings)`` reads its data (default: :func:`book_docs`),
     ``run(loaded, data, settings)`` returns the summary."""
-    ap = add_command(sub, name, help=help, description=description)
+    ap = add_command(sub, name, help=help, **doc_sections(description, 2, more=f"docs/probes.md ({name})"))
     add_settings(ap, cls)
+    add_resume(ap, "auto")
     add_json(ap, "the summary")
     ap.set_defaults(func=cmd_probe, load=load, run=run)
     return ap
@@ -39,10 +42,11 @@ def settings_from_args(args: argparse.Namespace):
     return heldout_default(from_args(args), "data" in given(args, args.settings_class))
 
 
-def prepare(s: ProbeSettings, load_data):
-    """Check ``--out``, set the thread count, read the data (``load_data()``, first, so a bad file fails before a
-    model loads) and load the model with the RoPE flags. Returns (data, Loaded)."""
-    check_output_dir(s.out)
+def prepare(s: ProbeSettings, load_data, resume: str = "auto"):
+    """Check ``--out`` (with ``resume`` "never", that it holds no probe run), set the thread count, read the data
+    (``load_data()``, first, so a bad file fails before a model loads) and load the model with the RoPE flags.
+    Returns (data, Loaded)."""
+    check_resume_mode(claim_run_dir(check_output_dir(s.out), "probe"), resume)
     set_threads(s.threads)
     data = load_data()
     return data, load_model(s.model, s.rope)
@@ -50,6 +54,9 @@ def prepare(s: ProbeSettings, load_data):
 
 def cmd_probe(args: argparse.Namespace) -> int:
     s = settings_from_args(args)
-    data, loaded = prepare(s, lambda: args.load(s))
-    print_summary(args.run(loaded, data, s), args.json)
+    data, loaded = prepare(s, lambda: args.load(s), args.resume)
+    summary = args.run(loaded, data, s)
+    from ropescale.common.runs import ITEMS, RecordLog
+
+    print_summary(with_intervals(summary, RecordLog(Path(s.out) / ITEMS).records()), args.json)
     return 0

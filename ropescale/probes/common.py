@@ -9,7 +9,8 @@ kind "probe", model, model_id, rope spec, context, the model's training record, 
 ``info``: the probe's name, lengths, metric and column), ``items.jsonl`` (one record per scored item, each with
 ``id``, ``group``, ``col`` and ``value``: the report's row group, column bucket and cell metric) and
 ``summary.json`` (the cells: mean value and count per group x column). Re-running into the same directory with the
-same settings and model resumes: items already in ``items.jsonl`` are skipped; a directory holding another run
+same settings and model resumes (``--resume auto``, the default; ``--resume never`` refuses it): items already in
+``items.jsonl`` are skipped; a directory holding another run
 (other settings, another model, another kind) is refused. The directory and its run.json are written with the
 first result: a run that fails before producing one (bad lengths, too-short data, ...) leaves nothing behind, so
 the corrected command can use the same ``--out``.

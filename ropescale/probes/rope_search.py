@@ -29,7 +29,7 @@ from pathlib import Path
 
 from rope_scaling import RopeSpec
 from rope_scaling.search import SearchSettings, factors_of, initial_factors, run_search
-from ropescale.common.cli import add_command, add_json, print_result
+from ropescale.common.cli import add_command, add_json, add_resume, print_result
 from ropescale.common.io import InputError
 from ropescale.common.settings import add_settings, check, from_args, given, nested, setting
 
@@ -148,13 +148,19 @@ def candidate_fitness(loaded, state, scale: float, windows: list[Window], batch_
 class SearchRun:
     """The run directory of one search (see module doc): checked before any work, written each generation."""
 
-    def __init__(self, s: SearchRunSettings, loaded, windows: list[Window], *, resume: bool):
-        from ropescale.common.runs import RunDir, RunRecord, check_resume, model_ref, open_run_dir, settings_record
+    def __init__(self, s: SearchRunSettings, loaded, windows: list[Window], *, resume: str):
+        from ropescale.common.runs import (
+            RunDir,
+            RunRecord,
+            check_resume,
+            check_resume_mode,
+            model_ref,
+            open_run_dir,
+            settings_record,
+        )
 
         out, old = open_run_dir(s.out, KIND)
-        if old is not None and not resume:
-            raise InputError("holds a search run: --resume auto continues it (same settings; --budget / --evals "
-                             "may change), or use another --out", old.meta_path)
+        check_resume_mode(old, resume, hint="; --budget / --evals may change")
         self.dir, self.old = RunDir(out), old
         self.t0, self.before = time.time(), (old.seconds if old is not None else 0.0)
         model = model_ref(loaded.name, loaded.path)
@@ -237,13 +243,13 @@ def prepare(s: SearchRunSettings, log):
     return loaded, state, windows, target
 
 
-def search(s: SearchRunSettings, *, resume: bool = False, log=None) -> dict:
+def search(s: SearchRunSettings, *, resume: bool | str = False, log=None) -> dict:
     """Run (or continue) a search into ``s.out``; returns the result (:func:`result_of` plus the factor file)."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     check(s)
     s.search.check_budget()
     loaded, state, windows, _ = prepare(s, log)
-    run = SearchRun(s, loaded, windows, resume=resume)
+    run = SearchRun(s, loaded, windows, resume=resume if isinstance(resume, str) else "auto" if resume else "never")
     init = initial_factors(state.rotary_dim, state.base, s.scale, state.orig_ctx)
 
     logged = [None]
@@ -274,8 +280,7 @@ def register(sub) -> None:
     p = add_command(sub, "search", help="LongRoPE search of per-pair factors for a model, a scale and a length",
                     description=__doc__.split("\n\n", 1)[1].strip())
     add_settings(p, SearchRunSettings)
-    p.add_argument("--resume", nargs="?", const="auto", default=None, choices=["auto"],
-                   help="continue the search run in --out (the same settings; the budget may change)")
+    add_resume(p, "never")
     add_json(p, "the result")
     p.set_defaults(func=cmd_search)
 
@@ -289,5 +294,5 @@ def settings_from_args(args: argparse.Namespace) -> SearchRunSettings:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    r = search(settings_from_args(args), resume=args.resume is not None)
+    r = search(settings_from_args(args), resume=args.resume)
     return print_result(r, args.json, lambda: summary_text(r))

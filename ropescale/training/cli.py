@@ -1,11 +1,13 @@
-"""finetune.py's command line: ``finetune.py [train] FLAGS`` and ``finetune.py merge --run DIR --out DIR``."""
+"""finetune.py's command line: ``finetune.py [train] FLAGS``, ``finetune.py merge --run DIR --out DIR`` and
+``finetune.py plot --run DIR``."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from ropescale.common.cli import Tool, add_command, add_dtype, add_json, add_out, doc_sections
+from ropescale.common.cli import Tool, add_command, add_dtype, add_json, add_out, add_resume, doc_sections, print_result
 
 DESCRIPTION = """\
 LoRA fine-tuning with RoPE scaling on packed long samples (CNNSum Sec 5 / App. B.2).
@@ -16,6 +18,7 @@ LoRA fine-tuning with RoPE scaling on packed long samples (CNNSum Sec 5 / App. B
       --rope ntk --scale 8                            # the paper's run
   python finetune.py --recipe recipes/qwen1.5-7b_ntk-x8_16k.yaml --model /path/Qwen1.5-7B --data PACKED
   python finetune.py merge --run runs/train/tiny-ntk-x8 --out models/tiny-ntk-x8
+  python finetune.py plot --run runs/train/tiny-ntk-x8   # its loss and learning rate per step, as a PNG
 """
 
 TRAIN_DESCRIPTION = """\
@@ -23,22 +26,23 @@ LoRA r=8 on q,k,v,o plus the embeddings and every norm, loss on the summaries on
 labelled positions), AdamW 2e-5 with 30 warm-up steps, global batch 16 (16K) / 8 (32K), gradient checkpointing,
 optional DeepSpeed ZeRO-2/3 with CPU offload.
 
-Settings: defaults < --recipe FILE (YAML, the same keys with underscores) < flags. Without --recipe, the tiny
-default model uses recipes/tiny_demo.yaml (a few steps). The run directory gets run.json, train_log.jsonl,
-checkpoint-N/ (resumable with --resume auto; each with an export/), final/ (the export) and config.json with the
-RoPE setting. The default run directory is runs/train/<model>-<rope>-x<scale> under the current directory. Prints
-the run directory on stdout at the end (--json: a summary). A directory holding a run is never reused silently: a
-finetune run continues only with --resume auto (the same settings and model; only --max-steps may grow) and is
-deleted only with --overwrite; another kind of run (an eval or probe run directory) is never written into.
+Settings: defaults < --recipe FILE (YAML, the same keys with underscores) < flags. Without --recipe, the tiny default
+model uses recipes/tiny_demo.yaml (a few steps). The run directory gets run.json, train_log.jsonl, checkpoint-N/
+(--resume auto continues from the newest; each with an export/), final/ (the export), config.json with the RoPE setting
+and train_curves.png (the loss and learning rate per step). The default run directory is
+runs/train/<model>-<rope>-x<scale> under the current directory. Prints the run directory on stdout at the end (--json: a
+summary). A directory holding a run is never reused silently: a finetune run continues only with --resume auto (the same
+settings and model; only --max-steps may grow) and is deleted only with --overwrite; another kind of run (an eval or
+probe run directory) is never written into.
 """
 
 
 def register_train(sub) -> None:
     from .config import add_train_args
 
-    p = add_command(sub, "train", help="fine-tune (the default command)", **doc_sections(TRAIN_DESCRIPTION, 1))
-    p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="auto|CHECKPOINT",
-                   help="continue the run in --out from its newest checkpoint (auto) or from CHECKPOINT")
+    p = add_command(sub, "train", help="fine-tune (the default command)",
+                    **doc_sections(TRAIN_DESCRIPTION, 1, more="docs/usage.md (finetune)"))
+    add_resume(p, "never", checkpoint=True)
     p.add_argument("--overwrite", action="store_true",
                    help="start the run over when --out already holds one (its checkpoints are deleted)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -65,7 +69,18 @@ def register_merge(sub) -> None:
     p.set_defaults(func=cmd_merge)
 
 
-TOOL = Tool("finetune.py", DESCRIPTION, (register_train, register_merge), default="train")
+def register_plot(sub) -> None:
+    p = add_command(sub, "plot", help="draw a run's loss and learning rate per step (PNG)",
+                    description="Draw the loss and the learning rate of each logged step of a finetune run (its "
+                                "train_log.jsonl; also a run that was stopped) into RUN/train_curves.png, the figure "
+                                "a fine-tune draws when it ends. Prints the PNG's path.")
+    p.add_argument("--run", required=True, metavar="DIR", help="finetune run directory")
+    add_out(p, "where to write the PNG (default: RUN/train_curves.png)", required=False, metavar="FILE.png")
+    add_json(p, "the PNG's path and the steps drawn")
+    p.set_defaults(func=cmd_plot)
+
+
+TOOL = Tool("finetune.py", DESCRIPTION, (register_train, register_merge, register_plot), default="train")
 
 
 def cmd_train(args) -> int:
@@ -81,8 +96,6 @@ def cmd_train(args) -> int:
 
 
 def cmd_merge(args) -> int:
-    from pathlib import Path
-
     from .saving import EXPORT_JSON, find_export, merge
 
     src = Path(args.run)
@@ -90,6 +103,17 @@ def cmd_merge(args) -> int:
     out = merge(exp, args.out, base_model=args.base_model, dtype=args.dtype, overwrite=args.overwrite)
     print(json.dumps({"model": str(out), "export": str(exp)}) if args.json else str(out))
     return 0
+
+
+def cmd_plot(args) -> int:
+    from ropescale.common.io import check_output_file
+
+    from .curves import CURVES_PNG, plot_curves, read_log
+
+    out = args.out or str(Path(args.run) / CURVES_PNG)
+    check_output_file(out)
+    png = plot_curves(args.run, out)
+    return print_result({"png": str(png), "steps": len(read_log(args.run))}, args.json, str(png))
 
 
 main = TOOL.entry()

@@ -20,6 +20,8 @@ from ropescale.common.models import MODEL_HELP
 from ropescale.common.paths import DS_CONFIGS_DIR, RECIPES_DIR
 from ropescale.common.settings import add_settings, from_args, given, nested, read_recipe, setting
 
+from .curves import REPORT_TO
+
 TINY_DEMO_RECIPE = RECIPES_DIR / "tiny_demo.yaml"
 
 
@@ -33,6 +35,7 @@ def _positive():
 
 DATA, LORA, OPTIM, HOW = ("what to train on", "advanced: LoRA and what else is trained",
                           "advanced: optimization (CNNSum Appendix B.2)", "advanced: how it runs")
+PACK = "advanced: positions in a packed sample (docs/positions.md)"
 
 
 @dataclass(frozen=True)
@@ -51,17 +54,17 @@ class TrainSettings:
     init_step: int | None = setting(None, "with --init-from: that run's checkpoint of this step; default: its final "
                                           "export", check=_at_least(0), group=DATA)
     allow_extrapolation: bool = setting(False, "allow samples longer than the RoPE-extended context (e.g. Yi-6B "
-                                               "trained at 16K without scaling, Table 8)", group=DATA)
+                                               "trained at 16K without scaling, Table 8)", group=PACK)
     positions: str = setting(DEFAULT_POSITIONS, "position ids of a packed sample: continuous (0 .. n-1 over the "
                              "sample, CNNSum Sec 5) or reset (each pair from 0; needs --attention document): "
-                             "data_concat/positions.py", choices=POSITIONS, group=DATA)
+                             "data_concat/positions.py", choices=POSITIONS, group=PACK)
     attention: str = setting(DEFAULT_ATTENTION, "attention in a packed sample: causal (across its pairs, the paper's) "
-                             "or document (each pair attends only to itself)", choices=ATTENTIONS, group=DATA)
+                             "or document (each pair attends only to itself)", choices=ATTENTIONS, group=PACK)
     pose_target: int | None = setting(None, "PoSE (Zhu et al. 2024): position ids of each sample (or pair, with "
                                             "reset) split into chunks offset by random skips so they reach up to "
-                                            "this many tokens; default: off", check=_at_least(1), group=DATA)
+                                            "this many tokens; default: off", check=_at_least(1), group=PACK)
     pose_chunks: int = setting(DEFAULT_POSE_CHUNKS, "PoSE: chunks per span (the paper's N = 2)", check=_at_least(1),
-                               group=DATA)
+                               group=PACK)
     rope: RopeSpec = nested(RopeSpec, resume="ignore")  # resume compares the rope the model trains with
     # LoRA and what else is trained
     lora_r: int = setting(8, "LoRA rank (Sec 5)", check=_at_least(1), group=LORA)
@@ -168,6 +171,9 @@ class TrainSettings:
                                               "original context (capped by the extended context)",
                                          check=_positive(), group=HOW)
     num_workers: int = setting(0, "data loader workers", check=_at_least(0), group=HOW)
+    report_to: str = setting("none", "also send the training logs to tensorboard or wandb (transformers' own "
+                                     "integrations; pip install tensorboardX or wandb); RUN/train_curves.png is "
+                                     "drawn either way", choices=REPORT_TO, resume="ignore", group=HOW)
 
 
 def add_train_args(parser: argparse.ArgumentParser) -> None:

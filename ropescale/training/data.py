@@ -131,8 +131,22 @@ def check_positions(rows, policy, *, extended: int, allow_extrapolation: bool, w
         return longest - 1
     if policy.pose_target > extended and not allow_extrapolation:
         raise InputError(f"--pose-target {policy.pose_target} is beyond the model's {extended}-token extended "
-                         f"context; use a larger --scale, a smaller --pose-target, or --allow-extrapolation", where)
+                         f"context; use a larger --scale, a smaller --pose-target, or --allow-extrapolation")
     return policy.pose_target - 1
+
+
+def one_pair_note(rows, policy, where) -> str | None:
+    """What to say when ``--positions reset`` / ``--attention document`` can change nothing: every sample of the data
+    holds a single pair, so each pair already starts at position 0 and attends only to itself (the tiny default's
+    data, one recall pair a sample). None otherwise."""
+    if not policy.needs_boundaries:
+        return None
+    starts = rows.pair_starts() if hasattr(rows, "pair_starts") else [r.get("pair_starts") for r in rows]
+    if starts is None or any(s is None or len(s) > 1 for s in starts):
+        return None
+    return (f"note: every sample of {where} holds one pair, so --positions {policy.positions} --attention "
+            f"{policy.attention} trains exactly what continuous + causal does; pack several pairs a sample (python -m "
+            "data_concat pack) for the policy to matter (docs/positions.md)")
 
 
 class PackedDataset:

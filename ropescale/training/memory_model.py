@@ -316,7 +316,7 @@ def longest_context(shape: Shape, gpus: int, gpu_gib: float = 80.0, *, step: int
     return lo * unit, est(lo)
 
 
-# The H100 80 GB figures this model is checked against (issue 24): the real recipe path (`deepspeed finetune.py
+# The H100 80 GB figures this model is checked against: the real recipe path (`deepspeed finetune.py
 # --recipe qwen1.5-7b_ntk-x8_16k.yaml` on a random 7B Qwen1.5-shape model in bf16, ZeRO-3 with parameter and
 # optimizer offload, one GPU, samples of exactly N tokens with 10% labelled: bench/bench_train_path.py), measured
 # before checkpoint offload and MLP tiling existed, so they are compared with both off.

@@ -9,12 +9,12 @@ under the current directory; a directory holding any run record is refused unles
 ``--resume`` continues it or ``--overwrite`` starts it over (nothing is deleted without --overwrite), and one
 holding another kind of run (an eval run) is refused whatever the flags.
 
-Resume (``--resume auto|CHECKPOINT``) continues exactly the run in --out: every resolved setting (after the
-recipe), the model (its path and its id: ``runs.model_id``), the RoPE setting and the data (path and content: its
-length stats) must be those recorded in run.json; only ``--max-steps`` may grow (the one resume check,
-``runs.check_resume``, on :func:`resume_settings`). run.json's ``seconds`` is the whole run's wall time: each part
-adds its own to what the run had recorded at its last checkpoint (a killed part counts up to its last checkpoint
-save).
+Resume (``--resume auto|CHECKPOINT``; ``auto`` starts a new run where --out holds none, ``never``, the default, refuses
+an --out that holds one unless ``--overwrite``) continues exactly the run in --out: every resolved setting (after the
+recipe), the model (its path and its id: ``runs.model_id``), the RoPE setting and the data (path and content: its length
+stats) must be those recorded in run.json; only ``--max-steps`` may grow (the one resume check, ``runs.check_resume``,
+on :func:`resume_settings`). run.json's ``seconds`` is the whole run's wall time: each part adds its own to what the run
+had recorded at its last checkpoint (a killed part counts up to its last checkpoint save).
 """
 from __future__ import annotations
 
@@ -170,10 +170,12 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
     """Run (or resume: ``resume`` "auto" or a checkpoint directory) a fine-tuning run with the settings ``args``;
     returns a summary ({run, steps, seconds, final}) on the main process, None on the others. The phases, in
     order: settings -> data -> memory plan -> trainer arguments -> model -> run record -> trainer -> fit and export."""
+    from .curves import check_report_to
     from .data import policy_of
 
     check(args)  # before any work
     policy_of(args)  # a bad combination of --positions / --attention / --pose-* too
+    check_report_to(args.report_to)  # an integration that is not installed too
     env.setup_env()
     run = plan_run(args, recipe=recipe, resume=resume, overwrite=overwrite)
     when_interrupted("to continue from the last checkpoint (every --save-steps), run the same command with --resume "
@@ -233,6 +235,11 @@ def plan_run(args: TrainSettings, *, recipe: str | None, resume: str | None, ove
                              resumed=old.settings.get("attn") if resume and old is not None else None)
     resolved = dataclasses.replace(resolved, attn=attn)
     resume_from = None
+    if resume == "never":  # (the default) an --out holding a run is refused below unless --overwrite
+        resume = None
+    elif resume == "auto" and old is None and latest_checkpoint(run_dir) is None and not (run_dir / "final").exists():
+        log(f"[finetune] --resume auto: {run_dir} holds no run yet: starting one")
+        resume = None
     if resume:
         if old is None:
             raise InputError("--resume: not a finetune run directory (no run.json)", run_dir)
@@ -262,7 +269,7 @@ def prepare_data(run: Run) -> None:
     batch arithmetic (Appendix B.2)."""
     from data_concat.packed import TRAIN_FILE
 
-    from .data import build_default_data, check_positions, check_rows, load_rows, policy_of
+    from .data import build_default_data, check_positions, check_rows, load_rows, one_pair_note, policy_of
 
     args, old = run.settings, run.old
     rope_desc = "no RoPE scaling" if run.rope.method == "none" else f"RoPE {run.rope.label()}"
@@ -287,6 +294,9 @@ def prepare_data(run: Run) -> None:
                        allow_extrapolation=args.allow_extrapolation, where=data_dir, rope_desc=rope_desc)
     check_positions(rows, policy, extended=run.extended, allow_extrapolation=args.allow_extrapolation,
                     where=data_dir)
+    note = one_pair_note(rows, policy, data_dir)
+    if note:
+        log(f"[finetune] {note}")
     if old is not None:  # the same path must still hold the same data
         was = old.get("data_stats") or {}
         diffs = [f"data {k} {fmt(was[k])} -> {fmt(stats[k])}" for k in ("samples", "tokens", "supervised", "min",
@@ -334,6 +344,8 @@ def training_arguments(run: Run):
     import torch
     from transformers import TrainingArguments
 
+    from .curves import report_to
+
     args, cuda = run.settings, run.cuda
     plan = run.memory.plan if run.memory is not None else None
     offload = (plan.offload_params, plan.offload_optimizer) if plan is not None and plan.name == "fit" else None
@@ -348,7 +360,8 @@ def training_arguments(run: Run):
         save_total_limit=args.save_total_limit, seed=args.seed, data_seed=args.seed,
         full_determinism=args.deterministic,
         bf16=run.dtype == torch.bfloat16 and cuda, fp16=run.dtype == torch.float16 and cuda, use_cpu=not cuda,
-        deepspeed=ds_cfg, report_to=[], remove_unused_columns=False, dataloader_num_workers=args.num_workers,
+        deepspeed=ds_cfg, report_to=report_to(args.report_to, run.run_dir), remove_unused_columns=False,
+        dataloader_num_workers=args.num_workers,
         gradient_checkpointing=False, disable_tqdm=True, log_level="warning",
         optim="adamw_torch_fused" if cuda else "adamw_torch", save_only_model=False,
         ddp_find_unused_parameters=False,  # every trained tensor (LoRA, embeddings, norms) gets a gradient each step

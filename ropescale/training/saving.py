@@ -126,13 +126,19 @@ def check_merge_out(out: Path, *, protect: dict[str, Path], overwrite: bool = Fa
 def find_export(run_dir: str | os.PathLike, step: int | None = None) -> Path:
     """The export of a finetune run: the final one, or that of checkpoint ``step``."""
     run = Path(run_dir)
+    if not run.exists():
+        raise InputError("no such finetune run directory", run)
+    if not run.is_dir():
+        raise InputError("is a file, expected a finetune run directory (or one of its export directories)", run)
     cand = run / "final" if step is None else run / f"checkpoint-{step}" / "export"
     if not (cand / EXPORT_JSON).is_file():
         if step is None and (run / EXPORT_JSON).is_file():
             return run
         have = sorted(int(p.parent.parent.name.split("-")[1])
                       for p in run.glob("checkpoint-*/export/" + EXPORT_JSON))
-        raise InputError(f"no {'final export' if step is None else f'export of step {step}'} "
+        what = ("a finetune run directory" if (run / "run.json").is_file() else
+                "not a finetune run directory (no run.json)")
+        raise InputError(f"{what} with no {'final export' if step is None else f'export of step {step}'} "
                          f"(checkpoints with exports: {have or 'none'})", run)
     return cand
 

@@ -1,5 +1,6 @@
-"""The HF Trainer with the label-only loss, progress lines (loss, per-step and steady tokens/s, peak memory) and
-exports at saves."""
+"""The HF Trainer with the label-only loss and a warm-up that starts above 0, progress lines (loss, the learning
+rate each step ran with, per-step and steady tokens/s, peak memory), the loss-and-learning-rate PNG at the end
+(``curves``) and exports at saves."""
 from __future__ import annotations
 
 import json
@@ -162,6 +163,15 @@ class LabelOnlyTrainer(Trainer):
         super().create_accelerator_and_postprocess()
         compat.agree_grad_accum(self)  # no "Gradient accumulation steps mismatch" warning under DeepSpeed
 
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        """transformers' scheduler (``--lr-scheduler``, ``--warmup-steps``), its warm-up shifted by one step so the
+        first optimizer step runs at lr / warmup, not at 0 (:func:`compat.warmup_from_first_step`)."""
+        made = self.lr_scheduler is None
+        sched = super().create_scheduler(num_training_steps, optimizer)
+        if made:
+            self.lr_scheduler = compat.warmup_from_first_step(sched, self.args.get_warmup_steps(num_training_steps))
+        return self.lr_scheduler
+
     def get_train_dataloader(self):
         dl = super().get_train_dataloader()
         if self.sequence_layout is not None:  # every rank of a sequence group draws the group's batches
@@ -187,10 +197,23 @@ class LabelOnlyTrainer(Trainer):
         return (loss, out) if return_outputs else loss
 
 
+def step_lr(trainer) -> float | None:
+    """The learning rate the optimizer step about to run uses (its scheduler's current rate), or None."""
+    sched = getattr(trainer, "lr_scheduler", None)
+    try:
+        if sched is not None:
+            return float(sched.get_last_lr()[0])
+        return float(trainer.optimizer.param_groups[0]["lr"])
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return None
+
+
 class ProgressCallback(TrainerCallback):
-    """One line per logging step on stderr (rank 0): step, loss, lr, tokens/s (the last step's, and the steady
-    rate once past warm-up: :class:`StepClock`), peak memory; also appended to RUN/train_log.jsonl with the running
-    rate, host memory and the memory plan (:mod:`ropescale.training.memory`) when one is set."""
+    """One line per logging step on stderr (rank 0): step, loss, lr (the rate the step ran with; the Trainer's own
+    ``learning_rate`` is the next step's), tokens/s (the last step's, and the steady rate once past warm-up:
+    :class:`StepClock`), peak memory; also appended to RUN/train_log.jsonl with the running rate, host memory and the
+    memory plan (:mod:`ropescale.training.memory`) when one is set. At the end of training the loss-and-lr PNG of
+    the whole log is drawn into the run directory (:func:`.curves.plot_curves`)."""
 
     def __init__(self, trainer_ref, log_path: Path | None, is_main: bool, world: int):
         self.trainer_ref = trainer_ref
@@ -199,6 +222,7 @@ class ProgressCallback(TrainerCallback):
         self.world = world
         self.clock = StepClock()
         self.bar = None
+        self.lr = None  # the learning rate of the step running
 
     def on_train_begin(self, args, state, control, **kw):
         self.clock.begin_train(self.trainer_ref().tokens_seen)
@@ -210,6 +234,7 @@ class ProgressCallback(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kw):
         self.clock.begin_step(self.trainer_ref().tokens_seen)
+        self.lr = step_lr(self.trainer_ref())
 
     def on_step_end(self, args, state, control, **kw):
         if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -222,13 +247,22 @@ class ProgressCallback(TrainerCallback):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+        if self.log_path is not None and self.log_path.is_file():
+            from .curves import plot_curves
+
+            try:
+                path = plot_curves(self.log_path.parent)
+            except Exception as e:  # a figure must not fail a finished training: say why and go on
+                print(f"[finetune] note: the training curves were not drawn: {e}", file=sys.stderr)
+            else:
+                print(f"[finetune] training curves: {path}", file=sys.stderr)
 
     def on_log(self, args, state, control, logs=None, **kw):
         if not logs or "loss" not in logs:
             return
         tr = self.trainer_ref()
         rec = {"step": state.global_step, "loss": round(float(logs["loss"]), 7),
-               "lr": float(logs.get("learning_rate", 0.0))}
+               "lr": self.lr if self.lr is not None else float(logs.get("learning_rate", 0.0))}
         rec.update(self.clock.record(tr.tokens_seen, self.world))
         rec.update(memory_record())
         plan = getattr(tr.model, "_ropescale_memory", None)

@@ -24,7 +24,7 @@ examples:
   eval_summ.py report --scores scores.csv --json            # {model: {avg: {subset: v}, mse: v}}
   eval_summ.py report runs/ --plot fig3.png --out tables/   # every view + Fig. 3 from run dirs
   eval_summ.py report runs/ --buckets 1024,2048,4096 --view extrapolation --format csv
-  eval_summ.py report runs/ --intervals --effective-threshold 30   # cells with 95% intervals, RULER's length"""
+  eval_summ.py report runs/ --effective-threshold 30   # RULER's effective length beside NoLiMa's"""
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -44,15 +44,19 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--metric", choices=METRICS, default=DEFAULT_METRIC,
                    help="metric for runs that must be scored (default: cnnsum)")
     p.add_argument("--plot", metavar="FILE.png", default=None,
-                   help="write the Fig. 3 plot: per-sample ROUGE-L vs input length, moving median")
-    p.add_argument("--window", type=int, default=15, help="moving-median window of --plot (default: 15)")
+                   help="write the Fig. 3 plot: per-sample ROUGE-L vs input length, each column's mean with its "
+                        "interval")
+    p.add_argument("--window", type=int, default=15,
+                   help="moving-median window of --plot, drawn only where every column has that many samples "
+                        "(default: 15)")
     p.add_argument("--out", metavar="DIR", default=None,
                    help="also write every view as DIR/<view>.{md,csv,json}")
     p.add_argument("--no-save-scores", action="store_true",
                    help="do not write scores.json / sample_scores.jsonl into runs scored on the fly")
-    p.add_argument("--intervals", action="store_true",
-                   help="markdown cells with their 95%% percentile bootstrap interval (extrapolation, Table 7; Table "
-                        "2: IE-IB per subset); JSON and CSV always carry n and the interval")
+    p.add_argument("--no-intervals", dest="intervals", action="store_false",
+                   help="markdown cells without their 95%% bootstrap interval (JSON and CSV always carry n and the "
+                        "interval; markdown has them by default)")
+    p.add_argument("--intervals", dest="intervals", action="store_true", help=argparse.SUPPRESS)  # the default now
     p.add_argument("--effective-threshold", type=float, metavar="X", default=None,
                    help="also the effective context length by RULER's convention: the longest length up to which a "
                         "row scores >= X (NoLiMa's, >= 85%% of the row's first column, is always shown)")
@@ -63,12 +67,13 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def plot_report(rep: Report, path: str | os.PathLike, window: int = 15) -> Path:
-    """The Fig. 3 PNG of the report's runs (per-sample ROUGE-L vs input length, moving median)."""
+    """The Fig. 3 PNG of the report's runs (per-sample ROUGE-L vs input length; each column's mean and interval, as
+    the tables have them; a moving median only where each column has ``window`` samples)."""
     from .plot import plot_fig3, series_from_runs
 
     if not rep.runs:
         raise InputError("--plot needs run directories (per-sample scores with input lengths)")
-    return plot_fig3(series_from_runs(rep.runs), path, window=window)
+    return plot_fig3(series_from_runs(rep.runs, rep), path, window=window)
 
 
 
@@ -86,7 +91,7 @@ def make_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.Pa
                 metric: str = DEFAULT_METRIC, buckets: Optional[Sequence[int]] = None, fmt: str = "markdown",
                 view: Optional[str] = None, out_dir: Optional[str | os.PathLike] = None,
                 plot: Optional[str | os.PathLike] = None, window: int = 15, save_scores: bool = True,
-                intervals: bool = False, effective_threshold: Optional[float] = None,
+                intervals: bool = True, effective_threshold: Optional[float] = None,
                 resamples: Optional[int] = None) -> str:
     """Everything ``eval_summ.py report`` does, as one call (``eval_summ.py run`` uses it): build the views,
     validate every input, then save recomputed run scores, write ``out_dir`` tables and the ``plot`` PNG, and

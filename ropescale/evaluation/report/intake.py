@@ -171,19 +171,24 @@ def load_runs(paths: Iterable[str | os.PathLike], metric: str = DEFAULT_METRIC) 
 
 def load_probe_runs(paths: list[str]) -> list[dict]:
     """Summaries of the probe runs under ``paths`` (recomputed from items.jsonl when summary.json is missing,
-    e.g. for an interrupted run), each with the run's meta fields (probe, model, rope, metric, column) and its
-    row key (``_setting``: a tables.Setting)."""
+    e.g. for an interrupted run), each with the run's meta fields (probe, model, rope, metric, column), its
+    row key (``_setting``: a tables.Setting) and each cell's interval over its items (``probes.with_intervals``)."""
+    from .probes import with_intervals
+
     out, owner = [], {}
     for rd in find_run_dirs(paths):
         meta = RunMeta.read(rd.path)
         if meta.kind != "probe":
             continue
+        items = rd.log(ITEMS).records() if (rd.path / ITEMS).is_file() else None
         if (rd.path / SUMMARY).is_file():
             s = rd.read_json(SUMMARY)
-        elif (rd.path / ITEMS).is_file():
-            s = summarize(rd.log(ITEMS).records())
+        elif items is not None:
+            s = summarize(items)
         else:
             continue
+        if items is not None:
+            with_intervals(s, items)
         for k in ("probe", "model", "rope", "metric", "column"):
             s.setdefault(k, meta.get(k))
         s["run_dir"] = str(rd.path)

@@ -6,7 +6,9 @@ One table per probe: rows = settings (``ropescale.common.tables.Setting``: the m
 spec, the model's training record -- the same rows and labels as eval_summ's report --, the probe's own variant:
 input length N, suffix-id variant / heading / score) x the probe's group (block size k, perturbation kind, copy /
 no-copy), columns = the probe's length bucket (prefix length, input length, distance), cells = the probe's metric
-(accuracy or loss, the mean over items; ``n`` items per cell in the JSON output). Two runs of the same setting are
+(accuracy or loss, the mean over items, with its n and 95 % percentile bootstrap interval over the items,
+``uncertainty.cell``, in every format: markdown ``mean [lo, hi]`` and an n column, CSV ``<col>_n, <col>_lo,
+<col>_hi``, JSON ``n`` and ``ci``; a cell of one item has no interval). Two runs of the same setting are
 told apart by their run directory's name. A probe with a single column bucket and several groups (the shuffle
 test without ``--lengths``) shows the groups (k=1..5) as columns. Printed as markdown (default), CSV or JSON;
 ``--out DIR`` also writes every table as DIR/<probe>.{md,csv,json} (an ``--out`` path ending in
@@ -16,6 +18,7 @@ per probe with a line per row.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from rope_scaling import RopeSpec
@@ -33,12 +36,45 @@ def _setting_of(summary: dict) -> Setting:
                    variant=summary.get("setting", ""))
 
 
-def table_rows(summaries: list[dict]) -> tuple[str, list[str], list[list], list[list]]:
-    """(title, header, rows of labels + cell values, rows of cell counts) for summaries of ONE probe."""
+@dataclass
+class ProbeRows:
+    """ONE probe's table: its title, header (``lead`` label columns, then one per length bucket), and per row the
+    labels followed by the cells' means (``body``), counts (``ns``) and 95 % intervals (``ivs``: (lo, hi) or
+    None)."""
+
+    title: str
+    header: list
+    lead: int
+    body: list
+    ns: list
+    ivs: list
+
+    @property
+    def columns(self) -> list:
+        return self.header[self.lead:]
+
+
+def with_intervals(summary: dict, records: list[dict], resamples: int | None = None) -> dict:
+    """``summary`` (a probe run's cells) with each cell's 95 % percentile bootstrap interval over its items
+    (``records``: items.jsonl, {id, group, col, value}; ``uncertainty.cell``) as ``lo`` / ``hi``."""
+    from .uncertainty import RESAMPLES, cell
+
+    by: dict = {}
+    for r in records:
+        by.setdefault((r.get("group", ""), r["col"]), {})[r["id"]] = float(r["value"])
+    for c in summary.get("cells", []):
+        e = cell(by.get((c.get("group", ""), c["col"]), {}), resamples=resamples or RESAMPLES)
+        c["lo"], c["hi"] = e.lo, e.hi
+    return summary
+
+
+def table_rows(summaries: list[dict]) -> ProbeRows:
+    """The table of summaries of ONE probe (:class:`ProbeRows`)."""
     probe = summaries[0].get("probe", "")
     cols: list = []
     rows: dict[tuple, dict] = {}
     counts: dict[tuple, dict] = {}
+    ivs: dict[tuple, dict] = {}
     for s in summaries:
         setting = _setting_of(s)
         for c in s["cells"]:
@@ -47,10 +83,11 @@ def table_rows(summaries: list[dict]) -> tuple[str, list[str], list[list], list[
             key = (setting, c.get("group", ""))
             rows.setdefault(key, {})[c["col"]] = c["value"]
             counts.setdefault(key, {})[c["col"]] = c["n"]
+            ivs.setdefault(key, {})[c["col"]] = (c["lo"], c["hi"]) if c.get("lo") is not None else None
     cols.sort(key=column_key)
     has_group = any(k[1] for k in rows)
     if len(cols) == 1 and has_group:  # one bucket, several groups (shuffle without --lengths): groups as columns
-        rows, counts, cols = _pivot(rows), _pivot(counts), sorted({k[1] for k in rows}, key=str)
+        rows, counts, ivs, cols = _pivot(rows), _pivot(counts), _pivot(ivs), sorted({k[1] for k in rows}, key=str)
         has_group = False
     labels = setting_labels(k[0] for k in rows)
     has_setting = any(lab.variant for lab in labels.values())
@@ -68,10 +105,11 @@ def table_rows(summaries: list[dict]) -> tuple[str, list[str], list[list], list[
                                           lead(k)[1:], str(k[1])))
     body = [lead(k) + [rows[k].get(c) for c in cols] for k in ordered]
     ns = [lead(k) + [counts[k].get(c) for c in cols] for k in ordered]
+    iv = [lead(k) + [ivs[k].get(c) for c in cols] for k in ordered]
     metric = " / ".join(dict.fromkeys(s.get("metric", "") for s in summaries))  # e.g. logprob and pmi runs
     column = summaries[0].get("column", "")
     title = f"{probe}: {metric}; columns = {column}"
-    return title, header, body, ns
+    return ProbeRows(title, header, len(header) - len(cols), body, ns, iv)
 
 
 def _pivot(cells: dict[tuple, dict]) -> dict[tuple, dict]:
@@ -82,18 +120,39 @@ def _pivot(cells: dict[tuple, dict]) -> dict[tuple, dict]:
 
 
 _cell = number(3, "–")
+NOTE = ("Cells: the mean over n items [95% percentile bootstrap interval over the items]; n: items per cell (a range "
+        "when the cells differ).")
+
+
+def _md_cell(v, iv) -> str:
+    if v is None:
+        return _cell(v)
+    return _cell(v) if iv is None else f"{_cell(v)} [{_cell(iv[0])}, {_cell(iv[1])}]"
+
+
+def _n_range(ns: list) -> str:
+    vals = sorted({n for n in ns if n is not None})
+    return "-" if not vals else str(vals[0]) if len(vals) == 1 else f"{vals[0]}-{vals[-1]}"
 
 
 def to_table(summaries: list[dict]) -> Table:
-    """ONE probe's table (``tables.Table``: the one table type both reports write)."""
-    title, header, body, ns = table_rows(summaries)
+    """ONE probe's table (``tables.Table``: the one table type both reports write): every cell with its n and
+    interval (see module doc)."""
+    t = table_rows(summaries)
     probe = summaries[0].get("probe", "") or "probe"
-    return Table(probe, title, ["probe"] + header, [[probe] + r for r in body], _cell, (header, body),
-                 {"title": title, "header": header, "rows": body, "n": ns})
-
-
-def to_markdown(title: str, header: list[str], body: list[list], ns: list[list] | None = None) -> str:
-    return Table("", title, header, body, _cell).text("markdown")
+    k = t.lead
+    cols = [str(c) for c in t.columns]
+    csv_header = ["probe"] + t.header[:k] + [x for c in cols for x in (c, f"{c}_n", f"{c}_lo", f"{c}_hi")]
+    csv_rows = [[probe] + b[:k] + [x for v, n, iv in zip(b[k:], ns[k:], ivs[k:])
+                                   for x in (v, n, *(iv if iv is not None else (None, None)))]
+                for b, ns, ivs in zip(t.body, t.ns, t.ivs)]
+    md_rows = [b[:k] + [_n_range(ns[k:])] + [_md_cell(v, iv) for v, iv in zip(b[k:], ivs[k:])]
+               for b, ns, ivs in zip(t.body, t.ns, t.ivs)]
+    return Table(probe, t.title, csv_header, csv_rows, str, (t.header[:k] + ["n"] + cols, md_rows),
+                 {"title": t.title, "header": t.header, "rows": t.body, "n": t.ns,
+                  "ci": [b[:k] + [None if iv is None else list(iv) for iv in ivs[k:]] for b, ivs in zip(t.body,
+                                                                                                       t.ivs)]},
+                 NOTE)
 
 
 def by_probe(summaries: list[dict]) -> dict[str, list[dict]]:
@@ -115,13 +174,14 @@ def write_probe_tables(summaries: list[dict], out_dir: str | os.PathLike):
 
 
 def print_summary(summary: dict, as_json: bool = False) -> None:
-    """Print one run's cells to stdout (its markdown table, or JSON): what each probe command prints."""
+    """Print one run's cells to stdout (its markdown table with n and intervals, or JSON): what each probe command
+    prints."""
     import json
 
     if as_json:
         print(json.dumps(summary, ensure_ascii=False))
         return
-    print(to_markdown(*table_rows([summary])))
+    print(to_table([summary]).text("markdown"), end="")
 
 
 def plot_probes(summaries: list[dict], path: str | os.PathLike) -> Path:
@@ -134,15 +194,17 @@ def plot_probes(summaries: list[dict], path: str | os.PathLike) -> Path:
     groups = by_probe(summaries)
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.2), squeeze=False)
     for ax, (probe, ss) in zip(axes[0], groups.items()):
-        title, header, body, _ = table_rows(ss)
-        ncol0 = 2 + sum(h in ("train_length", "setting", "group") for h in header[2:5])
-        cols = header[ncol0:]
+        t = table_rows(ss)
+        title, k = t.title, t.lead
+        cols = [str(c) for c in t.columns]
         numeric = all(c.lstrip("-").isdigit() for c in cols)
         xs = [int(c) for c in cols] if numeric else list(range(len(cols)))
-        for r in body:
-            pts = [(x, v) for x, v in zip(xs, r[ncol0:]) if v is not None]
+        for r, ns, ivs in zip(t.body, t.ns, t.ivs):
+            pts = [(x, v, iv) for x, v, iv in zip(xs, r[k:], ivs[k:]) if v is not None]
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=" ".join(map(str, r[:ncol0])))
+                err = [[v - (iv[0] if iv else v) for _, v, iv in pts], [(iv[1] if iv else v) - v for _, v, iv in pts]]
+                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=err, marker="o", capsize=3,
+                            label=f"{' '.join(map(str, r[:k]))} (n={_n_range(ns[k:])} per point)")
         if numeric and min(xs) > 0 and max(xs) / min(xs) >= 8:
             ax.set_xscale("log", base=2)
         if not numeric:
@@ -152,8 +214,10 @@ def plot_probes(summaries: list[dict], path: str | os.PathLike) -> Path:
         ax.set_ylabel(ss[0].get("metric", ""))
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
+    fig.text(0.5, 0.01, "Points: the mean over n items with its 95% bootstrap interval over the items.", ha="center",
+             va="bottom", fontsize=7)
     fit_text(fig)  # Chinese in a label: a font that has it, or '?' (not boxes and a warning per glyph)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     try:
         return save_png(fig, path, dpi=110)
     finally:

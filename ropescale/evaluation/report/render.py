@@ -1,7 +1,9 @@
 """The report's views as tables (``ropescale.common.tables.Table``): markdown (every view), CSV (one view) or JSON,
-and the files ``--out`` writes (through the one table writer, ``tables.write_tables``). Every cell carries its n
-and 95 % bootstrap interval in JSON and CSV (``uncertainty``); markdown shows the intervals with ``--intervals``
-(:class:`Options`)."""
+and the files ``--out`` writes (through the one table writer, ``tables.write_tables``). Every score cell of Table 2,
+Table 7 and the extrapolation table carries its n and 95 % bootstrap interval (``uncertainty``) in every format:
+markdown ``mean [lo, hi]`` with an n column (``--no-intervals``: the means alone, :class:`Options`), CSV
+``<col>_n, <col>_lo, <col>_hi`` beside each ``<col>``, JSON ``n`` and ``ci``. The failure-mode and recall views
+give shares with their n and no interval."""
 from __future__ import annotations
 
 import os
@@ -21,11 +23,11 @@ _f = number(2, "-")
 
 @dataclass(frozen=True)
 class Options:
-    """How the views are drawn: ``intervals``: markdown cells with their 95 % interval (JSON and CSV always carry
-    them); ``threshold``: the absolute score of RULER's effective length (``--effective-threshold``; None: only
-    NoLiMa's relative one)."""
+    """How the views are drawn: ``intervals``: markdown cells with their 95 % interval (the default; JSON and CSV
+    always carry them); ``threshold``: the absolute score of RULER's effective length (``--effective-threshold``;
+    None: only NoLiMa's relative one)."""
 
-    intervals: bool = False
+    intervals: bool = True
     threshold: Optional[float] = None
 
 
@@ -57,31 +59,38 @@ def _pct(v: Optional[float]) -> str:
 
 
 def table2(rep: Report, opts: Options = Options()) -> Table:
-    """Table 2: per subset the average of the two prompts, MSE(P-IE vs P-IB) with its noise floor and interval;
-    beside each subset IE - IB with its paired bootstrap interval (JSON, CSV; markdown with ``--intervals``)."""
+    """Table 2: per subset the average of the two prompts (n, interval), MSE(P-IE vs P-IB) with its noise floor and
+    interval; beside each subset IE - IB with its paired bootstrap interval (markdown: with intervals)."""
     t2 = rep.table2()
     cols = rep.columns
     by_label = {rep.label(s): s for s in rep.series}
     diffs = {label: {c: rep.difference(by_label[label], c) for c in d["avg"]} for label, d in t2.items()}
     mses = {label: rep.mse(by_label[label]) for label in t2}
+    avgs = {label: {c: rep.estimate(by_label[label], c) if d["avg"].get(c) is not None else None for c in cols}
+            for label, d in t2.items()}
     header = (["model"] + cols + ["mse", "mse_floor", "mse_lo", "mse_hi"]
+              + [f"{c}_{x}" for c in cols for x in ("n", "lo", "hi")]
               + [f"{c}_{x}" for c in cols for x in ("ie_minus_ib", "ie_minus_ib_lo", "ie_minus_ib_hi")])
     rows = []
     for label, d in t2.items():
         m = mses[label]
         dd = [diffs[label].get(c) for c in cols]
+        ee = [avgs[label][c] for c in cols]
         rows.append([label] + [_r(d["avg"].get(c)) for c in cols] + [_r(d["mse"]), _r(m.floor), _r(m.lo), _r(m.hi)]
+                    + [x for e in ee for x in ((e.n or None, _r(e.lo), _r(e.hi)) if e is not None else (None,) * 3)]
                     + [_r(getattr(x, a, None)) for x in dd for a in ("mean", "lo", "hi")])
     md_header = ["model"] + (cols if not opts.intervals else [h for c in cols for h in (c, f"{c} IE-IB")]) + [
-        "mse", "mse floor"]
+        "mse", "mse floor", "n"]
     md_rows = []
     for label, d in t2.items():
         cells = []
         for c in cols:
-            cells.append(_f(d["avg"].get(c)))
+            e = avgs[label][c]
+            cells.append(_est_text(e, opts.intervals) if e is not None else "-")
             if opts.intervals:
                 cells.append(_est_text(diffs[label].get(c), True, sign=True))
-        md_rows.append([label] + cells + [_f(d["mse"]), _f(mses[label].floor)])
+        md_rows.append([label] + cells + [_f(d["mse"]), _f(mses[label].floor),
+                                          _n_text([e for e in avgs[label].values() if e is not None])])
     note = ""
     if any(x is None for d in t2.values() for x in d["avg"].values()):
         note = ("'-': a subset scored with only one of the two prompts has no average (and the model no MSE); the "
@@ -89,6 +98,8 @@ def table2(rep: Report, opts: Options = Options()) -> Table:
     note += (" MSE floor: the MSE(P-IE vs P-IB) expected with no prompt effect, from the cells' standard errors; an "
              "MSE near it is what noise alone gives." if any(m.floor is not None for m in mses.values()) else "")
     js = {label: {"avg": {c: _r(v) for c, v in d["avg"].items()}, "mse": _r(d["mse"]),
+                  "n": {c: e.n for c, e in avgs[label].items() if e is not None},
+                  "ci": {c: _ci(e) for c, e in avgs[label].items() if e is not None},
                   "mse_floor": _r(mses[label].floor), "mse_ci": _ci(mses[label]),
                   "IE": {c: _r(v) for c, v in d["IE"].items()}, "IB": {c: _r(v) for c, v in d["IB"].items()},
                   "ie_minus_ib": {c: _diff_json(x) for c, x in diffs[label].items()}}
@@ -105,11 +116,12 @@ def _diff_json(x: Any) -> Optional[dict]:
 
 
 def table7(rep: Report, opts: Options = Options()) -> Table:
-    """Table 7: Prompt-IE and Prompt-IB side by side; each cell's n and interval in JSON and CSV, in markdown with
-    ``--intervals``."""
-    md_header = ["model"] + [f"{c} (IE / IB)" for c in rep.columns]  # one row per model, "IE / IB" in each cell
+    """Table 7: Prompt-IE and Prompt-IB side by side; each cell's n and interval (markdown: the interval unless
+    ``--no-intervals``, the n in its own column)."""
+    md_header = ["model"] + [f"{c} (IE / IB)" for c in rep.columns] + ["n"]  # one row per model, "IE / IB" a cell
     md_rows = [[rep.label(s)] + [" / ".join(_est_text(rep.estimate(s, c, k), opts.intervals) if opts.intervals
                                             else _f(rep.value(s, k, c)) for k in ("IE", "IB")) for c in rep.columns]
+               + [_n_text([rep.estimate(s, c, k) for c in rep.columns for k in ("IE", "IB")])]
                for s in rep.series]
     rows, js = [], []
     for r in rep.table7():
@@ -177,7 +189,7 @@ def _extrapolation_note(rep: Report, rows_: list, cols: list, opts: Options) -> 
     parts.append("n: samples per cell (both prompts); " + ("cells: mean [95% percentile bootstrap interval, "
                                                            "samples resampled by id, a pair of prompts together]."
                                                            if opts.intervals else "cells: the mean of the prompts' "
-                                                           "means (intervals: --intervals)."))
+                                                           "means (--no-intervals: without their intervals)."))
     first = cols[0] if cols else "the first column"
     parts.append(f"Effective length: the longest length up to which the row keeps >= 85% of its own {first} score "
                  "(NoLiMa)" + (f", and up to which it scores >= {opts.threshold:g} (RULER); a row below "
