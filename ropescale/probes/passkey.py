@@ -1,9 +1,9 @@
 """Passkey retrieval and the loss by position, read together from one forward over a long window of English prose.
 
-The passkey test is the one the YaRN (arXiv 2309.00071, Sec 4.3.2) and LongRoPE (arXiv 2402.13753, Sec 4.2) papers
-report, from Mohtashami & Jaggi 2023 (Landmark Attention, arXiv 2305.16300, Appendix: "There is an important info
-hidden inside a lot of irrelevant text. Find it and memorize them. I will quiz you about the important information
-there. ... The pass key is 12345. Remember it. 12345 is the pass key. ... What is the pass key? The pass key is").
+The passkey test is the one the YaRN (arXiv 2309.00071) and LongRoPE (arXiv 2402.13753) papers report, from
+Mohtashami & Jaggi 2023 (Landmark Attention, arXiv 2305.16300; its prompt: "There is an important info hidden inside
+a lot of irrelevant text. Find it and memorize them. I will quiz you about the important information there. ... The
+pass key is 12345. Remember it. 12345 is the pass key. ... What is the pass key? The pass key is").
 Here one window carries several keys, each with a person's name (``Alice's pass key is 12345``) so that its question
 asks for one of them (RULER's multi-key needle, arXiv 2404.06654, in the passkey's words), and the answer digits
 follow each question (teacher-forced), so that one forward reads them all:
