@@ -49,6 +49,7 @@ AUSTEN = DATA_DIR / "english" / "austen"
 HELDOUT = ("emma", "persuasion", "northangerabbey")  # the fine-tune on this page trains on the other three
 ABF_BASE = 1e6  # ABF's new base: 10x SmolLM2's 1e5 (Code Llama went 1e4 -> 1e6 for x4)
 PASS = 0.5  # the passkey effective length: the longest length with accuracy >= this
+GUESS = math.log(10)  # ... by answer loss: the longest length whose mean loss per digit beats a uniform guess
 MARGIN = 0.25  # the loss effective length: the longest bucket within this many nats of the in-window loss (one
 # window's in-window 1K buckets spread by about +-0.2 around their mean: a smaller margin reads the text, not length)
 READING = "<!-- reading: scripts/real_model.py keeps what follows this line -->"
@@ -212,12 +213,13 @@ def summarize(by_row: dict, plan: Plan, model_dir: Path) -> list[dict]:
         cost = cell([inwin(r) - base[r["window"]] for r in recs if r["window"] in base])
         bound = describe(cfg, spec, seq_len=plan.total)["reach"]
         eff_pk = effective_length({c: acc[c].mean for c in cols}, PASS, columns=cols)
+        eff_ans = effective_length({c: -ans[c].mean for c in cols}, -GUESS, columns=cols)
         bcols = [kilo((b + 1) * plan.bucket) for b in range(1, nb)]
         eff_loss = effective_length({c: -buckets[b + 1].mean for b, c in enumerate(bcols)},
                                     None if ref is None else -(ref + MARGIN), columns=bcols)
         out.append({"row": name, "spec": spec.label(), "windows": len(recs), "bound": bound, "passkey": acc,
                     "answer_loss": ans, "buckets": buckets, "inwin_cost": cost, "eff_passkey": eff_pk.text(),
-                    "eff_loss": eff_loss.text(), "inwin": cell([inwin(r) for r in recs]),
+                    "eff_answer": eff_ans.text(), "eff_loss": eff_loss.text(), "inwin": cell([inwin(r) for r in recs]),
                     "seconds": sum(r["seconds"] for r in recs)})
     return out
 
@@ -232,11 +234,11 @@ def tables(rows: list[dict], plan: Plan, ref: float | None) -> str:
     cols = [kilo(L) for L in sorted(plan.lengths)]
     bound = lambda b: "none" if b is None else f"{b:,.0f}"  # noqa: E731
     a = ["| row | bound | " + " | ".join(f"passkey {c}" for c in cols) + " | eff. length (passkey >= "
-         f"{PASS:.0%}) | eff. length (loss <= in-window + {MARGIN}) | in-window cost (nats) |",
-         "|" + "---|" * (len(cols) + 5)]
+         f"{PASS:.0%}) | eff. length (answer loss < ln 10) | eff. length (loss <= in-window + {MARGIN}) | "
+         "in-window cost (nats) |", "|" + "---|" * (len(cols) + 6)]
     for r in rows:
         a.append(f"| {r['row']} | {bound(r['bound'])} | " + " | ".join(pct(r["passkey"][c]) for c in cols)
-                 + f" | {r['eff_passkey']} | {r['eff_loss']} | {r['inwin_cost'].text(3)} |")
+                 + f" | {r['eff_passkey']} | {r['eff_answer']} | {r['eff_loss']} | {r['inwin_cost'].text(3)} |")
     b = ["| row | " + " | ".join(f"answer loss {c}" for c in cols) + " |", "|" + "---|" * (len(cols) + 1)]
     for r in rows:
         b.append(f"| {r['row']} | " + " | ".join(r["answer_loss"][c].text(2) + f" (n={r['answer_loss'][c].n})"
