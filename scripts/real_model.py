@@ -4,8 +4,8 @@ retrieval and by the loss at every position of held-out Austen windows; writes d
     .venv/bin/python scripts/real_model.py                   # the table (3 windows of 16,384 tokens, x2)
     .venv/bin/python scripts/real_model.py --quick --out DIR/real_model.md --work DIR    # seconds: what a test runs
 
-Each window (``ropescale.probes.passkey``) is 16,384 tokens of a novel the fine-tune of the same page does not
-train on (Emma, Persuasion, Northanger Abbey: one window each) with 9 named passkeys planted, 3 per length (4,096,
+Each window (``ropescale.probes.passkey``) is 16,384 tokens of a novel a fine-tune to compare would not train
+on (Emma, Persuasion, Northanger Abbey: one window each) with 9 named passkeys planted, 3 per length (4,096,
 8,192 and 16,384 tokens, at 15 / 45 / 75 % of the length), each length's questions and teacher-forced answers
 ending at that length. Every row is one setting at x2 of the 8,192-token window. One forward of 16,384 tokens a
 window and row gives the loss at every position and the keys of every length; a rope that follows the length
@@ -46,7 +46,7 @@ from ropescale.probes import passkey as pk  # noqa: E402
 
 MODEL = ROOT / "models" / "smollm2-135m"
 AUSTEN = DATA_DIR / "english" / "austen"
-HELDOUT = ("emma", "persuasion", "northangerabbey")  # the fine-tune on this page trains on the other three
+HELDOUT = ("emma", "persuasion", "northangerabbey")  # a fine-tune to compare trains on the other three
 ABF_BASE = 1e6  # ABF's new base: 10x SmolLM2's 1e5 (Code Llama went 1e4 -> 1e6 for x4)
 PASS = 0.5  # the passkey effective length: the longest length with accuracy >= this
 GUESS = math.log(10)  # ... by answer loss: the longest length whose mean loss per digit beats a uniform guess
