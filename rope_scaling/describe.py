@@ -63,8 +63,12 @@ PRESETS: dict[str, dict] = {
 
 
 def load_config(path: str | Path) -> dict:
-    """config.json (or a model dir holding one) as a dict."""
+    """config.json (or a model dir holding one, or a GGUF file: the directory it converts to) as a dict."""
     p = Path(path)
+    if p.is_file() and p.suffix.lower() == ".gguf":
+        from ropescale.common.gguf import cached_dir
+
+        p = cached_dir(p)
     if p.is_dir():
         p = p / "config.json"
     if not p.is_file():

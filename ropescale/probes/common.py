@@ -98,7 +98,8 @@ def encode(tokenizer, text: str) -> list[int]:
 # ---------------------------------------------------------------- settings and CLI
 POSITIVE = (lambda v: v > 0, "positive")
 NOT_NEGATIVE = (lambda v: v >= 0, "not be negative")
-DOCS_HELP = "documents JSONL ({text} or {context}) or chapters JSONL (one document per book)"
+DOCS_HELP = ("documents JSONL ({text} or {context}), chapters JSONL (one document per book) or a plain .txt file (one "
+             "document)")
 
 
 def data_setting(help: str):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ropescale.common.chapters import Chapter, by_book, read_chapters
-from ropescale.common.io import InputError, read_jsonl, write_jsonl_atomic
+from ropescale.common.io import InputError, check_input_file, read_jsonl, write_jsonl_atomic
 from ropescale.common.paths import CACHE_DIR, CHAPTERS_JSONL
 
 
@@ -61,9 +61,15 @@ def data_name(docs: list[Doc]) -> str:
 
 
 def load_docs(path: str | os.PathLike, tail_chapters: int = 0) -> list[Doc]:
-    """Documents from a documents JSONL ({text} or {context}) or a chapters JSONL (one document per book;
-    ``tail_chapters`` > 0 keeps only each book's last N chapters, e.g. text held out from training)."""
+    """Documents from a plain text file (``.txt``: one document), a documents JSONL ({text} or {context}) or a
+    chapters JSONL (one document per book; ``tail_chapters`` > 0 keeps only each book's last N chapters, e.g. text
+    held out from training)."""
     path = Path(path)
+    if path.suffix.lower() == ".txt":  # plain text (e.g. a novel): one document
+        text = check_input_file(path).read_text(encoding="utf-8")
+        if not text.strip():
+            raise InputError("empty file", path)
+        return [Doc(path.stem, path.stem, text, f"{path}:1")]
     if is_chapters_file(path):
         docs = []
         for book, chs in load_books(path).items():

@@ -1,0 +1,72 @@
+"""scripts/real_model.py --quick: the real-model table's code path on SmolLM2-135M in seconds (2 windows of 512
+tokens, every row at x2 of an original context of 256), against independent references: the unscaled row's loss by
+bucket from plain transformers' full logits, a key's retrieval from greedy generation, and the rows whose frequencies
+equal another's read from that row's forward (dynamic YaRN: plain RoPE within the window, YaRN x2 at 2x)."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+import torch
+
+from ropescale.common.paths import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "scripts"))
+import real_model as script
+
+
+@pytest.fixture(scope="module")
+def quick(smollm2, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("real_model_quick")
+    page = tmp / "real_model.md"
+    assert script.main(["--quick", "--out", str(page), "--work", str(tmp), "--model", str(smollm2)]) == 0
+    rows = [json.loads(ln) for ln in (tmp / "results.jsonl").read_text().splitlines()]
+    return {"page": page, "work": tmp, "rows": rows, "text": page.read_text()}
+
+
+def test_the_page_has_every_row_with_n_and_intervals(quick):
+    text = quick["text"]
+    assert "scripts/real_model.py --quick" in text and "load average" in text
+    names = ["none", "yarn", "dynamic_yarn", "pi", "ntk", "dynamic_ntk", "llama3", "longrope (YaRN's factors)",
+             "abf (base 1e+06)"]
+    table_a = text.split("### A.")[1].split("### B.")[0]
+    for n in names:
+        line = next(ln for ln in table_a.splitlines() if ln.startswith(f"| {n} |"))
+        assert line.count("(n=4)") == 2 and line.count("[") >= 3, line  # 2 passkey cells + the in-window cost
+    assert len(quick["rows"]) == 2 * len(names)
+    assert script.READING in text
+
+
+def test_unscaled_loss_by_bucket_equals_plain_transformers(quick, smollm2):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    plan = script.QUICK
+    w = script.windows(plan, AutoTokenizer.from_pretrained(str(smollm2)))[0]
+    m = AutoModelForCausalLM.from_pretrained(str(smollm2), dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = m(input_ids=torch.tensor([w.ids])).logits[0]
+    nll = torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(w.ids[1:]), reduction="none")
+    row = next(r for r in quick["rows"] if r["row"] == "none" and r["window"] == 0)
+    for b, got in enumerate(row["buckets"]):
+        pos = [p for p in range(max(1, b * plan.bucket), (b + 1) * plan.bucket) if w.hay[p]]
+        want = float(nll[[p - 1 for p in pos]].mean())
+        assert got == pytest.approx(want, abs=1e-4), b
+    # a key: retrieved exactly when greedy decoding after its question writes its number
+    k = w.keys[0]
+    out = m.generate(input_ids=torch.tensor([w.ids[:k.answer_pos[0]]]), do_sample=False, max_new_tokens=5,
+                     min_new_tokens=5, pad_token_id=0)[0, k.answer_pos[0]:].tolist()
+    got = next(x for x in row["keys"] if x["name"] == k.name)
+    assert got["retrieved"] == (out == [w.ids[p] for p in k.answer_pos])
+
+
+def test_equal_frequencies_reuse_a_forward_and_a_rerun_resumes(quick, smollm2):
+    dyn = next(r for r in quick["rows"] if r["row"] == "dynamic_yarn" and r["window"] == 0)
+    assert dyn["forwards"] == {"256": {"reused": "none"}, "512": {"reused": "yarn"}}
+    yarn = next(r for r in quick["rows"] if r["row"] == "yarn" and r["window"] == 0)
+    assert dyn["buckets"] == yarn["buckets"] and not math.isnan(dyn["inwin_buckets"][1])
+    n = len(quick["rows"])
+    assert script.main(["--quick", "--out", str(quick["page"]), "--work", str(quick["work"]),
+                        "--model", str(smollm2)]) == 0
+    assert len((quick["work"] / "results.jsonl").read_text().splitlines()) == n
