@@ -41,13 +41,12 @@ subset), raised if needed so the longest prompt + generation fits; the RoPE sett
 passed as ``hf_overrides`` (the config fields :func:`rope_scaling.apply_rope` wrote: ``rope_scaling.load``), plus what
 :func:`vllm_settings` adds so that vLLM's precomputed rotary cache covers ``max_model_len`` and YaRN's attention
 factor reaches it; settings vLLM would compute differently from transformers are refused there (dynamic NTK, dynamic
-YaRN, YaRN past its rotary cache, LongRoPE samples on both sides of the original context), pointing to
-``--backend hf``.
+YaRN, YaRN past its rotary cache, LongRoPE samples on both sides of the original context, LongRoPE past it on vLLM
+before 0.11.1), pointing to ``--backend hf``.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import sys
 from abc import ABC, abstractmethod
@@ -443,7 +442,7 @@ class VLLMBackend(Backend):
     def plan(cls, job: BackendJob):
         cfg, need = job.cfg, int(job.need_len)
         ov, mml = vllm_settings(cfg.config, cfg.rope_fields(), need=need, want=int(job.max_model_len or need),
-                                state=cfg.state, short=job.short_len)
+                                state=cfg.state, short=job.short_len, vllm=vllm_version())
 
         def build():
             return cls(cfg.path, cfg.config, job.tokenizer, hf_overrides=ov, max_model_len=mml,
@@ -500,109 +499,47 @@ class VLLMBackend(Backend):
 
 
 # ---------------------------------------------------------------- what vLLM is told
-def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None,
-                  short: int | None = None) -> tuple[dict, int]:
+def vllm_version() -> str | None:
+    """The installed vLLM release, or None."""
+    import importlib.metadata as md
+
+    try:
+        return md.version("vllm")
+    except md.PackageNotFoundError:
+        return None
+
+
+def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None, short: int | None = None,
+                  vllm: str | None = None) -> tuple[dict, int]:
     """(hf_overrides, max_model_len) for vLLM, or an InputError where vLLM would compute something else than HF.
 
     ``config`` is the effective HF config (RoPE applied), ``overrides`` the fields the RoPE flags changed, ``need``
     the longest prompt + max new tokens (``short``: the shortest; default ``need``), ``want`` the max_model_len
-    asked for (2x the subset's target, as the
-    official release's Inference.py sizes it; the paper gives no max_model_len); ``state`` the config's
-    ``rope_scaling.RopeState`` when the caller has read it (``rope_scaling.load.ModelConfig.state``).
+    asked for (2x the subset's target, as the official release's Inference.py sizes it; the paper gives no
+    max_model_len); ``state`` the config's ``rope_scaling.RopeState`` when the caller has read it
+    (``rope_scaling.load.ModelConfig.state``); ``vllm`` the vLLM release that will serve (:func:`vllm_version`;
+    None: not installed, the backend refuses then).
 
     vLLM precomputes a cos/sin cache at load time and indexes it by position; ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``
     only skips its length check, so a position past the cache reads garbage. Its length (vLLM source,
     ``model_executor/layers/rotary_embedding``) is ``max_position_embeddings`` for default (plain, ntk, abf) and
     llama3 rope, ``max_position_embeddings x factor`` for linear (pi) and dynamic,
-    ``original_max_position_embeddings x factor`` for yarn. Hence:
-
-    - default / llama3 / linear: ``max_position_embeddings`` is raised through ``hf_overrides`` until the cache
-      covers ``max_model_len`` (the frequencies do not depend on it for these types);
-    - yarn: the cache cannot be moved without changing the frequencies in some vLLM versions, so prompt + new
-      tokens beyond it are refused (``--backend hf`` computes any position), and ``max_model_len`` is capped to it;
-      the attention factor is passed both as HF's ``attention_factor`` (read by recent vLLM) and as vLLM's
-      ``attn_factor`` multiplier (older vLLM reads only that, and drops ``attention_factor``), so that vLLM
-      scales cos/sin exactly as transformers does;
-    - dynamic (``--rope dynamic_ntk``): refused; vLLM's "dynamic" is a static NTK base for the full factor, not
-      transformers' base recomputed from the current length;
-    - dynamic_yarn: refused (its entries say static yarn x s: vLLM would serve that at every length);
-    - llama3: as default (frequencies fixed by the entries; vLLM's llama3 rope computes transformers' formula);
-    - longrope (recent vLLM, whose rotary module takes the long factors for every token once max_model_len >
-      orig): the hf backend picks a set per sample (``engine.longrope_long``), so the run is served only when all
-      its samples are on one side of orig: all within (max_model_len capped to orig: short factors), all past it
-      (long factors; max_position_embeddings raised to max_model_len, vLLM's long cache); the attention factor is
-      passed as ``short_mscale`` / ``long_mscale`` (vLLM ignores ``attention_factor`` and would derive it from the
-      raised max_position_embeddings); samples on both sides are refused.
+    ``original_max_position_embeddings x factor`` for yarn. What each method needs, or why vLLM cannot serve it, is
+    its registry row's vLLM rule (``rope_scaling.formulas.Method.vllm``: caches raised to cover max_model_len, YaRN
+    capped to its cache with its attention factor in both spellings, LongRoPE on one side of the original context
+    and past it only from vllm 0.11.1 on; dynamic NTK and dynamic YaRN refused); a method without one is refused.
     """
-    from rope_scaling.formulas import yarn_attention_factor
+    from rope_scaling.formulas import REGISTRY, VllmJob
     from rope_scaling.hf import rope_entries, rope_state
 
     cfg = config if isinstance(config, dict) else config.to_dict()
     key, e = rope_entries(cfg)  # the one reader of HF rope entries (4.x and 5.x layouts)
-    t = e["rope_type"]
-    out = dict(overrides)
-    max_pos = int(cfg.get("max_position_embeddings") or 0)
-    mml = max(int(want), int(need))
     st = state if state is not None else rope_state(cfg)  # the spec the config carries
-    if t == "dynamic":
-        raise InputError("--backend vllm cannot run dynamic NTK: vLLM's 'dynamic' rope is a static NTK base for the "
-                         "full factor, not transformers' base recomputed from the current length; use --backend hf")
-    if st.spec.method == "dynamic_yarn":
-        raise InputError(f"--backend vllm cannot run dynamic_yarn: the config's entries say static yarn "
-                         f"x{st.spec.scale:g}, which vLLM would serve at every length (this repo recomputes YaRN from "
-                         f"the current length); use --backend hf")
-    if t == "longrope":
-        return _vllm_longrope(cfg, key, e, st, out, need=need, short=need if short is None else short, mml=mml)
-    if t in ("default", "llama3", "linear"):
-        factor = float(e.get("factor") or 1.0) if t == "linear" else 1.0
-        if max_pos * factor < mml:
-            out["max_position_embeddings"] = int(math.ceil(mml / factor))
-        return out, mml
-    if t == "yarn":
-        factor = float(e["factor"])
-        orig = int(e.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
-                   or max_pos)
-        cache = int(math.ceil(orig * factor))
-        if need > cache:
-            raise InputError(f"--backend vllm: prompt + new tokens reach {need} tokens, past vLLM's YaRN rotary cache "
-                             f"of {cache} positions (original_max_position_embeddings {orig} x factor {factor:g}), "
-                             f"where it would read garbage; use --backend hf, or a larger --scale")
-        af = st.frequencies().attention_factor  # the registry's formula: what transformers multiplies cos/sin by
-        rope = {**e, "attention_factor": af, "attn_factor": af / yarn_attention_factor(st.spec.scale)}
-        if key == "rope_scaling":
-            rope.pop("rope_theta", None)  # 4.x keeps it beside rope_scaling
-            rope.setdefault("type", t)
-        if rope != cfg.get(key):
-            out[key] = rope
-        return out, min(mml, cache)
-    raise InputError(f"--backend vllm: rope type {t!r} is not supported here; use --backend hf")
-
-
-def _vllm_longrope(cfg: dict, key: str, e: dict, st, out: dict, *, need: int, short: int,
-                   mml: int) -> tuple[dict, int]:
-    """vllm_settings for ``longrope`` (see there): vLLM (``Phi3LongRoPEScaledRotaryEmbedding``) takes the long
-    factors for every token when max_model_len > the original context, else the short ones, reads the attention
-    factor only as ``short_mscale`` / ``long_mscale`` (default: from max_position_embeddings / orig, which the
-    overrides may raise) and caches max_position_embeddings long positions; the hf backend picks a set per sample
-    (prompt + max new tokens past orig: long)."""
-    orig = int(e.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
-               or cfg.get("max_position_embeddings"))
-    if need <= orig:  # every sample short: keep vLLM on the short factors
-        mml = min(mml, orig)
-    elif short <= orig:
-        raise InputError(f"--backend vllm: with longrope the hf backend gives each sample its own factor set (long "
-                         f"when prompt + max new tokens > {orig}), vLLM one set for all; these samples reach {short} "
-                         f"to {need} tokens, on both sides: split the eval set by length, or use --backend hf")
-    elif int(cfg.get("max_position_embeddings") or 0) < mml:
-        out["max_position_embeddings"] = mml  # vLLM's long cos/sin cache has max_position_embeddings positions
-    af = st.frequencies().attention_factor  # the registry's formula = transformers' attention_factor
-    rope = {**e, "short_mscale": af, "long_mscale": af}
-    if key == "rope_scaling":
-        rope.pop("rope_theta", None)
-        rope.setdefault("type", "longrope")
-    if rope != cfg.get(key):
-        out[key] = rope
-    return out, mml
+    rule = REGISTRY[st.spec.method].vllm
+    if rule is None:
+        raise InputError(f"--backend vllm: rope {st.spec.label()} is not served by vLLM here; use --backend hf")
+    return rule(VllmJob(cfg, key, e, st, dict(overrides), int(need), int(need if short is None else short),
+                        max(int(want), int(need)), vllm))
 
 
 # ---------------------------------------------------------------- the registry and the settings
