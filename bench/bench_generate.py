@@ -93,7 +93,7 @@ def tiny_prompts(n: int, lo: int, hi: int, seed: int):
 def run(args) -> dict:
     """The benchmark's phases: model and prompts -> warm-up -> both sides' streams of work -> the streams run
     interleaved -> the summary (see module doc)."""
-    from ropescale.evaluation.backends import pick_device, pick_dtype
+    from ropescale.evaluation.backends.hf import pick_device, pick_dtype
 
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
@@ -166,7 +166,8 @@ def _base_task(model, seqs, i: int, new: int, device: str, base_out: dict):
 def ours_streams(args, model, tok, seqs, device: str, streams: dict) -> tuple[dict, dict]:
     """One stream per --cache measured (added to ``streams``): the hf backend's batches (static / dynamic) or
     slot groups (slots) as tasks. Returns (backends, outputs) by stream name."""
-    from ropescale.evaluation.backends import HFBackend, Item, plan_batches
+    from ropescale.evaluation.backends import BackendSettings, HFBackend, Item
+    from ropescale.evaluation.backends.hf import plan_batches
 
     new = args.new_tokens
     backends: dict = {}
@@ -174,9 +175,9 @@ def ours_streams(args, model, tok, seqs, device: str, streams: dict) -> tuple[di
     for cache in (["slots", "static", "dynamic"] if args.cache == "all" else [args.cache]):
         key = cache + ("+compile" if args.compile and cache == "static" else "") + \
             ("-nograph" if args.no_cuda_graph and cache == "slots" else "")
-        be = HFBackend(None, model.config, tok or _NoTok(), model=model, device=device, dtype=args.dtype,
-                       batch_tokens=args.batch_tokens, max_batch=args.max_batch, cache=cache,
-                       compile=args.compile, cuda_graph=not args.no_cuda_graph, log=log)
+        st = BackendSettings(device=device, dtype=args.dtype, batch_tokens=args.batch_tokens, max_batch=args.max_batch,
+                             cache=cache, compile=args.compile, cuda_graph=not args.no_cuda_graph)
+        be = HFBackend(None, model.config, tok or _NoTok(), st, model=model, log=log)
         got = outs.setdefault(key, {})
 
         def ours_task(batch, be=be, got=got):

@@ -22,12 +22,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from ropescale.common.io import InputError
 
-if TYPE_CHECKING:  # the formulas read the spec's fields; spec.py imports this module, not the other way
-    from .spec import RopeSpec
+RopeSpec = Any  # a rope_scaling.spec.RopeSpec: the formulas read its fields; spec.py imports this module, not back
 
 
 class Freqs(NamedTuple):

@@ -54,7 +54,7 @@ def test_rope_entries_says_where_the_rope_lives_in_both_layouts():
 
 @pytest.mark.parametrize("layout", ["4", "5"])
 def test_vllm_yarn_factor_is_the_registry_formula_in_both_layouts(layout):
-    from ropescale.evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends.vllm import vllm_settings
 
     spec = RopeSpec("yarn", 4, orig_ctx=64)
     entries, max_pos = hf_entries(spec, 10000.0, 16)
@@ -146,7 +146,7 @@ def check_method(name: str, tmp_path) -> None:
     from rope_scaling.formulas import REGISTRY, frequencies
     from rope_scaling.load import install_rope_rule, load_config
     from ropescale.common.io import InputError
-    from ropescale.evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends.vllm import vllm_settings
 
     m, spec = REGISTRY[name], _example(name)
     # HF round trip: written as plain entries, saved, reloaded by plain transformers, read back as the same spec

@@ -60,7 +60,7 @@ def longrope(att=None):
 
 @pytest.mark.parametrize("att", [None, 1.25])
 def test_longrope_all_past_the_original_context_gets_the_long_factors_and_our_attention(base_dir, att):
-    from ropescale.evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends.vllm import vllm_settings
 
     cfg = scaled(base_dir, longrope(att))
     before = cfg.config.to_dict()
@@ -74,7 +74,7 @@ def test_longrope_all_past_the_original_context_gets_the_long_factors_and_our_at
 
 
 def test_longrope_all_within_the_original_context_stays_on_the_short_factors(base_dir):
-    from ropescale.evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends.vllm import vllm_settings
 
     cfg = scaled(base_dir, longrope())
     ov, mml = vllm_settings(cfg.config, cfg.rope_fields(), need=60, want=512, state=cfg.state, short=20)
@@ -85,7 +85,7 @@ def test_longrope_all_within_the_original_context_stays_on_the_short_factors(bas
 
 
 def test_longrope_samples_on_both_sides_are_refused(base_dir):
-    from ropescale.evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends.vllm import vllm_settings
 
     cfg = scaled(base_dir, longrope())
     with pytest.raises(InputError, match=r"reach 40 to 300 tokens, on both sides.*--backend hf"):
@@ -94,7 +94,7 @@ def test_longrope_samples_on_both_sides_are_refused(base_dir):
 
 def test_dynamic_yarn_is_refused_and_llama3_passes(base_dir):
     from rope_scaling import RopeSpec
-    from ropescale.evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends.vllm import vllm_settings
 
     cfg = scaled(base_dir, RopeSpec("dynamic_yarn", 4))
     assert cfg.config.rope_parameters["rope_type"] == "yarn"  # what vLLM would read: static yarn
@@ -128,7 +128,7 @@ def test_longrope_past_the_window_is_refused_on_vllm_before_the_fix(base_dir):
     """The issue's case at this model's size: every prompt within the window (49..60 tokens of 64) decoded past it
     (+ 16 new tokens): the hf backend runs the long factors from the prefill on; vLLM 0.11.0 would prefill with the
     short ones and decode with the long ones over that cache."""
-    from ropescale.evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends.vllm import vllm_settings
 
     cfg = scaled(base_dir, longrope())
     ask = dict(need=76, want=152, state=cfg.state, short=65)

@@ -1,8 +1,4 @@
-"""Generation backends for ``eval_summ generate``: ``hf`` (transformers, CPU or GPU) and ``vllm`` (GPU only).
-
-Both take token ids (tokenized once by :mod:`ropescale.evaluation.generate`, so ``input_tokens`` means the same thing
-for both) and return, per sample, the greedy continuation's token ids cut at the first EOS. Settings are the paper's
-(Sec 4.2 / Appendix B.1): greedy decoding, at least ``min_new_tokens`` (10) new tokens, at most ``max_new_tokens``.
+"""The ``hf`` generation backend: transformers on CPU or GPU (the package doc says what every backend shares).
 
 hf backend, ``cache="slots"`` (the default; :mod:`ropescale.evaluation.engine`): ropescale's own greedy loop over a
 fixed slot cache — each sample prefilled alone (no padding, SDPA's causal flash path), continuous batching (a finished
@@ -33,104 +29,34 @@ and the slot decoder gives each slot its own frequencies, so each sample is deco
 model decodes it. (A padded batch of ``generate`` still shares one base: the longest row's; so does dynamic YaRN's
 length.) LongRoPE: each sample keeps one factor set from its prefill on, long when prompt + max new tokens passes the
 original context (:mod:`ropescale.evaluation.engine`); padded batches never mix the two (:func:`longrope_groups`).
-
-vllm backend: imported lazily (``pip install vllm`` on a CUDA machine); ``max_model_len`` is twice the subset's
-target length (not in the paper: the official release's Inference.py sets ``default_max_len`` = 32K / 64K / 128K /
-256K for L / XL / 2XL / 3XL and builds one vLLM with the largest of the subsets run; here, per run, the run's
-subset), raised if needed so the longest prompt + generation fits; the RoPE setting is
-passed as ``hf_overrides`` (the config fields :func:`rope_scaling.apply_rope` wrote: ``rope_scaling.load``), plus what
-:func:`vllm_settings` adds so that vLLM's precomputed rotary cache covers ``max_model_len`` and YaRN's attention
-factor reaches it; settings vLLM would compute differently from transformers are refused there (dynamic NTK, dynamic
-YaRN, YaRN past its rotary cache, LongRoPE samples on both sides of the original context, LongRoPE past it on vLLM
-before 0.11.1), pointing to ``--backend hf``.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
-from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Hashable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
+from rope_scaling.load import load_model
 from ropescale.common import compat
-from ropescale.common.cli import DTYPES, TORCH_NAMES, dtype_name, torch_dtype
+from ropescale.common.cli import torch_dtype
 from ropescale.common.io import InputError
-from ropescale.common.settings import setting
 
-from .engine import cut_at_eos
+from ..engine import (
+    SlotDecoder,
+    cut_at_eos,
+    longrope_for,
+    longrope_long,
+    reset_dynamic_rope,
+    slot_bytes_per_token,
+    supported,
+)
+from .base import Backend, BackendJob, Item, OnDone, eos_ids_of
 
-CACHES = ("slots", "static", "dynamic")  # hf backend: our slot decoder, or transformers generate with that cache
+if TYPE_CHECKING:
+    from . import BackendSettings
+
+CACHES = ("slots", "static", "dynamic")  # our slot decoder, or transformers generate with that cache
 CPU_SLOT_CACHE_BYTES = 512 * 2 ** 20  # slot decoder on CPU: the cache a default batch may fill (or 32K tokens)
-GROUP = "advanced: backend (how predictions are computed; never part of what a resumed run must match)"
-
-
-@dataclass
-class Item:
-    """One prepared sample: its id and the prompt's token ids."""
-
-    id: object
-    input_ids: list[int]
-    extra: dict = field(default_factory=dict)
-
-
-OnDone = Callable[[Item, list[int]], None]
-
-
-@dataclass(frozen=True)
-class BackendJob:
-    """What a backend is asked to serve: its settings, the model's config read once (``rope_scaling.load.ModelConfig``:
-    the RoPE flags applied), the tokenizer, and the sizes of the run."""
-
-    settings: "BackendSettings"
-    cfg: Any  # rope_scaling.load.ModelConfig
-    tokenizer: Any
-    model: Any = None  # an already-loaded model (hf; tests, benchmarks)
-    max_model_len: int | None = None  # what the run asks for (vllm)
-    need_len: int | None = None  # the longest prompt + max new tokens (vllm)
-    short_len: int | None = None  # the shortest prompt + max new tokens (vllm, longrope)
-    log: Callable[[str], None] | None = None
-
-
-class Backend(ABC):
-    """What every generation backend is: a new backend is one subclass (its ``name`` and ``help``, :meth:`plan`,
-    :meth:`describe`, :meth:`generate`) and one line in :data:`BACKENDS`."""
-
-    name: ClassVar[str]
-    help: ClassVar[str]  # --backend's help for it
-
-    @classmethod
-    @abstractmethod
-    def plan(cls, job: BackendJob) -> tuple[Hashable, Callable[[], "Backend"]]:
-        """(what must be equal for a backend built for another job to serve this one, a function that builds it).
-        A job the backend cannot run is refused here (InputError), before anything is written."""
-
-    @abstractmethod
-    def describe(self) -> dict:
-        """What run.json records about the backend (``info.backend_info``)."""
-
-    @abstractmethod
-    def generate(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int, on_done: OnDone) -> None:
-        """Greedy continuations of every item; ``on_done(item, new token ids cut at the first EOS)`` as each
-        finishes."""
-
-
-def eos_ids_of(model_dir, config, tokenizer) -> list[int]:
-    """EOS ids from the model's generation_config.json, else its config, else the tokenizer."""
-    eos = None
-    try:
-        from transformers import GenerationConfig
-
-        eos = GenerationConfig.from_pretrained(str(model_dir)).eos_token_id
-    except (OSError, ValueError):
-        eos = None
-    return _as_list(eos) or _as_list(getattr(config, "eos_token_id", None)) or _as_list(tokenizer.eos_token_id)
-
-
-def _as_list(x) -> list[int]:
-    if x is None:
-        return []
-    return [int(v) for v in x] if isinstance(x, (list, tuple)) else [int(x)]
 
 
 def plan_batches(lengths: Sequence[int], max_new_tokens: int, budget: int, max_batch: int) -> list[list[int]]:
@@ -197,11 +123,10 @@ class HFBackend(Backend):
 
         return ("hf", str(job.cfg.path), job.settings, id(job.model)), build
 
-    def __init__(self, model_dir, config, tokenizer, settings: BackendSettings | None = None, *, model=None, log=None,
-                 state=None, **fields):
-        """``settings`` (or its fields as keywords, e.g. ``cache="static"``) as :class:`BackendSettings`; ``model``:
-        an already-loaded model (tests, benchmarks); ``state``: the RopeState read with ``config``."""
-        st = dataclasses.replace(settings or BackendSettings(), **fields)
+    def __init__(self, model_dir, config, tokenizer, settings: BackendSettings, *, model=None, log=None, state=None):
+        """``settings``: the backend's settings (``backends.BackendSettings``); ``model``: an already-loaded model
+        (tests, benchmarks); ``state``: the RopeState read with ``config``."""
+        st = settings
         self.log = log or (lambda m: print(m, file=sys.stderr))
         self.device = pick_device(st.device)
         self.dtype = pick_dtype(st.dtype, self.device)
@@ -213,8 +138,6 @@ class HFBackend(Backend):
         self.cuda_graph = bool(st.cuda_graph)
         batch_tokens, max_batch = st.batch_tokens, st.max_batch
         if model is None:
-            from rope_scaling.load import load_model
-
             self.attn = attn_implementation(self.device, self.dtype)
             model = load_model(model_dir, config, dtype=self.dtype, attn=self.attn, state=state).to(self.device)
         else:
@@ -228,8 +151,6 @@ class HFBackend(Backend):
         self.max_batch = max(1, int(max_batch))
         self.batch_tokens = batch_tokens
         if self.cache == "slots":
-            from .engine import supported
-
             why = supported(self.model)
             if why:
                 self.log(f"[generate] --cache slots not available ({why}); using transformers generate with a "
@@ -270,8 +191,6 @@ class SlotDecoding:
         longest prompt, counted as KV bytes per token."""
         import torch
 
-        from .engine import slot_bytes_per_token
-
         be = self.be
         per_slot = longest + 2 * max_new_tokens
         if be.batch_tokens:
@@ -297,8 +216,6 @@ class SlotDecoding:
 
     def run(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int, on_done: OnDone) -> None:
         import torch
-
-        from .engine import SlotDecoder
 
         be = self.be
         todo = {id(it): it for it in items}
@@ -342,8 +259,6 @@ class PaddedDecoding:
         padding mask."""
         import torch
 
-        from .engine import slot_bytes_per_token
-
         be = self.be
         if be.batch_tokens:
             return be.batch_tokens
@@ -360,8 +275,6 @@ class PaddedDecoding:
         """One left-padded batch through ``generate``: each row's new tokens cut at the first EOS."""
         import torch
         from transformers import GenerationConfig
-
-        from .engine import longrope_for, reset_dynamic_rope
 
         be = self.be
         longest = max(map(len, seqs))
@@ -418,189 +331,10 @@ def longrope_groups(model, items: Sequence[Item], max_new_tokens: int) -> list[l
     """``items`` split by the LongRoPE factor set each sample takes (``engine.longrope_long``: prompt + max new
     tokens past the original context or not), so that a padded batch never mixes them; one group for other
     models."""
-    from ropescale.common.compat import longrope_modules
-
-    from .engine import longrope_long
-
-    mods = longrope_modules(model)
+    mods = compat.longrope_modules(model)
     if not mods:
         return [list(items)]
     groups: dict[bool, list[Item]] = {}
     for it in items:
         groups.setdefault(longrope_long(mods[0], len(it.input_ids) + max_new_tokens), []).append(it)
     return [groups[k] for k in sorted(groups)]
-
-
-class VLLMBackend(Backend):
-    """vLLM offline inference (GPU only; imported lazily). ``hf_overrides`` and ``max_model_len`` come from
-    :func:`vllm_settings` (see there for what vLLM's rotary cache needs)."""
-
-    name = "vllm"
-    help = "GPU, imported only then"
-
-    @classmethod
-    def plan(cls, job: BackendJob):
-        cfg, need = job.cfg, int(job.need_len)
-        ov, mml = vllm_settings(cfg.config, cfg.rope_fields(), need=need, want=int(job.max_model_len or need),
-                                state=cfg.state, short=job.short_len, vllm=vllm_version())
-
-        def build():
-            return cls(cfg.path, cfg.config, job.tokenizer, hf_overrides=ov, max_model_len=mml,
-                       dtype=job.settings.dtype, log=job.log)
-
-        return ("vllm", str(cfg.path), job.settings, repr(sorted(ov.items())), mml), build
-
-    def __init__(self, model_dir, config, tokenizer, *, hf_overrides: dict, max_model_len: int,
-                 dtype: str = "auto", gpu_memory_utilization: float = 0.9, chunk: int = 64, log=None, **_ignored):
-        try:
-            import vllm  # noqa: F401
-        except ImportError:
-            raise InputError("the vllm backend needs the vllm package (pip install vllm, on a CUDA machine); "
-                             "use --backend hf otherwise") from None
-        import torch
-
-        if not torch.cuda.is_available():
-            raise InputError("the vllm backend needs a CUDA GPU (torch sees none); use --backend hf")
-        from vllm import LLM
-
-        self.log = log or (lambda m: print(m, file=sys.stderr))
-        self.tokenizer = tokenizer
-        self.eos = eos_ids_of(model_dir, config, tokenizer)
-        self.max_model_len = int(max_model_len)
-        self.overrides = dict(hf_overrides)
-        # vllm_settings made the rotary cache cover max_model_len; vLLM's own length check reads more config keys
-        # than the rotary cache (seq_length, model_max_length, ...), so it is skipped. (The variable alone would not
-        # do: it skips the check, and positions past the cache then read garbage.)
-        os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
-        self.chunk = chunk
-        self.dtype = "bfloat16" if dtype == "auto" else TORCH_NAMES[dtype_name(dtype)]
-        self.llm = LLM(model=str(model_dir), tokenizer=str(model_dir), dtype=self.dtype,
-                       max_model_len=self.max_model_len, hf_overrides=self.overrides or None,
-                       gpu_memory_utilization=gpu_memory_utilization, seed=0)
-
-    def describe(self) -> dict:
-        import importlib.metadata as md
-
-        return {"backend": "vllm", "vllm": md.version("vllm"), "max_model_len": self.max_model_len,
-                "hf_overrides": self.overrides, "dtype": self.dtype}
-
-    def generate(self, items: Sequence[Item], max_new_tokens: int, min_new_tokens: int, on_done: OnDone) -> None:
-        from vllm import SamplingParams
-
-        sp = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, min_tokens=min(min_new_tokens, max_new_tokens),
-                            stop_token_ids=self.eos, skip_special_tokens=True)
-        eos = set(self.eos)
-        order = sorted(items, key=lambda it: -len(it.input_ids))
-        for s in range(0, len(order), self.chunk):  # chunks, so results are saved as they come
-            part = order[s:s + self.chunk]
-            outs = self.llm.generate([{"prompt_token_ids": it.input_ids} for it in part], sp, use_tqdm=False)
-            for it, o in zip(part, outs):
-                on_done(it, cut_at_eos(o.outputs[0].token_ids, eos))
-
-
-# ---------------------------------------------------------------- what vLLM is told
-def vllm_version() -> str | None:
-    """The installed vLLM release, or None."""
-    import importlib.metadata as md
-
-    try:
-        return md.version("vllm")
-    except md.PackageNotFoundError:
-        return None
-
-
-def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None, short: int | None = None,
-                  vllm: str | None = None) -> tuple[dict, int]:
-    """(hf_overrides, max_model_len) for vLLM, or an InputError where vLLM would compute something else than HF.
-
-    ``config`` is the effective HF config (RoPE applied), ``overrides`` the fields the RoPE flags changed, ``need``
-    the longest prompt + max new tokens (``short``: the shortest; default ``need``), ``want`` the max_model_len
-    asked for (2x the subset's target, as the official release's Inference.py sizes it; the paper gives no
-    max_model_len); ``state`` the config's ``rope_scaling.RopeState`` when the caller has read it
-    (``rope_scaling.load.ModelConfig.state``); ``vllm`` the vLLM release that will serve (:func:`vllm_version`;
-    None: not installed, the backend refuses then).
-
-    vLLM precomputes a cos/sin cache at load time and indexes it by position; ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``
-    only skips its length check, so a position past the cache reads garbage. Its length (vLLM source,
-    ``model_executor/layers/rotary_embedding``) is ``max_position_embeddings`` for default (plain, ntk, abf) and
-    llama3 rope, ``max_position_embeddings x factor`` for linear (pi) and dynamic,
-    ``original_max_position_embeddings x factor`` for yarn. What each method needs, or why vLLM cannot serve it, is
-    its registry row's vLLM rule (``rope_scaling.formulas.Method.vllm``: caches raised to cover max_model_len, YaRN
-    capped to its cache with its attention factor in both spellings, LongRoPE on one side of the original context
-    and past it only from vllm 0.11.1 on; dynamic NTK and dynamic YaRN refused); a method without one is refused.
-    """
-    from rope_scaling.formulas import REGISTRY, VllmJob
-    from rope_scaling.hf import rope_entries, rope_state
-
-    cfg = config if isinstance(config, dict) else config.to_dict()
-    key, e = rope_entries(cfg)  # the one reader of HF rope entries (4.x and 5.x layouts)
-    st = state if state is not None else rope_state(cfg)  # the spec the config carries
-    rule = REGISTRY[st.spec.method].vllm
-    if rule is None:
-        raise InputError(f"--backend vllm: rope {st.spec.label()} is not served by vLLM here; use --backend hf")
-    return rule(VllmJob(cfg, key, e, st, dict(overrides), int(need), int(need if short is None else short),
-                        max(int(want), int(need)), vllm))
-
-
-# ---------------------------------------------------------------- the registry and the settings
-BACKENDS: dict[str, type[Backend]] = {"hf": HFBackend, "vllm": VLLMBackend}  # --backend NAME -> its class
-
-
-@dataclass(frozen=True)
-class BackendSettings:
-    """How generation runs (nested in ``ropescale.evaluation.generate.GenerateSettings``; the same flags on
-    generate/run)."""
-
-    backend: str = setting("hf", "; ".join(f"{n}: {c.help}" for n, c in BACKENDS.items()), choices=tuple(BACKENDS),
-                           group=GROUP)
-    device: str = setting("auto", "hf backend: auto, cpu or cuda[:N]", group=GROUP)
-    dtype: str = setting("auto", "weights' dtype; auto: fp32 on CPU, bf16 on GPU", parse=dtype_name, choices=DTYPES,
-                         group=GROUP)
-    batch_tokens: int | None = setting(None, "hf backend: token budget of a batch, i.e. slots x (longest prompt + 2 x "
-                                             "max new tokens) with --cache slots; default: 32K tokens or 512 MiB "
-                                             "of KV cache on CPU with slots, else 8K; from free memory on GPU",
-                                       check=(lambda v: v >= 1, ">= 1"), group=GROUP)
-    max_batch: int = setting(64, "hf backend: most samples per batch", check=(lambda v: v >= 1, ">= 1"), group=GROUP)
-    cache: str = setting("slots", "hf backend decoder: slots (ropescale's slot decoder: per-sample prefill, "
-                                  "continuous batching, a CUDA-graph decode step on GPU; needs transformers 5.x + "
-                                  "SDPA, else falls back to static), or transformers generate on length-sorted "
-                                  "padded batches with a static (written in place) or dynamic (concatenated every "
-                                  "step) KV cache", choices=CACHES, group=GROUP)
-    compile: bool = setting(False, "hf backend, --cache static: let transformers compile the decode step (CUDA)",
-                            group=GROUP)
-    cuda_graph: bool = setting(True, "hf backend, --cache slots: capture the decode step as a CUDA graph (false: "
-                                     "eager steps, for debugging)", negative="--no-cuda-graph", group=GROUP)
-
-
-
-def make_backend(settings: BackendSettings, cfg, tokenizer, *, model=None, max_model_len: int | None = None,
-                 need_len: int | None = None, short_len: int | None = None, log=None,
-                 reuse: dict | None = None) -> Backend:
-    """The backend ``settings`` ask for, for ``cfg`` (a ``rope_scaling.load.ModelConfig``: the model's config with
-    the RoPE flags applied, read once); ``max_model_len`` / ``need_len`` / ``short_len`` matter to vllm only;
-    ``model``: a loaded
-    model for hf. ``reuse`` (a dict the caller keeps across calls) returns the backend an earlier call built when
-    the settings are the same; a different one is dropped first (GPU memory)."""
-    if settings.backend not in BACKENDS:
-        raise InputError(f"unknown backend {settings.backend!r} (choose from {', '.join(BACKENDS)})")
-    job = BackendJob(settings, cfg, tokenizer, model=model, max_model_len=max_model_len, need_len=need_len,
-                     short_len=short_len, log=log)
-    key, build = BACKENDS[settings.backend].plan(job)
-    if reuse is None:
-        return build()
-    if key in reuse:
-        return reuse[key]
-    if reuse:
-        import gc
-
-        reuse.clear()
-        gc.collect()
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        except ImportError:
-            pass
-    reuse[key] = be = build()
-    return be
