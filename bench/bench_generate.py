@@ -29,13 +29,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 from ropescale.common.cli import add_dtype, prepare_process  # noqa: E402
+from ropescale.training.memory_model import QWEN15_7B, QWEN15_7B_ROPE  # noqa: E402
 
 prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 
-# Qwen1.5-7B's shape (config.json of Qwen/Qwen1.5-7B): MHA, no GQA, so its KV cache is 0.5 MB per token in bf16.
+# Qwen1.5-7B's shape (ropescale.training.memory_model.QWEN15_7B): MHA, no GQA, so its KV cache is 0.5 MB per token in
+# bf16.
 SHAPES = {
-    "7b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
-               intermediate_size=11008, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6),
+    "7b": dict(**QWEN15_7B.hf_kwargs(), **QWEN15_7B_ROPE),
     # Qwen2.5-7B's shape: grouped-query attention, 4 KV heads for 28 query heads (57 KB of KV cache per token)
     "7b-gqa": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                    intermediate_size=18944, vocab_size=152064, max_position_embeddings=32768, rope_theta=1e6),

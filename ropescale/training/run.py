@@ -375,6 +375,7 @@ def build_model(run: Run, ds_cfg: dict | None):
     import torch
     from transformers import set_seed
 
+    from .data import policy_of
     from .loss import install_label_only_forward
     from .model import add_lora, fp32_master, load_model, param_counts, setup_memory
     from .saving import load_export_into
@@ -384,7 +385,8 @@ def build_model(run: Run, ds_cfg: dict | None):
     model = load_model(run.model, run.dtype, args.attn)
     layout = sequence_layout(run)
     if layout is not None:  # before PEFT wraps the model (DeepSpeed #7729)
-        sequence_parallel.setup_model(model, layout, args.micro_batch, document=args.attention == "document")
+        varlen = policy_of(args).varlen_kernel(args.sequence_parallel)
+        sequence_parallel.setup_model(model, layout, args.micro_batch, varlen=varlen)
     peft_model, extra_names = add_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout,
                                        targets=args.lora_targets, embeddings=args.train_embeddings,
                                        norms=args.train_norms, gradient_checkpointing=args.gradient_checkpointing)
