@@ -70,7 +70,7 @@ def test_what_training_asks_the_policy(positions, attention, pose, boundaries, c
     sequence parallelism with document attention (one process: none)."""
     pol = Policy(positions, attention, pose).check()
     assert pol.needs_boundaries is boundaries and pol.carries() == carries
-    assert pol.segments is ("segment_ids" in carries) and pol.positions_given is (positions == "reset" or bool(pose))
+    assert pol.segments is ("segment_ids" in carries)
     assert pol.varlen_kernel(2) is varlen and pol.varlen_kernel(1) is False
     pos, seg = sample_positions(pol, 6, [0, 3], seed=1, index=0)
     assert (seg.tolist() == [0, 0, 0, 1, 1, 1]) is pol.segments

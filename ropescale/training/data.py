@@ -181,9 +181,8 @@ class PackedDataset:
             pos, seg = sample_positions(self.policy, len(out["input_ids"]),
                                         self.starts[i] if self.starts is not None else None, seed=self.seed,
                                         index=i, epoch=self.epoch)
-            out["position_ids"] = torch.from_numpy(pos)
-            if self.policy.segments:  # causal: no segments (one per row), no T x T mask
-                out["segment_ids"] = torch.from_numpy(seg)
+            drawn = {"position_ids": pos, "segment_ids": seg}  # causal: no segments (one per row), no T x T mask
+            out.update({k: torch.from_numpy(drawn[k]) for k in self.policy.carries()})
         return out
 
 

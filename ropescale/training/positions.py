@@ -114,11 +114,6 @@ class Policy:
         block-diagonal mask); under causal attention a row is one segment and needs none."""
         return self.attention == "document"
 
-    @property
-    def positions_given(self) -> bool:
-        """Whether a sample carries its own position ids (reset, PoSE), not 0 .. n-1."""
-        return self.positions != DEFAULT_POSITIONS or self.pose_target is not None
-
     def carries(self) -> tuple[str, ...]:
         """The keys a sample (and a sequence-parallel shard) carries besides input_ids and labels: position_ids
         unless the policy is the default one (continuous + causal, no PoSE), segment_ids under document attention
