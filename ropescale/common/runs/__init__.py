@@ -78,5 +78,7 @@ from .resume import (  # noqa: F401
     claim_run_dir,
     open_run_dir,
     refuse_resume,
+    recorded_keys,
     resume_diffs,
+    settings_diff,
 )

@@ -4,12 +4,14 @@
 and :func:`check_resume` refuses to continue a run with other settings, rope or model (one line, the diff)."""
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..io import InputError, check_output_dir
-from ..settings import _nested_fields, diff, fmt, from_record, recorded_keys
+from ..settings import _nested_fields, fmt, from_record, specs, value_of
 from .locks import lock_run_dir
 from .record import RUN_JSON, RunMeta
 
@@ -80,7 +82,7 @@ def resume_diffs(old: RunMeta, settings, *, rope=None, model_id: str | None = No
     cls = type(settings)
     without = tuple(n for n in ("rope",) if n in _nested_fields(cls))
     was = from_record(cls, old.settings, where=old.meta_path, without=without)
-    diffs += diff(was, settings, only=recorded_keys(cls, old.settings))
+    diffs += settings_diff(was, settings, only=recorded_keys(cls, old.settings))
     diffs += [f"{k} {fmt(a)} -> {fmt(b)}" for k, a, b in also if a != b]
     return diffs
 
@@ -97,3 +99,53 @@ def check_resume(old: RunMeta, settings, *, rope=None, model_id: str | None = No
     diffs = resume_diffs(old, settings, rope=rope, model_id=model_id, also=also)
     if diffs:
         raise refuse_resume(diffs, old.meta_path, note=note, hint=hint)
+
+
+# ---------------------------------------------------------------- settings compared by their resume rules
+def recorded_keys(cls, record: dict | None) -> set[str]:
+    """The keys of ``cls`` a record holds (under any accepted spelling, or as a nested dict's field)."""
+    record = record or {}
+    out = set()
+    for s in specs(cls):
+        if any(k in record for k in s.accepted_keys) or (len(s.path) > 1 and isinstance(record.get(s.path[0]), dict)
+                                                        and s.path[-1] in record[s.path[0]]):
+            out.add(s.key)
+    return out
+
+
+def _same_path(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return Path(str(a)).expanduser().resolve() == Path(str(b)).expanduser().resolve()
+
+
+def _same_value(a, b) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
+            and not isinstance(b, bool):
+        return a == b or math.isclose(a, b, rel_tol=1e-12)
+    return a == b
+
+
+def settings_diff(old, new, *, only: Iterable[str] | None = None) -> list[str]:
+    """``key old -> new`` for every setting whose resume rule says the two differ (``same``: equal values;
+    ``path``: the same file once resolved; ``grow``: may only increase; ``ignore``: never compared). Nested
+    settings follow their field's rule. ``only``: compare just these keys (e.g. those a run recorded)."""
+    cls = type(new)
+    rules = {name: f.metadata.get("resume", "same") for name, f in
+             ((f.name, f) for f in dataclasses.fields(cls)) if f.metadata.get("nested")}
+    only = None if only is None else set(only)
+    out = []
+    for s in specs(cls):
+        rule = rules.get(s.path[0], s.meta.resume) if len(s.path) > 1 else s.meta.resume
+        if rule == "ignore" or (only is not None and s.key not in only):
+            continue
+        a, b = value_of(old, s), value_of(new, s)
+        if rule == "path":
+            same = _same_path(a, b)
+        elif rule == "grow":
+            same = a is None or b is None or b >= a
+        else:
+            same = _same_value(a, b)
+        if not same:
+            out.append(f"{s.key} {fmt(a)} -> {fmt(b)}")
+    return out
