@@ -125,6 +125,18 @@ QWEN15_7B_ROPE = {"max_position_embeddings": 32768, "rope_theta": 1e6}
 
 
 @dataclass(frozen=True)
+class Activations:
+    """How a step keeps its activations: the activation part of a memory plan (``planner.Plan`` adds where the
+    parameters and the optimizer state live; ``memory.plan_from_args`` reads finetune's flags into one)."""
+
+    recompute_every: int = 1
+    checkpoint_block: int = 1
+    offload_checkpoints: bool = False
+    gpu_checkpoints: int = 0
+    tile_mlp: int = 0
+
+
+@dataclass(frozen=True)
 class Setup:
     """How a step runs (finetune.py's settings that move memory)."""
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from ropescale import __version__  # the project's version
+
 from ..io import InputError, read_json, write_json_atomic
 from ..settings import _nested_fields, to_record
 from .identity import TRAIN_JSON, TrainLength
@@ -33,8 +35,6 @@ def versions() -> dict[str, str]:
             out[name] = md.version(name)
         except md.PackageNotFoundError:
             pass
-    from ropescale import __version__  # the project's version
-
     out["ropescale"] = __version__
     return out
 
