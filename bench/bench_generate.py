@@ -29,13 +29,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 from ropescale.common.cli import add_dtype, prepare_process  # noqa: E402
+from ropescale.training.memory_model import QWEN15_7B, QWEN15_7B_ROPE  # noqa: E402
 
 prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 
-# Qwen1.5-7B's shape (config.json of Qwen/Qwen1.5-7B): MHA, no GQA, so its KV cache is 0.5 MB per token in bf16.
+# Qwen1.5-7B's shape (ropescale.training.memory_model.QWEN15_7B): MHA, no GQA, so its KV cache is 0.5 MB per token in
+# bf16.
 SHAPES = {
-    "7b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
-               intermediate_size=11008, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6),
+    "7b": dict(**QWEN15_7B.hf_kwargs(), **QWEN15_7B_ROPE),
     # Qwen2.5-7B's shape: grouped-query attention, 4 KV heads for 28 query heads (57 KB of KV cache per token)
     "7b-gqa": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                    intermediate_size=18944, vocab_size=152064, max_position_embeddings=32768, rope_theta=1e6),
@@ -93,7 +94,7 @@ def tiny_prompts(n: int, lo: int, hi: int, seed: int):
 def run(args) -> dict:
     """The benchmark's phases: model and prompts -> warm-up -> both sides' streams of work -> the streams run
     interleaved -> the summary (see module doc)."""
-    from ropescale.evaluation.backends import pick_device, pick_dtype
+    from ropescale.evaluation.backends.hf import pick_device, pick_dtype
 
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
@@ -166,7 +167,8 @@ def _base_task(model, seqs, i: int, new: int, device: str, base_out: dict):
 def ours_streams(args, model, tok, seqs, device: str, streams: dict) -> tuple[dict, dict]:
     """One stream per --cache measured (added to ``streams``): the hf backend's batches (static / dynamic) or
     slot groups (slots) as tasks. Returns (backends, outputs) by stream name."""
-    from ropescale.evaluation.backends import HFBackend, Item, plan_batches
+    from ropescale.evaluation.backends import BackendSettings, HFBackend, Item
+    from ropescale.evaluation.backends.hf import plan_batches
 
     new = args.new_tokens
     backends: dict = {}
@@ -174,9 +176,9 @@ def ours_streams(args, model, tok, seqs, device: str, streams: dict) -> tuple[di
     for cache in (["slots", "static", "dynamic"] if args.cache == "all" else [args.cache]):
         key = cache + ("+compile" if args.compile and cache == "static" else "") + \
             ("-nograph" if args.no_cuda_graph and cache == "slots" else "")
-        be = HFBackend(None, model.config, tok or _NoTok(), model=model, device=device, dtype=args.dtype,
-                       batch_tokens=args.batch_tokens, max_batch=args.max_batch, cache=cache,
-                       compile=args.compile, cuda_graph=not args.no_cuda_graph, log=log)
+        st = BackendSettings(device=device, dtype=args.dtype, batch_tokens=args.batch_tokens, max_batch=args.max_batch,
+                             cache=cache, compile=args.compile, cuda_graph=not args.no_cuda_graph)
+        be = HFBackend(None, model.config, tok or _NoTok(), st, model=model, log=log)
         got = outs.setdefault(key, {})
 
         def ours_task(batch, be=be, got=got):

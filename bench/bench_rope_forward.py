@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.orig_ctx is None:
         args.orig_ctx = 64
     spec = spec_from_args(args)
-    specs = [spec] if spec.method != "none" else ALL
+    specs = [spec] if spec.scaled else ALL
 
     import torch
 

@@ -42,6 +42,8 @@ import threading
 import time
 from pathlib import Path
 
+from ropescale.training.memory_model import QWEN15_7B, QWEN15_7B_ROPE
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # This process starts and watches finetune.py (its own entry point prepares itself); it imports torch only to write
@@ -49,14 +51,13 @@ ROOT = Path(__file__).resolve().parent.parent
 # point does before torch: a run on a model already written imports neither torch nor transformers (seconds of CPU).
 
 SHAPES = {
-    "7b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
-               intermediate_size=11008, vocab_size=151936),
+    "7b": QWEN15_7B.hf_kwargs(),  # Qwen1.5-7B (ropescale.training.memory_model)
     "toy": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
                 intermediate_size=172, vocab_size=151936),
 }
 # the same shapes cut to 2 and 4 decoder layers (the memory model's per-layer check)
 SHAPES.update({f"{k}-{n}l": dict(v, num_hidden_layers=n) for k, v in list(SHAPES.items()) for n in (2, 4)})
-ORIG_CTX = 32768  # Qwen1.5-7B's max_position_embeddings: NTK x8 extends it to 262,144
+ORIG_CTX = QWEN15_7B_ROPE["max_position_embeddings"]  # Qwen1.5-7B's: NTK x8 extends it to 262,144
 DEFAULT_RECIPE = ROOT / "recipes" / "qwen1.5-7b_ntk-x8_16k.yaml"
 REGULAR_VOCAB = 151643  # Qwen2 ids below the special tokens
 
@@ -83,7 +84,8 @@ def write_model(shape: str, out: Path) -> Path:
     if out.exists():
         shutil.rmtree(out)
     t0 = time.time()
-    cfg = AutoConfig.for_model("qwen2", **SHAPES[shape], max_position_embeddings=ORIG_CTX, rope_theta=1e6,
+    cfg = AutoConfig.for_model("qwen2", **SHAPES[shape], max_position_embeddings=ORIG_CTX,
+                               rope_theta=QWEN15_7B_ROPE["rope_theta"],
                                tie_word_embeddings=False, use_sliding_window=False, sliding_window=None,
                                eos_token_id=151643, pad_token_id=151643, bos_token_id=None, use_cache=False)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -31,11 +31,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 from ropescale.common.cli import prepare_process  # noqa: E402
+from ropescale.training.memory_model import QWEN15_7B, QWEN15_7B_ROPE  # noqa: E402
 
 prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 
-SHAPE_7B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
-                intermediate_size=11008, vocab_size=151936)
+SHAPE_7B = QWEN15_7B.hf_kwargs()  # Qwen1.5-7B (ropescale.training.memory_model)
 SHAPE_TOY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
                  intermediate_size=172, vocab_size=151936)
 
@@ -43,7 +43,9 @@ SHAPE_TOY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num
 def make_config(shape: dict, max_len: int):
     from transformers import AutoConfig
 
-    cfg = AutoConfig.for_model("qwen2", **shape, max_position_embeddings=max(32768, max_len), rope_theta=1e6,
+    orig = QWEN15_7B_ROPE["max_position_embeddings"]
+    cfg = AutoConfig.for_model("qwen2", **shape, max_position_embeddings=max(orig, max_len),
+                               rope_theta=QWEN15_7B_ROPE["rope_theta"],
                                tie_word_embeddings=False, use_sliding_window=False, sliding_window=None,
                                eos_token_id=151643, pad_token_id=151643, bos_token_id=None)
     cfg.use_cache = False

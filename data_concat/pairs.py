@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
-from ropescale.common.chapters import Chapter, by_book, read_chapters
+from ropescale.common.chapters import Chapter, add_on_bad, by_book, read_chapters
 from ropescale.common.cli import add_command, add_json
 from ropescale.common.io import InputError, check_output_file, write_jsonl_atomic
 
@@ -180,9 +180,7 @@ def register(sub) -> None:
                    help="long windows: keep the first piece (first) or all consecutive pieces (all) (default: first)")
     p.add_argument("--books", help="comma-separated book names to use; default: all")
     p.add_argument("--max-pairs", type=int, metavar="N", help="stop after this many pairs")
-    p.add_argument("--on-bad", choices=("error", "skip"), default="error",
-                   help="malformed or empty chapter lines: stop with FILE:LINE (error) or skip and count them "
-                        "(default: error)")
+    add_on_bad(p)
     p.add_argument("--out", required=True, metavar="FILE", help="output JSONL (written atomically)")
     add_json(p, "the report")
     p.set_defaults(func=cmd_pairs)

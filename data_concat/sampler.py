@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ropescale.common import subsets
-from ropescale.common.chapters import Chapter, by_book, read_chapters
+from ropescale.common.chapters import Chapter, add_on_bad, by_book, read_chapters
 from ropescale.common.cli import add_command, add_json
 from ropescale.common.io import InputError, check_output_file, write_jsonl_atomic
 
@@ -188,9 +188,7 @@ def register(sub) -> None:
     p.add_argument("--books", help="comma-separated book names; default: all")
     p.add_argument("--max-samples", type=int, metavar="N", help="at most this many samples (balanced across books)")
     p.add_argument("--per-book", type=int, metavar="N", help="at most this many samples per book")
-    p.add_argument("--on-bad", choices=("error", "skip"), default="error",
-                   help="malformed or empty chapter lines: stop with FILE:LINE (error) or skip and count them "
-                        "(default: error)")
+    add_on_bad(p)
     p.add_argument("--out", required=True, metavar="FILE",
                    help="output CNNSum-format JSONL, each record naming its 'subset' (written atomically)")
     add_json(p, "the report")

@@ -6,8 +6,9 @@ Hugging Face configs.
 ``apply_rope`` is the one rule for a config that already carries scaling (same spec again: no-op; another one:
 refused unless ``--replace``); ``plan_rope`` says what it will do, for reports.
 
-- ``formulas``: one registry entry per method (its inv_freq / attention-factor formula, its HF entries, its checks,
-  its help line).
+- ``formulas``: one registry row per method (``REGISTRY``): its inv_freq / attention-factor formula, its HF entries,
+  its checks, its own fields, its runtime rule, how vLLM serves it, what describe adds, its help line.
+- ``bounds``: the angle bounds of a scaled rope (``reach``, ``finetune_bound``, Liu et al.'s critical dimension).
 - ``spec``: ``RopeSpec``, the setting; its fields are the ``--rope/--scale/--rope-base/--orig-ctx/--yarn-*``
   flags, recipe keys and run.json record of every stage (``args`` adds them to a parser).
 - ``hf``: the one adapter that writes a spec into / reads it from an HF config (transformers 4.x and 5.x).
@@ -18,10 +19,10 @@ refused unless ``--replace``); ``plan_rope`` says what it will do, for reports.
 from ropescale.common.io import InputError
 
 from .args import add_rope_args, spec_from_args
-from .formulas import FORMULAS, Freqs, frequencies
+from .formulas import REGISTRY, Freqs, frequencies
 from .hf import RopeChange, RopeState, apply_rope, extended_context, plan_rope, read_rope, rope_state
 from .spec import METHODS, RopeSpec
 
 __all__ = ["RopeSpec", "add_rope_args", "spec_from_args", "apply_rope", "read_rope", "extended_context",
-           "InputError", "METHODS", "FORMULAS", "Freqs", "frequencies", "rope_state", "RopeState", "plan_rope",
+           "InputError", "METHODS", "REGISTRY", "Freqs", "frequencies", "rope_state", "RopeState", "plan_rope",
            "RopeChange"]

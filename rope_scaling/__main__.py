@@ -1,20 +1,16 @@
 """``python -m rope_scaling describe|search ...`` (see ``python -m rope_scaling COMMAND --help``).
 
-An entry point, on the front-door floor with ``ropescale.cli`` (it only dispatches): ``describe`` is this package's,
-``search`` wires a model to the search (``ropescale.probes.rope_search``: the probes' data, model loading and scorer).
+An entry point, on the front-door floor with ``ropescale.cli``, which wires the tool (``ropescale.cli.rope_tool``):
+``describe`` is this package's, ``search`` a stage's (``ropescale.probes.rope_search``: the probes' data, model
+loading and scorer). Nothing else in this package imports a stage.
 """
 from __future__ import annotations
 
 import sys
 
-from ropescale.common.cli import Tool
-from ropescale.probes import rope_search
+from ropescale.cli import rope_tool
 
-from . import describe
-
-TOOL = Tool("python -m rope_scaling", "RoPE context extension (PI, NTK, dynamic NTK, YaRN, dynamic YaRN, ABF, "
-            "Llama-3, LongRoPE): describe a setting, search LongRoPE factors.",
-            (describe.register, rope_search.register))
+TOOL = rope_tool()
 main = TOOL.entry()
 
 

@@ -9,15 +9,15 @@ kind -- ``extrapolated`` (frequency unchanged), ``interpolated`` (divided by exa
 all at relative tolerance 1e-6. "Original" is the model's own RoPE (its own base, no scaling); "scaled" is what the
 model computes after the spec is applied through the same adapter that writes real configs.
 
-The angle bound (``rope_scaling.formulas.reach``) is the longest context in which every pair stays inside the
+The angle bound (``rope_scaling.bounds.reach``) is the longest context in which every pair stays inside the
 angles it turned through over the original context: only pairs whose wavelength exceeds the original context
 (they never completed a turn in pre-training) bound it, each at orig-ctx x its ratio; the first of them to leave
 its range sets it. A necessary condition, not a prediction: it counts angles only, and attention may fail much
-sooner. A fine-tune moves it (``formulas.finetune_bound``: the angles seen up to the trained length count too):
+sooner. A fine-tune moves it (``bounds.finetune_bound``: the angles seen up to the trained length count too):
 ``--trained-length N``, or what the model directory's training record says (``ropescale_train.json``: the longest
 trained distance of its coverage when recorded, else the longest sample). For a method that changes the base (ntk,
 dynamic_ntk, abf, --rope-base) Liu et al. 2023's critical dimension d_extra and its full period T_extra under the new
-base are shown too (``formulas.critical_dimension`` / ``critical_period``).
+base are shown too (``bounds.critical_dimension`` / ``critical_period``).
 
 Methods that follow the length are shown at ``--seq-len`` (default: the extended context): dynamic NTK's base,
 dynamic YaRN's scale max(1, L / orig), and which of LongRoPE's factor sets applies (short within the original
@@ -36,7 +36,8 @@ from ropescale.common.cli import Tool, add_alias, add_command, add_json
 from ropescale.common.io import InputError, read_json
 
 from .args import add_rope_args, spec_from_args
-from .formulas import REGISTRY, critical_dimension, critical_period, finetune_bound, reach, yarn_correction_range
+from .bounds import critical_dimension, critical_period, finetune_bound, reach
+from .formulas import REGISTRY
 from .hf import change_rope, extended_context
 from .spec import RopeSpec
 
@@ -103,7 +104,8 @@ def describe(cfg, spec: RopeSpec | None = None, seq_len: int | None = None,
     orig = st.original_frequencies()
     new = st.frequencies(seq_len)
     dims, counts = [], {"extrapolated": 0, "mixed": 0, "interpolated": 0}
-    s_now = max(1.0, seq_len / st.orig_ctx) if sp.method == "dynamic_yarn" else sp.scale  # its s at seq_len
+    method = REGISTRY[sp.method]
+    s_now = method.scale_at_length(sp, st.orig_ctx, seq_len)  # its s at seq_len
     for i, (a, b) in enumerate(zip(orig.inv_freq, new.inv_freq)):
         kind = classify(a, b, s_now)
         counts[kind] += 1
@@ -120,7 +122,8 @@ def describe(cfg, spec: RopeSpec | None = None, seq_len: int | None = None,
            "reach_pair": min(bounded, key=lambda i: dims[i]["reach"]) if bounded else None,
            "bounded_pairs": bounded, "rope_change": change.to_dict()}
     out["bound"] = bounds(st, orig.inv_freq, new, total, trained_length)
-    out.update(_method_details(st, seq_len))
+    if method.describe.details is not None:  # what the method adds (its own section)
+        out.update(method.describe.details(st, seq_len))
     out["dims"] = dims
     return out
 
@@ -130,35 +133,17 @@ def _finite(x: float) -> float | None:
 
 
 def bounds(st, inv_freq, new, pretrain: float, trained_length: float | None) -> dict:
-    """The angle bounds of a setting: pre-training (:func:`formulas.reach`), after a fine-tune at
-    ``trained_length`` (:func:`formulas.finetune_bound`), and for a changed base Liu et al.'s d_extra / T_extra."""
+    """The angle bounds of a setting: pre-training (:func:`bounds.reach`), after a fine-tune at
+    ``trained_length`` (:func:`bounds.finetune_bound`), and for a changed base (``Method.changes_base``, or a
+    --rope-base) Liu et al.'s d_extra / T_extra."""
     b = {"pretrain": _finite(pretrain), "trained_length": trained_length,
          "finetune": None if trained_length is None else
          _finite(finetune_bound(st.orig_ctx, inv_freq, new.inv_freq, trained_length))}
-    if st.spec.method in ("ntk", "dynamic_ntk", "abf") or st.spec.rope_base is not None:
+    if REGISTRY[st.spec.method].changes_base or st.spec.rope_base is not None:
         de = critical_dimension(st.rotary_dim, st.base, st.orig_ctx)
         b["critical"] = {"d_extra": de, "T_extra": _finite(critical_period(st.rotary_dim, st.base, new.base,
                                                                            st.orig_ctx))}
     return b
-
-
-def _method_details(st, seq_len: int) -> dict:
-    """What a method shows beside the pairs: YaRN's ramp (also dynamic YaRN's, with its scale at ``seq_len``),
-    LongRoPE's factor set at ``seq_len`` and the factors' hash and source."""
-    sp = st.spec
-    out = {}
-    if sp.method in ("yarn", "dynamic_yarn"):
-        b = sp.rope_base if sp.rope_base is not None else st.base
-        low, high = yarn_correction_range(st.rotary_dim, b, st.orig_ctx, sp.yarn_beta, sp.yarn_alpha)
-        out["yarn"] = {"alpha": sp.yarn_alpha, "beta": sp.yarn_beta, "ramp_low": low, "ramp_high": high}
-        if sp.method == "dynamic_yarn":
-            out["yarn"]["scale_at_seq_len"] = max(1.0, seq_len / st.orig_ctx)
-    if sp.method == "longrope":
-        f = sp.longrope_factors
-        out["longrope"] = {"set": "long" if seq_len > st.orig_ctx else "short", "hash": f.short_hash,
-                           "sha256": f.digest, "source": f.source, "attention_factor": f.attention_factor,
-                           "short_factor": list(f.short_factor), "long_factor": list(f.long_factor)}
-    return out
 
 
 def format_table(d: dict) -> str:
@@ -167,15 +152,7 @@ def format_table(d: dict) -> str:
              f"attention factor {d['attention_factor']:.6g}",
              f"head_dim {d['head_dim']}  original context {d['orig_ctx']}  extended context {d['extended_context']}"
              + _at_seq_len(d), f"setting: {d['rope_change']['message']}"]
-    if "yarn" in d:
-        y = d["yarn"]
-        lines.append(f"yarn alpha {y['alpha']:g} beta {y['beta']:g}: ramp between pair {y['ramp_low']} and "
-                     f"{y['ramp_high']}")
-    if "longrope" in d:
-        lr = d["longrope"]
-        att = "default sqrt(1 + ln s / ln orig)" if lr["attention_factor"] is None else f"{lr['attention_factor']:g}"
-        lines.append(f"longrope factors {lr['hash']} ({lr['source'] or 'from the config'}; sha256 {lr['sha256']}); "
-                     f"attention factor {att}")
+    lines += (REGISTRY[d["rope"]].describe.lines or (lambda _: []))(d)  # the method's own lines
     c = d["counts"]
     lines.append(f"pairs: {c['extrapolated']} extrapolated (unchanged), {c['mixed']} mixed, "
                  f"{c['interpolated']} interpolated (/ s)")
@@ -191,15 +168,8 @@ def format_table(d: dict) -> str:
 
 def _at_seq_len(d: dict) -> str:
     """How a method that follows the length is shown at --seq-len (the table's frequencies are those)."""
-    L = d["seq_len"]
-    if d["rope"] == "dynamic_ntk":
-        return f"  (dynamic NTK at seq_len {L})"
-    if d["rope"] == "dynamic_yarn":
-        return f"  (dynamic YaRN at seq_len {L}: s = max(1, {L} / {d['orig_ctx']}) = {d['yarn']['scale_at_seq_len']:g})"
-    if d["rope"] == "longrope":
-        side = "past" if d["longrope"]["set"] == "long" else "within"
-        return f"  (longrope at seq_len {L}: the {d['longrope']['set']} factors, {side} the original context)"
-    return ""
+    at = REGISTRY[d["rope"]].describe.at
+    return "" if at is None else at(d)
 
 
 def bound_lines(d: dict) -> list[str]:

@@ -1,51 +1,32 @@
 """The RoPE methods: one entry per method in one registry (like transformers' ``ROPE_INIT_FUNCTIONS``).
 
-A method is a :class:`Method`: its formula (rotary dimension ``d`` (head_dim), the base after any ABF step, the
-:class:`RopeSpec` and the current sequence length -> :class:`Freqs`: the ``d/2`` inverse frequencies in float64, the
-attention factor that multiplies cos/sin, and the effective base), how it is written as plain Hugging Face rope
-entries and read back from them, what its settings must satisfy (alone, and against a model's rotary dim), and the
-one line ``describe --help`` shows of it.
+A method is a :class:`Method` row, and the row is the whole method: its formula (rotary dimension ``d``
+(head_dim), the base after any ABF step, the :class:`~rope_scaling.spec.RopeSpec` and the current sequence length ->
+:class:`Freqs`: the ``d/2`` inverse frequencies in float64, the attention factor that multiplies cos/sin, and the
+effective base), how it is written as plain Hugging Face rope entries and read back from them, what its settings must
+satisfy (alone, and against a model's rotary dim), the spec fields that belong to it, its runtime rule (frequencies
+recomputed in every forward), how vLLM serves it or refuses it (:class:`VllmJob`), what ``describe`` adds for it and
+the one line ``describe --help`` shows of it. No code outside this registry branches on a method's name: it asks the
+row.
 
-Beside the methods: the angle bounds of a scaled rope (:func:`reach`, the pre-training bound; :func:`finetune_bound`,
-the same after a fine-tune; :func:`critical_dimension` / :func:`critical_period`, Liu et al. 2023's closed form) and
-the per-pair rescale factors theta_i / theta'_i a spec implies (:func:`rescale_factors`, the LongRoPE search's start).
+Beside the methods: the per-pair rescale factors theta_i / theta'_i a spec implies (:func:`rescale_factors`, the
+LongRoPE search's start). The angle bounds of a scaled rope are ``rope_scaling.bounds``.
 
-A new method is one function pair and one :data:`REGISTRY` entry here (plus a test): ``RopeSpec`` takes its name,
-``--rope`` offers it, ``hf.apply_rope`` writes it and ``describe`` explains it. No torch, no transformers: plain math
-and dicts, so ``describe``, the HF adapter and the tests' expectations can all be checked against it.
+A new method is its functions and one :data:`REGISTRY` entry here (docs/extending.md): ``RopeSpec`` takes its name,
+``--rope`` offers it, ``hf.apply_rope`` writes it, ``describe`` explains it, the vllm backend serves or refuses it,
+and ``tests/test_rope_registry.py`` covers it on arrival. No torch, no transformers: plain math and dicts, so
+``describe``, the HF adapter and the tests' expectations can all be checked against it.
 """
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, NamedTuple
 
 from ropescale.common.io import InputError
 
-
-class RopeSpec(Protocol):
-    """The fields of a RoPE setting the formulas read (``rope_scaling.spec.RopeSpec`` has them): declared here, so
-    the formulas depend on nothing in this package and the spec depends on the formulas, not both ways."""
-
-    method: str
-    scale: float
-    rope_base: float | None
-    orig_ctx: int | None
-    yarn_alpha: float
-    yarn_beta: float
-    yarn_mscale: float | None
-    llama3_low: float
-    llama3_high: float
-    longrope_factors: "LongRopeFactors | None"
-
-
-class LongRopeFactors(Protocol):
-    """LongRoPE's per-pair rescale factors (``rope_scaling.spec.LongRopeFactors`` has them): theta'_i = theta_i /
-    factor_i, ``short_factor`` within the original context, ``long_factor`` past it."""
-
-    short_factor: tuple[float, ...]
-    long_factor: tuple[float, ...]
-    attention_factor: float | None
+RopeSpec = Any  # a rope_scaling.spec.RopeSpec: the formulas read its fields; spec.py imports this module, not back
 
 
 class Freqs(NamedTuple):
@@ -81,56 +62,6 @@ def yarn_correction_range(d: int, base: float, orig_ctx: int, beta_fast: float, 
 def yarn_attention_factor(s: float) -> float:
     """sqrt(1/t) = 0.1 * ln(s) + 1 (1 for s <= 1) -- YaRN arXiv 2309.00071 Sec 3.4."""
     return 1.0 if s <= 1 else 0.1 * math.log(s) + 1.0
-
-
-def reach(orig_ctx: float, inv_freq: Sequence[float], scaled_inv_freq: Sequence[float]) -> float:
-    """The pre-training angle bound: the longest context N in which every rotary pair stays inside the angles it saw
-    in pre-training, N = orig_ctx * min(theta_i / theta'_i) over the pairs with orig_ctx * theta_i < 2*pi (wavelength
-    longer than orig_ctx: they never completed a turn, so only [0, orig_ctx * theta_i] was seen; the others saw
-    every angle and bound nothing); inf when no pair is bounded.
-
-    A bound, not a prediction: a necessary condition for a training-free model to read every distance up to N with
-    angles it knows (pair i at distance m turns m * theta'_i; inside the pre-training range while m * theta'_i <=
-    orig_ctx * theta_i; positions treated as continuous). It counts angles only -- not attention temperature, not
-    what a fine-tune teaches the model (:func:`finetune_bound` adds the angles a fine-tune saw). The bounded pairs
-    are Liu et al. 2023's "critical dimensions for extrapolation" (arXiv 2310.05209); their closed form for a
-    changed base is :func:`critical_period`, a different number (the critical pair's full turn, not its seen arc)."""
-    return finetune_bound(orig_ctx, inv_freq, scaled_inv_freq, None)
-
-
-def finetune_bound(orig_ctx: float, inv_freq: Sequence[float], scaled_inv_freq: Sequence[float],
-                   trained_len: float | None) -> float:
-    """The angle bound after a fine-tune on positions up to ``trained_len`` with the scaled frequencies: pair i has
-    seen the angles [0, seen_i], seen_i = max(orig_ctx * theta_i, trained_len * theta'_i) (pre-training, then the
-    fine-tune); a pair with seen_i >= 2*pi saw every angle and bounds nothing; the bound is min(seen_i / theta'_i)
-    over the other pairs (inf when none). ``trained_len`` None (no fine-tune) gives :func:`reach`.
-
-    Derived here as :func:`reach` is, from the angles alone: a fine-tune that trained at T_ft tokens
-    lifts every pair's bound to at least T_ft, so a fine-tuned row's bound says what its training length allows."""
-    if len(inv_freq) != len(scaled_inv_freq):
-        raise ValueError("inv_freq and scaled_inv_freq must have the same length")
-    out = math.inf
-    for a, b in zip(inv_freq, scaled_inv_freq):
-        seen = max(orig_ctx * a, (trained_len or 0) * b)
-        if seen < 2 * math.pi:
-            out = min(out, seen / b)
-    return out
-
-
-def critical_dimension(d: int, base: float, train_len: float) -> int:
-    """d_extra = 2 * ceil((d/2) * log_base(T_train / (2*pi))), clamped to [0, d]: the dims whose pairs turned a full
-    period in pre-training -- Liu et al. 2023 (arXiv 2310.05209), critical dimension for extrapolation (Lemma 1,
-    Eq. 13 as the authors' README numbers it, OpenLMLab/scaling-rope)."""
-    x = (d / 2) * math.log(train_len / (2 * math.pi)) / math.log(base)
-    return min(max(2 * math.ceil(x), 0), d)
-
-
-def critical_period(d: int, base: float, scaled_base: float, train_len: float) -> float:
-    """T_extra = 2*pi * base'^(d_extra / d), the full period of the first critical pair under the new base base'
-    (inf when every pair turned a full period) -- Liu et al. 2023 (arXiv 2310.05209), extrapolation upper bound for
-    a larger base (Theorem 3, Eq. 16b as the authors' README numbers it, OpenLMLab/scaling-rope)."""
-    de = critical_dimension(d, base, train_len)
-    return math.inf if de >= d else 2 * math.pi * scaled_base ** (de / d)
 
 
 # ---------------------------------------------------------------- one function per method
@@ -183,10 +114,15 @@ def _dynamic_yarn(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> F
     orig this is plain RoPE. Written into a config as the static ``yarn`` entry at factor s (HF has no dynamic
     YaRN), which is what plain transformers and vLLM then run: the same frequencies at the extended context, YaRN x s
     (not the dynamic ones) below it; this repo reads the ``ropescale_rope`` record back as dynamic_yarn and must
-    recompute the frequencies per forward from the current length (its own rotary hook)."""
-    s = max(1.0, (seq_len or spec.orig_ctx) / spec.orig_ctx)
+    recompute the frequencies per forward from the current length (its own rotary hook: ``Method.per_forward``)."""
+    s = _dynamic_yarn_scale(spec, spec.orig_ctx, seq_len)
     return Freqs(yarn_inv_freq(d, base, s, spec.orig_ctx, spec.yarn_alpha, spec.yarn_beta), yarn_attention_factor(s),
                  base)
+
+
+def _dynamic_yarn_scale(spec: RopeSpec, orig_ctx: int, seq_len: int | None) -> float:
+    """Dynamic YaRN's s at the current length L: max(1, L / L_orig) -- YaRN arXiv 2309.00071 Sec 3.3."""
+    return max(1.0, (seq_len or orig_ctx) / orig_ctx)
 
 
 def _abf(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Freqs:
@@ -287,6 +223,13 @@ def _extended(spec: RopeSpec) -> int:
 # (rope_type, rope_theta, factor ...), the config's original_max_position_embeddings ``orig`` (None when it names
 # none) and its max_position_embeddings ``max_pos`` -> the spec's fields. ntk and abf write "default" too, but a
 # default entry alone cannot tell them from a model's own base: it reads back as none.
+def _factor(e: dict) -> float:
+    """The entries' factor (InputError when a type that needs one names none)."""
+    if e.get("factor") is None:
+        raise InputError(f"rope type {e['rope_type']!r} without a factor")
+    return e["factor"]
+
+
 def _none_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
     return {"method": "none", "orig_ctx": max_pos}
 
@@ -294,23 +237,23 @@ def _none_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
 def _pi_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
     # linear entries do not say the original context: max_position_embeddings is taken as it (Vicuna-v1.5-16K's
     # style: 4096 with factor 4); what this repo writes (orig x s) carries it in its ropescale_rope record
-    return {"method": "pi", "scale": e["factor"], "orig_ctx": orig or max_pos}
+    return {"method": "pi", "scale": _factor(e), "orig_ctx": orig or max_pos}
 
 
 def _dynamic_ntk_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
     # transformers' dynamic NTK takes max_position_embeddings as the original context
-    return {"method": "dynamic_ntk", "scale": e["factor"], "orig_ctx": max_pos}
+    return {"method": "dynamic_ntk", "scale": _factor(e), "orig_ctx": max_pos}
 
 
 def _yarn_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
     if e.get("mscale") or e.get("mscale_all_dim") or e.get("truncate") is False:
         raise InputError("yarn with mscale / mscale_all_dim / truncate=false is not supported")
-    return {"method": "yarn", "scale": e["factor"], "orig_ctx": orig or max_pos, "yarn_alpha": e.get("beta_slow")
+    return {"method": "yarn", "scale": _factor(e), "orig_ctx": orig or max_pos, "yarn_alpha": e.get("beta_slow")
             or 1.0, "yarn_beta": e.get("beta_fast") or 32.0, "yarn_mscale": e.get("attention_factor")}
 
 
 def _llama3_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
-    return {"method": "llama3", "scale": e["factor"], "orig_ctx": orig or max_pos, "llama3_low": e["low_freq_factor"],
+    return {"method": "llama3", "scale": _factor(e), "orig_ctx": orig or max_pos, "llama3_low": e["low_freq_factor"],
             "llama3_high": e["high_freq_factor"]}
 
 
@@ -369,46 +312,257 @@ def _check_llama3(spec: RopeSpec) -> None:
                          f"{spec.llama3_high:g}")
 
 
+# ---------------------------------------------------------------- how vLLM serves each method, or refuses it
+class VllmJob(NamedTuple):
+    """What a method's vLLM rule reads (built by ``ropescale.evaluation.backends.vllm.vllm_settings``)."""
+
+    cfg: dict  # the effective HF config as a dict (the RoPE flags applied)
+    key: str  # where its rope entries live: rope_parameters (transformers 5.x) or rope_scaling (4.x)
+    entries: dict  # those entries, flat 5.x-style (rope_type, rope_theta, the type's keys)
+    state: Any  # the config's rope_scaling.hf.RopeState
+    overrides: dict  # hf_overrides so far: the config fields the RoPE flags changed
+    need: int  # the longest prompt + max new tokens
+    short: int  # the shortest prompt + max new tokens
+    mml: int  # the max_model_len asked for (at least ``need``)
+    vllm: str | None  # the installed vLLM release (None: not installed; the backend refuses then)
+
+
+def _vllm_entries(job: VllmJob, **changes) -> dict:
+    """The job's rope dict with ``changes``, in the config's layout (4.x keeps rope_theta beside rope_scaling)."""
+    rope = {**job.entries, **changes}
+    if job.key == "rope_scaling":
+        rope.pop("rope_theta", None)
+        rope.setdefault("type", job.entries["rope_type"])
+    return rope
+
+
+def _vllm_with(job: VllmJob, rope: dict) -> dict:
+    """The job's overrides plus ``rope`` under its key, unless the config already holds exactly that."""
+    return job.overrides if rope == job.cfg.get(job.key) else {**job.overrides, job.key: rope}
+
+
+def _vllm_cached(job: VllmJob, factor: float = 1.0) -> tuple[dict, int]:
+    """default (none, ntk, abf), linear (pi, cache x factor) and llama3 entries: vLLM's rotary cache holds
+    max_position_embeddings x ``factor`` positions and the frequencies do not depend on it, so it is raised through
+    hf_overrides until the cache covers max_model_len (llama3: vLLM's llama3 rope computes transformers' formula)."""
+    out = dict(job.overrides)
+    if int(job.cfg.get("max_position_embeddings") or 0) * factor < job.mml:
+        out["max_position_embeddings"] = int(math.ceil(job.mml / factor))
+    return out, job.mml
+
+
+def _vllm_linear(job: VllmJob) -> tuple[dict, int]:
+    return _vllm_cached(job, float(job.entries.get("factor") or 1.0))
+
+
+def _vllm_dynamic_ntk(job: VllmJob) -> tuple[dict, int]:
+    raise InputError("--backend vllm cannot run dynamic NTK: vLLM's 'dynamic' rope is a static NTK base for the "
+                     "full factor, not transformers' base recomputed from the current length; use --backend hf")
+
+
+def _vllm_dynamic_yarn(job: VllmJob) -> tuple[dict, int]:
+    raise InputError(f"--backend vllm cannot run dynamic_yarn: the config's entries say static yarn "
+                     f"x{job.state.spec.scale:g}, which vLLM would serve at every length (this repo recomputes YaRN "
+                     f"from the current length); use --backend hf")
+
+
+def _vllm_yarn(job: VllmJob) -> tuple[dict, int]:
+    """vLLM's YaRN cache holds original_max_position_embeddings x factor positions and cannot be moved without
+    changing the frequencies in some releases: prompt + new tokens beyond it are refused, max_model_len is capped to
+    it. The attention factor goes both as HF's ``attention_factor`` (recent vLLM) and as vLLM's ``attn_factor``
+    multiplier of 0.1 ln(s) + 1 (older vLLM reads only that), so vLLM scales cos/sin exactly as transformers does."""
+    e, cfg = job.entries, job.cfg
+    factor = float(e["factor"])
+    orig = int(e.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+               or cfg.get("max_position_embeddings") or 0)
+    cache = int(math.ceil(orig * factor))
+    if job.need > cache:
+        raise InputError(f"--backend vllm: prompt + new tokens reach {job.need} tokens, past vLLM's YaRN rotary cache "
+                         f"of {cache} positions (original_max_position_embeddings {orig} x factor {factor:g}), where "
+                         f"it would read garbage; use --backend hf, or a larger --scale")
+    af = job.state.frequencies().attention_factor  # this registry's formula: what transformers multiplies cos/sin by
+    rope = _vllm_entries(job, attention_factor=af, attn_factor=af / yarn_attention_factor(job.state.spec.scale))
+    return _vllm_with(job, rope), min(job.mml, cache)
+
+
+# vLLM picks LongRoPE's factor set once, from max_model_len, from 0.11.1 on (vllm-project/vllm#27431, fixing #27414:
+# phi3_long_rope_scaled_rope.py sets use_long_rope = max_model_len > original_max_position_embeddings at init).
+# Up to 0.11.0 its forward took the long set for a whole batch as soon as any position in it passed the original
+# context (torch.any(positions > k)): a prompt within the window is prefilled with the short set and decoded past it
+# with the long one, against a cache built with the short one.
+VLLM_LONGROPE_FIXED = (0, 11, 1)
+
+
+def vllm_longrope_fixed(version: str) -> bool:
+    """Whether vLLM release ``version`` (``0.11.1``, ``0.12.0+cu129``, ``0.11.1rc2``) keeps one LongRoPE factor set
+    per run (:data:`VLLM_LONGROPE_FIXED`); a pre-release or dev build of that release itself counts as before it."""
+    m = re.match(r"\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(.*)", str(version))
+    if not m:
+        return False
+    release = tuple(int(x or 0) for x in m.groups()[:3])
+    final = not re.match(r"[.-]?(a|b|rc|c|alpha|beta|pre|preview|dev)", m.group(4).split("+")[0].lower())
+    return release > VLLM_LONGROPE_FIXED or (release == VLLM_LONGROPE_FIXED and final)
+
+
+def _vllm_longrope(job: VllmJob) -> tuple[dict, int]:
+    """vLLM (``Phi3LongRoPEScaledRotaryEmbedding``) reads the attention factor only as ``short_mscale`` /
+    ``long_mscale`` (else it derives it from max_position_embeddings / orig, which the overrides may raise) and caches
+    max_position_embeddings long positions; the hf backend picks a set per sample (prompt + max new tokens past orig:
+    long). Served when all samples are on one side of orig: all within it (max_model_len capped to orig: no position
+    passes it, so every vLLM release keeps the short set), or all past it on vLLM >= 0.11.1 (the long set for the
+    run; max_position_embeddings raised to max_model_len); refused otherwise."""
+    cfg, e, mml = job.cfg, job.entries, job.mml
+    orig = int(e.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+               or cfg.get("max_position_embeddings"))
+    out = dict(job.overrides)
+    if job.need <= orig:  # every sample short: keep vLLM on the short factors
+        mml = min(mml, orig)
+    elif job.short <= orig:
+        raise InputError(f"--backend vllm: with longrope the hf backend gives each sample its own factor set (long "
+                         f"when prompt + max new tokens > {orig}), vLLM one set for all; these samples reach "
+                         f"{job.short} to {job.need} tokens, on both sides: split the eval set by length, or use "
+                         f"--backend hf")
+    elif job.vllm is not None and not vllm_longrope_fixed(job.vllm):
+        fixed = ".".join(map(str, VLLM_LONGROPE_FIXED))
+        raise InputError(f"--backend vllm: vLLM {job.vllm} switches LongRoPE's factors within a sample (the long set "
+                         f"once a batch passes {orig} tokens, over a cache built with the short one); LongRoPE past "
+                         f"the original context needs vllm>={fixed}; use --backend hf")
+    elif int(cfg.get("max_position_embeddings") or 0) < mml:
+        out["max_position_embeddings"] = mml  # vLLM's long cos/sin cache has max_position_embeddings positions
+    af = job.state.frequencies().attention_factor  # this registry's formula = transformers' attention_factor
+    return _vllm_with(job._replace(overrides=out), _vllm_entries(job, short_mscale=af, long_mscale=af)), mml
+
+
+# ---------------------------------------------------------------- what describe adds for a method
+# ``details(state, seq_len)``: its own section of ``describe --json`` (state: the config's rope_scaling.hf.RopeState);
+# ``lines(d)``: that section in the table (``d``: describe's --json); ``at(d)``: the summary line's note for a method
+# that follows the length, at --seq-len.
+def _yarn_details(st, seq_len: int) -> dict:
+    sp = st.spec
+    b = sp.rope_base if sp.rope_base is not None else st.base
+    low, high = yarn_correction_range(st.rotary_dim, b, st.orig_ctx, sp.yarn_beta, sp.yarn_alpha)
+    return {"yarn": {"alpha": sp.yarn_alpha, "beta": sp.yarn_beta, "ramp_low": low, "ramp_high": high}}
+
+
+def _dynamic_yarn_details(st, seq_len: int) -> dict:
+    out = _yarn_details(st, seq_len)
+    out["yarn"]["scale_at_seq_len"] = _dynamic_yarn_scale(st.spec, st.orig_ctx, seq_len)
+    return out
+
+
+def _yarn_lines(d: dict) -> list[str]:
+    y = d["yarn"]
+    return [f"yarn alpha {y['alpha']:g} beta {y['beta']:g}: ramp between pair {y['ramp_low']} and {y['ramp_high']}"]
+
+
+def _longrope_details(st, seq_len: int) -> dict:
+    f = st.spec.longrope_factors
+    return {"longrope": {"set": "long" if seq_len > st.orig_ctx else "short", "hash": f.short_hash,
+                         "sha256": f.digest, "source": f.source, "attention_factor": f.attention_factor,
+                         "short_factor": list(f.short_factor), "long_factor": list(f.long_factor)}}
+
+
+def _longrope_lines(d: dict) -> list[str]:
+    lr = d["longrope"]
+    att = "default sqrt(1 + ln s / ln orig)" if lr["attention_factor"] is None else f"{lr['attention_factor']:g}"
+    return [f"longrope factors {lr['hash']} ({lr['source'] or 'from the config'}; sha256 {lr['sha256']}); "
+            f"attention factor {att}"]
+
+
+def _dynamic_ntk_at(d: dict) -> str:
+    return f"  (dynamic NTK at seq_len {d['seq_len']})"
+
+
+def _dynamic_yarn_at(d: dict) -> str:
+    L = d["seq_len"]
+    return f"  (dynamic YaRN at seq_len {L}: s = max(1, {L} / {d['orig_ctx']}) = {d['yarn']['scale_at_seq_len']:g})"
+
+
+def _longrope_at(d: dict) -> str:
+    lr = d["longrope"]
+    side = "past" if lr["set"] == "long" else "within"
+    return f"  (longrope at seq_len {d['seq_len']}: the {lr['set']} factors, {side} the original context)"
+
+
+@dataclass(frozen=True)
+class Describe:
+    """What ``rope_scaling describe`` adds for a method (see the functions above)."""
+
+    details: Callable[[Any, int], dict] | None = None
+    lines: Callable[[dict], list[str]] | None = None
+    at: Callable[[dict], str] | None = None
+
+
 # ---------------------------------------------------------------- the registry
 @dataclass(frozen=True)
 class Method:
-    """One RoPE method: everything about it in one place."""
+    """One RoPE method: everything about it in one place (see module doc)."""
 
     name: str
     help: str  # one line in describe's --help
-    freqs: Callable[[int, float, "RopeSpec", int | None], Freqs]
-    hf: Callable[["RopeSpec", float, int], tuple[dict, int]]
-    check: Callable[["RopeSpec"], None] | None = None
+    freqs: Callable[[int, float, RopeSpec, int | None], Freqs]
+    hf: Callable[[RopeSpec, float, int], tuple[dict, int]]
+    check: Callable[[RopeSpec], None] | None = None
     user: bool = True  # --rope may ask for it (False: only read from a model's config)
     needs_orig_ctx: bool = False  # the formula uses the original context
     reads: str | None = None  # the HF rope_type read back as this method from a config alone
     from_hf: Callable[[dict, int | None, int], dict] | None = None  # (entries, orig, max_pos) -> spec fields
-    check_model: Callable[["RopeSpec", int], None] | None = None  # the spec against a model's rotary dim d
+    check_model: Callable[[RopeSpec, int], None] | None = None  # the spec against a model's rotary dim d
     by_length: bool = False  # the frequencies depend on the current length (seq_len)
+    owns: tuple[str, ...] = ()  # the RopeSpec fields that belong to it: refused off their default on other methods
+    plain: bool = False  # the model's own RoPE, no scaling (what no --rope means)
+    states_context: bool = False  # the config's max_position_embeddings is its extended context (native llama3)
+    per_forward: bool = False  # this repo recomputes the frequencies in every forward (HF entries cannot say it)
+    changes_base: bool = False  # a new base: describe adds Liu et al.'s critical dimension
+    vllm: Callable[[VllmJob], tuple[dict, int]] | None = None  # (hf_overrides, max_model_len); None: refused
+    describe: Describe = Describe()
+    scale_at: Callable[[RopeSpec, int, int], float] | None = None  # its s at (spec, orig, seq_len); None: spec.scale
+
+    def scale_at_length(self, spec: RopeSpec, orig_ctx: int, seq_len: int) -> float:
+        """The s the method applies at ``seq_len`` (what a pair divided by exactly s is compared with)."""
+        return spec.scale if self.scale_at is None else self.scale_at(spec, orig_ctx, seq_len)
 
 
+_YARN = ("yarn_alpha", "yarn_beta")
+_LLAMA3 = ("llama3_low", "llama3_high")
 REGISTRY: dict[str, Method] = {m.name: m for m in (
-    Method("none", "unchanged", _none, _default_hf, _check_none, reads="default", from_hf=_none_from_hf),
-    Method("pi", "position interpolation (positions / s)", _pi, _pi_hf, reads="linear", from_hf=_pi_from_hf),
-    Method("ntk", "static NTK-aware (base * s^(d/(d-2)))", _ntk, _ntk_hf),
+    Method("none", "unchanged", _none, _default_hf, _check_none, reads="default", from_hf=_none_from_hf,
+           plain=True, states_context=True, vllm=_vllm_cached),
+    Method("pi", "position interpolation (positions / s)", _pi, _pi_hf, reads="linear", from_hf=_pi_from_hf,
+           vllm=_vllm_linear),
+    Method("ntk", "static NTK-aware (base * s^(d/(d-2)))", _ntk, _ntk_hf, changes_base=True, vllm=_vllm_cached),
     Method("dynamic_ntk", "NTK base recomputed from the current length (transformers 'dynamic')", _dynamic_ntk,
-           _dynamic_ntk_hf, needs_orig_ctx=True, reads="dynamic", from_hf=_dynamic_ntk_from_hf, by_length=True),
+           _dynamic_ntk_hf, needs_orig_ctx=True, reads="dynamic", from_hf=_dynamic_ntk_from_hf, by_length=True,
+           changes_base=True, vllm=_vllm_dynamic_ntk, describe=Describe(at=_dynamic_ntk_at)),
     Method("yarn", "NTK-by-parts + attention temperature", _yarn, _yarn_hf, _check_yarn, needs_orig_ctx=True,
-           reads="yarn", from_hf=_yarn_from_hf),
+           reads="yarn", from_hf=_yarn_from_hf, owns=(*_YARN, "yarn_mscale"), vllm=_vllm_yarn,
+           describe=Describe(_yarn_details, _yarn_lines)),
     Method("dynamic_yarn", "YaRN at scale max(1, current length / orig-ctx), per sample (the YaRN repo's dynamic "
            "YaRN; written as static yarn x s for plain transformers)", _dynamic_yarn, _dynamic_yarn_hf, _check_yarn,
-           needs_orig_ctx=True, by_length=True),
-    Method("abf", "a new base (--rope-base)", _abf, _default_hf, _check_abf),
+           needs_orig_ctx=True, by_length=True, owns=_YARN, per_forward=True, vllm=_vllm_dynamic_yarn,
+           describe=Describe(_dynamic_yarn_details, _yarn_lines, _dynamic_yarn_at), scale_at=_dynamic_yarn_scale),
+    Method("abf", "a new base (--rope-base)", _abf, _default_hf, _check_abf, changes_base=True, vllm=_vllm_cached),
     Method("llama3", "Llama 3.1 scaling (--llama3-low-freq-factor, --llama3-high-freq-factor)", _llama3, _llama3_hf,
-           _check_llama3, needs_orig_ctx=True, reads="llama3", from_hf=_llama3_from_hf),
+           _check_llama3, needs_orig_ctx=True, reads="llama3", from_hf=_llama3_from_hf, owns=_LLAMA3,
+           states_context=True, vllm=_vllm_cached),
     Method("longrope", "per-pair rescale factors from --longrope-factors FILE (LongRoPE / Phi-3 'longrope')",
            _longrope, _longrope_hf, _check_longrope, needs_orig_ctx=True, reads="longrope",
-           from_hf=_longrope_from_hf, check_model=_check_longrope_model, by_length=True),
+           from_hf=_longrope_from_hf, check_model=_check_longrope_model, by_length=True, owns=("longrope_factors",),
+           vllm=_vllm_longrope, describe=Describe(_longrope_details, _longrope_lines, _longrope_at)),
 )}
-HF_READERS: dict[str, Method] = {m.reads: m for m in REGISTRY.values() if m.reads}  # HF rope_type -> method
-METHODS = tuple(n for n, m in REGISTRY.items() if m.user)  # what a user can ask for (--rope)
+METHODS = tuple(n for n, m in REGISTRY.items() if m.user)  # what a user can ask for (--rope's choices)
 NATIVE_METHODS = tuple(n for n, m in REGISTRY.items() if not m.user)  # read from configs; apply_rope writes it back
-FORMULAS: dict[str, Callable[[int, float, "RopeSpec", int | None], Freqs]] = {n: m.freqs for n, m in REGISTRY.items()}
+PLAIN = next(n for n, m in REGISTRY.items() if m.plain)  # the method of an unscaled model ("none")
+
+
+def hf_readers() -> dict[str, Method]:
+    """HF rope_type -> the registry method that reads it back from a config alone (``Method.reads``)."""
+    return {m.reads: m for m in REGISTRY.values() if m.reads}
+
+
+def owners(field: str) -> tuple[str, ...]:
+    """The methods a RopeSpec field belongs to (``Method.owns``); () for the fields every method reads."""
+    return tuple(n for n, m in REGISTRY.items() if field in m.owns)
 
 
 def check_model(spec: RopeSpec, d: int) -> None:
@@ -421,11 +575,11 @@ def check_model(spec: RopeSpec, d: int) -> None:
 def frequencies(spec: RopeSpec, head_dim: int, base: float, seq_len: int | None = None) -> Freqs:
     """The rope a spec implies for a model with ``head_dim`` and original ``base``: ABF first (``rope_base``
     replaces the base), then the method. ``seq_len`` (the current length) matters only for the methods that follow
-    it (``Method.by_length``: dynamic_ntk, dynamic_yarn, longrope); None means the original context."""
+    it (``Method.by_length``); None means the original context."""
     if spec.orig_ctx is None and REGISTRY[spec.method].needs_orig_ctx:
         raise ValueError(f"{spec.method} needs orig_ctx")
     b = spec.rope_base if spec.rope_base is not None else base
-    return FORMULAS[spec.method](head_dim, float(b), spec, seq_len)
+    return REGISTRY[spec.method].freqs(head_dim, float(b), spec, seq_len)
 
 
 def hf_entries(spec: RopeSpec, base: float, d: int) -> tuple[dict, int]:

@@ -40,12 +40,11 @@ from ropescale.common.compat import config_get as _get
 from ropescale.common.compat import config_set as _set
 from ropescale.common.io import InputError
 
-from .formulas import HF_READERS, Freqs, check_model, frequencies, hf_entries
+from .formulas import REGISTRY, Freqs, check_model, frequencies, hf_entries, hf_readers
 from .spec import RopeSpec
 
 RECORD_KEY = "ropescale_rope"
 DEFAULT_THETA = 10000.0  # transformers' default_theta when a config names no base
-_SUPPORTED_TYPES = tuple(HF_READERS)  # the HF rope types a config may carry (formulas.REGISTRY: Method.reads)
 _WRITTEN_LISTS = ("short_factor", "long_factor")  # longrope's entries the record must still match
 
 
@@ -101,14 +100,14 @@ def _record(cfg, entries: dict) -> dict | None:
 
 def _from_entries(cfg, e: dict) -> RopeSpec:
     """A spec from HF rope entries alone (configs not written here, e.g. a model's native scaling): the registry
-    method that reads the entry's rope_type (``formulas.HF_READERS``)."""
+    method that reads the entry's rope_type (``formulas.hf_readers``; a type that needs a factor and names none is
+    an InputError there)."""
     t, max_pos = e["rope_type"], _get(cfg, "max_position_embeddings")
     orig = e.get("original_max_position_embeddings") or _get(cfg, "original_max_position_embeddings")
-    if t not in HF_READERS:
-        raise InputError(f"rope type {t!r} is not supported (supported: {', '.join(_SUPPORTED_TYPES)})")
-    if t not in ("default", "longrope") and e.get("factor") is None:  # Phi-3's longrope names none (HF: max/orig)
-        raise InputError(f"rope type {t!r} without a factor")
-    return RopeSpec(**HF_READERS[t].from_hf(e, orig, max_pos))
+    readers = hf_readers()
+    if t not in readers:
+        raise InputError(f"rope type {t!r} is not supported (supported: {', '.join(readers)})")
+    return RopeSpec(**readers[t].from_hf(e, orig, max_pos))
 
 
 def rope_entries(cfg) -> tuple[str, dict]:
@@ -149,7 +148,7 @@ def rope_state(cfg) -> RopeState:
     max_pos = _get(cfg, "max_position_embeddings")
     if not max_pos:
         raise InputError("config has no max_position_embeddings")
-    if spec.method == "none":
+    if not spec.scaled:  # the model's own context: what the config names
         orig = _get(cfg, "original_max_position_embeddings") or max_pos
         return RopeState(spec, float(e["rope_theta"]), int(orig), int(max_pos), d)
     return RopeState(spec, float(e["rope_theta"]), int(spec.orig_ctx), int(spec.orig_ctx), d)
@@ -162,10 +161,10 @@ def read_rope(cfg) -> RopeSpec:
 
 def extended_context(cfg, state: RopeState | None = None) -> int:
     """The context the (scaled) config is meant for: orig_ctx * scale (max_position_embeddings when unscaled or
-    for native llama3 scaling, whose configs state it). ``state``: the config's :func:`rope_state`, when the caller
-    has read it already."""
+    for native llama3 scaling, whose configs state it: ``Method.states_context``). ``state``: the config's
+    :func:`rope_state`, when the caller has read it already."""
     st = state if state is not None else rope_state(cfg)
-    if st.spec.method in ("none", "llama3"):
+    if REGISTRY[st.spec.method].states_context:
         return int(_get(cfg, "max_position_embeddings"))
     return int(round(st.orig_ctx * st.spec.scale))
 
@@ -188,7 +187,7 @@ class RopeChange:
     def message(self) -> str:
         cur = self.carried.label()
         if self.action == "kept":
-            return ("the config carries no RoPE scaling" if self.carried.method == "none" else
+            return ("the config carries no RoPE scaling" if not self.carried.scaled else
                     f"the config carries {cur} (no --rope asked: used as it is)")
         if self.action == "unchanged":
             return f"the config already carries {cur}: unchanged (the same setting again is a no-op)"
@@ -213,16 +212,16 @@ def plan_rope(cfg, spec: RopeSpec, state: RopeState | None = None) -> RopeChange
     cur = st.spec
     target = dataclasses.replace(spec, orig_ctx=spec.orig_ctx or st.orig_ctx, replace=False)  # checks the context
     check_model(target, st.rotary_dim)  # e.g. longrope: one factor per rotary pair of this model
-    if spec.method == "none" and (not spec.replace or cur.method == "none"):
+    if not spec.scaled and (not spec.replace or not cur.scaled):
         return RopeChange("kept", cur, spec)
-    if cur.method == "none":
+    if not cur.scaled:
         return RopeChange("applied", cur, spec, target)
     if cur.same_rope(target):
         return RopeChange("unchanged", cur, spec)
     if not spec.replace:
         raise InputError(f"config already carries {cur.label()} RoPE scaling; stacking {spec.label()} on "
                          f"top is not supported (pass --replace to replace it)")
-    return RopeChange("removed" if spec.method == "none" else "replaced", cur, spec, target)
+    return RopeChange("replaced" if spec.scaled else "removed", cur, spec, target)
 
 
 def apply_rope(cfg, spec: RopeSpec, state: RopeState | None = None):

@@ -13,6 +13,7 @@ from typing import Any
 
 from ropescale.common.io import InputError, read_json
 
+from .formulas import REGISTRY
 from .hf import RopeChange, RopeState, change_rope, extended_context, rope_state
 from .spec import RopeSpec
 
@@ -89,13 +90,14 @@ def load_model(model_dir: str | os.PathLike, config, *, dtype, attn: str | None 
 
 
 def install_rope_rule(model, state: RopeState) -> int:
-    """Give ``model`` the rope rule of ``state`` where transformers' own rotary module computes another one:
-    dynamic_yarn, written into the config as static ``yarn`` x s (what plain transformers runs), gets YaRN at s =
-    max(1, L / orig) for each forward's length L (``formulas.frequencies``: plain RoPE up to the original context)
-    through :func:`ropescale.common.compat.install_length_rope`. Every stage loads through :func:`load_model`, so
-    training, generation, the probes and merge's in-process model all run it. Returns the number of rotary modules
-    changed (0: transformers' module computes the spec as it is)."""
-    if state.spec.method != "dynamic_yarn":
+    """Give ``model`` the rope rule of ``state`` where transformers' own rotary module computes another one: a method
+    whose frequencies this repo recomputes in every forward (``formulas.Method.per_forward``: dynamic_yarn, written
+    into the config as static ``yarn`` x s, what plain transformers runs) gets them for each forward's length L
+    (``formulas.frequencies``; dynamic YaRN: s = max(1, L / orig), plain RoPE up to the original context) through
+    :func:`ropescale.common.compat.install_length_rope`. Every stage loads through :func:`load_model`, so training,
+    generation, the probes and merge's in-process model all run it. Returns the number of rotary modules changed
+    (0: transformers' module computes the spec as it is)."""
+    if not REGISTRY[state.spec.method].per_forward:
         return 0
     from ropescale.common.compat import install_length_rope
 

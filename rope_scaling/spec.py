@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ropescale.common.io import InputError, read_json
-from ropescale.common.settings import setting
+from ropescale.common.settings import flag_of, setting
 
-from .formulas import METHODS, NATIVE_METHODS, REGISTRY
+from .formulas import METHODS, PLAIN, REGISTRY, hf_readers, owners
 
 GROUP = "RoPE scaling (written into the model's config as plain transformers entries)"
 MORE = "advanced: RoPE method parameters"  # a method's own knobs: listed by name in --help (--help-all explains)
@@ -208,7 +208,7 @@ class RopeSpec:
         rule (``formulas.REGISTRY``)."""
         if isinstance(self.orig_ctx, float) and self.orig_ctx.is_integer():
             object.__setattr__(self, "orig_ctx", int(self.orig_ctx))
-        if self.method not in METHODS + NATIVE_METHODS:
+        if self.method not in REGISTRY:
             raise InputError(f"unknown RoPE method {self.method!r} (choose from {', '.join(METHODS)})")
         self._check_numbers()
         self._check_context()
@@ -242,12 +242,19 @@ class RopeSpec:
                              f"(rope_scaling.spec.MAX_CONTEXT): a typo?")
 
     def _check_method_fields(self) -> None:
-        if self.yarn_mscale is not None and self.method != "yarn":
-            raise InputError(f"--yarn-mscale only applies to --rope yarn, not {self.method}")
-        if self.method != "llama3" and (self.llama3_low, self.llama3_high) != (1.0, 4.0):
-            raise InputError(f"--llama3-low/high-freq-factor only apply to --rope llama3, not {self.method}")
-        if self.longrope_factors is not None and self.method != "longrope":
-            raise InputError(f"--longrope-factors only applies to --rope longrope, not {self.method}")
+        """A field that belongs to some methods (``formulas.Method.owns``) is refused off its default on the
+        others."""
+        for f in fields(self):
+            own = owners(f.name)
+            if own and self.method not in own and getattr(self, f.name) != f.default:
+                m = f.metadata["setting"]
+                flag = m.flag or flag_of(m.key or f.name)
+                raise InputError(f"{flag} only applies to --rope {' / '.join(own)}, not {self.method}")
+
+    @property
+    def scaled(self) -> bool:
+        """Whether the spec changes the model's own RoPE (any method but the plain one, ``none``)."""
+        return not REGISTRY[self.method].plain
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -271,7 +278,7 @@ class RopeSpec:
         if rec is None or rec == {}:
             return cls()
         if isinstance(rec, str):
-            return cls(rec if rec in METHODS + NATIVE_METHODS else "none")
+            return cls(rec) if rec in REGISTRY else cls()
         if not isinstance(rec, dict):
             raise InputError(f"unreadable rope record {rec!r}", where)
         d = dict(rec)
@@ -279,9 +286,9 @@ class RopeSpec:
             if old in d and new not in d:
                 d[new] = d.pop(old)
             d.pop(old, None)
-        if d.get("method") in (None, "default"):
-            d["method"] = "none"
-        if d["method"] == "none":
+        readers = hf_readers()  # an HF rope type recorded as the method: the method that reads it
+        d["method"] = PLAIN if d.get("method") is None else getattr(readers.get(d["method"]), "name", d["method"])
+        if d["method"] in REGISTRY and REGISTRY[d["method"]].plain:
             d.pop("scale", None)
         d = {k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}
         return cls(**d)
@@ -307,11 +314,11 @@ class RopeSpec:
         fields by name even at their defaults (``rope_base``, ``yarn_alpha``, ``yarn_beta``, ``yarn_mscale``,
         ``orig_ctx``, ``llama3_low``, ``llama3_high``): a report passes the fields that differ between the rows it
         shows, so two rows never read the same."""
-        parts = ["none"] if self.method == "none" else [f"{self.method} x{_num(self.scale)}"]
+        parts = [f"{self.method} x{_num(self.scale)}"] if self.scaled else [self.method]
         defaults = {f.name: f.default for f in fields(self)}
         for name, short in _LABEL_FIELDS:
-            owners = _OWNERS.get(name.split("_")[0])  # yarn_* / llama3_* fields belong to their methods
-            if owners is not None and self.method not in owners or self.method == "none" and name != "rope_base":
+            own = owners(name)  # yarn_* / llama3_* fields belong to their methods
+            if own and self.method not in own or not self.scaled and name != "rope_base":
                 continue
             v = getattr(self, name)
             if name in shown or (v is not None and v != defaults[name] and name != "orig_ctx"):
@@ -321,7 +328,6 @@ class RopeSpec:
         return " ".join(parts)
 
 
-_OWNERS = {"yarn": ("yarn", "dynamic_yarn"), "llama3": ("llama3",)}
 _LABEL_FIELDS = (("rope_base", "base"), ("yarn_alpha", "a"), ("yarn_beta", "b"), ("yarn_mscale", "mscale"),
                  ("orig_ctx", "orig"), ("llama3_low", "low"), ("llama3_high", "high"))
 

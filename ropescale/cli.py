@@ -15,10 +15,20 @@ import sys
 
 # Each tool's entry (a common.cli.Tool's main(argv, prog)), imported only when that tool runs: `ropescale --help`
 # lists the tools without loading any of them.
-def _rope():
-    from rope_scaling.__main__ import main
+def rope_tool():
+    """``python -m rope_scaling`` (and ``ropescale rope``): ``describe`` from rope_scaling, the factor ``search``
+    wired to a model by the probes' stage (rope_scaling itself imports no stage)."""
+    from rope_scaling import describe
+    from ropescale.common.cli import Tool
+    from ropescale.probes import rope_search
 
-    return main
+    return Tool("python -m rope_scaling", "RoPE context extension (PI, NTK, dynamic NTK, YaRN, dynamic YaRN, ABF, "
+                "Llama-3, LongRoPE): describe a setting, search LongRoPE factors.",
+                (describe.register, rope_search.register))
+
+
+def _rope():
+    return rope_tool().entry()
 
 
 def _data():

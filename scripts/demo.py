@@ -143,7 +143,7 @@ def row_bound(model: str, spec=None, train_record: dict | None = None) -> dict:
     alone; ``liu``: Liu et al. 2023's closed form (``formulas.critical_period``: the critical pair's full period under
     the new base, T_train = the original context) where its premise holds -- a training-free row whose method
     changes only the base (none, ntk); else None. Values in tokens, None for unbounded."""
-    from rope_scaling import formulas as F
+    from rope_scaling import bounds as F
     from rope_scaling.load import load_config
     from ropescale.common.runs import trained_distance
 

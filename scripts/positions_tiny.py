@@ -112,7 +112,7 @@ def generate(d, policy: str, merged: Path) -> list[Path]:
 def coverage_row(runs: list[Path]) -> dict:
     """The policy's coverage summed over its seeds' runs: token shares per quarter of the context, longest id and
     distance."""
-    from data_concat.positions import Coverage
+    from ropescale.training.positions import Coverage
 
     covs = [Coverage.from_json(json.loads((r / "run.json").read_text(encoding="utf-8"))["train"]["coverage"])
             for r in runs]

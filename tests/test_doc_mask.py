@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from data_concat.positions import PAD_SEGMENT, Policy, sample_positions
 from ropescale.common import compat as shims
 from ropescale.training.doc_mask import (
     VARLEN_SDPA,
@@ -20,6 +19,7 @@ from ropescale.training.doc_mask import (
     varlen_sdpa_attention,
 )
 from ropescale.training.loss import head_loss_sum
+from ropescale.training.positions import PAD_SEGMENT, Policy, sample_positions
 
 ATOL = 1e-5
 LENGTHS = (7, 12, 5)  # three pairs packed into one 24-token sample

@@ -65,7 +65,7 @@ def test_vllm_is_absent_here():
     ({"method": "pi", "scale": 2.0}, 256, 700),
 ])
 def test_default_and_linear_rope_get_a_rotary_cache_covering_max_model_len(base_dir, spec, want, need):
-    from ropescale.evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends.vllm import vllm_settings
 
     config, overrides = scaled(base_dir, **spec)
     before = config.to_dict()
@@ -81,7 +81,7 @@ def test_default_and_linear_rope_get_a_rotary_cache_covering_max_model_len(base_
 
 
 def test_linear_raises_max_positions_by_what_the_factor_does_not_cover(base_dir):
-    from ropescale.evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends.vllm import vllm_settings
 
     config, overrides = scaled(base_dir, method="pi", scale=4.0)  # max_position_embeddings 256, cache 1024
     assert vllm_settings(config, overrides, need=300, want=1024)[0].get("max_position_embeddings", 256) == 256
@@ -90,7 +90,7 @@ def test_linear_raises_max_positions_by_what_the_factor_does_not_cover(base_dir)
 
 @pytest.mark.parametrize("mscale", [None, 1.5])
 def test_yarn_attention_factor_reaches_every_vllm_version(base_dir, mscale):
-    from ropescale.evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends.vllm import vllm_settings
 
     config, overrides = scaled(base_dir, method="yarn", scale=4.0, yarn_mscale=mscale)
     hf_overrides, mml = vllm_settings(config, overrides, need=200, want=512)
@@ -102,7 +102,7 @@ def test_yarn_attention_factor_reaches_every_vllm_version(base_dir, mscale):
 
 
 def test_yarn_past_vllms_rotary_cache_is_refused(base_dir):
-    from ropescale.evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends.vllm import vllm_settings
 
     config, overrides = scaled(base_dir, method="yarn", scale=4.0)
     with pytest.raises(InputError, match=r"257 tokens, past vLLM's YaRN rotary cache of 256 .*--backend hf"):
@@ -110,7 +110,7 @@ def test_yarn_past_vllms_rotary_cache_is_refused(base_dir):
 
 
 def test_dynamic_ntk_is_refused_on_vllm(base_dir):
-    from ropescale.evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends.vllm import vllm_settings
 
     config, overrides = scaled(base_dir, method="dynamic_ntk", scale=4.0)
     with pytest.raises(InputError, match=r"dynamic NTK.*static NTK base.*--backend hf"):

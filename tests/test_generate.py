@@ -64,7 +64,7 @@ def read_preds(out) -> list[dict]:
 
 # ------------------------------------------------------------------ batching changes nothing but speed
 def test_plan_batches_by_token_budget():
-    from ropescale.evaluation.backends import plan_batches
+    from ropescale.evaluation.backends.hf import plan_batches
 
     # lengths 100, 90, 50, 40, 10 with 10 new tokens and a 300-token budget: longest first;
     # [100, 90] costs 2*110 = 220 (a third would cost 330); [50, 40, 10] costs 3*60 = 180.
@@ -82,15 +82,15 @@ def test_cpu_slot_budget(monkeypatch):
 
     import torch
 
-    from ropescale.evaluation import backends
+    from ropescale.evaluation.backends import hf
 
     def slots(cfg, longest, new, ram_gib=24, max_batch=64):
         page = 4096
-        monkeypatch.setattr(backends.os, "sysconf",
+        monkeypatch.setattr(hf.os, "sysconf",
                             lambda k: page if k == "SC_PAGE_SIZE" else ram_gib * 2 ** 30 // page)
         be = SimpleNamespace(batch_tokens=None, device="cpu", dtype=torch.float32, max_batch=max_batch,
                              model=SimpleNamespace(config=cfg))
-        return backends.SlotDecoding(be).slots(new, longest)
+        return hf.SlotDecoding(be).slots(new, longest)
 
     tiny = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, hidden_size=256, num_hidden_layers=4)
     assert slots(tiny, 3968, 128) == 131072 // (3968 + 256) == 31  # 7 with 32K tokens
@@ -106,7 +106,7 @@ def test_cpu_slot_budget(monkeypatch):
 def test_batched_greedy_equals_plain_batch1_generate(make_tiny_model, tiny_tokenizer, chapters, arch, cache, slots):
     import torch
 
-    from ropescale.evaluation.backends import HFBackend, Item
+    from ropescale.evaluation.backends import BackendSettings, HFBackend, Item
 
     model, d = varied(make_tiny_model, arch, orig_ctx=64, seed=3)
     texts = [chapters[i]["text"][: 40 + 37 * i] for i in range(5)]
@@ -135,7 +135,7 @@ def test_batched_greedy_equals_plain_batch1_generate(make_tiny_model, tiny_token
     assert any(len(o) < max_new for o in ref)  # EOS stopped some rows early ...
     assert any(len(o) == max_new for o in ref)  # ... and not others
     per = len(seqs[-1]) + (2 if cache == "slots" else 1) * max_new  # a slot holds prompt + 2 x max_new
-    be = HFBackend(d, model.config, tiny_tokenizer, model=model, batch_tokens=slots * per, cache=cache)
+    be = HFBackend(d, model.config, tiny_tokenizer, BackendSettings(batch_tokens=slots * per, cache=cache), model=model)
     assert be.cache == cache
     be.eos = [eos]
     got = {}
@@ -381,7 +381,7 @@ def test_slot_decoder_frees_its_buffers_without_gc(make_tiny_model, tiny_tokeniz
     import weakref
 
     from ropescale.evaluation import engine
-    from ropescale.evaluation.backends import HFBackend, Item
+    from ropescale.evaluation.backends import BackendSettings, HFBackend, Item
 
     model, d = make_tiny_model("qwen2", orig_ctx=64, seed=1)
     refs = []
@@ -392,7 +392,7 @@ def test_slot_decoder_frees_its_buffers_without_gc(make_tiny_model, tiny_tokeniz
         refs.append(weakref.ref(self))
 
     monkeypatch.setattr(engine.SlotCache, "__init__", spy)
-    be = HFBackend(d, model.config, tiny_tokenizer, model=model, cache="slots")
+    be = HFBackend(d, model.config, tiny_tokenizer, BackendSettings(cache="slots"), model=model)
     seqs = [tiny_tokenizer(chapters[i]["text"][:60])["input_ids"] for i in range(3)]
     got = {}
     gc.disable()
@@ -417,7 +417,7 @@ def test_dynamic_ntk_each_sample_as_batch1_generate_on_a_fresh_model(make_tiny_m
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from rope_scaling import RopeSpec, apply_rope
-    from ropescale.evaluation.backends import HFBackend, Item
+    from ropescale.evaluation.backends import BackendSettings, HFBackend, Item
 
     _, d = varied(make_tiny_model, "qwen2", orig_ctx=64, seed=5)
     cfg = AutoConfig.from_pretrained(d)
@@ -451,8 +451,8 @@ def test_dynamic_ntk_each_sample_as_batch1_generate_on_a_fresh_model(make_tiny_m
     assert o[0, len(s0):].tolist() != ref[0]
 
     per = len(longest) + 2 * max_new
-    be = HFBackend(d, model.config, tiny_tokenizer, model=model, batch_tokens=slots * per, max_batch=slots,
-                   cache=cache)
+    be = HFBackend(d, model.config, tiny_tokenizer, BackendSettings(batch_tokens=slots * per, max_batch=slots,
+                                                                    cache=cache), model=model)
     assert be.cache == cache
     be.eos = [eos]
     got = {}

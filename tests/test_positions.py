@@ -1,6 +1,6 @@
-"""data_concat.positions: the packing policy (continuous / reset x causal / document), PoSE position ids (Zhu et al.,
-arXiv 2309.10400, Sec 3.2) and the coverage histogram, checked against hand-worked values and the distributions the
-paper's sampling implies."""
+"""ropescale.training.positions: the packing policy (continuous / reset x causal / document), PoSE position ids
+(Zhu et al., arXiv 2309.10400, Sec 3.2) and the coverage histogram, checked against hand-worked values and the
+distributions the paper's sampling implies; what training asks the policy, against its two flags."""
 from __future__ import annotations
 
 import collections
@@ -12,7 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from data_concat.positions import (
+from ropescale.common.io import InputError
+from ropescale.training.positions import (
     COVERAGE_BINS,
     PAD_SEGMENT,
     Coverage,
@@ -26,7 +27,6 @@ from data_concat.positions import (
     segment_ids,
     spans,
 )
-from ropescale.common.io import InputError
 
 RESET = Policy("reset", "document")
 CONT_DOC = Policy("continuous", "document")
@@ -57,6 +57,25 @@ def test_good_policies_and_labels():
 
 
 # ---------------------------------------------------------------- boundaries
+@pytest.mark.parametrize("positions,attention,pose,boundaries,carries,varlen", [
+    ("continuous", "causal", None, False, (), False),  # the paper's: 0 .. n-1, one mask, nothing carried
+    ("continuous", "causal", 4096, False, ("position_ids",), False),
+    ("continuous", "document", None, True, ("position_ids", "segment_ids"), True),
+    ("reset", "document", None, True, ("position_ids", "segment_ids"), True),
+    ("reset", "document", 4096, True, ("position_ids", "segment_ids"), True),
+])
+def test_what_training_asks_the_policy(positions, attention, pose, boundaries, carries, varlen):
+    """The answers the dataset, the collator, the model set-up and sequence parallelism read (never the strings):
+    the pair boundaries (reset or document), the keys a sample and a shard carry, the varlen SDPA core under
+    sequence parallelism with document attention (one process: none)."""
+    pol = Policy(positions, attention, pose).check()
+    assert pol.needs_boundaries is boundaries and pol.carries() == carries
+    assert pol.segments is ("segment_ids" in carries)
+    assert pol.varlen_kernel(2) is varlen and pol.varlen_kernel(1) is False
+    pos, seg = sample_positions(pol, 6, [0, 3], seed=1, index=0)
+    assert (seg.tolist() == [0, 0, 0, 1, 1, 1]) is pol.segments
+
+
 def test_segments_and_spans_from_pair_boundaries():
     assert segment_ids([0, 4, 7], 10).tolist() == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert segment_ids([0], 3).tolist() == [0, 0, 0]
@@ -208,7 +227,7 @@ def test_pose_draws_depend_only_on_seed_and_index():
 
 def test_pose_draws_are_the_same_in_a_fresh_process():
     """A resumed run is a new process (another hash seed): it must redraw the same ids."""
-    code = ("from data_concat.positions import Policy, sample_positions;"
+    code = ("from ropescale.training.positions import Policy, sample_positions;"
             "print(sample_positions(Policy(pose_target=4096), 512, seed=3, index=5)[0].tolist())")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONHASHSEED": "12345", "PYTHONPATH": str(__import__("pathlib").Path(__file__)

@@ -8,8 +8,8 @@ import json
 import pytest
 from ft_helpers import finetune_cmd, packed, run, train_log
 
-from data_concat.positions import Coverage
 from ropescale.training.cli import main
+from ropescale.training.positions import Coverage
 
 STEPS = 4
 

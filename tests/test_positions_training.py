@@ -8,9 +8,9 @@ import pytest
 import torch
 from ft_helpers import packed
 
-from data_concat.positions import PAD_SEGMENT, Coverage, Policy
 from ropescale.common.io import InputError
 from ropescale.training.data import Collator, PackedDataset, load_rows
+from ropescale.training.positions import PAD_SEGMENT, Coverage, Policy
 
 
 @pytest.fixture(scope="module")

@@ -19,16 +19,9 @@ import pytest
 import torch
 
 from rope_scaling import InputError, RopeSpec, add_rope_args, apply_rope, read_rope, spec_from_args
+from rope_scaling.bounds import critical_dimension, critical_period, finetune_bound, reach
 from rope_scaling.describe import main as describe_main
-from rope_scaling.formulas import (
-    critical_dimension,
-    critical_period,
-    finetune_bound,
-    frequencies,
-    hf_entries,
-    reach,
-    rescale_factors,
-)
+from rope_scaling.formulas import frequencies, hf_entries, rescale_factors
 from rope_scaling.hf import _from_entries, plan_rope, rope_entries, rope_state
 from rope_scaling.spec import LongRopeFactors, read_longrope_factors
 
@@ -225,7 +218,7 @@ def test_llama3_from_the_flags_equals_transformers(argv, d, base):
 
 
 def test_llama3_flags_belong_to_llama3():
-    with pytest.raises(InputError, match="only apply to --rope llama3"):
+    with pytest.raises(InputError, match="only applies to --rope llama3"):
         RopeSpec("yarn", 4, llama3_low=2.0)
     with pytest.raises(InputError, match="low_freq_factor < high_freq_factor"):
         RopeSpec("llama3", 4, llama3_low=4.0, llama3_high=2.0)

@@ -10,8 +10,8 @@ import math
 
 import pytest
 
+from rope_scaling.bounds import reach
 from rope_scaling.describe import main as describe_main
-from rope_scaling.formulas import reach
 
 
 def _describe(capsys, *argv):

@@ -134,10 +134,11 @@ def greedy(model, s, max_new, eos, pad):
 
 
 def decode_all(d, model, tokenizer, seqs, max_new, eos, cache, slots):
-    from ropescale.evaluation.backends import HFBackend, Item
+    from ropescale.evaluation.backends import BackendSettings, HFBackend, Item
 
     per = max(map(len, seqs)) + 2 * max_new
-    be = HFBackend(d, model.config, tokenizer, model=model, batch_tokens=slots * per, max_batch=slots, cache=cache)
+    be = HFBackend(d, model.config, tokenizer, BackendSettings(batch_tokens=slots * per, max_batch=slots, cache=cache),
+                   model=model)
     assert be.cache == cache
     be.eos = [eos]
     got = {}

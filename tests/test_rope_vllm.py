@@ -60,7 +60,7 @@ def longrope(att=None):
 
 @pytest.mark.parametrize("att", [None, 1.25])
 def test_longrope_all_past_the_original_context_gets_the_long_factors_and_our_attention(base_dir, att):
-    from ropescale.evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends.vllm import vllm_settings
 
     cfg = scaled(base_dir, longrope(att))
     before = cfg.config.to_dict()
@@ -74,7 +74,7 @@ def test_longrope_all_past_the_original_context_gets_the_long_factors_and_our_at
 
 
 def test_longrope_all_within_the_original_context_stays_on_the_short_factors(base_dir):
-    from ropescale.evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends.vllm import vllm_settings
 
     cfg = scaled(base_dir, longrope())
     ov, mml = vllm_settings(cfg.config, cfg.rope_fields(), need=60, want=512, state=cfg.state, short=20)
@@ -85,7 +85,7 @@ def test_longrope_all_within_the_original_context_stays_on_the_short_factors(bas
 
 
 def test_longrope_samples_on_both_sides_are_refused(base_dir):
-    from ropescale.evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends.vllm import vllm_settings
 
     cfg = scaled(base_dir, longrope())
     with pytest.raises(InputError, match=r"reach 40 to 300 tokens, on both sides.*--backend hf"):
@@ -94,7 +94,7 @@ def test_longrope_samples_on_both_sides_are_refused(base_dir):
 
 def test_dynamic_yarn_is_refused_and_llama3_passes(base_dir):
     from rope_scaling import RopeSpec
-    from ropescale.evaluation.backends import vllm_settings
+    from ropescale.evaluation.backends.vllm import vllm_settings
 
     cfg = scaled(base_dir, RopeSpec("dynamic_yarn", 4))
     assert cfg.config.rope_parameters["rope_type"] == "yarn"  # what vLLM would read: static yarn
@@ -107,3 +107,38 @@ def test_dynamic_yarn_is_refused_and_llama3_passes(base_dir):
     assert mml == 600 and after["max_position_embeddings"] >= 600  # vLLM's llama3 cache: max_position_embeddings
     assert after["rope_parameters"] == before["rope_parameters"]  # the frequencies as transformers computes them
     assert set(ov) - set(cfg.rope_fields()) <= {"max_position_embeddings"}
+
+
+# ---------------------------------------------------------------- the vLLM release that keeps one factor set a run
+@pytest.mark.parametrize("version,fixed", [
+    ("0.6.3", False), ("0.10.1.1", False), ("0.11.0", False), ("0.11.0+cu128", False), ("0.11.1rc2", False),
+    ("0.11.1.dev12+g1a2b3c", False), ("0.11.1", True), ("0.11.1+cu129", True), ("0.11.2", True),
+    ("0.12.0rc1", True), ("0.12.0", True), ("1.0", True), ("v0.13.0", True), ("not a version", False),
+])
+def test_vllm_longrope_fix_by_release(version, fixed):
+    """vLLM up to 0.11.0 took the long factors for a whole forward batch once any position passed the original
+    context (``torch.any(positions > k)`` in phi3_long_rope_scaled_rope.py); 0.11.1 picks one set at load time from
+    max_model_len. A pre-release or dev build of 0.11.1 is not trusted with it."""
+    from rope_scaling.formulas import vllm_longrope_fixed
+
+    assert vllm_longrope_fixed(version) is fixed
+
+
+def test_longrope_past_the_window_is_refused_on_vllm_before_the_fix(base_dir):
+    """The issue's case at this model's size: every prompt within the window (49..60 tokens of 64) decoded past it
+    (+ 16 new tokens): the hf backend runs the long factors from the prefill on; vLLM 0.11.0 would prefill with the
+    short ones and decode with the long ones over that cache."""
+    from ropescale.evaluation.backends.vllm import vllm_settings
+
+    cfg = scaled(base_dir, longrope())
+    ask = dict(need=76, want=152, state=cfg.state, short=65)
+    for old in ("0.6.0", "0.11.0"):
+        with pytest.raises(InputError, match=rf"vLLM {old} switches LongRoPE's factors within a sample.*"
+                                             r"vllm>=0\.11\.1; use --backend hf"):
+            vllm_settings(cfg.config, cfg.rope_fields(), vllm=old, **ask)
+    ov, mml = vllm_settings(cfg.config, cfg.rope_fields(), vllm="0.11.1", **ask)
+    assert vllm_longrope(applied(cfg.config.to_dict(), ov), mml)["factors"] == LONG and mml == 152
+    # all samples within the window: max_model_len capped to it, no position passes it, every release is short
+    ov, mml = vllm_settings(cfg.config, cfg.rope_fields(), need=60, want=512, state=cfg.state, short=20,
+                            vllm="0.6.0")
+    assert mml == ORIG and vllm_longrope(applied(cfg.config.to_dict(), ov), mml)["factors"] == SHORT

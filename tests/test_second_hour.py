@@ -289,8 +289,8 @@ def test_every_help_fits_on_100_lines(capsys, monkeypatch):
 
 
 def test_one_pair_a_sample_makes_reset_and_document_a_no_op_and_says_so():
-    from data_concat.positions import Policy
     from ropescale.training.data import one_pair_note
+    from ropescale.training.positions import Policy
 
     one = [{"pair_starts": [0]}, {"pair_starts": [0]}]
     two = [{"pair_starts": [0]}, {"pair_starts": [0, 40]}]

@@ -11,10 +11,10 @@ import pytest
 
 from rope_scaling import RopeSpec
 from ropescale.common.io import InputError
+from ropescale.common.runs import settings_diff as diff
 from ropescale.common.settings import (
     add_arguments,
     build,
-    diff,
     from_record,
     given,
     nested,

@@ -60,6 +60,16 @@ class Chapter:
         return chapter_heading(self.chapter, self.title)
 
 
+ON_BAD = ("error", "skip")  # what read_chapters does with a malformed or empty line
+
+
+def add_on_bad(parser) -> None:
+    """``--on-bad`` of a command that reads chapters (:func:`read_chapters`' ``on_bad``)."""
+    parser.add_argument("--on-bad", choices=ON_BAD, default="error",
+                        help="malformed or empty chapter lines: stop with FILE:LINE (error) or skip and count them "
+                             "(default: error)")
+
+
 def read_chapters(path: str | os.PathLike = CHAPTERS_JSONL, *, on_bad: str = "error",
                   on_skip: Callable[[InputError], None] | None = None,
                   books: str | Sequence[str] | None = None) -> list[Chapter]:

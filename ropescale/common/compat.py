@@ -10,7 +10,7 @@ version-dependent names, 2026-11-25), and the shim each now goes through:
 
 transformers
 - RoPE config layout, 5.x ``rope_parameters`` (rope_theta inside) vs 4.x ``rope_scaling`` + ``rope_theta``
-  (rope_scaling/hf.py; evaluation/backends.py's vLLM overrides): :func:`rope_layout`, :func:`read_rope_entries`,
+  (rope_scaling/hf.py; evaluation/backends/vllm.py's vLLM overrides): :func:`rope_layout`, :func:`read_rope_entries`,
   :func:`write_rope_entries`, :func:`rope_key`. The library must be 5.13+ (pyproject.toml says why), but config.json
   files and config dicts in the 4.x layout are still read and written in their own layout.
 - the dtype field, ``dtype`` (5.x) vs ``torch_dtype`` (4.x, and 4.x-era config.json files), on configs and in
@@ -20,7 +20,7 @@ transformers
   :func:`last_logits_kwargs`
 - the attention implementation lives in the private ``config._attn_implementation``; attention functions are
   registered with ``AttentionInterface`` and called as ``fn(module, q, k, v, mask, dropout=, scaling=, ...)``;
-  transformers' own SDPA function (engine.py, backends.py): :func:`attn_implementation`,
+  transformers' own SDPA function (engine.py, backends/hf.py): :func:`attn_implementation`,
   :func:`using_attention`, :func:`register_attention`, :func:`sdpa_attention`
 - a decoder given a prepared 4D additive mask uses it as is (5.x; engine.supported): :func:`prepared_mask_blocker`
 - document masking and explicit position ids (training/doc_mask.py; written against 5.24.0):
@@ -86,7 +86,7 @@ deepspeed
 accelerate
 - the ``OMP_NUM_THREADS/MKL_NUM_THREADS unset`` warning (common/cli.quiet_libraries): :data:`QUIET_WARNINGS`
 
-Not here: vLLM's rope fields (evaluation/backends.vllm_settings: vLLM is optional and GPU-only;
+Not here: vLLM's rope fields (evaluation/backends/vllm.py, vllm_settings: vLLM is optional and GPU-only;
 tests/test_eval_vllm.py covers the versions seen), torch's private allocator setter (training/env.py; torch is
 pinned), training/run.py (above), bench/ (public APIs only) and tests/, which read some of these internals directly as
 independent references (ROPE_INIT_FUNCTIONS in test_rope_scaling, _gradient_checkpointing_func in

@@ -14,7 +14,8 @@ text, flag, checks and resume rule (:func:`setting`); the RoPE spec (``rope_scal
   :class:`~ropescale.common.io.InputError` naming ``file:line``);
 - the settings themselves: :func:`resolve` (defaults < recipe < flags given) and :func:`build`;
 - ``run.json``: :func:`to_record` / :func:`from_record` (flat, like a recipe);
-- resume checks: :func:`diff` (what differs between the settings of a run and those of a resume).
+- resume checks: ``ropescale.common.runs.resume.settings_diff`` (what differs between the settings of a run and
+  those of a resume, by each field's resume rule).
 
 Keys are flat: a nested field's keys sit beside the outer ones (``rope: ntk``, ``scale: 8`` in a recipe, ``--rope
 ntk --scale 8`` on the command line, ``"rope": "ntk", "scale": 8`` in a record).
@@ -567,52 +568,3 @@ def from_record(cls, record: dict | None, *, where=None, without: Iterable[str] 
         except ValueError as e:
             raise InputError(f"recorded setting {k!r}: {e}", where) from None
     return build(cls, conv)
-
-
-def recorded_keys(cls, record: dict | None) -> set[str]:
-    """The keys of ``cls`` a record holds (under any accepted spelling, or as a nested dict's field)."""
-    record = record or {}
-    out = set()
-    for s in specs(cls):
-        if any(k in record for k in s.accepted_keys) or (len(s.path) > 1 and isinstance(record.get(s.path[0]), dict)
-                                                        and s.path[-1] in record[s.path[0]]):
-            out.add(s.key)
-    return out
-
-
-def _same_path(a, b) -> bool:
-    if a is None or b is None:
-        return a is None and b is None
-    return Path(str(a)).expanduser().resolve() == Path(str(b)).expanduser().resolve()
-
-
-def _same_value(a, b) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
-            and not isinstance(b, bool):
-        return a == b or math.isclose(a, b, rel_tol=1e-12)
-    return a == b
-
-
-def diff(old, new, *, only: Iterable[str] | None = None) -> list[str]:
-    """``key old -> new`` for every setting whose resume rule says the two differ (``same``: equal values;
-    ``path``: the same file once resolved; ``grow``: may only increase; ``ignore``: never compared). Nested
-    settings follow their field's rule. ``only``: compare just these keys (e.g. those a run recorded)."""
-    cls = type(new)
-    rules = {name: f.metadata.get("resume", "same") for name, f in
-             ((f.name, f) for f in dataclasses.fields(cls)) if f.metadata.get("nested")}
-    only = None if only is None else set(only)
-    out = []
-    for s in specs(cls):
-        rule = rules.get(s.path[0], s.meta.resume) if len(s.path) > 1 else s.meta.resume
-        if rule == "ignore" or (only is not None and s.key not in only):
-            continue
-        a, b = value_of(old, s), value_of(new, s)
-        if rule == "path":
-            same = _same_path(a, b)
-        elif rule == "grow":
-            same = a is None or b is None or b >= a
-        else:
-            same = _same_value(a, b)
-        if not same:
-            out.append(f"{s.key} {fmt(a)} -> {fmt(b)}")
-    return out

@@ -193,7 +193,7 @@ def setting_labels(settings: Iterable[Setting]) -> dict[Setting, Label]:
     settings = list(dict.fromkeys(settings))
     names = model_labels(s.model for s in settings)
     ropes = [s.rope for s in settings if s.rope is not None]
-    show_rope = any(getattr(r, "method", "none") != "none" for r in ropes)
+    show_rope = any(r.scaled for r in ropes)  # rope_scaling.RopeSpec: any method but the model's own
     by_method: dict[str, list[dict]] = {}
     for r in ropes:
         by_method.setdefault(r.method, []).append(r.to_dict())

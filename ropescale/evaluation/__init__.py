@@ -1,7 +1,8 @@
 """Evaluation internals behind eval_summ.py.
 
 - ``generate``: ``GenerateSettings`` (the RoPE spec and the backend's ``BackendSettings`` nested) and the command;
-  ``backends`` / ``engine``: the hf (slot decoder) and vllm backends; ``data``: reading CNNSum-format data.
+  ``backends/`` (the interface, the registry, one module per backend: hf, vllm) / ``engine`` (the hf backend's slot
+  decoder); ``data``: reading CNNSum-format data.
 - ``score``: CNNSum ROUGE-L (``rouge``) of a run or file, failure modes (``failure_modes``).
 - ``report/``: the one report stack, for eval_summ and the probes: ``intake`` (scores CSV, generation and probe
   runs), ``model`` (the paper's formulas), ``render`` (the paper's views), ``probes`` (the probes' tables), ``plot``

@@ -21,14 +21,13 @@ no-op (noted on stderr), a different one is refused unless ``--replace``. Withou
 Long inputs (``--truncate``): by default nothing is cut (``none``), as in the paper, whose point is to measure how
 models behave on inputs longer than their context window: HF computes rotary positions for any length, and the
 vllm backend gets ``max_model_len`` = 2x the subset's target (the release's Inference.py sizing; not in the
-paper), raised to fit the longest prompt
-plus generation, with its precomputed rotary cache made to cover it (``max_position_embeddings`` raised for
-plain / ntk / abf / pi rope); vLLM's dynamic NTK, and YaRN past vLLM's rotary cache, are refused (use the hf
-backend there): see :func:`ropescale.evaluation.backends.vllm_settings`. ``--truncate middle`` instead keeps the head
-and tail of the *context* (LongBench-style middle truncation; the instructions around it are kept whole) so the prompt
-is at most ``--max-input-tokens`` tokens (default: the model's extended context minus the max new tokens). run.json
-counts ``truncated`` samples and ``over_context`` samples (prompt + max new tokens beyond the extended context, i.e.
-extrapolated).
+paper), raised to fit the longest prompt plus generation, with its precomputed rotary cache made to cover it
+(``max_position_embeddings`` raised for plain / ntk / abf / pi rope); what vLLM would compute otherwise than
+transformers is refused (use the hf backend there): see :func:`ropescale.evaluation.backends.vllm.vllm_settings`.
+``--truncate middle`` instead keeps the head and tail of the *context* (LongBench-style middle truncation; the
+instructions around it are kept whole) so the prompt is at most ``--max-input-tokens`` tokens (default: the model's
+extended context minus the max new tokens). run.json counts ``truncated`` samples and ``over_context`` samples
+(prompt + max new tokens beyond the extended context, i.e. extrapolated).
 
 Output (a run directory, see :mod:`ropescale.common.runs`): ``DIR/predictions.jsonl`` — one record per sample
 (id, subset, prompt, input_tokens, truncated, new_tokens, prediction, reference), appended and fsynced as each

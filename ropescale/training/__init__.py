@@ -5,7 +5,8 @@
 - ``env``: process set-up before torch/DeepSpeed (CPU accelerator + gloo, single-process rendezvous defaults).
 - ``config``: ``TrainSettings``, every setting of a run (its flag, recipe key, check and resume rule; the RoPE spec
   nested): the CLI, recipes (YAML), run.json and ``--resume`` are built from it; the DeepSpeed config files.
-- ``data``: packed samples (data_concat format), the default data built for a model, length checks, batching.
+- ``data``: packed samples (data_concat format), the default data built for a model, length checks, batching;
+  ``positions``: which positions and attention a packed sample gets (the packing ``Policy``, PoSE, the coverage).
 - ``model``: the model under its RoPE setting (``rope_scaling.load``), LoRA + trainable embeddings/norms.
 - ``loss``: the label-only loss (LM head only at labelled positions).
 - ``trainer``: HF Trainer subclass + progress / export callbacks.

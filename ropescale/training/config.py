@@ -12,7 +12,6 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_concat.positions import ATTENTIONS, DEFAULT_ATTENTION, DEFAULT_POSE_CHUNKS, DEFAULT_POSITIONS, POSITIONS
 from rope_scaling import RopeSpec
 from ropescale.common.cli import DTYPES, dtype_name
 from ropescale.common.io import InputError
@@ -21,6 +20,7 @@ from ropescale.common.paths import DS_CONFIGS_DIR, RECIPES_DIR
 from ropescale.common.settings import add_settings, from_args, given, nested, read_recipe, setting
 
 from .curves import REPORT_TO
+from .positions import ATTENTIONS, DEFAULT_ATTENTION, DEFAULT_POSE_CHUNKS, DEFAULT_POSITIONS, POSITIONS
 
 TINY_DEMO_RECIPE = RECIPES_DIR / "tiny_demo.yaml"
 
@@ -57,7 +57,7 @@ class TrainSettings:
                                                "trained at 16K without scaling, Table 8)", group=PACK)
     positions: str = setting(DEFAULT_POSITIONS, "position ids of a packed sample: continuous (0 .. n-1 over the "
                              "sample, CNNSum Sec 5) or reset (each pair from 0; needs --attention document): "
-                             "data_concat/positions.py", choices=POSITIONS, group=PACK)
+                             "ropescale/training/positions.py", choices=POSITIONS, group=PACK)
     attention: str = setting(DEFAULT_ATTENTION, "attention in a packed sample: causal (across its pairs, the paper's) "
                              "or document (each pair attends only to itself)", choices=ATTENTIONS, group=PACK)
     pose_target: int | None = setting(None, "PoSE (Zhu et al. 2024): position ids of each sample (or pair, with "

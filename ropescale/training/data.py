@@ -4,7 +4,7 @@ A packed sample is one long token sequence (several prompt + summary pairs conca
 -100 everywhere except on the summaries. By default it is trained as one sequence (positions 0..len-1, causal
 attention across its pairs), like the paper; ``--positions``, ``--attention`` and ``--pose-target`` choose other
 position ids and a per-pair (document) mask from the pack's pair boundaries (:func:`policy_of`; what each means:
-``data_concat.positions``): the dataset then adds ``position_ids`` and ``segment_ids`` to each sample, drawn from
+``ropescale.training.positions``): the dataset then adds ``position_ids`` and ``segment_ids`` to each sample, drawn from
 (run seed, sample index, epoch) so a resume redraws the same PoSE ids, and the collator pads them.
 """
 from __future__ import annotations
@@ -18,6 +18,8 @@ from pathlib import Path
 from data_concat.packed import IGNORE_INDEX, TRAIN_FILE
 from ropescale.common.io import InputError
 from ropescale.common.paths import CACHE_DIR, CHAPTERS_JSONL
+
+from .positions import PAD_SEGMENT, Policy, check_samples, sample_positions
 
 
 def log(msg: str) -> None:
@@ -81,10 +83,8 @@ def build_default_data(model_dir: str | os.PathLike, orig_ctx: int, extended: in
 
 # ---------------------------------------------------------------- loading + checks
 def policy_of(settings):
-    """The positions policy (``data_concat.positions.Policy``) of training settings, checked: an unknown value or a
-    bad combination is an InputError naming the flag."""
-    from data_concat.positions import Policy
-
+    """The positions policy (``positions.Policy``) of training settings, checked: an unknown value or a bad
+    combination is an InputError naming the flag."""
     return Policy(settings.positions, settings.attention, settings.pose_target, settings.pose_chunks).check()
 
 
@@ -123,8 +123,6 @@ def check_positions(rows, policy, *, extended: int, allow_extrapolation: bool, w
     """Fail before training when the samples cannot be laid out as ``policy`` asks (``check_samples``: boundaries
     present and valid where needed, every PoSE span shorter than the target) or PoSE's target lies beyond the
     RoPE-extended context. Returns the longest position id the run can train (PoSE: target - 1)."""
-    from data_concat.positions import check_samples
-
     longest = check_samples(policy, rows.lengths().tolist(), rows.pair_starts() if policy.needs_boundaries else None,
                             where)
     if policy.pose_target is None:
@@ -153,7 +151,7 @@ class PackedDataset:
     """A map-style dataset of packed samples -> {input_ids, labels} (int64 tensors), from a
     ``data_concat.packed.PackedSet`` or a list of row dicts (``data_concat.load_packed``). With a ``policy`` other
     than the default (continuous + causal, no PoSE), also ``position_ids`` (int64) and ``segment_ids`` (int32) of
-    ``data_concat.positions.sample_positions`` for (``seed``, the sample's index, :attr:`epoch`) (segment ids only
+    ``positions.sample_positions`` for (``seed``, the sample's index, :attr:`epoch`) (segment ids only
     under document attention)."""
 
     def __init__(self, rows, policy=None, seed: int = 0):
@@ -180,14 +178,11 @@ class PackedDataset:
             out = {"input_ids": torch.tensor(r["input_ids"], dtype=torch.long),
                    "labels": torch.tensor(r["labels"], dtype=torch.long)}
         if self.policy is not None:
-            from data_concat.positions import sample_positions
-
             pos, seg = sample_positions(self.policy, len(out["input_ids"]),
                                         self.starts[i] if self.starts is not None else None, seed=self.seed,
                                         index=i, epoch=self.epoch)
-            out["position_ids"] = torch.from_numpy(pos)
-            if self.policy.attention == "document":  # causal: no segments (one per row), no T x T mask
-                out["segment_ids"] = torch.from_numpy(seg)
+            drawn = {"position_ids": pos, "segment_ids": seg}  # causal: no segments (one per row), no T x T mask
+            out.update({k: torch.from_numpy(drawn[k]) for k in self.policy.carries()})
         return out
 
 
@@ -200,8 +195,6 @@ class Collator:
 
     def __call__(self, batch: list[dict]) -> dict:
         import torch
-
-        from data_concat.positions import PAD_SEGMENT
 
         n = max(len(b["input_ids"]) for b in batch)
         extra = [k for k in ("position_ids", "segment_ids") if k in batch[0]]

@@ -1,5 +1,6 @@
-"""Document masking on the model side: from a batch's segment ids (``data_concat.positions``: segment k = pair k of a
-packed sample, :data:`~data_concat.positions.PAD_SEGMENT` on padding) to what the decoder's attention takes.
+"""Document masking on the model side: from a batch's segment ids (``ropescale.training.positions``: segment k =
+pair k of a packed sample, :data:`~ropescale.training.positions.PAD_SEGMENT` on padding) to what the decoder's
+attention takes.
 
 - SDPA / eager attention: a 4D mask (B, 1, T, T) that lets token q attend to token k when both are in the same
   segment and k <= q -- a block-diagonal causal mask (:func:`document_mask`); transformers passes a prepared 4D mask
@@ -27,10 +28,10 @@ from __future__ import annotations
 
 import torch
 
-from data_concat.positions import PAD_SEGMENT
 from ropescale.common import compat
 
 from ..common import compat as _compat_positions
+from .positions import PAD_SEGMENT
 
 VARLEN_SDPA = "ropescale_sdpa_varlen"  # the registered name of varlen_sdpa_attention
 

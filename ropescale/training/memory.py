@@ -50,7 +50,7 @@ from ropescale.common import compat
 from ropescale.common.host import available_host_bytes  # torch-free home; check_host_memory reads it here
 from ropescale.common.io import InputError
 
-from .memory_model import AUTO_MIN_TOKENS, HOST_HEADROOM, gib, layer_roles, ordinal  # their home: the model
+from .memory_model import AUTO_MIN_TOKENS, HOST_HEADROOM, Activations, gib, layer_roles, ordinal  # their home
 from .tiled_mlp import _replay_context, decoder_mlps, enable_tiled_mlp  # noqa: F401  (the tiled MLP's home)
 
 PAGE_BYTES = 32 << 20  # pinned host pages of the checkpoint pool
@@ -89,15 +89,8 @@ def resolve_offload(value, *, cuda: bool, gradient_checkpointing: bool, tokens: 
 def resolve_tile(value, *, cuda: bool, tokens: int, hidden: int) -> int:
     """Tokens per MLP chunk (0 = no tiling): N as given; None/"auto" = the hidden size (ALST's choice: as many
     chunks as the sequence has hidden sizes) on CUDA from :data:`AUTO_MIN_TOKENS` tokens on, else 0."""
-    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
-        return int(hidden) if cuda and tokens >= AUTO_MIN_TOKENS else 0
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        raise InputError(f"--tile-mlp must be a number of tokens, 0 (off) or auto, not {value!r}") from None
-    if n < 0:
-        raise InputError(f"--tile-mlp must be >= 0 (0: off), got {n}")
-    return n
+    return _int_or(value, int(hidden) if cuda and tokens >= AUTO_MIN_TOKENS else 0, "--tile-mlp",
+                   "a number of tokens, 0 (off) or auto")
 
 
 # ---------------------------------------------------------------- host memory
@@ -496,27 +489,17 @@ class MemoryPlan:
         return ", ".join(parts)
 
 
-def _int_or(value, default: int, flag: str) -> int:
+def _int_or(value, default: int, flag: str, what: str = "a whole number or auto") -> int:
+    """A flag that takes a whole number >= 0 or ``auto`` (None too: ``default``); InputError otherwise."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
         return default
     try:
         n = int(value)
     except (TypeError, ValueError):
-        raise InputError(f"{flag} must be a whole number or auto, not {value!r}") from None
+        raise InputError(f"{flag} must be {what}, not {value!r}") from None
     if n < 0:
         raise InputError(f"{flag} must be >= 0, got {n}")
     return n
-
-
-@dataclass(frozen=True)
-class Activations:
-    """The activation part of a memory plan (a ``planner.Plan`` has the same fields)."""
-
-    recompute_every: int = 1
-    checkpoint_block: int = 1
-    offload_checkpoints: bool = False
-    gpu_checkpoints: int = 0
-    tile_mlp: int = 0
 
 
 def plan_from_args(args, *, cuda: bool, tokens: int, hidden: int) -> Activations:

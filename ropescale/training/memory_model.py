@@ -100,6 +100,14 @@ class Shape:
               "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
         return self.layers * sum(r * sum(io[t]) for t in targets if t in io)
 
+    def hf_kwargs(self) -> dict:
+        """The shape as a transformers config's fields (``AutoConfig.for_model(arch, **shape.hf_kwargs())``)."""
+        kw = dict(hidden_size=self.hidden, num_hidden_layers=self.layers, num_attention_heads=self.heads,
+                  num_key_value_heads=self.kv_heads, intermediate_size=self.intermediate, vocab_size=self.vocab)
+        if self.head_dim is not None:
+            kw["head_dim"] = self.head_dim
+        return kw
+
     @classmethod
     def from_config(cls, config) -> Shape:
         c = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -110,7 +118,22 @@ class Shape:
                    head_dim=getattr(c, "head_dim", None), tied=bool(getattr(c, "tie_word_embeddings", False)))
 
 
+# Qwen1.5-7B (config.json of Qwen/Qwen1.5-7B): MHA, no GQA; the shape every 7B figure here uses (the planner, the
+# GPU suite, the benchmarks), and its RoPE (the original context NTK x8 extends to 262,144)
 QWEN15_7B = Shape(layers=32, hidden=4096, heads=32, kv_heads=32, intermediate=11008, vocab=151936)
+QWEN15_7B_ROPE = {"max_position_embeddings": 32768, "rope_theta": 1e6}
+
+
+@dataclass(frozen=True)
+class Activations:
+    """How a step keeps its activations: the activation part of a memory plan (``planner.Plan`` adds where the
+    parameters and the optimizer state live; ``memory.plan_from_args`` reads finetune's flags into one)."""
+
+    recompute_every: int = 1
+    checkpoint_block: int = 1
+    offload_checkpoints: bool = False
+    gpu_checkpoints: int = 0
+    tile_mlp: int = 0
 
 
 @dataclass(frozen=True)

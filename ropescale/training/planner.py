@@ -42,6 +42,7 @@ from .memory_model import (
     FITS_SHARE,
     GIB,
     HOST_HEADROOM,
+    Activations,
     Estimate,
     Setup,
     Shape,
@@ -167,17 +168,13 @@ FIELDS = ("offload_params", "offload_optimizer", "recompute_every", "checkpoint_
 
 
 @dataclass(frozen=True)
-class Plan:
-    """Where a step's tensors live and what it recomputes (module doc)."""
+class Plan(Activations):
+    """Where a step's tensors live and what it recomputes (module doc): the activations (:class:`Activations`),
+    where the parameters and the optimizer state live, the LM head's chunking under ZeRO-3."""
 
     name: str = "fit"  # fit (chosen for the device) | recipe (the config as written, the old auto rules)
     offload_params: bool = True
     offload_optimizer: bool = True
-    recompute_every: int = 1
-    checkpoint_block: int = 1
-    offload_checkpoints: bool = False
-    gpu_checkpoints: int = 0
-    tile_mlp: int = 0
     head_chunk_zero3: bool = False
 
     def setup(self, base: Setup) -> Setup:

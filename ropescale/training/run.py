@@ -72,8 +72,8 @@ def model_name(model_arg: str) -> str:
 def default_output_dir(model_arg: str, spec) -> Path:
     """runs/train/<model>-<rope>-x<scale> ("-none" without scaling), under the current directory."""
     name = model_name(model_arg)
-    if spec.method == "none":
-        return RUNS_DIR / f"{name}-none"
+    if not spec.scaled:
+        return RUNS_DIR / f"{name}-{spec.method}"
     return RUNS_DIR / f"{name}-{spec.method}-x{spec.scale:g}"
 
 
@@ -272,14 +272,14 @@ def prepare_data(run: Run) -> None:
     from .data import build_default_data, check_positions, check_rows, load_rows, one_pair_note, policy_of
 
     args, old = run.settings, run.old
-    rope_desc = "no RoPE scaling" if run.rope.method == "none" else f"RoPE {run.rope.label()}"
+    rope_desc = f"RoPE {run.rope.label()}" if run.rope.scaled else "no RoPE scaling"
     if args.data:
         data_dir = Path(args.data)
     elif old is not None and old.data and (Path(old.data) / TRAIN_FILE).is_file():
         data_dir = Path(old.data)  # a resume continues on the run's own data
     else:
         orig = run.rope.orig_ctx or run.extended
-        if run.rope.method == "none":
+        if not run.rope.scaled:
             log(f"[finetune] no RoPE scaling (--rope none): training inside the model's own {run.extended}-token "
                 f"context; --rope yarn --scale 8 (or pi, ntk, ...) extends it")
         sized = from_record(TrainSettings, old.settings, without=("rope",)) if old is not None else args
@@ -375,6 +375,7 @@ def build_model(run: Run, ds_cfg: dict | None):
     import torch
     from transformers import set_seed
 
+    from .data import policy_of
     from .loss import install_label_only_forward
     from .model import add_lora, fp32_master, load_model, param_counts, setup_memory
     from .saving import load_export_into
@@ -384,7 +385,8 @@ def build_model(run: Run, ds_cfg: dict | None):
     model = load_model(run.model, run.dtype, args.attn)
     layout = sequence_layout(run)
     if layout is not None:  # before PEFT wraps the model (DeepSpeed #7729)
-        sequence_parallel.setup_model(model, layout, args.micro_batch, document=args.attention == "document")
+        varlen = policy_of(args).varlen_kernel(args.sequence_parallel)
+        sequence_parallel.setup_model(model, layout, args.micro_batch, varlen=varlen)
     peft_model, extra_names = add_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout,
                                        targets=args.lora_targets, embeddings=args.train_embeddings,
                                        norms=args.train_norms, gradient_checkpointing=args.gradient_checkpointing)

@@ -10,7 +10,7 @@ An export directory holds:
 A merged model directory (:func:`merge`) is a plain HF model whose config carries the RoPE setting, with the
 training record in ``ropescale_train.json`` (``runs.TRAIN_JSON``: the run's id, the step, the RoPE spec, the data
 and its length mean/min/max, the steps, the base model and its id, and ``coverage``: the position ids the run
-trained up to that export, ``data_concat.positions.Coverage``), written inside the same atomic rename as the
+trained up to that export, ``positions.Coverage``), written inside the same atomic rename as the
 weights: every run that reads the model records it, wherever the model is moved.
 
 Under DeepSpeed ZeRO-3 every rank holds a slice of each parameter (``p.numel() == 0`` outside a gather); the

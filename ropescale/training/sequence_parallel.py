@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from data_concat.packed import IGNORE_INDEX
 from ropescale.common.io import InputError
 
+from .positions import PAD_SEGMENT
+
 VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")  # document attention's segments
 SHARD_KEYS = ("position_ids", "shift_labels", "max_position", *VARLEN_KEYS)  # a shard's keys beyond ids/labels/mask
 COVERAGE_KEY = "whole_batch"  # on a group's first rank: the micro-batch before the split (its position coverage)
@@ -86,14 +88,14 @@ def unverified_versions() -> list[str]:
 
 def check_settings(k: int, *, config, world: int, deepspeed, attn: str, policy=None) -> None:
     """Refuse (InputError, one line) what sequence parallelism of degree ``k`` cannot run, before any model is
-    loaded: document attention (``policy``, a ``data_concat.positions.Policy``) with another attention than SDPA,
+    loaded: document attention (``policy``, a ``positions.Policy``: its varlen kernel) with another attention than SDPA,
     no DeepSpeed config or package, a launch whose process count is not a multiple of ``k``,
     attention heads or KV heads that do not divide by ``k``, eager attention, releases older than
     :data:`VERIFIED`."""
     if k <= 1:
         return
     flag = f"--sequence-parallel {k}"
-    if policy is not None and policy.attention == "document" and attn != "sdpa":
+    if policy is not None and policy.varlen_kernel(k) and attn != "sdpa":
         raise InputError(f"{flag} with --attention document runs with --attn sdpa only (each segment's attention "
                          f"over the gathered sequence: doc_mask.VARLEN_SDPA), not {attn}")
     if not deepspeed:
@@ -191,13 +193,14 @@ def global_rope_length(model, max_position):
             m._ropescale_max_position = None
 
 
-def setup_model(model, layout: Layout, micro_batch: int, document: bool = False):
+def setup_model(model, layout: Layout, micro_batch: int, varlen: bool = False):
     """Sequence parallelism on the plain (not yet PEFT-wrapped) model: the Ulysses attention and the global RoPE
-    length; with ``document`` (document attention) the core attention behind Ulysses is ``doc_mask.VARLEN_SDPA``,
+    length; with ``varlen`` (document attention: ``positions.Policy.varlen_kernel``) the core attention behind
+    Ulysses is ``doc_mask.VARLEN_SDPA``,
     which runs SDPA causally inside each segment of the gathered sequence (the segments' varlen arguments ride
     in every shard: :func:`shard_batch`). Returns DeepSpeed's group module."""
-    if document:
-        from .doc_mask import use_varlen_sdpa
+    if varlen:
+        from .doc_mask import use_varlen_sdpa  # torch
 
         use_varlen_sdpa(model)
     mpu = register_attention(model, layout, micro_batch)
@@ -223,9 +226,7 @@ def shard_batch(batch: dict, k: int, rank: int, pad_id: int, rows: int = 0) -> d
     import torch
     import torch.nn.functional as F
 
-    from data_concat.positions import PAD_SEGMENT
-
-    from .doc_mask import varlen_kwargs
+    from .doc_mask import varlen_kwargs  # torch
 
     ids, labels = batch["input_ids"], batch["labels"]
     b, t = ids.shape

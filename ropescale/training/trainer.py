@@ -14,6 +14,7 @@ from transformers import Trainer, TrainerCallback
 from ropescale.common import compat
 from ropescale.common.io import share_private_files
 
+from .positions import Coverage
 from .saving import export
 from .sequence_parallel import SHARD_KEYS
 
@@ -125,7 +126,7 @@ class LabelOnlyTrainer(Trainer):
         compat.trainer_takes_token_sums(self)  # we normalise by num_items_in_batch ourselves
         self.tokens_seen = 0
         self.label_tokens_seen = 0
-        self.coverage = coverage  # the positions trained (data_concat.positions.Coverage), or None
+        self.coverage = coverage  # the positions trained (positions.Coverage), or None
 
     def count_coverage(self, inputs) -> None:
         """Add a micro-batch's position ids to :attr:`coverage` (0 .. T-1 where the batch carries none). A
@@ -150,8 +151,6 @@ class LabelOnlyTrainer(Trainer):
         if self.coverage is None:
             return None
         import torch.distributed as dist
-
-        from data_concat.positions import Coverage
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return Coverage.total([self.coverage], self.coverage.context, self.coverage.bins)
@@ -292,12 +291,10 @@ COVERAGE_JSON = "coverage.json"  # in each checkpoint: the positions trained up 
 
 
 def start_coverage(context: int, checkpoint: Path | None = None, step: int = 0, log=None):
-    """The position coverage a run starts from (``data_concat.positions.Coverage`` over its extended context):
+    """The position coverage a run starts from (``positions.Coverage`` over its extended context):
     empty, or what ``checkpoint`` (at ``step``) recorded (a resume; pass it on one rank only, the counts add over
     ranks). A checkpoint without a coverage record (written before runs kept one) starts the counts at its step
     (``from_step``), said through ``log``."""
-    from data_concat.positions import Coverage
-
     f = None if checkpoint is None else Path(checkpoint) / COVERAGE_JSON
     if f is None:
         return Coverage(context)

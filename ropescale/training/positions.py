@@ -50,7 +50,9 @@ extended context by default, plus the tokens at or beyond it -- and the longest 
 query-key distance attended (what RoPE's angles depend on). Counts add: a run accumulates batches, ranks merge their
 counts, a resume continues from a checkpoint's; :meth:`Coverage.to_json` is plain JSON.
 
-Pure numpy and the standard library: no torch, no tokenizer; the training side converts.
+Pure numpy and the standard library: no torch, no tokenizer; the dataset converts (``ropescale.training.data``).
+What training asks of a policy -- the boundaries it needs, whether samples carry position and segment ids, whether
+the varlen kernel applies -- :class:`Policy` answers: no other module compares its strings.
 """
 from __future__ import annotations
 
@@ -62,6 +64,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from data_concat.packed import IGNORE_INDEX
 from ropescale.common.io import InputError
 
 POSITIONS = ("continuous", "reset")
@@ -71,7 +74,6 @@ DEFAULT_ATTENTION = "causal"
 DEFAULT_POSE_CHUNKS = 2  # PoSE Sec 3.2: "in this paper we set N to 2"
 COVERAGE_BINS = 16  # the coverage histogram's default: one bin per 1/16 of the extended context
 PAD_SEGMENT = -1  # the segment id of padding tokens (a collator's, never a pack's)
-IGNORE_INDEX = -100  # labels without loss (data_concat.packed.IGNORE_INDEX)
 
 
 # ---------------------------------------------------------------- the policy
@@ -99,10 +101,29 @@ class Policy:
             raise InputError(f"--pose-chunks must be >= 1, not {self.pose_chunks!r}")
         return self
 
+    # What training asks the policy (``ropescale.training``: the dataset, the collator, the model set-up, sequence
+    # parallelism); nothing outside this module compares its strings.
     @property
     def needs_boundaries(self) -> bool:
         """Whether the samples' pair boundaries are needed (reset positions or document attention)."""
         return self.positions == "reset" or self.attention == "document"
+
+    @property
+    def segments(self) -> bool:
+        """Whether a sample carries segment ids (document attention: a token attends only to its own pair, a
+        block-diagonal mask); under causal attention a row is one segment and needs none."""
+        return self.attention == "document"
+
+    def carries(self) -> tuple[str, ...]:
+        """The keys a sample (and a sequence-parallel shard) carries besides input_ids and labels: position_ids
+        unless the policy is the default one (continuous + causal, no PoSE), segment_ids under document attention
+        (a shard turns them into the varlen arguments of the whole gathered sequence)."""
+        return (() if self.is_default else ("position_ids",)) + (("segment_ids",) if self.segments else ())
+
+    def varlen_kernel(self, sequence_parallel: int) -> bool:
+        """Whether the core attention must be the varlen SDPA kernel (``doc_mask.VARLEN_SDPA``): document attention
+        under sequence parallelism, where each segment's attention runs over the gathered sequence without a mask."""
+        return self.segments and sequence_parallel > 1
 
     @property
     def is_default(self) -> bool:
@@ -219,7 +240,7 @@ def sample_positions(policy: Policy, length: int, pair_starts: Sequence[int] | N
             pos[a:b] = np.arange(b - a)
         else:
             pos[a:b] = pose_span(b - a, policy.pose_target, policy.pose_chunks, pose_rng(seed, index, k, epoch))
-    seg = segment_ids(pair_starts, n) if policy.attention == "document" else np.zeros(n, dtype=np.int32)
+    seg = segment_ids(pair_starts, n) if policy.segments else np.zeros(n, dtype=np.int32)
     return pos, seg
 
 
