@@ -20,8 +20,8 @@ from .command import register_probe
 from .common import NOT_NEGATIVE, POSITIVE, ProbeRun, ProbeSettings, probe_settings
 from .data import data_name
 from .perturb import default_distances
-from .ppl import target_spans
 from .scorer import score_continuations
+from .targets import target_spans
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from ropescale.common.settings import setting
 from .command import register_probe
 from .common import NOT_NEGATIVE, POSITIVE, ProbeRun, ProbeSettings, data_setting, probe_settings, rng_for
 from .data import data_name
-from .ppl import DEFAULT_TARGET_LEN, target_spans
 from .scorer import score_continuations
+from .targets import DEFAULT_TARGET_LEN, target_spans
 
 KINDS = ("shuffle", "replace", "drop", "drop-random")
 

@@ -17,12 +17,10 @@ from ropescale.common.io import InputError
 from ropescale.common.settings import setting
 
 from .command import register_probe
-from .common import POSITIVE, ProbeRun, ProbeSettings, default_lengths, encode, probe_settings, progress, rng_for
+from .common import POSITIVE, ProbeRun, ProbeSettings, default_lengths, probe_settings, progress
 from .data import data_name
 from .scorer import score_continuations
-
-# Sun et al. 2021 Sec 2.2: "we set the number of target tokens per context k = 10" (token-level experiments, Sec 3-4)
-DEFAULT_TARGET_LEN = 10
+from .targets import DEFAULT_TARGET_LEN, sample_targets, tokenize_docs
 
 
 @dataclass(frozen=True)
@@ -32,53 +30,6 @@ class PplSettings(ProbeSettings):
     target_len: int = setting(DEFAULT_TARGET_LEN, "target span tokens k (Sun et al. 2021 Sec 2.2)", check=POSITIVE)
     tail_chapters: int = setting(0, "chapters data: keep only each book's last N chapters (e.g. text held out from "
                                     "training)", check=(lambda v: v >= 0, "not be negative"))
-
-
-@dataclass
-class Target:
-    """A fixed target span: ``doc`` index, ``start`` token offset, ``k`` tokens; ``key`` names it in item ids."""
-
-    doc: int
-    start: int
-    k: int
-    key: str
-
-
-def tokenize_docs(tokenizer, docs) -> list[list[int]]:
-    return [encode(tokenizer, d.text) for d in docs]
-
-
-def sample_targets(doc_ids: list[list[int]], docs, n: int, need_before: int, k: int, seed: int) -> list[Target]:
-    """``n`` target spans of ``k`` tokens, each with at least ``need_before`` tokens before it in its document.
-    Documents are taken round-robin (in file order, among those long enough); the offset is drawn from a seeded
-    RNG per item. Raises InputError when no document is long enough."""
-    ok = [i for i, ids in enumerate(doc_ids) if len(ids) >= need_before + k]
-    if not ok:
-        longest = max(len(x) for x in doc_ids)
-        raise InputError(f"no document is long enough: need {need_before + k} tokens, longest has {longest}",
-                         docs[0].where.rsplit(":", 1)[0] if docs else None)
-    out = []
-    for j in range(n):
-        d = ok[j % len(ok)]
-        rng = rng_for(seed, "target", j, docs[d].id)
-        start = rng.randint(need_before, len(doc_ids[d]) - k)
-        out.append(Target(d, start, k, f"{docs[d].id}@{start}"))
-    return out
-
-
-def target_spans(loaded, docs, *, n: int, n_prefix: int, target_len: int, seed: int, desc: str):
-    """(token ids of every document, an iterator of (target, prefix ids, target ids)) for ``n`` target spans of
-    ``target_len`` tokens with ``n_prefix`` tokens before each (InputError at once when no document is long
-    enough): what copy and perturb score."""
-    doc_ids = tokenize_docs(loaded.tokenizer, docs)
-    targets = sample_targets(doc_ids, docs, n, n_prefix, target_len, seed)
-
-    def spans():
-        for t in progress(targets, desc):
-            ids = doc_ids[t.doc]
-            yield t, ids[t.start - n_prefix:t.start], ids[t.start:t.start + target_len]
-
-    return doc_ids, spans()
 
 
 def ppl_probe(loaded, docs, settings: PplSettings | None = None, **fields) -> dict:

@@ -88,8 +88,8 @@ class Window:
 
 def draw_windows(tokenizer, docs, n: int, target_len: int, k: int, seed: int) -> list[Window]:
     """``n`` windows of ``target_len`` tokens whose last ``k`` are scored: the ppl probe's target spans
-    (``probes.ppl.sample_targets``, the same seeded draw) with ``target_len - k`` tokens before each."""
-    from .ppl import sample_targets, tokenize_docs
+    (``probes.targets.sample_targets``, the same seeded draw) with ``target_len - k`` tokens before each."""
+    from .targets import sample_targets, tokenize_docs
 
     doc_ids = tokenize_docs(tokenizer, docs)
     out = []
