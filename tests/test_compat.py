@@ -1,4 +1,4 @@
-"""One test per shim of ropescale/common/compat.py: each checks, against the installed transformers / peft /
+"""One test per shim of ropescale/common/compat/: each checks, against the installed transformers / peft /
 deepspeed / accelerate, the signature, attribute or behaviour the shim relies on, and fails with
 "LIBRARY VERSION changed WHAT: see compat.SHIM" when a release changed it."""
 from __future__ import annotations
