@@ -174,7 +174,8 @@ def _extrapolation_note(rep: Report, rows_: list, cols: list, opts: Options) -> 
     if any(r["setting"].train is not None for r in rows_):
         parts.append("Train length: the mean length of the fine-tuning samples of the data set (the paper's Train "
                      "Len.), with their range; '-': not fine-tuned (the RoPE method applied at load time).")
-    parts.append("n: samples per cell (both prompts); " + ("cells: mean [95% percentile bootstrap interval, "
+    parts.append("n: eval samples per cell (each scored under every prompt present); "
+                 + ("cells: mean [95% percentile bootstrap interval, "
                                                            "samples resampled by id, a pair of prompts together]."
                                                            if opts.intervals else "cells: the mean of the prompts' "
                                                            "means (intervals: --intervals)."))
