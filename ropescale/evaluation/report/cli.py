@@ -24,7 +24,7 @@ examples:
   eval_summ.py report --scores scores.csv --json            # {model: {avg: {subset: v}, mse: v}}
   eval_summ.py report runs/ --plot fig3.png --out tables/   # every view + Fig. 3 from run dirs
   eval_summ.py report runs/ --buckets 1024,2048,4096 --view extrapolation --format csv
-  eval_summ.py report runs/ --intervals --effective-threshold 30   # cells with 95% intervals, RULER's length"""
+  eval_summ.py report runs/ --intervals --effective-threshold 30   # cells with 95% intervals, length scoring >= 30"""
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -54,8 +54,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="markdown cells with their 95%% percentile bootstrap interval (extrapolation, Table 7; Table "
                         "2: IE-IB per subset); JSON and CSV always carry n and the interval")
     p.add_argument("--effective-threshold", type=float, metavar="X", default=None,
-                   help="also the effective context length by RULER's convention: the longest length up to which a "
-                        "row scores >= X (NoLiMa's, >= 85%% of the row's first column, is always shown)")
+                   help="also the longest length up to which a row scores >= X (a fixed threshold: RULER's rule, and "
+                        "RULER's effective length when X is, as there, a reference model's score on the task; "
+                        "NoLiMa's, >= 85%% of the row's first column, is always shown)")
     p.add_argument("--resamples", type=int, metavar="N", default=None,
                    help="bootstrap resamples of every interval (default 2000; same input and N, same interval)")
     p.set_defaults(func=cmd_report)

@@ -87,7 +87,7 @@ class Report:
     def extrapolation(self, threshold: Optional[float] = None) -> tuple[list[str], list[dict]]:
         """(columns, rows): rows {setting, label (a tables.Label), cells {column: v}, estimates {column:
         uncertainty.Estimate: the cell with n, standard error and interval}, effective {"relative": NoLiMa's
-        effective length (85 % of the row's own first-column score), "absolute": RULER's (the score >=
+        effective length (85 % of the row's own first-column score), "absolute": a fixed threshold's, RULER's rule (>=
         ``threshold``; None without one)}, retention (the row's first-column score / its base model's,
         :meth:`base_of`; None without a base)}. The first column is the row's "1x": the shortest length evaluated.
         With a threshold, a row whose first column is below it has no relative effective length (85 % of a score

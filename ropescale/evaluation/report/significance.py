@@ -128,8 +128,9 @@ def mse_sign_flip(cells: Mapping[str, tuple[Mapping[Hashable, float], Mapping[Ha
     """A row's MSE(P-IE vs P-IB) = mean over its cells of (mean IE - mean IB)^2 tested against "no prompt effect":
     every sample's IE and IB scores swapped with probability 1/2, independently in every cell; p = P(MSE* >= MSE).
     ``extra``: ``p_red`` = P(MSE* >= ``red``), the chance that a row with no prompt effect reaches the paper's red
-    mark at this n, and ``null_mean`` (the null's mean: the noise floor, :func:`.uncertainty.mse_noise_floor`, up to
-    its ddof). Every sample must be scored under both prompts (else p is None). Exact when the row has at most
+    mark at this n, and ``null_mean`` (the null's mean, the mean over cells of sum_i d_i^2 / n^2: the sign-flip
+    counterpart of the noise floor :func:`.uncertainty.mse_noise_floor`, which centres the d_i and divides by
+    n - 1). Every sample must be scored under both prompts (else p is None). Exact when the row has at most
     ``EXACT_MAX_N`` samples in all, else ``permutations`` draws."""
     ds = []
     for ie, ib in cells.values():

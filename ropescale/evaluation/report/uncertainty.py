@@ -1,6 +1,8 @@
 """A cell's uncertainty and a row's effective context length: the one home (DESIGN.md) of the bootstrap interval of
 a cell, the paired IE - IB interval, the MSE(P-IE vs P-IB) noise floor, the effective context length (NoLiMa's
-relative and RULER's absolute convention) and short-context retention (LongRoPE2). Pure functions of per-sample
+relative rule; the absolute rule of a fixed threshold, RULER's, which is RULER's effective length only with RULER's
+kind of threshold -- a reference model's score -- and the above-floor length with a floor's) and short-context
+retention (LongRoPE2). The tests the readings use are beside it, in :mod:`.significance`. Pure functions of per-sample
 scores and cell values (numbers, or ``{sample id: score}`` mappings); nothing here reads files or prints.
 
 Conventions (every function):
@@ -123,7 +125,7 @@ class EffectiveLength:
     length: Optional[str]
     stop: str  # "fail", "missing", "end" or "undefined" (no threshold)
     threshold: Optional[float]
-    rule: str  # "relative" (NoLiMa) or "absolute" (RULER)
+    rule: str  # "relative" (NoLiMa's rule) or "absolute" (a fixed threshold: RULER's rule)
     stopped_at: Optional[str] = None  # the column that failed or was missing (None: "end", "undefined")
     later_passes: tuple = ()
     straddles: tuple = ()
