@@ -4,8 +4,9 @@
 Runs (each an ordinary ``ropescale probes ...`` command, printed before it runs; finished runs are reused):
 - copy: a 128-token target pasted d tokens before itself, inside the 512-token context (``--length 512``) for the
   unscaled model, and at ``--length 4096`` for every method at scale 8;
-- suffix-id, sentence variant (Sun et al. 2021 Sec 5): gold next 128 tokens vs 5 same-book spans, prefixes of
-  256 .. 4096 tokens, unscaled and every method at scale 8, scored by log-likelihood (the papers') and by PMI
+- suffix-id, sentence variant (Sun et al. 2021 Sec 5): gold next 128 tokens vs 5 same-book spans, 256 .. 4096
+  tokens read (a prefix + the 128-token candidate: 128 .. 3,968-token prefixes), unscaled and every method at scale
+  8, scored by log-likelihood (the papers') and by PMI
   (``--score pmi``: what the prefix adds to each candidate's likelihood);
 - ppl: loss on the last 10 tokens of an N-token held-out input, N = 512 .. 4096, every method at scale 8;
 - "after": ppl for the demo's fine-tuned models (``runs/demo/train/tiny-*/merged``), when
@@ -113,8 +114,8 @@ def main(argv=None) -> int:
                                                       "--score", score, "--seed", str(s)] + sid_common))
                    for s in seeds]
             rows.append(row(f"tiny, {m}" + ("" if m == "none" else " x8"), per, sid_lengths, ".3f"))
-        md.append(table(f"suffix-id (sentence variant, --score {score}): {METRICS[score]}, chance 0.167, vs prefix "
-                        "length", ["model", *map(str, sid_lengths)], rows))
+        md.append(table(f"suffix-id (sentence variant, --score {score}): {METRICS[score]}, chance 0.167, vs the "
+                        "tokens read (prefix + the 128-token candidate)", ["model", *map(str, sid_lengths)], rows))
 
     # ppl and copy at 4096 for every method
     rows, crows = [], []
