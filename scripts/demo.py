@@ -182,8 +182,19 @@ def row_stats(run_dirs: list[Path], threshold: float | None = None):
         return None
     s = rows[0]["setting"]
     return {"columns": cols, "row": rows[0], "diffs": {c: rep.difference(s, c) for c in cols}, "mse": rep.mse(s),
-            "floor": {c: rep.floor(c) for c in cols},
+            "floor": {c: rep.floor(c) for c in cols}, "floor_samples": floor_samples(rep),
             "samples": {c: tuple(rep.samples.get((s, k, c), {}) for k in ("IE", "IB")) for c in cols}}
+
+
+def floor_samples(rep) -> dict:
+    """{column: {sample id: the marks-only floor's ROUGE-L of that sample}} (the runs' ``marks_only_rouge_l``)."""
+    out: dict = {}
+    for r in rep.runs:
+        for smp in r.samples:
+            sub = smp.get("subset") or r.summary.get("subset")
+            if isinstance(smp.get("marks_only_rouge_l"), (int, float)):
+                out.setdefault(sub, {})[str(smp.get("id"))] = float(smp["marks_only_rouge_l"])
+    return out
 
 
 def floor_threshold(floor: dict) -> float | None:
@@ -474,7 +485,8 @@ def demo_table(d: Demo) -> list[dict]:
     base_1x = _first(stats[d.rows[0].key], cols)
     records = [{"row": "marks only (the floor)", "cells": {c: e and e.mean for c, e in floor.items()},
                 "n": {c: e.n for c, e in floor.items() if e}, "ci": {c: _ci(e) for c, e in floor.items()},
-                "threshold": thr}]
+                "threshold": thr,
+                "samples": {c: {"floor": v} for c, v in (first["floor_samples"] if first else {}).items()}}]
     for r in d.rows:
         records.append(table_row(d, r, stats[r.key], cols, base_1x))
         if r is d.rows[0] and d.baseline_prompts:  # the same model with the F.1 baseline prompts
@@ -515,11 +527,13 @@ def _sort_id(i: str):
 
 
 def comparison_pairs(d: Demo) -> list[tuple[str, str, str]]:
-    """(label, row key a, row key b) of the differences the readings compare: each method at load time against the
-    base model; each fine-tune against its method at load time; fine-tuned YaRN against fine-tuned NTK; the base
-    model's F.1 prompts against its F.2 prompts (at 1x)."""
+    """(label, row key a, row key b) of the differences the readings compare: every row against the marks-only
+    floor (on the same samples); each method at load time against the base model; each fine-tune against its
+    method at load time; fine-tuned YaRN against fine-tuned NTK; the base model's F.1 prompts against its F.2
+    prompts (at 1x)."""
     s = d.s_txt
-    pairs = [(f"{m} x{s} at load time - base", f"free-{m}-x{s}", "base") for m in d.free]
+    pairs = [(f"{r.label} - floor", r.key, "floor") for r in d.rows]
+    pairs += [(f"{m} x{s} at load time - base", f"free-{m}-x{s}", "base") for m in d.free]
     pairs += [(f"fine-tuned {m} x{s} - {m} x{s} at load time", f"ft-{m}-x{s}", f"free-{m}-x{s}")
               for m in d.methods if m in d.free]
     if "ntk" in d.methods and "yarn" in d.methods:
@@ -534,7 +548,7 @@ def comparisons(d: Demo, records: list[dict], cols: list[str]) -> list[dict]:
     sample's prompts averaged), with its bootstrap interval and two-sided paired sign-flip permutation p."""
     from ropescale.evaluation.report.significance import paired_sign_flip
 
-    by = {rec["key"]: rec for rec in records if "key" in rec}
+    by = {rec.get("key", "floor"): rec for rec in records}
     out = []
     for label, a, b in comparison_pairs(d):
         if a not in by or b not in by:

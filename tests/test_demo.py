@@ -161,8 +161,11 @@ def _check_demo_table(res, expect: dict, means: dict, printed: str, train_length
     # table C: each method at load time against the base, each fine-tune against its method at load time, the F.1
     # prompts against the F.2 ones; a difference is the mean of the per-sample differences
     comps = {c["label"]: c for c in demo["comparisons"]}
-    assert list(comps) == ["ntk x8 at load time - base", "fine-tuned ntk x8 - ntk x8 at load time",
-                           "base, F.1 - F.2 prompts"]
+    assert [c["b"] for c in demo["comparisons"]][:4] == ["floor"] * 4  # every F.2 row against the floor first
+    assert list(comps)[4:] == ["ntk x8 at load time - base", "fine-tuned ntk x8 - ntk x8 at load time",
+                               "base, F.1 - F.2 prompts"]
+    vs_floor = demo["comparisons"][0]["cells"]["T768"]  # the base row - the floor, on the same samples
+    assert abs(vs_floor["mean"] - (by_key["base"]["cells"]["T768"] - by_key["floor"]["cells"]["T768"])) < 1e-6
     c = comps["ntk x8 at load time - base"]["cells"]["T768"]
     assert abs(c["mean"] - (by_key["free-ntk-x8"]["cells"]["T768"] - by_key["base"]["cells"]["T768"])) < 1e-6
     assert c["n"] == 2 and c["p"] in (0.5, 1.0)
