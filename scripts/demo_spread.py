@@ -40,9 +40,10 @@ def seed_tables(out: Path) -> dict[int, dict]:
 
 
 def _groups(rec: dict, col: str) -> list[dict]:
-    """A record's per-sample scores of one column, one mapping per prompt (IE, IB), as the demo wrote them."""
+    """A record's per-sample scores of one column, one mapping per prompt (IE, IB; the floor row: its one score a
+    sample), as the demo wrote them."""
     by = (rec.get("samples") or {}).get(col) or {}
-    return [by[k] for k in ("IE", "IB") if by.get(k)]
+    return [by[k] for k in ("IE", "IB", "floor") if by.get(k)]
 
 
 def _per_seed(tables: dict[int, dict], key: str) -> dict[int, dict]:
