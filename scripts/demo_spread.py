@@ -117,7 +117,7 @@ def comparisons_over_seeds(tables: dict[int, dict]) -> tuple[list[str], list[lis
 def ie_ib_over_seeds(tables: dict[int, dict]) -> dict:
     """The F.2 rows' IE - IB cells over seeds: sign consistency (binomial), the cells a seed resolves against
     chance, and the MSE rows' permutation p per seed."""
-    from ropescale.evaluation.report.significance import ALPHA, sign_consistency
+    from ropescale.evaluation.report.significance import ALPHA, sign_consistency, t_over_seeds
 
     first = tables[min(tables)]
     cols = list(first["columns"])
@@ -139,8 +139,16 @@ def ie_ib_over_seeds(tables: dict[int, dict]) -> dict:
     sc = sign_consistency(per_seed)
     mse = {r["key"]: {s: _per_seed(tables, r["key"])[s].get("mse_p") for s in tables} for r in first["rows"]
            if "key" in r}
+    over = {}  # every IE - IB cell (F.1 rows too): the t test over the seeds' differences
+    for r in first["rows"]:
+        for c in cols:
+            vals = [(x.get("ie_minus_ib") or {}).get(c) for x in _per_seed(tables, r.get("key", "floor")).values()]
+            vals = [v["mean"] for v in vals if v and v.get("mean") is not None]
+            if len(vals) > 1:
+                over[(r["key"], c)] = t_over_seeds(vals)
+    t_resolved = {f"{k} {c}": {"mean": t.statistic, "p": t.p} for (k, c), t in over.items() if t.resolved}
     return {"seeds": sorted(tables), "consistent": sc.to_dict(), "resolved": resolved, "tested": tested,
-            "expected_by_chance": ALPHA * tested, "mse_p": mse}
+            "expected_by_chance": ALPHA * tested, "mse_p": mse, "t_tested": len(over), "t_resolved": t_resolved}
 
 
 def main(argv=None) -> int:
@@ -178,6 +186,10 @@ def main(argv=None) -> int:
               f"(coin-flip signs: {sc['expected']:.1f}; binomial p = {p_text(sc['p'])}): "
               + ", ".join(f"{k} {c}" for k, c in sc["cells"]) + f". Cells a seed resolves (sign-flip p < 0.05): "
               f"{ieib['resolved']} of {ieib['tested']} (chance: {ieib['expected_by_chance']:.1f}).")
+        tr = ieib["t_resolved"]
+        print(f"IE - IB over seeds (t test over the seeds' differences, every row): {len(tr)} of {ieib['t_tested']} "
+              f"cells resolved (chance: {0.05 * ieib['t_tested']:.1f})" + (": " + ", ".join(
+                  f"{k} {v['mean']:+.1f} (p = {p_text(v['p'])})" for k, v in tr.items()) if tr else "") + ".")
         print("MSE permutation p per seed: " + "; ".join(
             f"{k} " + " / ".join(p_text(p) for p in ps.values()) for k, ps in ieib["mse_p"].items()))
     return 0
