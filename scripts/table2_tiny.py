@@ -138,6 +138,37 @@ def markdown(rec: dict) -> str:
     return "\n\n".join(parts)
 
 
+def over_seeds(recs: list[dict]) -> str:
+    """With several seeds: each family's rows over the seeds (``scripts/demo_spread.py``'s tables: mean [two-level
+    interval] (min-max), MSE mean (min-max)), every IE - IB cell's and every F.1 - F.2 cell's t test over the seeds,
+    and each row's MSE permutation p per seed."""
+    import demo_spread
+
+    from ropescale.common.tables import markdown as md
+    from ropescale.common.tables import number
+
+    seeds = ", ".join(str(r["seed"]) for r in recs)
+    parts = []
+    for fam in ("F.1", "F.2"):
+        tables = {r["seed"]: {"columns": r["columns"], "rows": r[fam],
+                              "comparisons": r["f1_minus_f2"] if fam == "F.1" else []} for r in recs}
+        header, rows = demo_spread.spread(tables)
+        parts.append(f"#### {fam} prompts over seeds {seeds}: mean [95% two-level bootstrap interval] (min-max of the "
+                     f"seeds' cells)\n" + md(header, rows, number()))
+        ieib = demo_spread.ie_ib_over_seeds(tables)
+        tr = ieib["t_resolved"]
+        parts.append(f"{fam} IE - IB over seeds: {len(tr)} of {ieib['t_tested']} cells' t tests resolve"
+                     + (": " + ", ".join(f"{k} {v['mean']:+.1f} (p = {v['p']:.2g})" for k, v in tr.items())
+                        if tr else "") + ". MSE permutation p per seed: " + "; ".join(
+                            f"{k} " + " / ".join("-" if p is None else f"{p:.2g}" for p in ps.values())
+                            for k, ps in ieib["mse_p"].items()))
+        if fam == "F.1":
+            c_header, c_rows, _ = demo_spread.comparisons_over_seeds(tables)
+            parts.append("F.1 - F.2 over seeds: mean [95% t interval] p (each seed's difference)\n"
+                         + md(c_header, c_rows, number()))
+    return "\n\n".join(parts)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/demo", help="the demo's --out (default runs/demo)")
@@ -165,8 +196,12 @@ def main(argv=None) -> int:
         recs.append(rec)
     if args.json:
         print(json_text(recs))
-    else:
-        print("\n\n".join(markdown(r) for r in recs))
+        return 0
+    text = "\n\n".join(markdown(r) for r in recs)
+    if len(recs) > 1:
+        text += "\n\n" + over_seeds(recs)
+        write_text_atomic(Path(args.out) / "table2_f1_over_seeds.md", over_seeds(recs) + "\n")
+    print(text)
     return 0
 
 
