@@ -24,11 +24,16 @@ step prints the command it runs.
 6. the demo's own tables (OUT/report/demo.md): A. per row its angle bound (``formulas.reach``, or
    ``formulas.finetune_bound`` with the fine-tune's longest trained sample for a fine-tuned row: the longest context
    in which every rotary pair stays inside angles it saw -- a necessary condition, not a prediction) beside Liu et
-   al. 2023's closed form where its premise holds, the fine-tune's answer loss at step 1 and over the last steps,
-   ROUGE-L per length with n and a 95 % bootstrap interval, the effective context length (NoLiMa's 85 % of 1x and
-   RULER's absolute threshold: the marks-only floor's highest upper bound) and retention (1x / the base model's 1x),
-   under a floor row (the score of an answer holding only the four marks); B. IE - IB per length with its paired
-   bootstrap interval and MSE(P-IE vs P-IB) beside its noise floor.
+   al. 2023's closed form for the base-change rows (its premise, a fine-tune with the new base at the original
+   length, is what ``scripts/bound_tiny.py`` trains), the fine-tune's answer loss at step 1 and over the last steps,
+   ROUGE-L per length with n (eval samples, each under both prompts) and a 95 % bootstrap interval, the effective
+   context length (NoLiMa's 85 % of 1x), the above-floor length (the longest length scoring at least the marks-only
+   floor's highest upper bound) and retention (1x / the base model's 1x), under a floor row (the score of an answer
+   holding only the four marks); B. IE - IB per length with its paired bootstrap interval and sign-flip permutation
+   p, MSE(P-IE vs P-IB) beside its noise floor with its permutation p and the chance that a row with no prompt
+   effect reaches the paper's red mark (MSE >= 5); C. the differences the readings compare (a row against another
+   on the same eval samples), each with its interval and paired sign-flip p
+   (``ropescale/evaluation/report/significance.py``).
 
 Every eval length is a total: the rendered prompt + context + the generation budget fit in it
 (``data_concat recall --eval-tokens T --max-answer-tokens N``), so the 1x column is inside the original window.
@@ -167,8 +172,8 @@ def row_bound(model: str, spec=None, train_record: dict | None = None) -> dict:
 def row_stats(run_dirs: list[Path], threshold: float | None = None):
     """One row's cells by the report's own formulas (a report over the row's runs only): the extrapolation row
     (estimates with n and interval, effective length with ``threshold``), IE - IB per column (paired interval), the
-    MSE with its noise floor, and the recall view's marks-only floor per column (an Estimate each). None without
-    runs."""
+    MSE with its noise floor, the recall view's marks-only floor per column (an Estimate each) and each column's
+    per-sample scores ({column: (IE {sample key: score}, IB {...})}). None without runs."""
     from ropescale.evaluation.report.intake import build_report
 
     rep = build_report([str(d) for d in run_dirs if (d / "predictions.jsonl").is_file()])
@@ -177,12 +182,25 @@ def row_stats(run_dirs: list[Path], threshold: float | None = None):
         return None
     s = rows[0]["setting"]
     return {"columns": cols, "row": rows[0], "diffs": {c: rep.difference(s, c) for c in cols}, "mse": rep.mse(s),
-            "floor": {c: rep.floor(c) for c in cols}}
+            "floor": {c: rep.floor(c) for c in cols}, "floor_samples": floor_samples(rep),
+            "samples": {c: tuple(rep.samples.get((s, k, c), {}) for k in ("IE", "IB")) for c in cols}}
+
+
+def floor_samples(rep) -> dict:
+    """{column: {sample id: the marks-only floor's ROUGE-L of that sample}} (the runs' ``marks_only_rouge_l``)."""
+    out: dict = {}
+    for r in rep.runs:
+        for smp in r.samples:
+            sub = smp.get("subset") or r.summary.get("subset")
+            if isinstance(smp.get("marks_only_rouge_l"), (int, float)):
+                out.setdefault(sub, {})[str(smp.get("id"))] = float(smp["marks_only_rouge_l"])
+    return out
 
 
 def floor_threshold(floor: dict) -> float | None:
-    """RULER's absolute threshold for the demo: the highest upper 95 % bound of the marks-only floor over the
-    lengths (a row at or above it recalls more than the marks, the task's free points, at every length it holds)."""
+    """The above-floor length's threshold: the highest upper 95 % bound of the marks-only floor over the lengths (a
+    row at or above it scores more than the marks, the task's free points, at every length it holds). A fixed
+    threshold as in RULER's rule, but not RULER's effective length, whose threshold is a strong model's score."""
     his = [e.hi for e in floor.values() if e is not None and e.hi is not None]
     return max(his) if his else None
 
@@ -448,14 +466,16 @@ def reports(d: Demo) -> None:
 def demo_table(d: Demo) -> list[dict]:
     """Step 6: the demo's own tables (report/demo.{md,csv,json}), printed with both Table 2 views; returns its
     rows. Table A: per row the bound, ROUGE-L per length with n and 95 % intervals, the effective context length
-    (NoLiMa's 85 % of 1x; RULER's with the marks-only floor's highest upper bound as threshold) and retention;
-    table B: IE - IB per length with its paired interval, MSE(P-IE vs P-IB) beside its noise floor."""
+    (NoLiMa's 85 % of 1x), the above-floor length (the marks-only floor's highest upper bound as threshold) and
+    retention; table B: IE - IB per length with its paired interval and sign-flip p, MSE(P-IE vs P-IB) beside its
+    noise floor with its permutation p; table C: the differences the readings compare, with intervals and p."""
     from ropescale.common.io import write_text_atomic
     from ropescale.common.tables import csv_text, json_text
 
-    say("step 6/6: the demo table: the angle bound (fine-tune aware) beside Liu et al.'s closed form, ROUGE-L per "
-        "length with n and 95% intervals beside the marks-only floor, effective context length, retention, IE-IB "
-        "with paired intervals, MSE(P-IE vs P-IB) beside its noise floor")
+    say("step 6/6: the demo tables: A. the angle bound (fine-tune aware) beside Liu et al.'s closed form, ROUGE-L per "
+        "length with n and 95% intervals beside the marks-only floor, effective and above-floor length, retention; "
+        "B. IE-IB with paired intervals and permutation p, MSE(P-IE vs P-IB) beside its noise floor with its p; "
+        "C. the differences the readings compare")
     cols = [f"T{tg}" for tg in d.targets]
     base_runs = [d.gen / f"{d.rows[0].key}_{pr}_T{tg}" for pr in F2 for tg in d.targets]
     first = row_stats(base_runs)
@@ -465,7 +485,8 @@ def demo_table(d: Demo) -> list[dict]:
     base_1x = _first(stats[d.rows[0].key], cols)
     records = [{"row": "marks only (the floor)", "cells": {c: e and e.mean for c, e in floor.items()},
                 "n": {c: e.n for c, e in floor.items() if e}, "ci": {c: _ci(e) for c, e in floor.items()},
-                "threshold": thr}]
+                "threshold": thr,
+                "samples": {c: {"floor": v} for c, v in (first["floor_samples"] if first else {}).items()}}]
     for r in d.rows:
         records.append(table_row(d, r, stats[r.key], cols, base_1x))
         if r is d.rows[0] and d.baseline_prompts:  # the same model with the F.1 baseline prompts
@@ -474,14 +495,16 @@ def demo_table(d: Demo) -> list[dict]:
             # evaluated inside the window only: no effective length to measure
             records.append({**rec, "row": f"{r.label}, F.1 baseline prompts (1x only)", "key": "base-f1",
                             "prompts": "F.1", "effective_length": {}})
+    comps = comparisons(d, records, cols)
     md_a, md_b, header, table = demo_markdown(records, cols, thr)
-    write_text_atomic(d.report / "demo.md", f"{md_a}\n\n{md_b}\n")
+    md_c = comparisons_markdown(comps, cols)
+    write_text_atomic(d.report / "demo.md", f"{md_a}\n\n{md_b}\n\n{md_c}\n")
     write_text_atomic(d.report / "demo.csv", csv_text(header, table))
-    write_text_atomic(d.report / "demo.json", json_text({"columns": cols, "threshold": thr, "rows": records}))
-    print()
-    print(md_a)
-    print()
-    print(md_b)
+    write_text_atomic(d.report / "demo.json", json_text({"columns": cols, "threshold": thr, "rows": records,
+                                                         "comparisons": comps}))
+    for md in (md_a, md_b, md_c):
+        print()
+        print(md)
     for p, what in ((d.report / "table2.md", "F.2 prompts"),
                     (d.report / "baseline_prompts" / "table2.md", "F.1 baseline prompts")):
         if p.is_file():
@@ -489,6 +512,70 @@ def demo_table(d: Demo) -> list[dict]:
             print(f"({what})")
             print(p.read_text(encoding="utf-8").strip())
     return records
+
+
+def sample_means(rec: dict, col: str) -> dict:
+    """{sample id: the mean of its scores under the prompts present} of one row's column (the demo record's
+    ``samples``): the unit a comparison of two rows pairs."""
+    by = (rec.get("samples") or {}).get(col) or {}
+    ids = sorted({i for scores in by.values() for i in scores}, key=_sort_id)
+    return {i: sum(v[i] for v in by.values() if i in v) / sum(1 for v in by.values() if i in v) for i in ids}
+
+
+def _sort_id(i: str):
+    return (0, int(i), "") if i.isdigit() else (1, 0, i)
+
+
+def comparison_pairs(d: Demo) -> list[tuple[str, str, str]]:
+    """(label, row key a, row key b) of the differences the readings compare: every row against the marks-only
+    floor (on the same samples); each method at load time against the base model; each fine-tune against its
+    method at load time; fine-tuned YaRN against fine-tuned NTK; the base model's F.1 prompts against its F.2
+    prompts (at 1x)."""
+    s = d.s_txt
+    pairs = [(f"{r.label} - floor", r.key, "floor") for r in d.rows]
+    pairs += [(f"{m} x{s} at load time - base", f"free-{m}-x{s}", "base") for m in d.free]
+    pairs += [(f"fine-tuned {m} x{s} - {m} x{s} at load time", f"ft-{m}-x{s}", f"free-{m}-x{s}")
+              for m in d.methods if m in d.free]
+    if "ntk" in d.methods and "yarn" in d.methods:
+        pairs.append((f"fine-tuned yarn x{s} - fine-tuned ntk x{s}", f"ft-yarn-x{s}", f"ft-ntk-x{s}"))
+    if d.baseline_prompts:
+        pairs.append(("base, F.1 - F.2 prompts", "base-f1", "base"))
+    return pairs
+
+
+def comparisons(d: Demo, records: list[dict], cols: list[str]) -> list[dict]:
+    """Table C's records: per compared pair of rows and column, a - b over the eval samples both scored (each
+    sample's prompts averaged), with its bootstrap interval and two-sided paired sign-flip permutation p."""
+    from ropescale.evaluation.report.significance import paired_sign_flip
+
+    by = {rec.get("key", "floor"): rec for rec in records}
+    out = []
+    for label, a, b in comparison_pairs(d):
+        if a not in by or b not in by:
+            continue
+        cells = {}
+        for c in cols:
+            x, y = sample_means(by[a], c), sample_means(by[b], c)
+            if x and y:
+                t = paired_sign_flip(x, y)
+                cells[c] = {"mean": t.statistic, "ci": [t.lo, t.hi] if t.lo is not None else None, "p": t.p,
+                            "n": t.n, "exact": t.exact, "reading": t.reading()}
+        out.append({"label": label, "a": a, "b": b, "cells": cells})
+    return out
+
+
+def comparisons_markdown(comps: list[dict], cols: list[str]) -> str:
+    title = ("### C. Differences the readings compare: a - b on the same eval samples (each sample's two prompts "
+             "averaged) [95% bootstrap interval] p (paired sign-flip permutation, two-sided)")
+    from ropescale.common.tables import markdown
+
+    rows = [[c["label"], *[_diff_text(c["cells"].get(col)) for col in cols]] for c in comps]
+    tests = sum(len(c["cells"]) for c in comps)
+    ns = sorted({x["n"] for c in comps for x in c["cells"].values()})
+    note = (f"n = {'/'.join(map(str, ns)) or '-'} eval samples a cell; p exact over the 2^n sign vectors (up to "
+            f"n = 16; else 20,000 random ones); a difference is resolved where p < 0.05. {tests} tests at 0.05 resolve "
+            f"about {0.05 * tests:.1f} by chance when nothing differs.")
+    return f"{title}\n{markdown(['difference', *cols], rows)}\n\n{note}"
 
 
 def _first(st, cols):
@@ -513,8 +600,8 @@ def demo_markdown(records: list[dict], cols: list[str], thr: float | None) -> tu
 
     thr_txt = "-" if thr is None else f"{thr:.1f}"
     head_a = ["row", "bound (tokens)", "Liu et al. 2023 T_extra", "train length (the data set): mean (range)",
-              "answer loss: step 1 -> last", "n", *cols, "effective length (85% of 1x)",
-              f"effective length (>= {thr_txt})", "retention"]
+              "answer loss: step 1 -> last", "n (samples)", *cols, "effective length (85% of 1x)",
+              f"above-floor length (>= {thr_txt})", "retention"]
     rows_a, rows_b, csv_rows = [], [], []
     for rec in records:
         fine = "key" in rec
@@ -531,51 +618,77 @@ def demo_markdown(records: list[dict], cols: list[str], thr: float | None) -> tu
                        "" if rec.get("retention") is None else f"{100 * rec['retention']:.0f}%"])
         if fine:
             diffs = rec["ie_minus_ib"]
-            rows_b.append([rec["row"], *[_diff_text(diffs.get(c)) for c in cols], _mse_text(rec)])
+            red = rec.get("mse_p_red")
+            rows_b.append([rec["row"], *[_diff_text(diffs.get(c)) for c in cols], _mse_text(rec),
+                           "-" if red is None else f"{red:.2f}"])
         csv_rows.append([rec["row"], rec.get("bound"), rec.get("liu"), *[rec["cells"].get(c) for c in cols],
                          *[x for c in cols for x in (rec.get("ci", {}).get(c) or [None, None])],
                          (eff.get("relative") or {}).get("length"), (eff.get("absolute") or {}).get("length"),
-                         rec.get("retention"), rec.get("mse_ie_ib"), rec.get("mse_floor")])
+                         rec.get("retention"), rec.get("mse_ie_ib"), rec.get("mse_floor"), rec.get("mse_p"),
+                         rec.get("mse_p_red")])
     title_a = ("### A. ROUGE-L x100 by total eval length (prompt + context + answer budget <= T), mean of the two "
-               "prompts (F.2 unless the row says F.1) [95% bootstrap interval]; n samples per cell (both prompts)")
+               "prompts (F.2 unless the row says F.1) [95% bootstrap interval]; n eval samples per cell, each under "
+               "both prompts")
     note_a = (f"Bound: the longest context in which every rotary pair stays inside the angles it saw (pre-training; "
               f"for a fine-tuned row also its fine-tune's longest sample) -- a necessary condition, not a prediction. "
-              f"Liu et al. 2023 T_extra: their closed form (the critical pair's full period, T_train = the original "
-              f"context), shown where its premise holds (no fine-tune, a base change). Effective length: the longest "
-              f"length up to which the row keeps >= 85% of its own 1x score (NoLiMa), and scores >= {thr_txt}, the "
-              f"marks-only floor's highest upper 95% bound (RULER's convention); '-': no 85% length for a row below "
-              f"that threshold at 1x; '>T': holds at every length. Retention: the row's 1x score / the base model's. "
-              f"Answer loss: nats per answer token at step 1 and over the last {LAST} steps.")
-    title_b = ("### B. IE - IB per length [paired 95% bootstrap interval; * excludes 0] and MSE(P-IE vs P-IB) "
-               "[noise floor: the MSE expected with no prompt effect]")
+              f"Liu et al. 2023 T_extra: their closed form (the critical pair's full period under the new base), "
+              f"which they derive for a model fine-tuned with the new base at its original training length; shown "
+              f"for the base-change rows, none of which had that fine-tune. Effective length: the longest length up "
+              f"to which the row keeps >= 85% of its own 1x score (NoLiMa's rule); '-': no 85% length for a row "
+              f"below {thr_txt} at 1x. Above-floor length: the longest length up to which the row scores >= "
+              f"{thr_txt}, the marks-only floor's highest upper 95% bound (a fixed threshold, as in RULER's rule; "
+              f"not RULER's effective length, whose threshold is a strong model's score). '>T': holds at every "
+              f"length. Retention: the row's 1x score / the base model's. Answer loss: nats per answer token at "
+              f"step 1 and over the last {LAST} steps.")
+    reds = [r.get("mse_p_red") for r in records if "key" in r and r.get("mse_p_red") is not None]
+    title_b = ("### B. IE - IB per length [paired 95% bootstrap interval] p (paired sign-flip permutation, "
+               "two-sided), and MSE(P-IE vs P-IB) [noise floor] p (permutation) with P(MSE >= 5) under no prompt "
+               "effect")
+    note_b = ("Noise floor: the MSE expected with no prompt effect (its mean under that null, not a test). MSE p: "
+              "each sample's IE and IB scores swapped at random in every cell (20,000 draws), p = P(null MSE >= "
+              "MSE). P(MSE >= 5): how often a row with no prompt effect reaches the paper's red mark (Table 2: MSE "
+              "5.0 or more) at this n" + (f"; summed over these {len(reds)} rows: {sum(reds):.1f} red rows expected "
+                                          f"from noise alone." if reds else "."))
     md_a = f"{title_a}\n{markdown(head_a, rows_a)}\n\n{note_a}"
-    md_b = f"{title_b}\n{markdown(['row', *cols, 'MSE [floor]'], rows_b)}"
+    md_b = (f"{title_b}\n{markdown(['row', *cols, 'MSE [floor] p', 'P(MSE >= 5) under no effect'], rows_b)}\n\n"
+            f"{note_b}")
     header = ["row", "bound", "liu_t_extra", *cols, *[f"{c}_{x}" for c in cols for x in ("lo", "hi")],
-              "effective_length_85", "effective_length_abs", "retention", "mse", "mse_floor"]
+              "effective_length_85", "above_floor_length", "retention", "mse", "mse_floor", "mse_p", "mse_p_red5"]
     return md_a, md_b, header, csv_rows
 
 
 def _diff_text(x: dict | None) -> str:
     if not x or x.get("mean") is None:
         return "-"
+    p = "" if x.get("p") is None else f" p={p_text(x['p'])}"
     if not x.get("ci"):
-        return f"{x['mean']:+.1f}"
+        return f"{x['mean']:+.1f}{p}"
     lo, hi = x["ci"]
-    return f"{x['mean']:+.1f} [{lo:+.1f}, {hi:+.1f}]" + ("*" if lo > 0 or hi < 0 else "")
+    return f"{x['mean']:+.1f} [{lo:+.1f}, {hi:+.1f}]{p}"
 
 
 def _mse_text(rec: dict) -> str:
-    m, f = rec.get("mse_ie_ib"), rec.get("mse_floor")
-    return "-" if m is None else f"{m:.1f}" + ("" if f is None else f" [{f:.1f}]")
+    m, f, p = rec.get("mse_ie_ib"), rec.get("mse_floor"), rec.get("mse_p")
+    return "-" if m is None else (f"{m:.1f}" + ("" if f is None else f" [{f:.1f}]")
+                                  + ("" if p is None else f" p={p_text(p)}"))
+
+
+def p_text(p):
+    from ropescale.evaluation.report.significance import p_text as text
+
+    return text(p)
 
 
 def table_row(d: Demo, r: Row, st: dict | None, cols: list[str], base_1x: float | None,
               bound: dict | None = None) -> dict:
     """One row of the demo table as its JSON record: the bound (``bound``: another record's, for the F.1 row of
-    the same model), training length, answer losses, cells with n and intervals, effective length, retention, IE -
-    IB per column and the MSE with its floor."""
+    the same model), training length, answer losses, cells with n (eval samples) and intervals, effective length,
+    retention, IE - IB per column with its paired sign-flip p, the MSE with its floor, permutation p and P(MSE >= 5)
+    under no prompt effect, and every sample's score per column and prompt (``samples``: {column: {"IE": {id:
+    score}, "IB": ...}})."""
     from rope_scaling import RopeSpec
     from ropescale.common.runs import TrainLength, read_train_record
+    from ropescale.evaluation.report.significance import mse_sign_flip, paired_sign_flip
     from ropescale.evaluation.report.uncertainty import retention
 
     record = read_train_record(r.model) if r.train_dir is not None else None
@@ -590,6 +703,9 @@ def table_row(d: Demo, r: Row, st: dict | None, cols: list[str], base_1x: float 
     est = row["estimates"]
     diffs = (st or {}).get("diffs", {})
     mse = (st or {}).get("mse")
+    samples = {c: v for c, v in (st or {}).get("samples", {}).items() if v[0] or v[1]}
+    flips = {c: paired_sign_flip(ie, ib) for c, (ie, ib) in samples.items() if ie and ib}
+    mse_test = mse_sign_flip(samples) if samples else None
     return {"row": r.label, "key": r.key, "method": r.method, "fine_tuned": r.train_dir is not None, **b,
             "train_length": tl and tl.to_dict(), "train_length_text": tl and tl.text(),
             "loss_step1": loss and loss[0], "loss_last": loss and loss[1], "steps": loss and loss[2],
@@ -599,9 +715,13 @@ def table_row(d: Demo, r: Row, st: dict | None, cols: list[str], base_1x: float 
             "ci": {c: _ci(e) for c, e in est.items() if e.mean is not None},
             "effective_length": {k: v and v.to_dict() for k, v in row["effective"].items()},
             "retention": retention(_first(st, cols), base_1x),
-            "ie_minus_ib": {c: x and {"mean": x.mean, "ci": _ci(x), "n_pairs": x.n_pairs} for c, x in diffs.items()},
-            "mse_ie_ib": mse and mse.mse, "mse_floor": mse and mse.floor, "mse_ci": _ci(mse), "prompts": "F.2"}
-
+            "ie_minus_ib": {c: x and {"mean": x.mean, "ci": _ci(x), "n_pairs": x.n_pairs,
+                                      "p": flips[c].p if c in flips else None} for c, x in diffs.items()},
+            "mse_ie_ib": mse and mse.mse, "mse_floor": mse and mse.floor, "mse_ci": _ci(mse),
+            "mse_p": mse_test and mse_test.p, "mse_p_red": mse_test and mse_test.extra.get("p_red"),
+            "samples": {c: {k: {str(key[-1]): v for key, v in g.items()} for k, g in zip(("IE", "IB"), pair) if g}
+                        for c, pair in samples.items()},
+            "prompts": "F.2"}
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

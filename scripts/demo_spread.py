@@ -1,11 +1,18 @@
 #!/usr/bin/env python
-"""The demo's seed-to-seed spread: reads the demo tables that ``scripts/demo.py --seed K`` wrote under one
-``--out`` (``report/demo.json`` for seed 0, ``report_sK/demo.json`` for seed K) and prints, for every row of the
-demo table, each column as ``mean (min-max)`` over the seeds found, the MSE(P-IE vs P-IB) column included, and in
-how many seeds a fine-tune's answer loss stayed above 1 nat (the demo table's mark).
+"""The demo over seeds: reads the demo tables that ``scripts/demo.py --seed K`` wrote under one ``--out``
+(``report/demo.json`` for seed 0, ``report_sK/demo.json`` for seed K) and prints
 
-A seed moves the training pairs, the fine-tunes' seeds, the eval passages (other windows of the held-out chapters)
-and their marked sentences, so the spread is over all of these::
+1. every row of the demo table, each column as the mean of the seeds' cells [95 % two-level bootstrap interval:
+   seeds resampled, then each drawn seed's eval samples] (min-max of the seeds' cells), the MSE(P-IE vs P-IB) as
+   mean (min-max), and in how many seeds a fine-tune's answer loss stayed above 1 nat (the demo table's mark);
+2. the differences the readings compare (the demo's table C) over seeds: the mean of the seeds' differences, its t
+   interval and p over the seeds (df = seeds - 1), and the seeds' own differences;
+3. IE - IB over seeds: how many of the F.2 cells keep one sign in every seed against the count coin-flip signs
+   give (binomial p), which ones, and how many cells a seed resolves (sign-flip p < 0.05) against the 5 % chance
+   gives; the MSE rows' permutation p per seed.
+
+``report/significance.py`` holds every test. A seed moves the training pairs, the fine-tunes' seeds, the eval
+passages (other windows of the held-out chapters) and their marked sentences, so the spread is over all of these::
 
     bash scripts/demo.sh --seed 1; bash scripts/demo.sh --seed 2     # after make demo (seed 0)
     .venv/bin/python scripts/demo_spread.py                          # runs/demo: seeds 0, 1, 2
@@ -18,6 +25,9 @@ import re
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
 
 def seed_tables(out: Path) -> dict[int, dict]:
     """{seed: demo.json} for every seed's demo table under ``out``."""
@@ -29,51 +39,159 @@ def seed_tables(out: Path) -> dict[int, dict]:
     return found
 
 
+def _groups(rec: dict, col: str) -> list[dict]:
+    """A record's per-sample scores of one column, one mapping per prompt (IE, IB; the floor row: its one score a
+    sample), as the demo wrote them."""
+    by = (rec.get("samples") or {}).get(col) or {}
+    return [by[k] for k in ("IE", "IB", "floor") if by.get(k)]
+
+
+def _per_seed(tables: dict[int, dict], key: str) -> dict[int, dict]:
+    return {s: r for s, t in tables.items() for r in t["rows"] if r.get("key", "floor") == key}
+
+
 def spread(tables: dict[int, dict]) -> tuple[list[str], list[list]]:
-    """(header, rows): each demo-table row (in seed 0's order, or the first seed's) x each column and the MSE, as
-    ``mean (min-max)`` over the seeds that have that cell."""
+    """(header, rows): each demo-table row (in the first seed's order) x each column as ``mean [lo, hi]
+    (min-max)`` over the seeds that have that cell ([lo, hi]: the two-level bootstrap interval, where every seed
+    kept its samples), and the MSE as ``mean (min-max)``."""
+    from ropescale.evaluation.report.significance import two_level_bootstrap
+
     first = tables[min(tables)]
     cols = list(first["columns"])
     header = ["row", "seeds", *cols, "MSE (P-IE vs P-IB)"]
     out = []
     for row in first["rows"]:
-        key = row.get("key", "floor")
-        per_seed = [r for t in tables.values() for r in t["rows"] if r.get("key", "floor") == key]
+        per_seed = _per_seed(tables, row.get("key", "floor"))
         cells = []
         for c in cols:
-            cells.append(summary([r["cells"].get(c) for r in per_seed]))
-        cells.append(summary([r.get("mse_ie_ib") for r in per_seed]))
-        above = sum(bool(r.get("loss_above", r.get("under_trained"))) for r in per_seed)
+            groups = {s: _groups(r, c) for s, r in per_seed.items()}
+            pooled = None
+            if len(groups) > 1 and all(groups.values()) and len({len(g) for g in groups.values()}) == 1:
+                pooled = two_level_bootstrap(groups)
+            cells.append(summary([r["cells"].get(c) for r in per_seed.values()], pooled))
+        cells.append(summary([r.get("mse_ie_ib") for r in per_seed.values()]))
+        above = sum(bool(r.get("loss_above", r.get("under_trained"))) for r in per_seed.values())
         label = row["row"] + (f" (answer loss > 1 nat in {above} of {len(per_seed)} seeds)" if above else "")
         out.append([label, str(len(per_seed)), *cells])
     return header, out
 
 
-def summary(values: list) -> str | None:
+def summary(values: list, pooled=None) -> str | None:
+    """``mean (min-max)`` of the seeds' values, with the pooled interval ``[lo, hi]`` after the mean when given."""
     vals = [float(v) for v in values if isinstance(v, (int, float))]
     if not vals:
         return None
     mean = sum(vals) / len(vals)
-    return f"{mean:.1f}" if len(vals) == 1 else f"{mean:.1f} ({min(vals):.1f}–{max(vals):.1f})"
+    ci = "" if pooled is None or pooled.lo is None else f" [{pooled.lo:.1f}, {pooled.hi:.1f}]"
+    return f"{mean:.1f}" if len(vals) == 1 else f"{mean:.1f}{ci} ({min(vals):.1f}–{max(vals):.1f})"
+
+
+def comparisons_over_seeds(tables: dict[int, dict]) -> tuple[list[str], list[list], list[dict]]:
+    """(header, rows, records): each comparison of the demo's table C and column: the seeds' differences, their
+    mean with the t interval and p over the seeds."""
+    from ropescale.evaluation.report.significance import p_text, t_over_seeds
+
+    first = tables[min(tables)]
+    cols = list(first["columns"])
+    labels = [c["label"] for c in first.get("comparisons", [])]
+    rows, records = [], []
+    for label in labels:
+        per = [next((c for c in t.get("comparisons", []) if c["label"] == label), None) for t in tables.values()]
+        cells = []
+        for col in cols:
+            diffs = [c["cells"][col]["mean"] for c in per if c and col in c["cells"]]
+            if not diffs:
+                cells.append("-")
+                continue
+            t = t_over_seeds(diffs)
+            records.append({"label": label, "column": col, "seeds": diffs, **t.to_dict()})
+            if t.p is None:
+                cells.append(f"{diffs[0]:+.1f}")
+                continue
+            cells.append(f"{t.statistic:+.1f} [{t.lo:+.1f}, {t.hi:+.1f}] p={p_text(t.p)} ("
+                         + " / ".join(f"{x:+.1f}" for x in diffs) + ")")
+        rows.append([label, *cells])
+    return ["difference", *cols], rows, records
+
+
+def ie_ib_over_seeds(tables: dict[int, dict]) -> dict:
+    """The F.2 rows' IE - IB cells over seeds: sign consistency (binomial), the cells a seed resolves against
+    chance, and the MSE rows' permutation p per seed."""
+    from ropescale.evaluation.report.significance import ALPHA, sign_consistency, t_over_seeds
+
+    first = tables[min(tables)]
+    cols = list(first["columns"])
+    keys = [r["key"] for r in first["rows"] if "key" in r and r.get("prompts", "F.2") == "F.2"]
+    per_seed = []
+    resolved = tested = 0
+    for t in tables.values():
+        cells = {}
+        for r in t["rows"]:
+            if r.get("key") in keys:
+                for c in cols:
+                    x = (r.get("ie_minus_ib") or {}).get(c)
+                    if x and x.get("mean") is not None:
+                        cells[(r["key"], c)] = x["mean"]
+                        if x.get("p") is not None:
+                            tested += 1
+                            resolved += x["p"] < ALPHA
+        per_seed.append(cells)
+    sc = sign_consistency(per_seed)
+    mse = {r["key"]: {s: _per_seed(tables, r["key"])[s].get("mse_p") for s in tables} for r in first["rows"]
+           if "key" in r}
+    over = {}  # every IE - IB cell (F.1 rows too): the t test over the seeds' differences
+    for r in first["rows"]:
+        for c in cols:
+            vals = [(x.get("ie_minus_ib") or {}).get(c) for x in _per_seed(tables, r.get("key", "floor")).values()]
+            vals = [v["mean"] for v in vals if v and v.get("mean") is not None]
+            if len(vals) > 1:
+                over[(r["key"], c)] = t_over_seeds(vals)
+    t_resolved = {f"{k} {c}": {"mean": t.statistic, "p": t.p} for (k, c), t in over.items() if t.resolved}
+    return {"seeds": sorted(tables), "consistent": sc.to_dict(), "resolved": resolved, "tested": tested,
+            "expected_by_chance": ALPHA * tested, "mse_p": mse, "t_tested": len(over), "t_resolved": t_resolved}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/demo", help="the demo's --out (default runs/demo)")
-    ap.add_argument("--json", action="store_true", help="print the table as JSON")
+    ap.add_argument("--json", action="store_true", help="print the tables as JSON")
     args = ap.parse_args(argv)
     from ropescale.common.tables import markdown, number
+    from ropescale.evaluation.report.significance import p_text
 
     tables = seed_tables(Path(args.out))
     if not tables:
         print(f"error: {args.out}: no demo table (report*/demo.json): run scripts/demo.sh first", file=sys.stderr)
         return 2
     header, rows = spread(tables)
+    c_header, c_rows, c_records = comparisons_over_seeds(tables)
+    ieib = ie_ib_over_seeds(tables)
     if args.json:
-        print(json.dumps({"seeds": sorted(tables), "header": header, "rows": rows}, ensure_ascii=False, indent=1))
+        print(json.dumps({"seeds": sorted(tables), "header": header, "rows": rows, "comparisons": c_records,
+                          "ie_minus_ib": ieib}, ensure_ascii=False, indent=1, default=str))
         return 0
-    print(f"### The demo table over seeds {', '.join(map(str, sorted(tables)))}: mean (min–max)")
+    seeds = ", ".join(map(str, sorted(tables)))
+    print(f"### The demo table over seeds {seeds}: mean [95% two-level bootstrap interval: seeds, then samples] "
+          f"(min–max of the seeds' cells)")
     print(markdown(header, rows, number()))
+    if c_rows:
+        print()
+        print(f"### Differences over seeds {seeds}: mean [95% t interval over the seeds] p (t test, df = seeds - 1) "
+              f"(each seed's difference)")
+        print(markdown(c_header, c_rows, number()))
+    sc = ieib["consistent"]
+    if sc["p"] is not None:
+        print()
+        print(f"IE - IB, F.2 rows: {sc['statistic']:.0f} of {sc['n']} cells keep one sign in all {sc['seeds']} seeds "
+              f"(coin-flip signs: {sc['expected']:.1f}; binomial p = {p_text(sc['p'])}): "
+              + ", ".join(f"{k} {c}" for k, c in sc["cells"]) + f". Cells a seed resolves (sign-flip p < 0.05): "
+              f"{ieib['resolved']} of {ieib['tested']} (chance: {ieib['expected_by_chance']:.1f}).")
+        tr = ieib["t_resolved"]
+        print(f"IE - IB over seeds (t test over the seeds' differences, every row): {len(tr)} of {ieib['t_tested']} "
+              f"cells resolved (chance: {0.05 * ieib['t_tested']:.1f})" + (": " + ", ".join(
+                  f"{k} {v['mean']:+.1f} (p = {p_text(v['p'])})" for k, v in tr.items()) if tr else "") + ".")
+        print("MSE permutation p per seed: " + "; ".join(
+            f"{k} " + " / ".join(p_text(p) for p in ps.values()) for k, ps in ieib["mse_p"].items()))
     return 0
 
 

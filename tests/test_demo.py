@@ -146,13 +146,30 @@ def _check_demo_table(res, expect: dict, means: dict, printed: str, train_length
         assert abs(by_key[key]["bound"] - cov["longest_distance"]) < 1e-6
         assert by_key[key]["rule"] == "finetune_bound"
         assert by_key[key]["pretrain"] == (64 if m == "none" else by_key["free-ntk-x8"]["bound"])
-    # every cell carries n (both prompts' samples) and an interval around its mean; IE - IB and the MSE floor
+    # every cell carries n (its eval samples, each under both prompts) and an interval around its mean; IE - IB
+    # with its sign-flip p (2 pairs: p is 1 or 1/2 by hand), the MSE floor and permutation p, every sample's scores
     for key in expect:
         row = by_key[key]
         for s in ("T512", "T768"):
-            assert row["n"][s] == 4 and row["ci"][s][0] <= row["cells"][s] + 1e-9 <= row["ci"][s][1] + 2e-9
-            assert row["ie_minus_ib"][s]["n_pairs"] == 2
+            assert row["n"][s] == 2 and row["ci"][s][0] <= row["cells"][s] + 1e-9 <= row["ci"][s][1] + 2e-9
+            assert row["ie_minus_ib"][s]["n_pairs"] == 2 and row["ie_minus_ib"][s]["p"] in (0.5, 1.0)
+            ie, ib = row["samples"][s]["IE"], row["samples"][s]["IB"]
+            assert len(ie) == len(ib) == 2
+            assert abs((sum(ie.values()) + sum(ib.values())) / 4 - row["cells"][s]) < 1e-6
         assert row["mse_floor"] is not None and set(row["effective_length"]) == {"relative", "absolute"}
+        assert 0 < row["mse_p"] <= 1 and 0 <= row["mse_p_red"] <= 1
+    # table C: each method at load time against the base, each fine-tune against its method at load time, the F.1
+    # prompts against the F.2 ones; a difference is the mean of the per-sample differences
+    comps = {c["label"]: c for c in demo["comparisons"]}
+    assert [c["b"] for c in demo["comparisons"]][:4] == ["floor"] * 4  # every F.2 row against the floor first
+    assert list(comps)[4:] == ["ntk x8 at load time - base", "fine-tuned ntk x8 - ntk x8 at load time",
+                               "base, F.1 - F.2 prompts"]
+    vs_floor = demo["comparisons"][0]["cells"]["T768"]  # the base row - the floor, on the same samples
+    assert abs(vs_floor["mean"] - (by_key["base"]["cells"]["T768"] - by_key["floor"]["cells"]["T768"])) < 1e-6
+    c = comps["ntk x8 at load time - base"]["cells"]["T768"]
+    assert abs(c["mean"] - (by_key["free-ntk-x8"]["cells"]["T768"] - by_key["base"]["cells"]["T768"])) < 1e-6
+    assert c["n"] == 2 and c["p"] in (0.5, 1.0)
+    assert set(comps["base, F.1 - F.2 prompts"]["cells"]) == {"T512"}
     assert by_key["base"]["retention"] == (1.0 if by_key["base"]["cells"]["T512"] > 0 else None)  # of 0: none
     # the fine-tunes' losses come from their train logs; 2 steps of a random model: answer loss above 1 nat
     for key, m in (("ft-none", "none"), ("ft-ntk-x8", "ntk")):

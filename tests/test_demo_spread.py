@@ -36,3 +36,54 @@ def test_spread_over_seeds(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| tiny (no fine-tune) (answer loss > 1 nat in 1 of 3 seeds) | 3 | 45.0 (40.0–50.0) |" in out
     assert demo_spread.main(["--out", str(tmp_path / "none")]) == 2
+
+
+def _seed_table(out: Path, seed: int, shift: float, ieib: list) -> None:
+    """A seed's demo table with per-sample scores: base and a free row on 3 samples at T512 and T1024; the free
+    row's IE - IB per column from ``ieib``; table C's free - base difference."""
+    d = out / ("report" if seed == 0 else f"report_s{seed}")
+    d.mkdir(parents=True)
+    rows, samples = [], {}
+    for key, level in (("base", 80.0), ("free", 60.0)):
+        smp = {}
+        for k, c in enumerate(("T512", "T1024")):
+            gap = ieib[k] if key == "free" else 0.0
+            ie = {str(i): level + shift + i + gap / 2 for i in range(3)}
+            ib = {str(i): level + shift + i - gap / 2 for i in range(3)}
+            smp[c] = {"IE": ie, "IB": ib}
+        samples[key] = smp
+        rows.append({"row": key, "key": key, "cells": {c: level + shift + 1 for c in ("T512", "T1024")},
+                     "ie_minus_ib": {c: {"mean": ieib[k] if key == "free" else 0.0, "p": 0.01 if k else 0.5}
+                                     for k, c in enumerate(("T512", "T1024"))},
+                     "samples": smp, "mse_ie_ib": 1.0, "mse_p": 0.2 + seed / 10})
+    comps = [{"label": "free - base", "cells": {c: {"mean": -20.0 + seed} for c in ("T512", "T1024")}}]
+    (d / "demo.json").write_text(json.dumps({"columns": ["T512", "T1024"], "rows": rows, "comparisons": comps}),
+                                 encoding="utf-8")
+
+
+def test_spread_tests_over_seeds(tmp_path, capsys):
+    """Two-level intervals from the samples, t over seeds for table C, sign consistency of IE - IB by hand."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import demo_spread
+
+    from ropescale.evaluation.report.significance import t_over_seeds, two_level_bootstrap
+
+    for seed, shift, ieib in ((0, 0.0, [2.0, -1.0]), (1, 3.0, [1.0, 1.0]), (2, -1.0, [4.0, -2.0])):
+        _seed_table(tmp_path, seed, shift, ieib)
+    tables = demo_spread.seed_tables(tmp_path)
+    header, rows = demo_spread.spread(tables)
+    want = two_level_bootstrap({s: [t["rows"][0]["samples"]["T512"]["IE"], t["rows"][0]["samples"]["T512"]["IB"]]
+                                for s, t in tables.items()})
+    assert rows[0][2] == f"81.7 [{want.lo:.1f}, {want.hi:.1f}] (80.0–84.0)"
+    _, c_rows, recs = demo_spread.comparisons_over_seeds(tables)
+    t = t_over_seeds([-20.0, -19.0, -18.0])
+    assert recs[0]["p"] == t.p and c_rows[0][1].startswith(f"{t.statistic:+.1f} [{t.lo:+.1f}, {t.hi:+.1f}]")
+    ieib = demo_spread.ie_ib_over_seeds(tables)
+    # 4 cells (base and free x 2 lengths); base's are 0 (no sign); free T512 is + in all 3, T1024 changes sign:
+    # 1 of 4 consistent, each with probability 1/4: P(X >= 1) = 1 - (3/4)^4
+    assert ieib["consistent"]["statistic"] == 1 and ieib["consistent"]["n"] == 4
+    assert abs(ieib["consistent"]["p"] - (1 - 0.75 ** 4)) < 1e-12
+    assert (ieib["resolved"], ieib["tested"]) == (6, 12)  # every T1024 cell has p = 0.01
+    assert demo_spread.main(["--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 of 4 cells keep one sign in all 3 seeds" in out and "free - base" in out

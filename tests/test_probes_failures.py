@@ -83,6 +83,9 @@ def test_a_failed_run_keeps_an_existing_unrelated_directory(model_dir, docs, tmp
     (["shuffle", "--batch-size", "0"], "--batch-size must be positive"),
     (["suffix-id", "--suffix-len", "0"], "--suffix-len must be positive, got 0"),
     (["suffix-id", "--n", "0"], "--n must be positive, got 0"),
+    # a length counts the prefix and the candidate: 100 tokens leave no room beside a 128-token candidate
+    (["suffix-id", "--variant", "sentence", "--lengths", "100,512"], "--lengths 100: a length counts the prefix and "
+                                                                     "the 128-token candidate"),
     (["ppl", "--threads", "-1"], "--threads must not be negative"),
 ])
 def test_non_positive_sizes_are_one_line(argv, msg, model_dir, docs, tmp_path, capsys):

@@ -67,16 +67,18 @@ def test_memorized_model_identifies_the_next_chapter(memorized, short_book, tmp_
     book, _ = short_book
     out = tmp_path / "sid"
     rc = main(["suffix-id", "--model", str(model_dir), "--data", str(book), "--out", str(out), "--n", "3",
-               "--lengths", "16,40", "--suffix-len", "12", "--json"])
+               "--lengths", "28,52", "--suffix-len", "12", "--json"])
     assert rc == 0
     summary = json.loads(capsys.readouterr().out)
-    assert [(c["col"], c["value"], c["n"]) for c in summary["cells"]] == [(16, 1.0, 3), (40, 1.0, 3)]
+    # a length counts every token read: 28 = a 16-token prefix + the 12-token candidate, 52 = 40 + 12
+    assert [(c["col"], c["value"], c["n"]) for c in summary["cells"]] == [(28, 1.0, 3), (52, 1.0, 3)]
     recs = _items(out)
     assert {r["gold_chapter"] for r in recs} == {2, 3, 4}  # breaks before chapters 2..4 have 5 later chapters
     assert all(min(n) > r["gold_chapter"] for r in recs for n in [r["negative_chapters"]])
     assert all(r["gold_rank"] == 1 for r in recs)
+    assert sorted({(r["col"], r["prefix_tokens"]) for r in recs}) == [(28, 16), (52, 40)]
     meta = json.loads((out / "run.json").read_text())
-    assert meta["kind"] == "probe" and meta["info"]["probe"] == "suffix-id" and meta["info"]["lengths"] == [16, 40]
+    assert meta["kind"] == "probe" and meta["info"]["probe"] == "suffix-id" and meta["info"]["lengths"] == [28, 52]
     assert meta["settings"]["heading"] == "index"
 
 
@@ -92,10 +94,10 @@ def test_memorized_model_identifies_the_suffix_after_a_full_stop(memorized, shor
     docs.write_text(json.dumps({"id": "book", "text": text}, ensure_ascii=False) + "\n", encoding="utf-8")
     out = tmp_path / "sent"
     assert main(["suffix-id", "--variant", "sentence", "--model", str(model_dir), "--data", str(docs), "--out",
-                 str(out), "--n", "3", "--lengths", "24", "--suffix-len", "8", "--json"]) == 0
+                 str(out), "--n", "3", "--lengths", "32", "--suffix-len", "8", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    # (the command's summary carries each cell's bootstrap interval: all 3 items right, so [1, 1])
-    assert summary["cells"] == [{"group": "", "col": 24, "value": 1.0, "n": 3, "lo": 1.0, "hi": 1.0}]
+    # (the command's summary carries each cell's bootstrap interval: all 3 items right, so [1, 1]; a 24-token prefix + 8)
+    assert summary["cells"] == [{"group": "", "col": 32, "value": 1.0, "n": 3, "lo": 1.0, "hi": 1.0}]
     for r in _items(out):  # negatives overlap neither the prefix nor the gold suffix
         b = r["boundary"]
         assert all(s + 8 <= b - 24 or s >= b + 8 for s in r["negative_starts"])
@@ -157,7 +159,7 @@ def test_pmi_score_subtracts_each_candidates_likelihood_at_document_start(memori
     book, _ = short_book
     out = tmp_path / "pmi"
     assert main(["suffix-id", "--model", str(model_dir), "--data", str(book), "--out", str(out), "--n", "3",
-                 "--lengths", "40", "--suffix-len", "12", "--score", "pmi", "--json"]) == 0
+                 "--lengths", "52", "--suffix-len", "12", "--score", "pmi", "--json"]) == 0  # 40-token prefixes
     summary = json.loads(capsys.readouterr().out)
     assert "PMI" in summary["metric"]
     assert json.loads((out / "run.json").read_text())["settings"]["score"] == "pmi"
@@ -185,12 +187,12 @@ def test_pmi_score_subtracts_each_candidates_likelihood_at_document_start(memori
     # the report tells the pmi run apart from a logprob run of the same model
     logp = tmp_path / "logp"
     assert main(["suffix-id", "--model", str(model_dir), "--data", str(book), "--out", str(logp), "--n", "3",
-                 "--lengths", "40", "--suffix-len", "12"]) == 0
+                 "--lengths", "52", "--suffix-len", "12"]) == 0
     capsys.readouterr()
     assert main(["report", str(out), str(logp)]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("|")]
     assert any("| pmi |" in " ".join(r.split()) for r in rows)
     # another score into the same run directory is refused, not recorded over
     assert main(["suffix-id", "--model", str(model_dir), "--data", str(book), "--out", str(out), "--n", "3",
-                 "--lengths", "40", "--suffix-len", "12"]) == 2
+                 "--lengths", "52", "--suffix-len", "12"]) == 2
     assert "score" in capsys.readouterr().err

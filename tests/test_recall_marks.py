@@ -68,7 +68,8 @@ def test_the_recall_table_counts_marks_and_shows_the_floor(tmp_path, capsys):
     rec = json.loads((out / "recall.json").read_text(encoding="utf-8"))
     assert rec["marks"] == 4
     (row,) = [r for r in rec["rows"] if not r["floor"]]
-    assert row["marks"] == [75.0, 75.0, 62.5, 62.5] and row["mean"] == 68.75 and row["n"] == 5
+    # n: 4 eval samples (sample 0 is scored under both prompts: one sample, not two)
+    assert row["marks"] == [75.0, 75.0, 62.5, 62.5] and row["mean"] == 68.75 and row["n"] == 4
     rouge = [score_records([{"prediction": p, "reference": REF}])["rouge_l"] for p in ie]
     assert row["rouge_l"] == pytest.approx((sum(rouge) / 4 + 100.0) / 2, abs=0.01)
     # the floor: what a prediction of the marks alone scores (ROUGE-L well above 0, exact recall 0)

@@ -79,8 +79,9 @@ def test_fine_tuned_and_load_time_rows_are_told_apart(tmp_path, capsys):
     assert ft["train_length"] == {"mean": 1536.4, "min": 1090, "max": 2024} and ft["train"] == "run1@24"
     assert eval_main(["report", str(tmp_path), "--view", "extrapolation"]) == 0
     md = capsys.readouterr().out
-    assert "| tiny | yarn x8 | 1536 (1090-2024) | 4 | 100.00 [100.0, 100.0] |" in md
-    assert "| tiny | yarn x8 | - | 4 | 0.00 [0.0, 0.0] |" in md
+    # n = 2 eval samples a row, each under both prompts; markdown cells carry their interval by default
+    assert "| tiny | yarn x8 | 1536 (1090-2024) | 2 | 100.00 [100.0, 100.0] |" in md
+    assert "| tiny | yarn x8 | - | 2 | 0.00 [0.0, 0.0] |" in md
 
 
 def test_probe_runs_that_differ_in_the_rope_base_are_two_rows(tmp_path):

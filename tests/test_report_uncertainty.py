@@ -42,7 +42,7 @@ def test_cell_and_ie_minus_ib_intervals_are_the_hand_computed_paired_bootstrap(t
                                 save_scores=False))
     row = ex["rows"][0]
     assert row["cells"]["T512"] == pytest.approx(round((np.mean(x) + np.mean(y)) / 2, 4))
-    assert row["n"] == {"T512": 12}
+    assert row["n"] == {"T512": 6}  # 6 eval samples, each under both prompts
     assert row["ci"]["T512"] == pytest.approx(_hand_bootstrap(x, y, lambda a, b: (a + b) / 2), abs=1e-4)
     t2 = json.loads(make_report([tmp_path / "runs"], fmt="json", view="table2", resamples=RESAMPLES,
                                 save_scores=False))

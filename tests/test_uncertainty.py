@@ -70,7 +70,7 @@ def test_cell_of_prompts_is_the_mean_of_prompt_means_and_pairs_by_id():
     ie = {"a": 10.0, "b": 20.0, "c": 60.0}
     ib = {"a": 20.0, "b": 40.0}
     est = U.cell_of_prompts([ie, ib], resamples=500)
-    assert est.mean == pytest.approx((30.0 + 30.0) / 2) and est.n == 5
+    assert est.mean == pytest.approx((30.0 + 30.0) / 2) and est.n == 3  # ids a, b, c: n counts samples, not scores
     # var(mean_ie/2 + mean_ib/2) = (s_ie^2/3 + s_ib^2/2 + 2 * 2 * s_ie,ib / (3 * 2)) / 4, by hand:
     # s_ie^2 = (400 + 100 + 900) / 2 = 700; s_ib^2 = (100 + 100) / 1 = 200; s_ie,ib over a, b = (-5)(-10)*2 / 1 = 100
     assert est.se == pytest.approx(math.sqrt((700 / 3 + 200 / 2 + 4 * 100 / 6) / 4))
@@ -92,7 +92,7 @@ def test_paired_difference_is_the_bootstrap_of_per_id_differences():
     # the paired bootstrap is the bootstrap of the differences, ids in sorted order (s0, s1, s10, ...: string ids
     # sort as strings), whatever order a run wrote them in
     ref = U.cell([ie[i] - ib[i] for i in sorted(ids)], resamples=3000, seed=5)
-    assert diff.paired and diff.n_pairs == 16 and diff.n == 32
+    assert diff.paired and diff.n_pairs == 16 and diff.n == 16
     assert diff.mean == pytest.approx(float(np.mean(d)))
     assert (diff.lo, diff.hi) == (pytest.approx(ref.lo), pytest.approx(ref.hi))
     assert diff.se == pytest.approx(float(np.std(d, ddof=1)) / 4)

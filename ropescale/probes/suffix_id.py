@@ -1,10 +1,15 @@
-"""suffix-id: suffix identification, accuracy vs prefix length.
+"""suffix-id: suffix identification, accuracy vs the tokens the model reads.
+
+Lengths (``--lengths``, default orig/2, 1x, 2x, 4x, 8x the original context) count every token the model reads at
+once: the prefix, the candidate suffix (``--suffix-len``, 128) and, with ``--heading full``, the gold's heading line
+between them -- so a column of 512 is inside a 512-token window (a 384-token prefix + a 128-token candidate). The
+papers state their lengths as prefix lengths; an item records its ``prefix_tokens``.
 
 ``--variant chapter`` (default): ChapterBreak (Sun, Thai & Iyyer 2022, Sec 2). Each example is a triplet
-(c, s+, N): c is a prefix of L tokens (``--lengths``, default orig/2 .. 8x the original context) that ends exactly
-at a chapter break; s+ is the gold suffix, the first 128 tokens of the next chapter; N holds five negatives, the
-beginnings of *later* chapters of the same book (sampled with the seed). All negatives are given the same chapter
-heading/index as the gold, so memorized chapter numbers cannot help. The model is right when
+(c, s+, N): c is a prefix (L minus the candidate's tokens, see above) that ends exactly at a chapter break; s+
+is the gold suffix, the first 128 tokens of the next chapter; N holds five negatives, the beginnings of *later*
+chapters of the same book (sampled with the seed). All negatives are given the same chapter heading/index as the
+gold, so memorized chapter numbers cannot help. The model is right when
 log P(s+|c) > log P(s-|c) for every negative (all candidates have the same token count, so this is also lowest
 perplexity). The prefix is the book as printed (each chapter's heading line ``第N回 <title>``, then its body).
 
@@ -55,8 +60,10 @@ class SuffixIdSettings(ProbeSettings):
     data: str = data_setting("chapters JSONL {book, chapter, title, text} (variant sentence: any documents JSONL)")
     batch_size: int = setting(6, "sequences per forward pass (the gold and its negatives together)", check=POSITIVE,
                               resume="ignore")
-    lengths: list[int] | None = setting(None, "prefix lengths in tokens, comma-separated; default: orig/2, 1x, 2x, "
-                                              "4x, 8x the original context", check=POSITIVE, metavar="N,N,...")
+    lengths: list[int] | None = setting(None, "tokens the model reads per item (prefix + candidate suffix, and with "
+                                              "--heading full the heading line), comma-separated; default: orig/2, "
+                                              "1x, 2x, 4x, 8x the original context", check=POSITIVE,
+                                        metavar="N,N,...")
     variant: str = setting("chapter", "chapter: ChapterBreak (the prefix ends at a chapter break); sentence: Sun et "
                                       "al. 2021 Sec 5", choices=("chapter", "sentence"))
     heading: str = setting("index", "how the gold's chapter heading is given to every candidate (see above)",
@@ -66,8 +73,13 @@ class SuffixIdSettings(ProbeSettings):
                                     "log P(s|prefix) - log P(s|document start) (see above)", choices=SCORES)
 
 
-def default_suffix_lengths(orig_ctx: int) -> list[int]:
-    """orig/2, orig, 2x, 4x, 8x the original context (ChapterBreak: prefixes up to 8x a model's context)."""
+def default_suffix_lengths(orig_ctx: int, suffix_len: int = 0) -> list[int]:
+    """orig/2, orig, 2x, 4x, 8x the original context: the tokens read (prefix + candidate), so the 1x column fits
+    the original window; those with room for a prefix beside a ``suffix_len``-token candidate."""
+    return [L for L in _default_lengths(orig_ctx) if L > suffix_len]
+
+
+def _default_lengths(orig_ctx: int) -> list[int]:
     return [orig_ctx // 2, orig_ctx, orig_ctx * 2, orig_ctx * 4, orig_ctx * 8]
 
 
@@ -162,25 +174,53 @@ METRICS = {"logprob": "accuracy (gold suffix most likely of 6)",
 
 def _resolved(loaded, settings, fields: dict, variant: str) -> SuffixIdSettings:
     s = probe_settings(SuffixIdSettings, settings, {**fields, "variant": variant} if settings is None else fields)
-    return dataclasses.replace(s, lengths=s.lengths or default_suffix_lengths(loaded.orig_ctx))
+    s = dataclasses.replace(s, lengths=s.lengths or default_suffix_lengths(loaded.orig_ctx, s.suffix_len))
+    check_lengths(s)
+    return s
+
+
+def check_lengths(s: SuffixIdSettings) -> None:
+    """Every length leaves room for a prefix beside the candidate (InputError naming the first that does not, or
+    none at all)."""
+    short = [L for L in s.lengths or [] if L <= s.suffix_len]
+    if short:
+        raise InputError(f"--lengths {short[0]}: a length counts the prefix and the {s.suffix_len}-token candidate "
+                         f"(--suffix-len), so it must be more than {s.suffix_len}")
+    if s.lengths is not None and not s.lengths:
+        raise InputError(f"no length leaves room for a prefix beside the {s.suffix_len}-token candidate")
 
 
 def _start(loaded, settings, fields: dict, variant: str) -> tuple[SuffixIdSettings, ProbeRun]:
     s = _resolved(loaded, settings, fields, variant)
-    return s, ProbeRun("suffix-id", loaded, s, s.lengths, metric=METRICS[s.score], column="prefix length (tokens)")
+    return s, ProbeRun("suffix-id", loaded, s, s.lengths, metric=METRICS[s.score],
+                       column="tokens read (prefix + candidate)")
 
 
-def _score_example(run: ProbeRun, loaded, s: SuffixIdSettings, cands: list, key: str, prefix, record: dict) -> None:
-    """One example at every prefix length L (``prefix(L)``: the context ids; item id ``KEY:L<L>``): the candidates'
-    log-likelihoods after it, judged (:func:`judge`), added to ``run`` with ``record``'s fields."""
+def _longest_prefix(s: SuffixIdSettings) -> int:
+    """The longest prefix an example must have before its break: the longest length less the candidate."""
+    return max(s.lengths) - s.suffix_len
+
+
+def _score_example(run: ProbeRun, loaded, s: SuffixIdSettings, cands: list, key: str, prefix, record: dict,
+                   tail: int = 0) -> None:
+    """One example at every length L, the tokens read (``prefix(P)``: the last P context ids, P = L - the
+    candidate's tokens - ``tail``, the tokens ``prefix`` appends after them; item id ``KEY:L<L>``): the
+    candidates' log-likelihoods after it, judged (:func:`judge`), added to ``run`` with ``record``'s fields and
+    ``prefix_tokens``."""
     prior = priors(loaded, cands, s.batch_size) if s.score == "pmi" else None
     for L in s.lengths:
         rid = f"{key}:L{L}"
         if run.done(rid):
             continue
-        scores = score_candidates(loaded.model, prefix(L), cands, batch_size=s.batch_size, pad_id=loaded.pad_id,
+        p = L - s.suffix_len - tail
+        if p < 1:
+            raise InputError(f"--lengths {L}: no room for a prefix before the {tail}-token heading and the "
+                             f"{s.suffix_len}-token candidate")
+        ids = prefix(p)
+        scores = score_candidates(loaded.model, ids, cands, batch_size=s.batch_size, pad_id=loaded.pad_id,
                                   reuse_prefix=_reuse(loaded))
-        run.add({"id": rid, "group": "", "col": L, **record, **judge([x.logprob for x in scores], prior)})
+        run.add({"id": rid, "group": "", "col": L, "prefix_tokens": len(ids), **record,
+                 **judge([x.logprob for x in scores], prior)})
 
 
 def chapter_probe(loaded, books, settings: SuffixIdSettings | None = None, **fields) -> dict:
@@ -188,14 +228,14 @@ def chapter_probe(loaded, books, settings: SuffixIdSettings | None = None, **fie
     accuracy per prefix length."""
     s, run = _start(loaded, settings, fields, "chapter")
     tok = loaded.tokenizer
-    for ex in progress(chapter_examples(books, tok, n=s.n, max_len=max(s.lengths), seed=s.seed), "suffix-id"):
+    for ex in progress(chapter_examples(books, tok, n=s.n, max_len=_longest_prefix(s), seed=s.seed), "suffix-id"):
         chs, j = ex["chapters"], ex["j"]
         gold = chs[j]
         cands = [chapter_candidate(chs[c], gold, s.heading, tok, s.suffix_len) for c in [j] + ex["negs"]]
         tail = encode(tok, gold.heading + "\n") if s.heading == "full" else []
-        _score_example(run, loaded, s, cands, f"{ex['book']}:{gold.chapter}", lambda L: ex["prefix_ids"][-L:] + tail,
+        _score_example(run, loaded, s, cands, f"{ex['book']}:{gold.chapter}", lambda p: ex["prefix_ids"][-p:] + tail,
                        {"book": ex["book"], "gold_chapter": gold.chapter,
-                        "negative_chapters": [chs[c].chapter for c in ex["negs"]]})
+                        "negative_chapters": [chs[c].chapter for c in ex["negs"]]}, tail=len(tail))
     return run.finish()
 
 
@@ -266,18 +306,20 @@ def sentence_examples(docs, tokenizer, *, n: int, max_len: int, suffix_len: int,
 def sentence_probe(loaded, docs, settings: SuffixIdSettings | None = None, **fields) -> dict:
     """Sun et al. 2021's sentence variant into run dir ``settings.out``; cells: accuracy per prefix length."""
     s, run = _start(loaded, settings, fields, "sentence")
-    examples = sentence_examples(docs, loaded.tokenizer, n=s.n, max_len=max(s.lengths), suffix_len=s.suffix_len,
+    examples = sentence_examples(docs, loaded.tokenizer, n=s.n, max_len=_longest_prefix(s), suffix_len=s.suffix_len,
                                  seed=s.seed)
     for ex in progress(examples, "suffix-id"):
         ids, b, k = ex["ids"], ex["boundary"], s.suffix_len
         cands = [ids[b:b + k]] + [ids[o:o + k] for o in ex["negs"]]
-        _score_example(run, loaded, s, cands, f"{ex['book']}@{b}", lambda L: ids[b - L:b],
+        _score_example(run, loaded, s, cands, f"{ex['book']}@{b}", lambda p: ids[b - p:b],
                        {"book": ex["book"], "boundary": b, "negative_starts": ex["negs"]})
     return run.finish()
 
 
 def load_data(s: SuffixIdSettings):
-    """The chapter variant reads a chapters JSONL (books); the sentence variant any documents JSONL."""
+    """The chapter variant reads a chapters JSONL (books); the sentence variant any documents JSONL. Given
+    ``--lengths`` are checked first (before a model loads)."""
+    check_lengths(s)
     if s.variant == "chapter":
         if not is_chapters_file(s.data):
             raise InputError("the chapter variant needs a chapters JSONL {book, chapter, title, text}", s.data)
@@ -290,6 +332,6 @@ def run(loaded, data, s: SuffixIdSettings) -> dict:
 
 
 def register(sub) -> None:
-    register_probe(sub, "suffix-id", SuffixIdSettings, help="suffix identification accuracy vs prefix length "
+    register_probe(sub, "suffix-id", SuffixIdSettings, help="suffix identification accuracy vs the tokens read "
                                                             "(ChapterBreak)", description=__doc__, load=load_data,
                    run=run)

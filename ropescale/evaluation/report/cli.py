@@ -24,7 +24,7 @@ examples:
   eval_summ.py report --scores scores.csv --json            # {model: {avg: {subset: v}, mse: v}}
   eval_summ.py report runs/ --plot fig3.png --out tables/   # every view + Fig. 3 from run dirs
   eval_summ.py report runs/ --buckets 1024,2048,4096 --view extrapolation --format csv
-  eval_summ.py report runs/ --effective-threshold 30   # RULER's effective length beside NoLiMa's"""
+  eval_summ.py report runs/ --effective-threshold 30   # also the longest length scoring >= 30 (RULER's rule)"""
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -58,8 +58,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                         "interval; markdown has them by default)")
     p.add_argument("--intervals", dest="intervals", action="store_true", help=argparse.SUPPRESS)  # the default now
     p.add_argument("--effective-threshold", type=float, metavar="X", default=None,
-                   help="also the effective context length by RULER's convention: the longest length up to which a "
-                        "row scores >= X (NoLiMa's, >= 85%% of the row's first column, is always shown)")
+                   help="also the longest length up to which a row scores >= X (a fixed threshold: RULER's rule, and "
+                        "RULER's effective length when X is, as there, a reference model's score on the task; "
+                        "NoLiMa's, >= 85%% of the row's first column, is always shown)")
     p.add_argument("--resamples", type=int, metavar="N", default=None,
                    help="bootstrap resamples of every interval (default 2000; same input and N, same interval)")
     p.set_defaults(func=cmd_report)

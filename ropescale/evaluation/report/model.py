@@ -87,7 +87,7 @@ class Report:
     def extrapolation(self, threshold: Optional[float] = None) -> tuple[list[str], list[dict]]:
         """(columns, rows): rows {setting, label (a tables.Label), cells {column: v}, estimates {column:
         uncertainty.Estimate: the cell with n, standard error and interval}, effective {"relative": NoLiMa's
-        effective length (85 % of the row's own first-column score), "absolute": RULER's (the score >=
+        effective length (85 % of the row's own first-column score), "absolute": a fixed threshold's, RULER's rule (>=
         ``threshold``; None without one)}, retention (the row's first-column score / its base model's,
         :meth:`base_of`; None without a base)}. The first column is the row's "1x": the shortest length evaluated.
         With a threshold, a row whose first column is below it has no relative effective length (85 % of a score
@@ -231,10 +231,11 @@ class Report:
     def recall(self) -> tuple[int, list[dict]]:
         """Exact recall per mark (ropescale.common.recall.mark_recall) of the runs whose references are the recall
         task's: (K marks, rows {label (a tables.Label, None for the floor), subset, marks: [share of samples whose
-        k-th marked sentence came back exactly, x100], mean, rouge_l, n}). A cell is the mean over the prompts
-        present of each prompt's mean over samples (as the extrapolation view). Per subset, a floor row: a
+        k-th marked sentence came back exactly, x100], mean, rouge_l, n (eval samples: one scored under two
+        prompts counts once)}). A cell is the mean over the prompts present of each prompt's mean over samples (as
+        the extrapolation view). Per subset, a floor row: a
         prediction of the marks alone (recall 0 by construction; its ROUGE-L is what marks and layout score)."""
-        acc: dict = {}  # (setting, subset, kind) -> [(marks, rouge_l) per sample]
+        acc: dict = {}  # (setting, subset, kind) -> [(marks, rouge_l, sample key) per sample]
         floor: dict = {}  # subset -> {sample id: marks-only ROUGE-L}
         k_max = 0
         for r in self.runs:
@@ -244,7 +245,8 @@ class Report:
                     continue
                 k_max = max(k_max, len(marks))
                 sub = smp.get("subset") or r.summary.get("subset") or NO_SUBSET
-                acc.setdefault((r.series, sub, r.kind), []).append((marks, float(smp["rouge_l"])))
+                acc.setdefault((r.series, sub, r.kind), []).append((marks, float(smp["rouge_l"]),
+                                                                    r.sample_key(smp, sub)))
                 if isinstance(smp.get("marks_only_rouge_l"), (int, float)):
                     floor.setdefault(sub, {})[smp.get("id")] = float(smp["marks_only_rouge_l"])
 
@@ -258,11 +260,11 @@ class Report:
                 per_kind = [acc[(s, sub, k)] for k in KINDS if (s, sub, k) in acc]
                 if not per_kind:
                     continue
-                marks = [100 * mean([mean([float(i < len(m) and bool(m[i])) for m, _ in smp]) for smp in per_kind])
-                         for i in range(k_max)]
+                marks = [100 * mean([mean([float(i < len(m) and bool(m[i])) for m, _, _ in smp])
+                                     for smp in per_kind]) for i in range(k_max)]
                 rows.append({"label": self.labels[s], "subset": sub, "marks": marks, "mean": mean(marks),
-                             "rouge_l": mean([mean([rl for _, rl in smp]) for smp in per_kind]),
-                             "n": sum(len(smp) for smp in per_kind)})
+                             "rouge_l": mean([mean([rl for _, rl, _ in smp]) for smp in per_kind]),
+                             "n": len({key for smp in per_kind for _, _, key in smp})})
         for sub in subsets:
             vals = list(floor.get(sub, {}).values())
             if vals:

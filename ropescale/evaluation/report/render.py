@@ -24,7 +24,8 @@ _f = number(2, "-")
 @dataclass(frozen=True)
 class Options:
     """How the views are drawn: ``intervals``: markdown cells with their 95 % interval (the default; JSON and CSV
-    always carry them); ``threshold``: the absolute score of RULER's effective length (``--effective-threshold``;
+    always carry them); ``threshold``: the fixed score of the absolute effective length (``--effective-threshold``,
+    RULER's rule; RULER's own effective length when it is a reference model's score on the task, as RULER's 85.6;
     None: only NoLiMa's relative one)."""
 
     intervals: bool = True
@@ -140,7 +141,8 @@ def table7(rep: Report, opts: Options = Options()) -> Table:
 
 def extrapolation(rep: Report, opts: Options = Options()) -> Table:
     """The extrapolation table: rows = settings, columns = lengths; per row the cells (n and 95 % interval each),
-    the effective context length (NoLiMa: >= 85 % of the row's first column; RULER: >= ``--effective-threshold``)
+    the effective context length (NoLiMa: >= 85 % of the row's first column; a fixed threshold, RULER's rule: >=
+    ``--effective-threshold``)
     and short-context retention (the row's first column / its base model's)."""
     cols, rows_ = rep.extrapolation(opts.threshold)
     styles = any(r["label"].style or r["label"].variant for r in rows_)
@@ -186,14 +188,16 @@ def _extrapolation_note(rep: Report, rows_: list, cols: list, opts: Options) -> 
     if any(r["setting"].train is not None for r in rows_):
         parts.append("Train length: the mean length of the fine-tuning samples of the data set (the paper's Train "
                      "Len.), with their range; '-': not fine-tuned (the RoPE method applied at load time).")
-    parts.append("n: samples per cell (both prompts); " + ("cells: mean [95% percentile bootstrap interval, "
+    parts.append("n: eval samples per cell (each scored under every prompt present); "
+                 + ("cells: mean [95% percentile bootstrap interval, "
                                                            "samples resampled by id, a pair of prompts together]."
                                                            if opts.intervals else "cells: the mean of the prompts' "
                                                            "means (--no-intervals: without their intervals)."))
     first = cols[0] if cols else "the first column"
     parts.append(f"Effective length: the longest length up to which the row keeps >= 85% of its own {first} score "
-                 "(NoLiMa)" + (f", and up to which it scores >= {opts.threshold:g} (RULER); a row below "
-                               f"{opts.threshold:g} at {first} has no 85% length" if opts.threshold is not None
+                 "(NoLiMa)" + (f", and up to which it scores >= {opts.threshold:g} (a fixed threshold, RULER's "
+                               f"rule); a row below {opts.threshold:g} at {first} has no 85% length"
+                               if opts.threshold is not None
                                else "") + f"; '>{cols[-1] if cols else ''}': holds at every length evaluated, "
                  f"'<{first}': fails at the first. Retention: the row's {first} score / its base model's (the same "
                  "model unscaled and not fine-tuned).")

@@ -1,6 +1,8 @@
 """A cell's uncertainty and a row's effective context length: the one home (DESIGN.md) of the bootstrap interval of
 a cell, the paired IE - IB interval, the MSE(P-IE vs P-IB) noise floor, the effective context length (NoLiMa's
-relative and RULER's absolute convention) and short-context retention (LongRoPE2). Pure functions of per-sample
+relative rule; the absolute rule of a fixed threshold, RULER's, which is RULER's effective length only with RULER's
+kind of threshold -- a reference model's score -- and the above-floor length with a floor's) and short-context
+retention (LongRoPE2). The tests the readings use are beside it, in :mod:`.significance`. Pure functions of per-sample
 scores and cell values (numbers, or ``{sample id: score}`` mappings); nothing here reads files or prints.
 
 Conventions (every function):
@@ -44,8 +46,9 @@ def mse_ie_ib(ie: dict, ib: dict) -> Optional[float]:
 
 @dataclass(frozen=True)
 class Estimate:
-    """A cell: the mean over its samples (for several prompts, the mean of each prompt's mean), n (all samples),
-    the standard error and the percentile bootstrap interval [lo, hi] (None below 2 samples)."""
+    """A cell: the mean over its samples (for several prompts, the mean of each prompt's mean), n (the independent
+    samples: distinct sample ids, a sample scored under two prompts counted once), the standard error and the
+    percentile bootstrap interval [lo, hi] (None below 2 samples)."""
 
     mean: Optional[float]
     n: int
@@ -122,7 +125,7 @@ class EffectiveLength:
     length: Optional[str]
     stop: str  # "fail", "missing", "end" or "undefined" (no threshold)
     threshold: Optional[float]
-    rule: str  # "relative" (NoLiMa) or "absolute" (RULER)
+    rule: str  # "relative" (NoLiMa's rule) or "absolute" (a fixed threshold: RULER's rule)
     stopped_at: Optional[str] = None  # the column that failed or was missing (None: "end", "undefined")
     later_passes: tuple = ()
     straddles: tuple = ()
@@ -155,16 +158,17 @@ def cell(values: Sequence[float] | Mapping[Hashable, float], *, resamples: int =
 def cell_of_prompts(groups: Sequence[Sequence[float] | Mapping[Hashable, float]], *, resamples: int = RESAMPLES,
                     seed: int = SEED, confidence: float = CONFIDENCE) -> Estimate:
     """The extrapolation view's cell (``Report.extrapolation``): the mean over the prompts present of each
-    prompt's mean over its samples, with n = all samples, the standard error and a bootstrap interval that resamples
-    sample ids (a sample scored under both prompts moves as one). A group given as a plain sequence has ids of its
-    own (it pairs with nothing)."""
+    prompt's mean over its samples, with n = the independent samples (distinct ids: 16 eval samples under two
+    prompts are n = 16), the standard error and a bootstrap interval that resamples sample ids (a sample scored
+    under both prompts moves as one). A group given as a plain sequence has ids of its own (it pairs with
+    nothing)."""
     groups = [g for g in (_as_mapping(g, k) for k, g in enumerate(groups)) if g]
     if not groups:
         return Estimate(None, 0, confidence=confidence)
     tab = _Table(groups)
     w = np.full(len(groups), 1.0 / len(groups))
     mean = float(tab.means() @ w)
-    n = int(tab.n.sum())
+    n = len(tab.ids)
     if tab.n.min() < 2:
         return Estimate(mean, n, confidence=confidence)
     draws = tab.bootstrap(resamples, np.random.default_rng(seed)) @ w
@@ -175,19 +179,20 @@ def cell_of_prompts(groups: Sequence[Sequence[float] | Mapping[Hashable, float]]
 def ie_minus_ib(ie: Mapping[Hashable, float], ib: Mapping[Hashable, float], *, resamples: int = RESAMPLES,
                 seed: int = SEED, confidence: float = CONFIDENCE) -> Difference:
     """IE - IB of one cell (CNNSum Sec. 4.3 compares the two prompts per subset): mean(IE) - mean(IB) over each
-    prompt's samples, the standard error of that difference and its paired percentile bootstrap interval (ids
-    resampled: a pair moves as one; ids under one prompt only are resampled within their prompt and listed)."""
+    prompt's samples, n the independent samples (distinct ids), the standard error of that difference and its
+    paired percentile bootstrap interval (ids resampled: a pair moves as one; ids under one prompt only are
+    resampled within their prompt and listed)."""
     ie, ib = _canonical(ie), _canonical(ib)
     unpaired_ie = tuple(i for i in ie if i not in ib)
     unpaired_ib = tuple(i for i in ib if i not in ie)
     n_pairs = sum(1 for i in ie if i in ib)
     if not ie or not ib:
-        return Difference(None, len(ie) + len(ib), confidence=confidence, n_pairs=0, unpaired_ie=unpaired_ie,
+        return Difference(None, len({*ie, *ib}), confidence=confidence, n_pairs=0, unpaired_ie=unpaired_ie,
                           unpaired_ib=unpaired_ib)
     tab = _Table([ie, ib])
     w = np.array([1.0, -1.0])
     mean = float(tab.means() @ w)
-    n = int(tab.n.sum())
+    n = len(tab.ids)
     se = lo = hi = None
     if tab.n.min() >= 2:
         se = math.sqrt(max(var_of_combination([ie, ib], w), 0.0))
