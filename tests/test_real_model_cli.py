@@ -37,8 +37,10 @@ def test_the_ppl_probe_on_the_real_model_matches_plain_transformers(smollm2, tmp
 
     from ropescale.probes.cli import main
 
+    book = tmp_path / "excerpt.txt"  # a plain .txt file is one document
+    book.write_text(AUSTEN.read_text(encoding="utf-8")[:20000], encoding="utf-8")
     out = tmp_path / "ppl"
-    assert main(["ppl", "--model", str(smollm2), "--data", str(AUSTEN), "--n", "1", "--lengths", "256",
+    assert main(["ppl", "--model", str(smollm2), "--data", str(book), "--n", "1", "--lengths", "256",
                  "--out", str(out), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     (cell,) = summary["cells"]
@@ -46,7 +48,7 @@ def test_the_ppl_probe_on_the_real_model_matches_plain_transformers(smollm2, tmp
     (item,) = [json.loads(line) for line in (out / "items.jsonl").read_text(encoding="utf-8").splitlines()]
     assert item["prefix_len"] + item["target_len"] == 256 and item["target_len"] == 10
     tok = AutoTokenizer.from_pretrained(str(smollm2))
-    doc = tok(AUSTEN.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]  # the file: one document
+    doc = tok(book.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
     s = item["target_start"]
     ids = doc[s - item["prefix_len"]:s + item["target_len"]]
     model = AutoModelForCausalLM.from_pretrained(str(smollm2), dtype=torch.float32).eval()
