@@ -96,7 +96,8 @@ def test_memorized_model_identifies_the_suffix_after_a_full_stop(memorized, shor
     assert main(["suffix-id", "--variant", "sentence", "--model", str(model_dir), "--data", str(docs), "--out",
                  str(out), "--n", "3", "--lengths", "32", "--suffix-len", "8", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    # (the command's summary carries each cell's bootstrap interval: all 3 items right, so [1, 1]; a 24-token prefix + 8)
+    # (the command's summary carries each cell's bootstrap interval: all 3 items right, so [1, 1]; a 24-token
+    # prefix + 8)
     assert summary["cells"] == [{"group": "", "col": 32, "value": 1.0, "n": 3, "lo": 1.0, "hi": 1.0}]
     for r in _items(out):  # negatives overlap neither the prefix nor the gold suffix
         b = r["boundary"]
