@@ -1,21 +1,20 @@
 """The RoPE methods: one entry per method in one registry (like transformers' ``ROPE_INIT_FUNCTIONS``).
 
-A method is a :class:`Method` row, and the row is the whole method: its formula (rotary dimension ``d``
-(head_dim), the base after any ABF step, the :class:`~rope_scaling.spec.RopeSpec` and the current sequence length ->
-:class:`Freqs`: the ``d/2`` inverse frequencies in float64, the attention factor that multiplies cos/sin, and the
-effective base), how it is written as plain Hugging Face rope entries and read back from them, what its settings must
-satisfy (alone, and against a model's rotary dim), the spec fields that belong to it, its runtime rule (frequencies
-recomputed in every forward), how vLLM serves it or refuses it (:class:`VllmJob`), what ``describe`` adds for it and
-the one line ``describe --help`` shows of it. No code outside this registry branches on a method's name: it asks the
-row.
+A method is a :class:`Method` row, and the row is the whole method: its formula (rotary dimension ``d`` (head_dim), the
+base after any ABF step, the :class:`~rope_scaling.spec.RopeSpec` and the current sequence length -> :class:`Freqs`:
+the ``d/2`` inverse frequencies in float64, the attention factor that multiplies cos/sin, and the effective base), how
+it is written as plain Hugging Face rope entries and read back from them, what its settings must satisfy (alone, and
+against a model's rotary dim), the spec fields that belong to it, its runtime rule (frequencies recomputed in every
+forward), how vLLM serves it or refuses it (:class:`VllmJob`), what ``describe`` adds for it and the one line
+``describe --help`` shows of it. No code outside this registry branches on a method's name: it asks the row.
 
 Beside the methods: the per-pair rescale factors theta_i / theta'_i a spec implies (:func:`rescale_factors`, the
 LongRoPE search's start). The angle bounds of a scaled rope are ``rope_scaling.bounds``.
 
 A new method is its functions and one :data:`REGISTRY` entry here (docs/extending.md): ``RopeSpec`` takes its name,
-``--rope`` offers it, ``hf.apply_rope`` writes it, ``describe`` explains it, the vllm backend serves or refuses it,
-and ``tests/test_rope_registry.py`` covers it on arrival. No torch, no transformers: plain math and dicts, so
-``describe``, the HF adapter and the tests' expectations can all be checked against it.
+``--rope`` offers it, ``hf.apply_rope`` writes it, ``describe`` explains it, the vllm backend serves or refuses it, and
+``tests/test_rope_registry.py`` covers it on arrival. No torch, no transformers: plain math and dicts, so ``describe``,
+the HF adapter and the tests' expectations can all be checked against it.
 """
 from __future__ import annotations
 
@@ -514,6 +513,7 @@ class Method:
     states_context: bool = False  # the config's max_position_embeddings is its extended context (native llama3)
     per_forward: bool = False  # this repo recomputes the frequencies in every forward (HF entries cannot say it)
     changes_base: bool = False  # a new base: describe adds Liu et al.'s critical dimension
+    one_base: bool = False  # plain RoPE at one base (the model's or a new one) at any length: Liu et al. 2023's case
     vllm: Callable[[VllmJob], tuple[dict, int]] | None = None  # (hf_overrides, max_model_len); None: refused
     describe: Describe = Describe()
     scale_at: Callable[[RopeSpec, int, int], float] | None = None  # its s at (spec, orig, seq_len); None: spec.scale
@@ -524,13 +524,13 @@ class Method:
 
 
 _YARN = ("yarn_alpha", "yarn_beta")
-_LLAMA3 = ("llama3_low", "llama3_high")
 REGISTRY: dict[str, Method] = {m.name: m for m in (
     Method("none", "unchanged", _none, _default_hf, _check_none, reads="default", from_hf=_none_from_hf,
-           plain=True, states_context=True, vllm=_vllm_cached),
+           plain=True, states_context=True, vllm=_vllm_cached, one_base=True),
     Method("pi", "position interpolation (positions / s)", _pi, _pi_hf, reads="linear", from_hf=_pi_from_hf,
            vllm=_vllm_linear),
-    Method("ntk", "static NTK-aware (base * s^(d/(d-2)))", _ntk, _ntk_hf, changes_base=True, vllm=_vllm_cached),
+    Method("ntk", "static NTK-aware (base * s^(d/(d-2)))", _ntk, _ntk_hf, changes_base=True, vllm=_vllm_cached,
+           one_base=True),
     Method("dynamic_ntk", "NTK base recomputed from the current length (transformers 'dynamic')", _dynamic_ntk,
            _dynamic_ntk_hf, needs_orig_ctx=True, reads="dynamic", from_hf=_dynamic_ntk_from_hf, by_length=True,
            changes_base=True, vllm=_vllm_dynamic_ntk, describe=Describe(at=_dynamic_ntk_at)),
@@ -541,10 +541,11 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
            "YaRN; written as static yarn x s for plain transformers)", _dynamic_yarn, _dynamic_yarn_hf, _check_yarn,
            needs_orig_ctx=True, by_length=True, owns=_YARN, per_forward=True, vllm=_vllm_dynamic_yarn,
            describe=Describe(_dynamic_yarn_details, _yarn_lines, _dynamic_yarn_at), scale_at=_dynamic_yarn_scale),
-    Method("abf", "a new base (--rope-base)", _abf, _default_hf, _check_abf, changes_base=True, vllm=_vllm_cached),
+    Method("abf", "a new base (--rope-base)", _abf, _default_hf, _check_abf, changes_base=True, vllm=_vllm_cached,
+           one_base=True),
     Method("llama3", "Llama 3.1 scaling (--llama3-low-freq-factor, --llama3-high-freq-factor)", _llama3, _llama3_hf,
-           _check_llama3, needs_orig_ctx=True, reads="llama3", from_hf=_llama3_from_hf, owns=_LLAMA3,
-           states_context=True, vllm=_vllm_cached),
+           _check_llama3, needs_orig_ctx=True, reads="llama3", from_hf=_llama3_from_hf, states_context=True,
+           owns=("llama3_low", "llama3_high"), vllm=_vllm_cached),
     Method("longrope", "per-pair rescale factors from --longrope-factors FILE (LongRoPE / Phi-3 'longrope')",
            _longrope, _longrope_hf, _check_longrope, needs_orig_ctx=True, reads="longrope",
            from_hf=_longrope_from_hf, check_model=_check_longrope_model, by_length=True, owns=("longrope_factors",),

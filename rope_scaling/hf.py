@@ -40,11 +40,12 @@ from ropescale.common.compat import config_get as _get
 from ropescale.common.compat import config_set as _set
 from ropescale.common.io import InputError
 
-from .formulas import REGISTRY, Freqs, check_model, frequencies, hf_entries, hf_readers
+from .formulas import PLAIN, REGISTRY, Freqs, check_model, frequencies, hf_entries, hf_readers
 from .spec import RopeSpec
 
 RECORD_KEY = "ropescale_rope"
 DEFAULT_THETA = 10000.0  # transformers' default_theta when a config names no base
+DEFAULT_TYPE = REGISTRY[PLAIN].reads  # transformers' rope_type of unscaled RoPE (4.x: no rope_scaling at all)
 _WRITTEN_LISTS = ("short_factor", "long_factor")  # longrope's entries the record must still match
 
 
@@ -53,7 +54,7 @@ def _entries(cfg) -> dict:
     """The config's rope entries as one flat 5.x-style dict: rope_type, rope_theta, and the type's keys
     (:func:`ropescale.common.compat.read_rope_entries`; InputError when it has none or they are per layer)."""
     try:
-        return compat.read_rope_entries(cfg, DEFAULT_THETA)
+        return compat.read_rope_entries(cfg, DEFAULT_THETA, DEFAULT_TYPE)
     except ValueError as e:
         raise InputError(str(e)) from None
 
@@ -61,7 +62,7 @@ def _entries(cfg) -> dict:
 def _write(cfg, entries: dict, max_pos: int) -> None:
     """Replace the config's rope entries by ``entries`` (complete) and set max_position_embeddings, in the config's
     own layout (:func:`ropescale.common.compat.write_rope_entries`)."""
-    compat.write_rope_entries(cfg, entries, max_pos)
+    compat.write_rope_entries(cfg, entries, max_pos, DEFAULT_TYPE)
 
 
 def rotary_dim(cfg) -> int:
@@ -242,7 +243,7 @@ def apply_rope(cfg, spec: RopeSpec, state: RopeState | None = None):
     e = _entries(cfg)
     extra = {k: e[k] for k in ("partial_rotary_factor",) if k in e}
     if change.action == "removed":
-        _write(cfg, {"rope_type": "default", "rope_theta": st.base, **extra}, st.max_position_embeddings)
+        _write(cfg, {"rope_type": DEFAULT_TYPE, "rope_theta": st.base, **extra}, st.max_position_embeddings)
         _set(cfg, RECORD_KEY, None)
         return cfg
     target = change.target

@@ -25,17 +25,15 @@ Tables to stdout (``--json``: the records), OUT/bound.{md,json}. Re-running reus
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts"))  # positions_tiny (the short-pair data)
 
-import demo  # noqa: E402  (scripts/demo.py: the demo's model, data, launch and table helpers)
+from ropescale import demo  # noqa: E402  (the demo's model, data, launch and table helpers: ropescale/demo/)
 
 GRID = (512, 1024, 1280, 1536, 1792, 2048, 2304, 2560)
 BIN = 128
@@ -147,20 +145,9 @@ def rows_of(d: "demo.Demo", merged: Path) -> list:
 
 
 def generate(d: "demo.Demo", rows: list) -> dict:
-    from ropescale.evaluation.cli import main as eval_main
-
-    runs = {}
-    for r in rows:
-        for pr in demo.F2:
-            for tg in d.targets:
-                out = d.out / f"gen_s{d.seed}" / f"{r.key}_{pr}_T{tg}"
-                if not (out / "predictions.jsonl").is_file() or json.loads(
-                        (out / "run.json").read_text(encoding="utf-8")).get("status") != "complete":
-                    demo.in_process("python eval_summ.py", eval_main, [
-                        "generate", "--model", r.model, *r.flags, "--data", str(d.evals[tg]), "--prompt", pr,
-                        "--max-new-tokens", str(d.max_new_tokens), "--out", str(out)])
-                runs.setdefault(r.key, []).append(out)
-    return runs
+    """{row key: its run dirs}: every row with both F.2 prompts at every length (a finished run is reused)."""
+    return {r.key: [demo.generate_once(d, r.model, r.flags, pr, tg, d.out / f"gen_s{d.seed}" / f"{r.key}_{pr}_T{tg}")
+                    for pr in demo.F2 for tg in d.targets] for r in rows}
 
 
 def grid_row(run_dirs: list[Path]) -> dict:
@@ -264,14 +251,7 @@ def main(argv=None) -> int:
     from ropescale.common.tables import json_text
 
     prepare_process()
-    recs = []
-    for s in (int(x) for x in args.seeds.split(",") if x):
-        t = time.time()
-        with contextlib.redirect_stdout(sys.stderr):  # the demo's steps echo their commands: logs, not results
-            rec = measure(the_demo(args.out, s, args.samples), args.windows)
-        rec["seconds"] = round(time.time() - t, 1)
-        say(f"seed {s}: {rec['seconds']:.0f} s")
-        recs.append(rec)
+    recs = demo.over_seeds(args.seeds, lambda seed: measure(the_demo(args.out, seed, args.samples), args.windows), say)
     text = "\n\n".join(markdown(r) for r in recs)
     write_text_atomic(Path(args.out) / "bound.json", json_text(recs))
     write_text_atomic(Path(args.out) / "bound.md", text + "\n")

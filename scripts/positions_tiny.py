@@ -44,9 +44,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 
-import demo  # noqa: E402  (scripts/demo.py: the demo's model, data, launch and generation steps)
+from ropescale import demo  # noqa: E402  (the demo's model, data, launch and generation steps: ropescale/demo/)
 
 # name -> (data: None = no fine-tune (YaRN at load time); "long" = the demo's, one 1-2K pair a sample; "multi" = the
 # short pairs packed into 1-2K samples; "multi-unique" = those samples with each pair's marks in its own brackets;
@@ -171,19 +170,9 @@ def fine_tune(d, policy: str, data: Path, args) -> Path:
 
 
 def generate(d, policy: str, model: str, flags=()) -> list[Path]:
-    from ropescale.evaluation.cli import main as eval_main
-
-    runs = []
-    for pr in demo.F2:
-        for tg in d.targets:
-            out = d.out / f"gen_s{d.seed}" / f"{policy}_{pr}_T{tg}"
-            if not (out / "predictions.jsonl").is_file() or json.loads(
-                    (out / "run.json").read_text(encoding="utf-8")).get("status") != "complete":
-                demo.in_process("python eval_summ.py", eval_main, [
-                    "generate", "--model", model, *flags, "--data", str(d.evals[tg]), "--prompt", pr,
-                    "--max-new-tokens", str(d.max_new_tokens), "--out", str(out)])
-            runs.append(out)
-    return runs
+    """The policy's run dirs: ``model`` with both F.2 prompts at every length (a finished run is reused)."""
+    return [demo.generate_once(d, model, flags, pr, tg, d.out / f"gen_s{d.seed}" / f"{policy}_{pr}_T{tg}")
+            for pr in demo.F2 for tg in d.targets]
 
 
 def coverage_row(runs: list[Path]) -> dict | None:

@@ -28,11 +28,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-METHODS = ("none", "pi", "ntk", "yarn")
+
+from rope_scaling.formulas import PLAIN  # noqa: E402
+from ropescale.demo import scaled, tagged  # noqa: E402  (the demo's run names: its fine-tunes are read here)
+
+METHODS = (PLAIN, "pi", "ntk", "yarn")
 
 
 def rope_flags(m: str, scale: int = 8) -> list[str]:
-    return ["--rope", "none"] if m == "none" else ["--rope", m, "--scale", str(scale)]
+    return ["--rope", m, "--scale", str(scale)] if scaled(m) else ["--rope", m]
 
 
 def probe(out: Path, argv: list[str]) -> dict:
@@ -107,14 +111,14 @@ DISTS_4K = [0, 256, 512, 1024, 2048, 3840]
 
 
 def _label(m: str, prefix: str = "tiny") -> str:
-    return f"{prefix}, {m}" + ("" if m == "none" else " x8")
+    return f"{prefix}, {m}" + (" x8" if scaled(m) else "")
 
 
 def copy_inside(out: Path, seeds, common: list) -> tuple[list, list]:
     """Copy inside the original context: the table and its test (copy - no copy on the same targets)."""
-    outs = [out / f"copy512-none-s{s}" for s in seeds]
+    outs = [out / f"copy512-{PLAIN}-s{s}" for s in seeds]
     for o, s in zip(outs, seeds):
-        probe(o, ["copy", "--model", "tiny", "--rope", "none", "--length", "512", "--seed", str(s)] + common)
+        probe(o, ["copy", "--model", "tiny", *rope_flags(PLAIN), "--length", "512", "--seed", str(s)] + common)
     cp, nocp = items(outs, "copy"), items(outs, "no-copy")
     dists = [0, 64, 128, 256]
     md = [table("copy, N = 512 (inside the context): loss (nats/token) on a 128-token target with a copy of it "
@@ -174,7 +178,7 @@ def ppl_and_copy_4k(out: Path, seeds, common: list, demo: str, n: int) -> tuple[
         crows.append(row(_label(m), {**cp, "no copy": nocopy}, [*DISTS_4K, "no copy"], ".2f"))
         ctrows.append(f"| {_label(m)} | " + " | ".join(paired(cp[d], nocopy, ".2f") for d in DISTS_4K) + " |")
     for m in METHODS:
-        d = Path(demo) / "train" / (f"tiny-{m}" if m == "none" else f"tiny-{m}-x8") / "merged"
+        d = Path(demo) / "train" / tagged("tiny", m, "8") / "merged"
         if (d / "config.json").is_file():
             o = out / f"after-ppl-{m}"
             probe(o, ["ppl", "--model", str(d), "--lengths", ",".join(map(str, LENGTHS)), "--seed", "0"] + common)

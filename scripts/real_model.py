@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rope_scaling import RopeSpec  # noqa: E402
-from rope_scaling.formulas import REGISTRY, rescale_factors  # noqa: E402
+from rope_scaling.formulas import PLAIN, REGISTRY, rescale_factors  # noqa: E402
 from rope_scaling.search import factors_of  # noqa: E402
 from ropescale.common.io import write_text_atomic  # noqa: E402
 from ropescale.common.paths import DATA_DIR  # noqa: E402
@@ -84,7 +84,7 @@ def specs(plan: Plan, state) -> dict[str, RopeSpec]:
     s, o = plan.scale, plan.orig
     yarn = RopeSpec("yarn", s, orig_ctx=o)
     lr = factors_of(rescale_factors(yarn, state.rotary_dim, state.base))
-    return {"none": RopeSpec(), "yarn": yarn, "dynamic_yarn": RopeSpec("dynamic_yarn", s, orig_ctx=o),
+    return {PLAIN: RopeSpec(), "yarn": yarn, "dynamic_yarn": RopeSpec("dynamic_yarn", s, orig_ctx=o),
             "pi": RopeSpec("pi", s, orig_ctx=o), "ntk": RopeSpec("ntk", s, orig_ctx=o),
             "dynamic_ntk": RopeSpec("dynamic_ntk", s, orig_ctx=o), "llama3": RopeSpec("llama3", s, orig_ctx=o),
             "longrope (YaRN's factors)": RopeSpec("longrope", s, orig_ctx=o, longrope_factors=lr),
@@ -198,7 +198,7 @@ def summarize(by_row: dict, plan: Plan, model_dir: Path) -> list[dict]:
     from rope_scaling.describe import describe, load_config
 
     cfg = load_config(model_dir)
-    base = {r["window"]: inwin(r) for r in by_row.get("none", [])}
+    base = {r["window"]: inwin(r) for r in by_row.get(PLAIN, [])}
     ref = sum(base.values()) / len(base) if base else None
     cols = [kilo(L) for L in sorted(plan.lengths)]
     out = []
@@ -289,7 +289,7 @@ def write_page(out: Path, plan: Plan, work: Path, argv: list[str], model_dir: Pa
     rows = summarize(by_row, plan, model_dir)
     order = list(specs(plan, _state(model_dir)))
     rows.sort(key=lambda r: order.index(r["row"]))
-    base = [inwin(r) for r in by_row.get("none", [])]
+    base = [inwin(r) for r in by_row.get(PLAIN, [])]
     ref = sum(base) / len(base) if base else None
     res = work / "results.jsonl"
     res = res.relative_to(ROOT) if res.resolve().is_relative_to(ROOT) else res

@@ -43,6 +43,7 @@ SCALE, TARGET, SCORED, ORIG = 8.0, 4096, 512, 512
 AF_YARN = yarn_attention_factor(SCALE)  # 1.2079
 AF_LONGROPE = longrope_attention_factor(SCALE, ORIG)  # 1.1547
 SWEEP = (1.0, 1.05, 1.1, 1.15, 1.25, 1.3, 1.4)
+YARN = "yarn"  # the row of YaRN at its own attention factor: the sweep's reference (a row label)
 MAIN = ("searched", "searched@yarn-af", "yarn", "yarn-as-longrope", "pi", "ntk")
 DIFFS = (("searched", "yarn"), ("searched", "yarn-as-longrope"), ("yarn-as-longrope", "yarn"),
          ("searched@yarn-af", "yarn"))
@@ -89,7 +90,7 @@ def specs(factors_file: Path, yarn_factors: list[float], sweep=SWEEP) -> dict[st
     out = {"searched": RopeSpec("longrope", SCALE, longrope_factors=searched),
            "searched@yarn-af": RopeSpec("longrope", SCALE, longrope_factors=factors_of(searched.long_factor,
                                                                                       AF_YARN)),
-           "yarn": RopeSpec("yarn", SCALE), "pi": RopeSpec("pi", SCALE), "ntk": RopeSpec("ntk", SCALE),
+           YARN: RopeSpec("yarn", SCALE), "pi": RopeSpec("pi", SCALE), "ntk": RopeSpec("ntk", SCALE),
            "yarn-as-longrope": RopeSpec("longrope", SCALE, longrope_factors=factors_of(yarn_factors))}
     out.update({f"yarn af={a:g}": RopeSpec("yarn", SCALE, yarn_mscale=a) for a in sweep})
     return out
@@ -184,16 +185,16 @@ def sweep_table(rows: list[dict], sweep=SWEEP) -> str:
     YaRN's own factor (1.208) with the t test over seeds."""
     from ropescale.evaluation.report.significance import p_text, t_over_seeds
 
-    names = sorted([(a, f"yarn af={a:g}") for a in sweep] + [(AF_YARN, "yarn")])
+    names = sorted([(a, f"yarn af={a:g}") for a in sweep] + [(AF_YARN, YARN)])
     lines = ["| attention factor | setting | loss: mean over seeds [95% t interval] | - yarn (1.208) [95% t interval] "
              "| p (t over seeds) |", "|---|---|---|---|---|"]
     for a, name in names:
         vals = [_mean(r["heldout_per_window"][name]) for r in rows]
         t = t_over_seeds(vals)
-        d = t_over_seeds([v - _mean(r["heldout_per_window"]["yarn"]) for v, r in zip(vals, rows)])
-        dd = "-" if name == "yarn" else f"{d.statistic:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}]"
+        d = t_over_seeds([v - _mean(r["heldout_per_window"][YARN]) for v, r in zip(vals, rows)])
+        dd = "-" if name == YARN else f"{d.statistic:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}]"
         lines.append(f"| {a:.3f} | {name} | {t.statistic:.4f} [{t.lo:.4f}, {t.hi:.4f}] | {dd} | "
-                     f"{'-' if name == 'yarn' else p_text(d.p)} |")
+                     f"{'-' if name == YARN else p_text(d.p)} |")
     return "\n".join(lines)
 
 

@@ -23,19 +23,18 @@ Tables to stdout (``--json``: the records); OUT/report[_sK]/table2_f1.{md,json}.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts"))  # demo_spread (over seeds)
 
-import demo  # noqa: E402  (scripts/demo.py: the demo's model, data and table helpers)
+from rope_scaling.formulas import PLAIN  # noqa: E402
+from ropescale import demo  # noqa: E402  (the demo's model, data and table helpers: ropescale/demo/)
 
-ROWS = (("base", "tiny (no fine-tune)", "none"), ("free-ntk-x8", "tiny, ntk x8 at load time", "ntk"),
+ROWS = (("base", "tiny (no fine-tune)", PLAIN), ("free-ntk-x8", "tiny, ntk x8 at load time", "ntk"),
         ("free-yarn-x8", "tiny, yarn x8 at load time", "yarn"))
 
 
@@ -56,24 +55,16 @@ def the_demo(out: str, seed: int, samples: int) -> "demo.Demo":
 
 
 def rows_of(d: "demo.Demo") -> list:
-    return [demo.Row(key, label, "tiny", method, () if method == "none" else ("--rope", method, "--scale", "8"))
+    return [demo.Row(key, label, "tiny", method, ("--rope", method, "--scale", "8") if demo.scaled(method) else ())
             for key, label, method in ROWS]
 
 
 def generate(d: "demo.Demo") -> None:
     """Every row with both F.1 prompts at every length (a finished run is reused)."""
-    from ropescale.evaluation.cli import main as eval_main
-
     for r in rows_of(d):
         for pr in demo.F1:
             for tg in d.targets:
-                out = d.gen_f1 / f"{r.key}_{pr}_T{tg}"
-                if (out / "predictions.jsonl").is_file() and json.loads(
-                        (out / "run.json").read_text(encoding="utf-8")).get("status") == "complete":
-                    continue
-                demo.in_process("python eval_summ.py", eval_main, [
-                    "generate", "--model", r.model, *r.flags, "--data", str(d.evals[tg]), "--prompt", pr,
-                    "--max-new-tokens", str(d.max_new_tokens), "--out", str(out)])
+                demo.generate_once(d, r.model, r.flags, pr, tg, d.gen_f1 / f"{r.key}_{pr}_T{tg}")
 
 
 def records(d: "demo.Demo") -> dict:
@@ -113,15 +104,11 @@ def markdown(rec: dict) -> str:
 
     cols = rec["columns"]
 
-    def cell(r, c):
-        m, ci = r["cells"].get(c), r.get("ci", {}).get(c)
-        return "-" if m is None else f"{m:.1f}" if not ci else f"{m:.1f} [{ci[0]:.1f}, {ci[1]:.1f}]"
-
     parts = []
     for fam in ("F.1", "F.2"):
-        rows = [[r["row"], *[cell(r, c) for c in cols], demo._mse_text(r),
+        rows = [[r["row"], *[demo.cell_text(r, c) for c in cols], demo.mse_text(r),
                  "-" if r.get("mse_p_red") is None else f"{r['mse_p_red']:.2f}"] for r in rec[fam]]
-        diffs = [[r["row"], *[demo._diff_text(r["ie_minus_ib"].get(c)) for c in cols]] for r in rec[fam]]
+        diffs = [[r["row"], *[demo.diff_text(r["ie_minus_ib"].get(c)) for c in cols]] for r in rec[fam]]
         what = ("F.1 baseline prompts (never seen by the tiny default; the paper's Table 2 setting)" if fam == "F.1"
                 else "F.2 prompts (the tiny default's pre-training prompts; the demo's runs)")
         parts.append(f"#### Seed {rec['seed']}, {what}: the mean of Prompt-IE and Prompt-IB [95% bootstrap "
@@ -130,7 +117,7 @@ def markdown(rec: dict) -> str:
         parts.append(f"IE - IB [paired 95% bootstrap interval] p (paired sign-flip permutation), {fam}:\n"
                      + md(["row", *cols], diffs))
     parts.append("F.1 - F.2 on the same eval samples [95% bootstrap interval] p:\n"
-                 + md(["row", *cols], [[c["label"], *[demo._diff_text(c["cells"].get(col)) for col in cols]]
+                 + md(["row", *cols], [[c["label"], *[demo.diff_text(c["cells"].get(col)) for col in cols]]
                                        for c in rec["f1_minus_f2"]]))
     reds = [r["mse_p_red"] for fam in ("F.1", "F.2") for r in rec[fam] if r.get("mse_p_red") is not None]
     parts.append(f"n = 16 eval samples a cell, each under both prompts of its family. Red rows expected from noise "
@@ -181,19 +168,20 @@ def main(argv=None) -> int:
     from ropescale.common.tables import json_text
 
     prepare_process()
-    recs = []
-    for s in (int(x) for x in args.seeds.split(",") if x):
-        t = time.time()
-        with contextlib.redirect_stdout(sys.stderr):  # the demo's steps echo their commands: logs, not results
-            d = the_demo(args.out, s, args.samples)
-            generate(d)
-            rec = records(d)
-        rec["seconds"] = round(time.time() - t, 1)
-        d.report.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(d.report / "table2_f1.json", json_text(rec))
-        write_text_atomic(d.report / "table2_f1.md", markdown(rec) + "\n")
-        say(f"seed {s}: {rec['seconds']:.0f} s")
-        recs.append(rec)
+    demos: dict = {}
+
+    def one(seed: int) -> dict:
+        d = demos[seed] = the_demo(args.out, seed, args.samples)
+        generate(d)
+        return records(d)
+
+    def write(seed: int, rec: dict) -> None:
+        report = demos[seed].report
+        report.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(report / "table2_f1.json", json_text(rec))
+        write_text_atomic(report / "table2_f1.md", markdown(rec) + "\n")
+
+    recs = demo.over_seeds(args.seeds, one, say, write)
     if args.json:
         print(json_text(recs))
         return 0

@@ -50,13 +50,13 @@ def test_rope_layout_is_the_libraries_and_round_trips(tmp_path):
     want = "5" if compat.version("transformers") >= (5,) else "4"
     assert compat.rope_layout(cfg) == want, changed("transformers", f"where a config keeps rope_theta (expected the "
                                                     f"{want}.x layout)", "rope_layout")
-    e = compat.read_rope_entries(cfg, 10000.0)
+    e = compat.read_rope_entries(cfg, 10000.0, "default")
     assert (e["rope_type"], e["rope_theta"]) == ("default", 12345.0), \
         changed("transformers", f"the rope entries of a plain config ({e})", "read_rope_entries")
-    compat.write_rope_entries(cfg, {"rope_type": "linear", "rope_theta": 777.0, "factor": 4.0}, 64)
+    compat.write_rope_entries(cfg, {"rope_type": "linear", "rope_theta": 777.0, "factor": 4.0}, 64, "default")
     cfg.save_pretrained(tmp_path)
     back = AutoConfig.from_pretrained(tmp_path)
-    e = compat.read_rope_entries(back, 10000.0)
+    e = compat.read_rope_entries(back, 10000.0, "default")
     assert (e["rope_type"], e["rope_theta"], e["factor"], back.max_position_embeddings) == ("linear", 777.0, 4.0, 64), \
         changed("transformers", f"how written rope entries are saved and reloaded ({e})", "write_rope_entries")
     assert compat.rope_key(back) == ("rope_parameters" if want == "5" else "rope_scaling")
@@ -74,8 +74,8 @@ def test_a_4x_config_json_is_read_by_this_library(tmp_path):
         d.pop(k, None)
     d.update(rope_theta=5000.0, rope_scaling={"type": "linear", "factor": 2.0})
     (tmp_path / "config.json").write_text(json.dumps(d))
-    from_file = compat.read_rope_entries(d, 10000.0)
-    loaded = compat.read_rope_entries(AutoConfig.from_pretrained(tmp_path), 10000.0)
+    from_file = compat.read_rope_entries(d, 10000.0, "default")
+    loaded = compat.read_rope_entries(AutoConfig.from_pretrained(tmp_path), 10000.0, "default")
     key = ("rope_type", "rope_theta", "factor")
     assert [from_file[k] for k in key] == ["linear", 5000.0, 2.0]
     assert [loaded[k] for k in key] == ["linear", 5000.0, 2.0], \
@@ -207,7 +207,8 @@ def test_dynamic_ntk_rotary_internals():
 
     cfg = tiny_config(VOCAB, "qwen2", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
                       orig_ctx=16, eos_token_id=0)
-    write_rope_entries(cfg, {**read_rope_entries(cfg, 10000.0), "rope_type": "dynamic", "factor": 4.0}, 16)
+    write_rope_entries(cfg, {**read_rope_entries(cfg, 10000.0, "default"), "rope_type": "dynamic", "factor": 4.0}, 16,
+                       "default")
     model = random_model(cfg)
     mods = compat.dynamic_rope_modules(model)
     assert len(mods) == 1, changed("transformers", "the dynamic-NTK rotary module's attributes (rope_type, "
@@ -272,11 +273,11 @@ def test_length_rule_and_longrope_rotary_internals():
                 "install_length_rope")
     cfg = tiny_config(VOCAB, "qwen2", hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64,
                       orig_ctx=16, eos_token_id=0)
-    e = {**read_rope_entries(cfg, 10000.0), "rope_type": "longrope", "factor": 4.0,
+    e = {**read_rope_entries(cfg, 10000.0, "default"), "rope_type": "longrope", "factor": 4.0,
          "original_max_position_embeddings": 16, "short_factor": [1.0, 1.0, 1.0, 1.0],
          "long_factor": [1.0, 2.0, 3.0, 4.0]}
-    write_rope_entries(cfg, e, 64)
-    lm = compat.longrope_modules(random_model(cfg))
+    write_rope_entries(cfg, e, 64, "default")
+    lm = compat.rotary_modules_of_type(random_model(cfg), "longrope")
     assert len(lm) == 1 and compat.longrope_original_context(lm[0]) == 16, \
         changed("transformers", "the longrope module / rope_parameters['original_max_position_embeddings']",
                 "longrope_original_context")

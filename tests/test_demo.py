@@ -7,15 +7,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_demo_miniature(make_tiny_model, tiny_tokenizer, tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from demo import run_demo
+    from ropescale.demo import run_demo
 
     _, model_dir = make_tiny_model("qwen2", orig_ctx=64)
     out = tmp_path / "demo"
@@ -193,10 +189,8 @@ def test_row_bound_is_fine_tune_aware(make_tiny_model):
     L adds L theta'_i. The bound is min over the pairs still short of a full turn of max(64 theta_i, L theta'_i) /
     theta'_i = max(64 * 8^(2i/14), L) (pairs 0-2 saw a full turn: 64 theta_2 = 6.4 > 2*pi): at L = 100 the pre-training
     term of pair 3 (64 * 8^(6/14) = 156.0) still binds; at L = 300 the fine-tune's length does."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from demo import row_bound
-
     from rope_scaling import RopeSpec
+    from ropescale.demo import row_bound
 
     _, model_dir = make_tiny_model("qwen2", orig_ctx=64)
     pre = 64 * 8 ** (6 / 14)
@@ -209,3 +203,38 @@ def test_row_bound_is_fine_tune_aware(make_tiny_model):
         got = row_bound(str(model_dir), RopeSpec("ntk", scale=8), rec)
         assert abs(got["bound"] - want) < 1e-9 and got["rule"] == "finetune_bound" and got["liu"] is None
         assert abs(got["pretrain"] - pre) < 1e-9
+
+
+def test_generate_once_reuses_only_a_complete_run(tmp_path, monkeypatch):
+    """The scripts built on the demo regenerate a run unless its run.json says complete (a partial or missing one
+    runs again, through the demo's own generate step)."""
+    from ropescale.demo import steps
+
+    ran = []
+    monkeypatch.setattr(steps, "generate_run", lambda d, model, flags, pr, tg, out: ran.append(out.name) or out)
+    for name, status in (("complete", "complete"), ("partial", "partial"), ("missing", None)):
+        out = tmp_path / name
+        if status:
+            out.mkdir()
+            (out / "predictions.jsonl").write_text("{}\n", encoding="utf-8")
+            (out / "run.json").write_text(json.dumps({"status": status}), encoding="utf-8")
+        assert steps.generate_once(None, "m", (), "ft-ie", 512, out) == out
+    assert ran == ["partial", "missing"]
+
+
+def test_over_seeds_times_each_seed_and_keeps_stdout_for_results(capsys):
+    """Each seed's work runs with its stdout sent to stderr (the echoed commands are logs), its record gets its
+    seconds before ``then`` sees it, and the seeds come in the order given."""
+    from ropescale.demo import over_seeds
+
+    seen, said = [], []
+
+    def one(seed):
+        print(f"$ step of seed {seed}")
+        return {"seed": seed}
+
+    recs = over_seeds("3,,1", one, said.append, lambda s, rec: seen.append((s, "seconds" in rec)))
+    out, err = capsys.readouterr()
+    assert out == "" and err == "$ step of seed 3\n$ step of seed 1\n"
+    assert [r["seed"] for r in recs] == [3, 1] and all(r["seconds"] >= 0 for r in recs)
+    assert seen == [(3, True), (1, True)] and said == ["seed 3: 0 s", "seed 1: 0 s"]

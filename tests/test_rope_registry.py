@@ -172,6 +172,13 @@ def check_method(name: str, tmp_path) -> None:
             want = _expected_cos(st.frequencies(length if m.by_length else None), length)
             assert torch.allclose(_rotary_cos(model, length), want, rtol=1e-5, atol=1e-5), (name, length)
     assert frequencies(spec, 16, 10000.0).inv_freq == st.frequencies().inv_freq
+    # Method.one_base: plain RoPE, b^(-2i/d) with no attention factor, at one base b whatever the length (inside the
+    # original context and at the extended one) -- the case of Liu et al. 2023's closed form
+    at = [st.frequencies(n) for n in (48, long)]
+    one_base = at[0].base == at[1].base and all(
+        f.inv_freq == pytest.approx([f.base ** (-2 * i / 16) for i in range(8)], rel=1e-9) and f.attention_factor == 1
+        for f in at)
+    assert one_base == m.one_base, name
     # describe runs, as a table and as JSON, on the config dict
     d = describe(cfg.to_dict(), None)
     assert d["rope"] == name and sum(d["counts"].values()) == 8 and len(d["dims"]) == 8

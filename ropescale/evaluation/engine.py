@@ -56,10 +56,12 @@ import contextlib
 import sys
 from typing import Callable, Sequence
 
+from rope_scaling.formulas import REGISTRY
 from ropescale.common import compat
 from ropescale.common.compat import dynamic_rope_modules
 
 SYNC_EVERY = 16  # decode steps between host syncs (finished slots are noticed at these points)
+LONGROPE_TYPE = REGISTRY["longrope"].reads  # transformers' rope_type of a LongRoPE rotary module (short/long factors)
 
 
 def cut_at_eos(ids: Sequence[int], eos_ids: set[int]) -> list[int]:
@@ -193,6 +195,11 @@ class _SlotLongRope(_SlotRope):
         return self.state[row]
 
 
+def longrope_modules(model) -> list:
+    """The model's rotary modules of transformers' LongRoPE type (:data:`LONGROPE_TYPE`)."""
+    return compat.rotary_modules_of_type(model, LONGROPE_TYPE)
+
+
 def longrope_long(module, total: int) -> bool:
     """Whether a sample of at most ``total`` tokens (prompt + generation budget) runs with a ``longrope`` module's
     long factors: past its original context (:func:`ropescale.common.compat.longrope_original_context`)."""
@@ -224,7 +231,7 @@ def longrope_for(model, total: int):
     tokens takes (:func:`longrope_long`), in every forward: what a padded ``generate`` batch needs (its samples all
     on one side of the original context: :func:`longrope_groups`)."""
     with contextlib.ExitStack() as stack:
-        for m in compat.longrope_modules(model):
+        for m in longrope_modules(model):
             inv, att = compat.longrope_frequencies(m, next(m.buffers()).device, longrope_long(m, total))
             stack.enter_context(fixed_rope(m, inv, att))
         yield
@@ -234,7 +241,7 @@ def slot_ropes(model) -> list[_SlotRope]:
     """The per-slot rule of every rotary module of ``model`` whose frequencies depend on the length."""
     out: list[_SlotRope] = [_SlotDynamicNTK(m) for m in dynamic_rope_modules(model)]
     out += [_SlotLengthRule(m) for m in compat.length_rope_modules(model)]
-    out += [_SlotLongRope(m) for m in compat.longrope_modules(model)]
+    out += [_SlotLongRope(m) for m in longrope_modules(model)]
     return out
 
 

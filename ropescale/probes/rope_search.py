@@ -227,7 +227,7 @@ def prepare(s: SearchRunSettings, log):
     docs = load_docs(s.data, s.tail_chapters)
     loaded = load_model(s.model, RopeSpec())
     state = rope_state(loaded.model.config)
-    if state.spec.method != "none":
+    if state.spec.scaled:
         raise InputError(f"the search starts from an unscaled model; this one carries {state.spec.label()}",
                          Path(loaded.path) / "config.json")
     target = s.target_len or int(round(state.orig_ctx * s.scale))

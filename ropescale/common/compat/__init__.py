@@ -51,9 +51,9 @@ transformers
   :func:`rope_frequencies_for_length`, :func:`undecorated_rope_forward`
 - the same rotary modules under this repo's own rules (rope_scaling/load.py: dynamic YaRN in every forward;
   engine.py: LongRoPE's short/long choice per slot; rope_scaling/search.py: candidate frequencies): their class
-  and its undecorated forward, ``ROPE_INIT_FUNCTIONS["longrope"]`` and the config's
+  and its undecorated forward, ``ROPE_INIT_FUNCTIONS[rope_type]`` and the config's
   ``rope_parameters["original_max_position_embeddings"]``: :func:`rotary_modules`, :func:`install_length_rope`,
-  :func:`length_rope_modules`, :func:`length_rope_frequencies`, :func:`longrope_modules`,
+  :func:`length_rope_modules`, :func:`length_rope_frequencies`, :func:`rotary_modules_of_type`,
   :func:`longrope_original_context`, :func:`longrope_frequencies`
 - gradient checkpointing: checkpointed layers carry ``gradient_checkpointing = True`` and call
   ``self._gradient_checkpointing_func(fn, *args)`` (training/memory.py): :func:`checkpointed_modules`,
@@ -106,12 +106,12 @@ from .rope import (  # noqa: F401  (re-exported: callers use ropescale.common.co
     length_rope_frequencies,
     length_rope_modules,
     longrope_frequencies,
-    longrope_modules,
     longrope_original_context,
     reset_dynamic_rope,
     rope_frequencies,
     rope_frequencies_for_length,
     rotary_modules,
+    rotary_modules_of_type,
     set_rope_frequencies,
     undecorated_rope_forward,
 )
@@ -173,10 +173,11 @@ def rope_key(cfg) -> str:
     return "rope_parameters" if rope_layout(cfg) == "5" else "rope_scaling"
 
 
-def read_rope_entries(cfg, default_theta: float) -> dict:
+def read_rope_entries(cfg, default_theta: float, default_type: str) -> dict:
     """The config's rope entries as one flat 5.x-style dict (rope_type, rope_theta, the type's keys; 4.x's "type"
-    read as rope_type). ValueError when there are no RoPE fields or the entries are per layer type (5.x Gemma-style
-    ``rope_parameters`` keyed by layer type)."""
+    read as rope_type; ``default_type``, the unscaled rope_type, where a 4.x config has no rope_scaling). ValueError
+    when there are no RoPE fields or the entries are per layer type (5.x Gemma-style ``rope_parameters`` keyed by
+    layer type)."""
     layout = rope_layout(cfg)
     if layout is None:
         raise ValueError("config has no RoPE fields (rope_parameters, or rope_theta / rope_scaling): not a RoPE model")
@@ -188,24 +189,25 @@ def read_rope_entries(cfg, default_theta: float) -> dict:
     else:
         e = dict(config_get(cfg, "rope_scaling") or {})
         e["rope_theta"] = config_get(cfg, "rope_theta", default_theta)
-    e["rope_type"] = e.pop("type", None) or e.get("rope_type") or "default"
+    e["rope_type"] = e.pop("type", None) or e.get("rope_type") or default_type
     if e.get("rope_theta") is None:
         e["rope_theta"] = default_theta
     return e
 
 
-def write_rope_entries(cfg, entries: dict, max_pos: int) -> None:
+def write_rope_entries(cfg, entries: dict, max_pos: int, default_type: str) -> None:
     """Replace the config's rope entries by ``entries`` (complete, flat 5.x style) in the config's own layout and set
     max_position_embeddings. 4.x: rope_theta goes top-level, the rest into ``rope_scaling`` with both "type" and
-    "rope_type" (None for default rope); 5.x: the whole dict into ``rope_parameters``, and a Phi3-style top-level
-    ``original_max_position_embeddings`` is kept in step (5.x gives it priority over the one inside)."""
+    "rope_type" (None for ``default_type``, the unscaled rope_type); 5.x: the whole dict into ``rope_parameters``,
+    and a Phi3-style top-level ``original_max_position_embeddings`` is kept in step (5.x gives it priority over the
+    one inside)."""
     if rope_layout(cfg) == "5":
         config_set(cfg, "rope_parameters", dict(entries))
     else:
         rest = {k: v for k, v in entries.items() if k != "rope_theta"}
         config_set(cfg, "rope_theta", entries["rope_theta"])
         t = rest["rope_type"]
-        config_set(cfg, "rope_scaling", None if t == "default" else {**rest, "type": t})
+        config_set(cfg, "rope_scaling", None if t == default_type else {**rest, "type": t})
     config_set(cfg, "max_position_embeddings", int(max_pos))
     key = "original_max_position_embeddings"
     if config_get(cfg, key) is not None and key in entries:

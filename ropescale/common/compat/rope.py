@@ -122,9 +122,10 @@ def length_rope_frequencies(m, seq_len: int, device):
     return cache[key]
 
 
-def longrope_modules(model) -> list:
-    """The model's rotary modules of transformers' ``longrope`` type."""
-    return [m for m in rotary_modules(model) if m.rope_type == "longrope"]
+def rotary_modules_of_type(model, rope_type: str) -> list:
+    """The model's rotary modules of transformers' type ``rope_type`` (the caller names it: the registry row's
+    ``reads``, e.g. LongRoPE's)."""
+    return [m for m in rotary_modules(model) if m.rope_type == rope_type]
 
 
 def longrope_original_context(m) -> int:
@@ -135,8 +136,8 @@ def longrope_original_context(m) -> int:
 
 def longrope_frequencies(m, device, long: bool):
     """(inv_freq, attention_scaling) of a ``longrope`` module with its long (``long``) or short factors:
-    ``ROPE_INIT_FUNCTIONS["longrope"](config, device, seq_len=)`` past / within the original context."""
+    ``ROPE_INIT_FUNCTIONS[m.rope_type](config, device, seq_len=)`` past / within the original context."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     seq_len = longrope_original_context(m) + 1 if long else None
-    return ROPE_INIT_FUNCTIONS["longrope"](m.config, device, seq_len=seq_len)
+    return ROPE_INIT_FUNCTIONS[m.rope_type](m.config, device, seq_len=seq_len)

@@ -46,6 +46,7 @@ from ..engine import (
     cut_at_eos,
     longrope_for,
     longrope_long,
+    longrope_modules,
     reset_dynamic_rope,
     slot_bytes_per_token,
     supported,
@@ -331,7 +332,7 @@ def longrope_groups(model, items: Sequence[Item], max_new_tokens: int) -> list[l
     """``items`` split by the LongRoPE factor set each sample takes (``engine.longrope_long``: prompt + max new
     tokens past the original context or not), so that a padded batch never mixes them; one group for other
     models."""
-    mods = compat.longrope_modules(model)
+    mods = longrope_modules(model)
     if not mods:
         return [list(items)]
     groups: dict[bool, list[Item]] = {}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from rope_scaling import RopeSpec
+from rope_scaling.formulas import PLAIN, owners
 from ropescale.common.io import InputError
 from ropescale.common.prompts import prompt_kind
 from ropescale.common.rouge import DEFAULT_METRIC, check_metric
@@ -52,11 +53,11 @@ def csv_setting(model: str, rope: str | None, scale: float | None, train_length:
     training length (the paper's mean; a row with one counts as fine-tuned)."""
     spec = None
     if rope is not None or scale is not None:
-        rec = {"method": rope or "none", "scale": 1.0 if scale is None else scale}
+        rec = {"method": rope or PLAIN, "scale": 1.0 if scale is None else scale}
         if factors is not None:
             rec["longrope_factors"] = str(factors)
-        elif rope == "longrope":
-            raise InputError("rope 'longrope' needs its factors: a longrope_factors column naming the factor file "
+        elif rope in owners("longrope_factors"):  # a method that reads a factor file (LongRoPE)
+            raise InputError(f"rope {rope!r} needs its factors: a longrope_factors column naming the factor file "
                              "(a path relative to the CSV), as --longrope-factors takes it", *where)
         try:
             spec = RopeSpec.from_record(rec)

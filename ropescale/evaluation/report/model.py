@@ -190,7 +190,7 @@ class Report:
         where no id is recorded). None when the report has no such row."""
         want = self.base_ids.get(s) or s.model_id
         for t in self.series:
-            if t.train is not None or (t.rope is not None and t.rope.method != "none"):
+            if t.train is not None or (t.rope is not None and t.rope.scaled):
                 continue
             if (t.prompt_style, t.variant) != (s.prompt_style, s.variant):
                 continue

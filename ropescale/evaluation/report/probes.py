@@ -101,7 +101,7 @@ def table_rows(summaries: list[dict]) -> ProbeRows:
         return ([lab.model, lab.rope or "none"] + ([tl] if has_train else []) + ([lab.variant] if has_setting else [])
                 + ([k[1]] if has_group else []))
 
-    ordered = sorted(rows, key=lambda k: (lead(k)[0], k[0].rope is not None and k[0].rope.method != "none",
+    ordered = sorted(rows, key=lambda k: (lead(k)[0], k[0].rope is not None and k[0].rope.scaled,
                                           lead(k)[1:], str(k[1])))
     body = [lead(k) + [rows[k].get(c) for c in cols] for k in ordered]
     ns = [lead(k) + [counts[k].get(c) for c in cols] for k in ordered]

@@ -160,7 +160,7 @@ def extrapolation(rep: Report, opts: Options = Options()) -> Table:
                        + [_n_text(list(est.values()))] + [_est_text(est[c], opts.intervals) for c in cols] + effs
                        + [_pct(r["retention"])])
         rope = s.rope
-        rows.append([lab.text, lab.model, lab.rope or "none", None if rope is None or rope.method == "none" else
+        rows.append([lab.text, lab.model, lab.rope or "none", None if rope is None or not rope.scaled else
                      rope.scale] + ([None] * 3 if tl is None else [_r(tl.mean, 1), tl.min, tl.max])
                     + [x for c in cols for x in (_r(est[c].mean), est[c].n or None, _r(est[c].lo), _r(est[c].hi))]
                     + [eff["relative"].length, None if eff["absolute"] is None else eff["absolute"].length,
