@@ -5,21 +5,21 @@ base after any ABF step, the :class:`~rope_scaling.spec.RopeSpec` and the curren
 the ``d/2`` inverse frequencies in float64, the attention factor that multiplies cos/sin, and the effective base), how
 it is written as plain Hugging Face rope entries and read back from them, what its settings must satisfy (alone, and
 against a model's rotary dim), the spec fields that belong to it, its runtime rule (frequencies recomputed in every
-forward), how vLLM serves it or refuses it (:class:`VllmJob`), what ``describe`` adds for it and the one line
-``describe --help`` shows of it. No code outside this registry branches on a method's name: it asks the row.
+forward), what ``describe`` adds for it and the one line ``describe --help`` shows of it. How vLLM serves the HF
+entries a row writes is the vllm backend's (``ropescale.evaluation.backends.vllm``, keyed by their rope type). No code
+outside this registry branches on a method's name: it asks the row.
 
 Beside the methods: the per-pair rescale factors theta_i / theta'_i a spec implies (:func:`rescale_factors`, the
 LongRoPE search's start). The angle bounds of a scaled rope are ``rope_scaling.bounds``.
 
 A new method is its functions and one :data:`REGISTRY` entry here (docs/extending.md): ``RopeSpec`` takes its name,
-``--rope`` offers it, ``hf.apply_rope`` writes it, ``describe`` explains it, the vllm backend serves or refuses it, and
-``tests/test_rope_registry.py`` covers it on arrival. No torch, no transformers: plain math and dicts, so ``describe``,
-the HF adapter and the tests' expectations can all be checked against it.
+``--rope`` offers it, ``hf.apply_rope`` writes it, ``describe`` explains it, the vllm backend serves or refuses the HF
+type it writes, and ``tests/test_rope_registry.py`` covers it on arrival. No torch, no transformers: plain math and
+dicts, so ``describe``, the HF adapter and the tests' expectations can all be checked against it.
 """
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
@@ -311,127 +311,6 @@ def _check_llama3(spec: RopeSpec) -> None:
                          f"{spec.llama3_high:g}")
 
 
-# ---------------------------------------------------------------- how vLLM serves each method, or refuses it
-class VllmJob(NamedTuple):
-    """What a method's vLLM rule reads (built by ``ropescale.evaluation.backends.vllm.vllm_settings``)."""
-
-    cfg: dict  # the effective HF config as a dict (the RoPE flags applied)
-    key: str  # where its rope entries live: rope_parameters (transformers 5.x) or rope_scaling (4.x)
-    entries: dict  # those entries, flat 5.x-style (rope_type, rope_theta, the type's keys)
-    state: Any  # the config's rope_scaling.hf.RopeState
-    overrides: dict  # hf_overrides so far: the config fields the RoPE flags changed
-    need: int  # the longest prompt + max new tokens
-    short: int  # the shortest prompt + max new tokens
-    mml: int  # the max_model_len asked for (at least ``need``)
-    vllm: str | None  # the installed vLLM release (None: not installed; the backend refuses then)
-
-
-def _vllm_entries(job: VllmJob, **changes) -> dict:
-    """The job's rope dict with ``changes``, in the config's layout (4.x keeps rope_theta beside rope_scaling)."""
-    rope = {**job.entries, **changes}
-    if job.key == "rope_scaling":
-        rope.pop("rope_theta", None)
-        rope.setdefault("type", job.entries["rope_type"])
-    return rope
-
-
-def _vllm_with(job: VllmJob, rope: dict) -> dict:
-    """The job's overrides plus ``rope`` under its key, unless the config already holds exactly that."""
-    return job.overrides if rope == job.cfg.get(job.key) else {**job.overrides, job.key: rope}
-
-
-def _vllm_cached(job: VllmJob, factor: float = 1.0) -> tuple[dict, int]:
-    """default (none, ntk, abf), linear (pi, cache x factor) and llama3 entries: vLLM's rotary cache holds
-    max_position_embeddings x ``factor`` positions and the frequencies do not depend on it, so it is raised through
-    hf_overrides until the cache covers max_model_len (llama3: vLLM's llama3 rope computes transformers' formula)."""
-    out = dict(job.overrides)
-    if int(job.cfg.get("max_position_embeddings") or 0) * factor < job.mml:
-        out["max_position_embeddings"] = int(math.ceil(job.mml / factor))
-    return out, job.mml
-
-
-def _vllm_linear(job: VllmJob) -> tuple[dict, int]:
-    return _vllm_cached(job, float(job.entries.get("factor") or 1.0))
-
-
-def _vllm_dynamic_ntk(job: VllmJob) -> tuple[dict, int]:
-    raise InputError("--backend vllm cannot run dynamic NTK: vLLM's 'dynamic' rope is a static NTK base for the "
-                     "full factor, not transformers' base recomputed from the current length; use --backend hf")
-
-
-def _vllm_dynamic_yarn(job: VllmJob) -> tuple[dict, int]:
-    raise InputError(f"--backend vllm cannot run dynamic_yarn: the config's entries say static yarn "
-                     f"x{job.state.spec.scale:g}, which vLLM would serve at every length (this repo recomputes YaRN "
-                     f"from the current length); use --backend hf")
-
-
-def _vllm_yarn(job: VllmJob) -> tuple[dict, int]:
-    """vLLM's YaRN cache holds original_max_position_embeddings x factor positions and cannot be moved without
-    changing the frequencies in some releases: prompt + new tokens beyond it are refused, max_model_len is capped to
-    it. The attention factor goes both as HF's ``attention_factor`` (recent vLLM) and as vLLM's ``attn_factor``
-    multiplier of 0.1 ln(s) + 1 (older vLLM reads only that), so vLLM scales cos/sin exactly as transformers does."""
-    e, cfg = job.entries, job.cfg
-    factor = float(e["factor"])
-    orig = int(e.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
-               or cfg.get("max_position_embeddings") or 0)
-    cache = int(math.ceil(orig * factor))
-    if job.need > cache:
-        raise InputError(f"--backend vllm: prompt + new tokens reach {job.need} tokens, past vLLM's YaRN rotary cache "
-                         f"of {cache} positions (original_max_position_embeddings {orig} x factor {factor:g}), where "
-                         f"it would read garbage; use --backend hf, or a larger --scale")
-    af = job.state.frequencies().attention_factor  # this registry's formula: what transformers multiplies cos/sin by
-    rope = _vllm_entries(job, attention_factor=af, attn_factor=af / yarn_attention_factor(job.state.spec.scale))
-    return _vllm_with(job, rope), min(job.mml, cache)
-
-
-# vLLM picks LongRoPE's factor set once, from max_model_len, from 0.11.1 on (vllm-project/vllm#27431, fixing #27414:
-# phi3_long_rope_scaled_rope.py sets use_long_rope = max_model_len > original_max_position_embeddings at init).
-# Up to 0.11.0 its forward took the long set for a whole batch as soon as any position in it passed the original
-# context (torch.any(positions > k)): a prompt within the window is prefilled with the short set and decoded past it
-# with the long one, against a cache built with the short one.
-VLLM_LONGROPE_FIXED = (0, 11, 1)
-
-
-def vllm_longrope_fixed(version: str) -> bool:
-    """Whether vLLM release ``version`` (``0.11.1``, ``0.12.0+cu129``, ``0.11.1rc2``) keeps one LongRoPE factor set
-    per run (:data:`VLLM_LONGROPE_FIXED`); a pre-release or dev build of that release itself counts as before it."""
-    m = re.match(r"\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(.*)", str(version))
-    if not m:
-        return False
-    release = tuple(int(x or 0) for x in m.groups()[:3])
-    final = not re.match(r"[.-]?(a|b|rc|c|alpha|beta|pre|preview|dev)", m.group(4).split("+")[0].lower())
-    return release > VLLM_LONGROPE_FIXED or (release == VLLM_LONGROPE_FIXED and final)
-
-
-def _vllm_longrope(job: VllmJob) -> tuple[dict, int]:
-    """vLLM (``Phi3LongRoPEScaledRotaryEmbedding``) reads the attention factor only as ``short_mscale`` /
-    ``long_mscale`` (else it derives it from max_position_embeddings / orig, which the overrides may raise) and caches
-    max_position_embeddings long positions; the hf backend picks a set per sample (prompt + max new tokens past orig:
-    long). Served when all samples are on one side of orig: all within it (max_model_len capped to orig: no position
-    passes it, so every vLLM release keeps the short set), or all past it on vLLM >= 0.11.1 (the long set for the
-    run; max_position_embeddings raised to max_model_len); refused otherwise."""
-    cfg, e, mml = job.cfg, job.entries, job.mml
-    orig = int(e.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
-               or cfg.get("max_position_embeddings"))
-    out = dict(job.overrides)
-    if job.need <= orig:  # every sample short: keep vLLM on the short factors
-        mml = min(mml, orig)
-    elif job.short <= orig:
-        raise InputError(f"--backend vllm: with longrope the hf backend gives each sample its own factor set (long "
-                         f"when prompt + max new tokens > {orig}), vLLM one set for all; these samples reach "
-                         f"{job.short} to {job.need} tokens, on both sides: split the eval set by length, or use "
-                         f"--backend hf")
-    elif job.vllm is not None and not vllm_longrope_fixed(job.vllm):
-        fixed = ".".join(map(str, VLLM_LONGROPE_FIXED))
-        raise InputError(f"--backend vllm: vLLM {job.vllm} switches LongRoPE's factors within a sample (the long set "
-                         f"once a batch passes {orig} tokens, over a cache built with the short one); LongRoPE past "
-                         f"the original context needs vllm>={fixed}; use --backend hf")
-    elif int(cfg.get("max_position_embeddings") or 0) < mml:
-        out["max_position_embeddings"] = mml  # vLLM's long cos/sin cache has max_position_embeddings positions
-    af = job.state.frequencies().attention_factor  # this registry's formula = transformers' attention_factor
-    return _vllm_with(job._replace(overrides=out), _vllm_entries(job, short_mscale=af, long_mscale=af)), mml
-
-
 # ---------------------------------------------------------------- what describe adds for a method
 # ``details(state, seq_len)``: its own section of ``describe --json`` (state: the config's rope_scaling.hf.RopeState);
 # ``lines(d)``: that section in the table (``d``: describe's --json); ``at(d)``: the summary line's note for a method
@@ -514,7 +393,6 @@ class Method:
     per_forward: bool = False  # this repo recomputes the frequencies in every forward (HF entries cannot say it)
     changes_base: bool = False  # a new base: describe adds Liu et al.'s critical dimension
     one_base: bool = False  # plain RoPE at one base (the model's or a new one) at any length: Liu et al. 2023's case
-    vllm: Callable[[VllmJob], tuple[dict, int]] | None = None  # (hf_overrides, max_model_len); None: refused
     describe: Describe = Describe()
     scale_at: Callable[[RopeSpec, int, int], float] | None = None  # its s at (spec, orig, seq_len); None: spec.scale
 
@@ -526,30 +404,27 @@ class Method:
 _YARN = ("yarn_alpha", "yarn_beta")
 REGISTRY: dict[str, Method] = {m.name: m for m in (
     Method("none", "unchanged", _none, _default_hf, _check_none, reads="default", from_hf=_none_from_hf,
-           plain=True, states_context=True, vllm=_vllm_cached, one_base=True),
-    Method("pi", "position interpolation (positions / s)", _pi, _pi_hf, reads="linear", from_hf=_pi_from_hf,
-           vllm=_vllm_linear),
-    Method("ntk", "static NTK-aware (base * s^(d/(d-2)))", _ntk, _ntk_hf, changes_base=True, vllm=_vllm_cached,
-           one_base=True),
+           plain=True, states_context=True, one_base=True),
+    Method("pi", "position interpolation (positions / s)", _pi, _pi_hf, reads="linear", from_hf=_pi_from_hf),
+    Method("ntk", "static NTK-aware (base * s^(d/(d-2)))", _ntk, _ntk_hf, changes_base=True, one_base=True),
     Method("dynamic_ntk", "NTK base recomputed from the current length (transformers 'dynamic')", _dynamic_ntk,
            _dynamic_ntk_hf, needs_orig_ctx=True, reads="dynamic", from_hf=_dynamic_ntk_from_hf, by_length=True,
-           changes_base=True, vllm=_vllm_dynamic_ntk, describe=Describe(at=_dynamic_ntk_at)),
+           changes_base=True, describe=Describe(at=_dynamic_ntk_at)),
     Method("yarn", "NTK-by-parts + attention temperature", _yarn, _yarn_hf, _check_yarn, needs_orig_ctx=True,
-           reads="yarn", from_hf=_yarn_from_hf, owns=(*_YARN, "yarn_mscale"), vllm=_vllm_yarn,
+           reads="yarn", from_hf=_yarn_from_hf, owns=(*_YARN, "yarn_mscale"),
            describe=Describe(_yarn_details, _yarn_lines)),
     Method("dynamic_yarn", "YaRN at scale max(1, current length / orig-ctx), per sample (the YaRN repo's dynamic "
            "YaRN; written as static yarn x s for plain transformers)", _dynamic_yarn, _dynamic_yarn_hf, _check_yarn,
-           needs_orig_ctx=True, by_length=True, owns=_YARN, per_forward=True, vllm=_vllm_dynamic_yarn,
+           needs_orig_ctx=True, by_length=True, owns=_YARN, per_forward=True,
            describe=Describe(_dynamic_yarn_details, _yarn_lines, _dynamic_yarn_at), scale_at=_dynamic_yarn_scale),
-    Method("abf", "a new base (--rope-base)", _abf, _default_hf, _check_abf, changes_base=True, vllm=_vllm_cached,
-           one_base=True),
+    Method("abf", "a new base (--rope-base)", _abf, _default_hf, _check_abf, changes_base=True, one_base=True),
     Method("llama3", "Llama 3.1 scaling (--llama3-low-freq-factor, --llama3-high-freq-factor)", _llama3, _llama3_hf,
            _check_llama3, needs_orig_ctx=True, reads="llama3", from_hf=_llama3_from_hf, states_context=True,
-           owns=("llama3_low", "llama3_high"), vllm=_vllm_cached),
+           owns=("llama3_low", "llama3_high")),
     Method("longrope", "per-pair rescale factors from --longrope-factors FILE (LongRoPE / Phi-3 'longrope')",
            _longrope, _longrope_hf, _check_longrope, needs_orig_ctx=True, reads="longrope",
            from_hf=_longrope_from_hf, check_model=_check_longrope_model, by_length=True, owns=("longrope_factors",),
-           vllm=_vllm_longrope, describe=Describe(_longrope_details, _longrope_lines, _longrope_at)),
+           describe=Describe(_longrope_details, _longrope_lines, _longrope_at)),
 )}
 METHODS = tuple(n for n, m in REGISTRY.items() if m.user)  # what a user can ask for (--rope's choices)
 NATIVE_METHODS = tuple(n for n, m in REGISTRY.items() if not m.user)  # read from configs; apply_rope writes it back

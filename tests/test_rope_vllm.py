@@ -119,7 +119,7 @@ def test_vllm_longrope_fix_by_release(version, fixed):
     """vLLM up to 0.11.0 took the long factors for a whole forward batch once any position passed the original
     context (``torch.any(positions > k)`` in phi3_long_rope_scaled_rope.py); 0.11.1 picks one set at load time from
     max_model_len. A pre-release or dev build of 0.11.1 is not trusted with it."""
-    from rope_scaling.formulas import vllm_longrope_fixed
+    from ropescale.evaluation.backends.vllm import longrope_fixed as vllm_longrope_fixed
 
     assert vllm_longrope_fixed(version) is fixed
 

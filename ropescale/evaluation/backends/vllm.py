@@ -13,11 +13,13 @@ before 0.11.1), pointing to ``--backend hf``.
 """
 from __future__ import annotations
 
+import math
 import os
+import re
 import sys
-from typing import Sequence
+from typing import Any, NamedTuple, Sequence
 
-from rope_scaling.formulas import REGISTRY, VllmJob
+from rope_scaling.formulas import REGISTRY, yarn_attention_factor
 from rope_scaling.hf import rope_entries, rope_state
 from ropescale.common.cli import TORCH_NAMES, dtype_name
 from ropescale.common.io import InputError
@@ -127,8 +129,134 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None, 
     cfg = config if isinstance(config, dict) else config.to_dict()
     key, e = rope_entries(cfg)  # the one reader of HF rope entries (4.x and 5.x layouts)
     st = state if state is not None else rope_state(cfg)  # the spec the config carries
-    rule = REGISTRY[st.spec.method].vllm
-    if rule is None:
+    method, t = REGISTRY[st.spec.method], e["rope_type"]
+    if method.per_forward:  # the entries say a static type; this repo recomputes the frequencies per forward
+        raise InputError(f"--backend vllm cannot run {st.spec.method}: the config's entries say static {t} "
+                         f"x{st.spec.scale:g}, which vLLM would serve at every length (this repo recomputes the "
+                         f"frequencies from the current length); use --backend hf")
+    if t in REFUSED:
+        raise InputError(f"--backend vllm cannot run {st.spec.label()} ({t!r} entries): {REFUSED[t]}; use --backend hf")
+    if t not in RULES:
         raise InputError(f"--backend vllm: rope {st.spec.label()} is not served by vLLM here; use --backend hf")
-    return rule(VllmJob(cfg, key, e, st, dict(overrides), int(need), int(need if short is None else short),
-                        max(int(want), int(need)), vllm))
+    return RULES[t](VllmJob(cfg, key, e, st, dict(overrides), int(need), int(need if short is None else short),
+                            max(int(want), int(need)), vllm))
+
+
+# ---------------------------------------------------------------- how vLLM serves each HF rope type, or refuses it
+class VllmJob(NamedTuple):
+    """What a rope type's vLLM rule reads (built by :func:`vllm_settings`)."""
+
+    cfg: dict  # the effective HF config as a dict (the RoPE flags applied)
+    key: str  # where its rope entries live: rope_parameters (transformers 5.x) or rope_scaling (4.x)
+    entries: dict  # those entries, flat 5.x-style (rope_type, rope_theta, the type's keys)
+    state: Any  # the config's rope_scaling.hf.RopeState
+    overrides: dict  # hf_overrides so far: the config fields the RoPE flags changed
+    need: int  # the longest prompt + max new tokens
+    short: int  # the shortest prompt + max new tokens
+    mml: int  # the max_model_len asked for (at least ``need``)
+    vllm: str | None  # the installed vLLM release (None: not installed; the backend refuses then)
+
+
+def _vllm_entries(job: VllmJob, **changes) -> dict:
+    """The job's rope dict with ``changes``, in the config's layout (4.x keeps rope_theta beside rope_scaling)."""
+    rope = {**job.entries, **changes}
+    if job.key == "rope_scaling":
+        rope.pop("rope_theta", None)
+        rope.setdefault("type", job.entries["rope_type"])
+    return rope
+
+
+def _vllm_with(job: VllmJob, rope: dict) -> dict:
+    """The job's overrides plus ``rope`` under its key, unless the config already holds exactly that."""
+    return job.overrides if rope == job.cfg.get(job.key) else {**job.overrides, job.key: rope}
+
+
+def _vllm_cached(job: VllmJob, factor: float = 1.0) -> tuple[dict, int]:
+    """default (none, ntk, abf), linear (pi, cache x factor) and llama3 entries: vLLM's rotary cache holds
+    max_position_embeddings x ``factor`` positions and the frequencies do not depend on it, so it is raised through
+    hf_overrides until the cache covers max_model_len (llama3: vLLM's llama3 rope computes transformers' formula)."""
+    out = dict(job.overrides)
+    if int(job.cfg.get("max_position_embeddings") or 0) * factor < job.mml:
+        out["max_position_embeddings"] = int(math.ceil(job.mml / factor))
+    return out, job.mml
+
+
+def _vllm_linear(job: VllmJob) -> tuple[dict, int]:
+    return _vllm_cached(job, float(job.entries.get("factor") or 1.0))
+
+
+def _vllm_yarn(job: VllmJob) -> tuple[dict, int]:
+    """vLLM's YaRN cache holds original_max_position_embeddings x factor positions and cannot be moved without
+    changing the frequencies in some releases: prompt + new tokens beyond it are refused, max_model_len is capped to
+    it. The attention factor goes both as HF's ``attention_factor`` (recent vLLM) and as vLLM's ``attn_factor``
+    multiplier of 0.1 ln(s) + 1 (older vLLM reads only that), so vLLM scales cos/sin exactly as transformers does."""
+    e, cfg = job.entries, job.cfg
+    factor = float(e["factor"])
+    orig = int(e.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+               or cfg.get("max_position_embeddings") or 0)
+    cache = int(math.ceil(orig * factor))
+    if job.need > cache:
+        raise InputError(f"--backend vllm: prompt + new tokens reach {job.need} tokens, past vLLM's YaRN rotary cache "
+                         f"of {cache} positions (original_max_position_embeddings {orig} x factor {factor:g}), where "
+                         f"it would read garbage; use --backend hf, or a larger --scale")
+    af = job.state.frequencies().attention_factor  # this registry's formula: what transformers multiplies cos/sin by
+    rope = _vllm_entries(job, attention_factor=af, attn_factor=af / yarn_attention_factor(job.state.spec.scale))
+    return _vllm_with(job, rope), min(job.mml, cache)
+
+
+# vLLM picks LongRoPE's factor set once, from max_model_len, from 0.11.1 on (vllm-project/vllm#27431, fixing #27414:
+# phi3_long_rope_scaled_rope.py sets use_long_rope = max_model_len > original_max_position_embeddings at init).
+# Up to 0.11.0 its forward took the long set for a whole batch as soon as any position in it passed the original
+# context (torch.any(positions > k)): a prompt within the window is prefilled with the short set and decoded past it
+# with the long one, against a cache built with the short one.
+LONGROPE_FIXED = (0, 11, 1)
+
+
+def longrope_fixed(version: str) -> bool:
+    """Whether vLLM release ``version`` (``0.11.1``, ``0.12.0+cu129``, ``0.11.1rc2``) keeps one LongRoPE factor set
+    per run (:data:`LONGROPE_FIXED`); a pre-release or dev build of that release itself counts as before it."""
+    m = re.match(r"\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(.*)", str(version))
+    if not m:
+        return False
+    release = tuple(int(x or 0) for x in m.groups()[:3])
+    final = not re.match(r"[.-]?(a|b|rc|c|alpha|beta|pre|preview|dev)", m.group(4).split("+")[0].lower())
+    return release > LONGROPE_FIXED or (release == LONGROPE_FIXED and final)
+
+
+def _vllm_longrope(job: VllmJob) -> tuple[dict, int]:
+    """vLLM (``Phi3LongRoPEScaledRotaryEmbedding``) reads the attention factor only as ``short_mscale`` /
+    ``long_mscale`` (else it derives it from max_position_embeddings / orig, which the overrides may raise) and caches
+    max_position_embeddings long positions; the hf backend picks a set per sample (prompt + max new tokens past orig:
+    long). Served when all samples are on one side of orig: all within it (max_model_len capped to orig: no position
+    passes it, so every vLLM release keeps the short set), or all past it on vLLM >= 0.11.1 (the long set for the
+    run; max_position_embeddings raised to max_model_len); refused otherwise."""
+    cfg, e, mml = job.cfg, job.entries, job.mml
+    orig = int(e.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+               or cfg.get("max_position_embeddings"))
+    out = dict(job.overrides)
+    if job.need <= orig:  # every sample short: keep vLLM on the short factors
+        mml = min(mml, orig)
+    elif job.short <= orig:
+        raise InputError(f"--backend vllm: with longrope the hf backend gives each sample its own factor set (long "
+                         f"when prompt + max new tokens > {orig}), vLLM one set for all; these samples reach "
+                         f"{job.short} to {job.need} tokens, on both sides: split the eval set by length, or use "
+                         f"--backend hf")
+    elif job.vllm is not None and not longrope_fixed(job.vllm):
+        fixed = ".".join(map(str, LONGROPE_FIXED))
+        raise InputError(f"--backend vllm: vLLM {job.vllm} switches LongRoPE's factors within a sample (the long set "
+                         f"once a batch passes {orig} tokens, over a cache built with the short one); LongRoPE past "
+                         f"the original context needs vllm>={fixed}; use --backend hf")
+    elif int(cfg.get("max_position_embeddings") or 0) < mml:
+        out["max_position_embeddings"] = mml  # vLLM's long cos/sin cache has max_position_embeddings positions
+    af = job.state.frequencies().attention_factor  # this registry's formula = transformers' attention_factor
+    return _vllm_with(job._replace(overrides=out), _vllm_entries(job, short_mscale=af, long_mscale=af)), mml
+
+
+
+
+# the rule of each HF rope type a registry row writes (rope_scaling.formulas: Method.hf); a type without one is refused
+RULES = {"default": _vllm_cached, "linear": _vllm_linear, "llama3": _vllm_cached, "yarn": _vllm_yarn,
+         "longrope": _vllm_longrope}
+# types vLLM reads under the same name as something else than transformers
+REFUSED = {"dynamic": "transformers' dynamic NTK recomputes the base from the current length, vLLM's 'dynamic' "
+                      "rope is a static NTK base for the full factor"}
