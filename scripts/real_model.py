@@ -2,7 +2,7 @@
 retrieval and by the loss at every position of held-out Austen windows; writes docs/real_model.md.
 
     .venv/bin/python scripts/real_model.py                   # the table (3 windows of 16,384 tokens, x2)
-    .venv/bin/python scripts/real_model.py --quick --out DIR/real_model.md --work DIR    # seconds: what a test runs
+    .venv/bin/python scripts/real_model.py --quick           # seconds: what a test runs (under runs/real_model-quick/)
 
 Each window (``ropescale.probes.passkey``) is 16,384 tokens of a novel a fine-tune to compare would not train
 on (Emma, Persuasion, Northanger Abbey: one window each) with 9 named passkeys planted, 3 per length (4,096,
@@ -41,6 +41,8 @@ from rope_scaling.formulas import PLAIN, REGISTRY, rescale_factors  # noqa: E402
 from rope_scaling.search import factors_of  # noqa: E402
 from ropescale.common.io import write_text_atomic  # noqa: E402
 from ropescale.common.paths import DATA_DIR  # noqa: E402
+from ropescale.common.stats.proportions import wilson  # noqa: E402
+from ropescale.evaluation.report.significance import t_quantile  # noqa: E402
 from ropescale.evaluation.report.uncertainty import cell, effective_length  # noqa: E402
 from ropescale.probes import passkey as pk  # noqa: E402
 
@@ -52,6 +54,7 @@ PASS = 0.5  # the passkey effective length: the longest length with accuracy >= 
 GUESS = math.log(10)  # ... by answer loss: the longest length whose mean loss per digit beats a uniform guess
 MARGIN = 0.25  # the loss effective length: the longest bucket within this many nats of the in-window loss (one
 # window's in-window 1K buckets spread by about +-0.2 around their mean: a smaller margin reads the text, not length)
+QUICK_DIR = ROOT / "runs" / "real_model-quick"  # a --quick run's default page and results: never docs/
 READING = "<!-- reading: scripts/real_model.py keeps what follows this line -->"
 
 
@@ -185,11 +188,52 @@ def inwin(r: dict) -> float:
     return sum(v) / len(v)
 
 
-def pct(e) -> str:
-    if e.mean is None:
+def pct(flags: list[bool]) -> str:
+    """A passkey cell: % of keys retrieved, its Wilson 95 % interval (never [0, 0] for 0 of n), n keys."""
+    if not flags:
         return "-"
-    iv = f" [{100 * e.lo:.0f}, {100 * e.hi:.0f}]" if e.lo is not None else ""
-    return f"{100 * e.mean:.0f}{iv} (n={e.n})"
+    w = wilson(sum(flags), len(flags))
+    return f"{100 * w.rate:.0f} [{100 * w.lo:.0f}, {100 * w.hi:.0f}] (n={w.n})"
+
+
+def t_cell(values: list[float], digits: int = 2, spread: bool = True) -> str:
+    """A mean over few units (windows): the 95 % t interval, and (``spread``) the units' range beside it."""
+    v = [x for x in values if not math.isnan(x)]
+    if not v:
+        return "-"
+    m = sum(v) / len(v)
+    if len(v) < 2:
+        return f"{m:.{digits}f} (n=1)"
+    sd = math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
+    h = t_quantile(0.975, len(v) - 1) * sd / math.sqrt(len(v))
+    rng = f" (range {min(v):.{digits}f}-{max(v):.{digits}f})" if spread else ""
+    return f"{m:.{digits}f} [{m - h:.{digits}f}, {m + h:.{digits}f}]{rng}"
+
+
+def copier_loss(keys_in_input: int, digits: int = 5) -> float:
+    """Nats a digit paid by a model that copies one of the K keys in its input at random, ignoring the name: ln K /
+    digits (the first digit picks the key, the rest follow it)."""
+    return math.log(keys_in_input) / digits
+
+
+def by_distance(by_row: dict, plan: Plan) -> str:
+    """Table D: the answer loss of each (length, depth) key, mean over windows, by its distance to the question,
+    with the references a reading needs: a uniform guess (ln 10) and a copier of one of the K keys in the input."""
+    slots = sorted({(k["length"], k["depth"]) for recs in by_row.values() for r in recs for k in r["keys"]})
+    if not slots:
+        return ""
+    some = next(iter(by_row.values()))
+    dist = {s: [k["distance"] for r in some for k in r["keys"] if (k["length"], k["depth"]) == s] for s in slots}
+    k_in = {L: sum(1 for (L2, _d) in slots if L2 <= L) for L in plan.lengths}
+    head = ["| row | " + " | ".join(f"{kilo(L)}, key {sum(dist[(L, d)]) / len(dist[(L, d)]):,.0f} back"
+                                     for (L, d) in slots) + " |", "|" + "---|" * (len(slots) + 1)]
+    refs = ("| *references* | " + " | ".join(f"guess {math.log(10):.2f}; copier of {k_in[L]}: "
+                                             f"{copier_loss(k_in[L]):.2f}" for (L, d) in slots) + " |")
+    rows = [f"| {name} | " + " | ".join(t_cell([sum(k["answer_loss"] for k in r["keys"] if (k["length"],
+                                                k["depth"]) == s) for r in recs]) for s in slots) + " |"
+            for name, recs in by_row.items()]
+    return ("\n### D. Answer loss by key distance (nats per digit; mean over windows [95 % t interval over windows] "
+            "(range of the windows))\n\n" + "\n".join(head + [refs] + rows) + "\n")
 
 
 def summarize(by_row: dict, plan: Plan, model_dir: Path) -> list[dict]:
@@ -206,19 +250,22 @@ def summarize(by_row: dict, plan: Plan, model_dir: Path) -> list[dict]:
     for name, recs in by_row.items():
         spec = state_specs[name]
         keys = [k for r in recs for k in r["keys"]]
-        acc = {kilo(L): cell([float(k["retrieved"]) for k in keys if k["length"] == L]) for L in plan.lengths}
+        acc = {kilo(L): [bool(k["retrieved"]) for k in keys if k["length"] == L] for L in plan.lengths}
         ans = {kilo(L): cell([k["answer_loss"] for k in keys if k["length"] == L]) for L in plan.lengths}
         nb = plan.total // plan.bucket
-        buckets = [cell([r["buckets"][b] for r in recs if not math.isnan(r["buckets"][b])]) for b in range(nb)]
-        cost = cell([inwin(r) - base[r["window"]] for r in recs if r["window"] in base])
+        bucket_values = [[r["buckets"][b] for r in recs if not math.isnan(r["buckets"][b])] for b in range(nb)]
+        buckets = [cell(v) for v in bucket_values]  # the means the effective length reads
+        cost = [inwin(r) - base[r["window"]] for r in recs if r["window"] in base]
         bound = describe(cfg, spec, seq_len=plan.total)["reach"]
-        eff_pk = effective_length({c: acc[c].mean for c in cols}, PASS, columns=cols)
+        eff_pk = effective_length({c: sum(acc[c]) / len(acc[c]) if acc[c] else None for c in cols}, PASS,
+                                  columns=cols)
         eff_ans = effective_length({c: -ans[c].mean for c in cols}, -GUESS, columns=cols)
         bcols = [kilo((b + 1) * plan.bucket) for b in range(1, nb)]
         eff_loss = effective_length({c: -buckets[b + 1].mean for b, c in enumerate(bcols)},
                                     None if ref is None else -(ref + MARGIN), columns=bcols)
         out.append({"row": name, "spec": spec.label(), "windows": len(recs), "bound": bound, "passkey": acc,
-                    "answer_loss": ans, "buckets": buckets, "inwin_cost": cost, "eff_passkey": eff_pk.text(),
+                    "answer_loss": ans, "buckets": buckets, "bucket_values": bucket_values,
+                    "inwin_cost": cost, "eff_passkey": eff_pk.text(),
                     "eff_answer": eff_ans.text(), "eff_loss": eff_loss.text(), "inwin": cell([inwin(r) for r in recs]),
                     "seconds": sum(r["seconds"] for r in recs)})
     return out
@@ -238,7 +285,7 @@ def tables(rows: list[dict], plan: Plan, ref: float | None) -> str:
          "in-window cost (nats) |", "|" + "---|" * (len(cols) + 6)]
     for r in rows:
         a.append(f"| {r['row']} | {bound(r['bound'])} | " + " | ".join(pct(r["passkey"][c]) for c in cols)
-                 + f" | {r['eff_passkey']} | {r['eff_answer']} | {r['eff_loss']} | {r['inwin_cost'].text(3)} |")
+                 + f" | {r['eff_passkey']} | {r['eff_answer']} | {r['eff_loss']} | {t_cell(r['inwin_cost'], 3)} |")
     b = ["| row | " + " | ".join(f"answer loss {c}" for c in cols) + " |", "|" + "---|" * (len(cols) + 1)]
     for r in rows:
         b.append(f"| {r['row']} | " + " | ".join(r["answer_loss"][c].text(2) + f" (n={r['answer_loss'][c].n})"
@@ -248,15 +295,16 @@ def tables(rows: list[dict], plan: Plan, ref: float | None) -> str:
     for i in range(nb):
         lab = f"{kilo(i * plan.bucket)}-{kilo((i + 1) * plan.bucket)}"
         mark = " (past the window)" if i * plan.bucket >= plan.orig else ""
-        c.append(f"| {lab}{mark} | " + " | ".join(r["buckets"][i].text(2) for r in rows) + " |")
+        c.append(f"| {lab}{mark} | " + " | ".join(t_cell(r["bucket_values"][i], spread=False) for r in rows) + " |")
     refs = "-" if ref is None else f"{ref:.3f}"
-    return ("### A. Passkey retrieval (% of keys; [95 % bootstrap interval], n keys) and the effective lengths\n\n"
+    return ("### A. Passkey retrieval (% of keys; [95 % Wilson interval], n keys) and the effective lengths\n\n"
             + "\n".join(a) + f"\n\nIn-window loss of the unscaled model (positions {kilo(plan.bucket)}-"
             f"{kilo(plan.orig)}, mean over windows): {refs} nats/token; a row's in-window cost is its own minus that, "
-            "window by window (interval over windows).\n\n"
-            "### B. Answer loss (nats per answer digit, teacher-forced; mean [95 % interval], n keys)\n\n"
+            "window by window (95 % t interval over windows, and the windows' range).\n\n"
+            "### B. Answer loss (nats per answer digit, teacher-forced; mean [95 % bootstrap interval over keys], "
+            "n keys)\n\n"
             + "\n".join(b) + "\n\n### C. Loss by position (nats/token over the novel's own tokens; mean over windows "
-            "[95 % bootstrap interval over windows])\n\n" + "\n".join(c) + "\n")
+            "[95 % t interval over windows])\n\n" + "\n".join(c) + "\n")
 
 
 def header(plan: Plan, argv: list[str], rows: list[dict], meta: dict, n_rows: int, results: str) -> str:
@@ -293,11 +341,21 @@ def write_page(out: Path, plan: Plan, work: Path, argv: list[str], model_dir: Pa
     ref = sum(base) / len(base) if base else None
     res = work / "results.jsonl"
     res = res.relative_to(ROOT) if res.resolve().is_relative_to(ROOT) else res
-    text = header(plan, argv, rows, machine(), len(order), str(res)) + tables(rows, plan, ref)
+    ordered = {name: by_row[name] for name in order if name in by_row}
+    text = header(plan, argv, rows, machine(), len(order), str(res)) + tables(rows, plan, ref) + by_distance(ordered,
+                                                                                                             plan)
     kept = out.read_text(encoding="utf-8").split(READING, 1) if out.is_file() else []
     text += "\n" + READING + (kept[1] if len(kept) == 2 else "\n")
     write_text_atomic(out, text)
     return rows
+
+
+def outputs(quick: bool, out: str | None, work: str | None) -> tuple[Path, Path]:
+    """The page and the results directory: docs/ for the measurement; a --quick run writes under runs/ unless told
+    where (it never appends toy records to the committed results a full run resumes from)."""
+    home = QUICK_DIR if quick else ROOT / "docs" / "real_model"
+    return Path(out) if out else (home / "real_model.md" if quick else ROOT / "docs" / "real_model.md"), \
+        Path(work) if work else home
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,9 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="2 windows of 512 tokens, the specs' original context 256 "
                                                         "(seconds: the code path, not a measurement)")
     p.add_argument("--windows", type=int, help="windows (default 3; --quick 2)")
-    p.add_argument("--out", default=str(ROOT / "docs" / "real_model.md"), help="the page to write")
-    p.add_argument("--work", default=str(ROOT / "docs" / "real_model"),
-                   help="where results.jsonl is kept (default: beside the page, committed with it; resumable)")
+    p.add_argument("--out", help="the page to write (default docs/real_model.md; --quick: "
+                                 "runs/real_model-quick/real_model.md, never a committed page)")
+    p.add_argument("--work", help="where results.jsonl is kept (default docs/real_model, beside the page, committed "
+                                  "with it; --quick: runs/real_model-quick; resumable)")
     p.add_argument("--model", default=str(MODEL), help="the model directory (make real-model writes it)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's; 1 is faster on cores other "
                                                 "processes share)")
@@ -318,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = QUICK if a.quick else Plan()
     if a.windows:
         plan = dataclasses.replace(plan, windows=a.windows)
-    model_dir, work = Path(a.model), Path(a.work)
+    out, work = outputs(a.quick, a.out, a.work)
+    model_dir = Path(a.model)
     if a.threads:
         import torch
 
@@ -328,12 +388,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not a.page_only:
         run(plan, work, model_dir)
-    rows = write_page(Path(a.out), plan, work, argv, model_dir)
+    rows = write_page(out, plan, work, argv, model_dir)
     if a.json:
-        print(json.dumps([{k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in r.items()
-                           if k not in ("passkey", "answer_loss", "buckets")} for r in rows], default=str))
+        skip = ("passkey", "answer_loss", "buckets", "bucket_values")
+        print(json.dumps([{k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in r.items() if k not in skip}
+                          for r in rows], default=str))
     else:
-        print(f"[real_model] wrote {a.out} ({len(rows)} rows)")
+        print(f"[real_model] wrote {out} ({len(rows)} rows)")
     return 0
 
 

@@ -70,3 +70,26 @@ def test_equal_frequencies_reuse_a_forward_and_a_rerun_resumes(quick, smollm2):
     assert script.main(["--quick", "--out", str(quick["page"]), "--work", str(quick["work"]),
                         "--model", str(smollm2)]) == 0
     assert len((quick["work"] / "results.jsonl").read_text().splitlines()) == n
+
+
+def test_a_quick_run_never_writes_the_committed_page():
+    """Issue 48 (1): --quick without --out / --work wrote docs/real_model.md and appended toy records to the committed
+    docs/real_model/results.jsonl; its default is now under runs/ (ignored by git)."""
+    page, work = script.outputs(True, None, None)
+    docs = REPO_ROOT / "docs"
+    assert not page.resolve().is_relative_to(docs) and not work.resolve().is_relative_to(docs)
+    assert page.resolve().is_relative_to(REPO_ROOT / "runs")
+    assert script.outputs(False, None, None) == (docs / "real_model.md", docs / "real_model")
+    assert script.outputs(True, "x.md", "w") == (__import__("pathlib").Path("x.md"), __import__("pathlib").Path("w"))
+
+
+def test_passkey_cells_are_wilson_intervals_and_the_copier_reference():
+    from scipy.stats import binomtest
+
+    for k in (0, 1, 9):
+        ci = binomtest(k, 9).proportion_ci(0.95, method="wilson")
+        assert script.pct([True] * k + [False] * (9 - k)) == (
+            f"{100 * k / 9:.0f} [{100 * ci.low:.0f}, {100 * ci.high:.0f}] (n=9)")
+    assert script.pct([False] * 9) == "0 [0, 30] (n=9)"  # never [0, 0]
+    assert script.copier_loss(3) == pytest.approx(math.log(3) / 5)
+    assert script.t_cell([1.0, 2.0, 3.0], spread=False) == "2.00 [-0.48, 4.48]"  # 2 +- 4.303 * 1 / sqrt(3)
