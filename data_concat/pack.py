@@ -39,8 +39,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ropescale.common import prompts
-from ropescale.common.cli import add_command, add_json
-from ropescale.common.io import InputError, check_output_dir, read_jsonl, sha256_file
+from ropescale.common.cli import add_command, add_json, add_overwrite
+from ropescale.common.io import InputError, check_output_dir, claim_output_dir, read_jsonl, sha256_file
 from ropescale.common.settings import add_settings, check, from_args, make, setting
 
 from .packed import FORMAT, FORMAT_VERSION, IGNORE_INDEX, compute_stats, format_stats, load_meta, write_packed
@@ -349,11 +349,13 @@ def register(sub) -> None:
                     epilog=EPILOG)
     add_settings(p, PackSettings)
     add_json(p, "the stats")
+    add_overwrite(p)
     p.set_defaults(func=cmd_pack)
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
     settings = from_args(args, PackSettings)
+    claim_output_dir(settings.out, overwrite=args.overwrite)
     stats = pack(settings, progress=sys.stderr.isatty())
     if args.json:
         print(json.dumps(stats, ensure_ascii=False))

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ropescale.common.chapters import Chapter, add_on_bad, by_book, read_chapters
-from ropescale.common.cli import add_command, add_json
-from ropescale.common.io import InputError, check_output_file, write_jsonl_atomic
+from ropescale.common.cli import add_command, add_json, add_overwrite
+from ropescale.common.io import InputError, claim_output_file, write_jsonl_atomic
 
 from .cuts import MERGE_SEP, count_tokens, merged_title, paragraph_cuts, sentence_cuts, tokenize_with_offsets
 
@@ -183,13 +183,14 @@ def register(sub) -> None:
     add_on_bad(p)
     p.add_argument("--out", required=True, metavar="FILE", help="output JSONL (written atomically)")
     add_json(p, "the report")
+    add_overwrite(p)
     p.set_defaults(func=cmd_pairs)
 
 
 def cmd_pairs(args) -> int:
     from .tokenizer import load_tokenizer
 
-    check_output_file(args.out)
+    claim_output_file(args.out, overwrite=args.overwrite)
     if args.max_pairs is not None and args.max_pairs <= 0:
         raise InputError(f"--max-pairs must be positive, got {args.max_pairs}")
     bad = []

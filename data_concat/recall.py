@@ -6,8 +6,8 @@ import json
 
 import ropescale.common.recall as _task
 from ropescale.common.chapters import read_chapters
-from ropescale.common.cli import add_alias, add_command, add_json
-from ropescale.common.io import InputError, check_output_file, write_jsonl_atomic
+from ropescale.common.cli import add_alias, add_command, add_json, add_overwrite
+from ropescale.common.io import InputError, claim_output_file, write_jsonl_atomic
 from ropescale.common.prompts import PROMPT_TYPES, STYLES
 from ropescale.common.recall import HELDOUT, MARKS, PARTS, recall_samples, sources, split_part, total_tokens
 
@@ -47,6 +47,7 @@ def register(sub) -> None:
                                                          "sentences are marked")
     p.add_argument("--out", required=True, help="output JSONL {id, context, summary, book, chapters, tokens[, subset]}")
     add_json(p, "the report")
+    add_overwrite(p)
     p.set_defaults(func=cmd_recall)
 
 
@@ -55,7 +56,7 @@ def cmd_recall(args) -> int:
 
     from .tokenizer import load_tokenizer
 
-    check_output_file(args.out)
+    claim_output_file(args.out, overwrite=args.overwrite)
     if (args.eval_tokens is None) == (args.min_tokens is None and args.max_tokens is None):
         raise InputError("give either --eval-tokens (an eval set) or --min-tokens and --max-tokens (training pairs)")
     if args.max_answer_tokens is not None and args.eval_tokens is None:

@@ -35,8 +35,8 @@ from typing import Sequence
 
 from ropescale.common import subsets
 from ropescale.common.chapters import Chapter, add_on_bad, by_book, read_chapters
-from ropescale.common.cli import add_command, add_json
-from ropescale.common.io import InputError, check_output_file, write_jsonl_atomic
+from ropescale.common.cli import add_command, add_json, add_overwrite
+from ropescale.common.io import InputError, claim_output_file, write_jsonl_atomic
 
 from .cuts import count_tokens, merged_title, paragraph_token_counts
 
@@ -192,6 +192,7 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, metavar="FILE",
                    help="output CNNSum-format JSONL, each record naming its 'subset' (written atomically)")
     add_json(p, "the report")
+    add_overwrite(p)
     p.set_defaults(func=cmd_sample)
 
 
@@ -207,7 +208,7 @@ def _tokens(v: str) -> int:
 def cmd_sample(args) -> int:
     from .tokenizer import load_tokenizer
 
-    check_output_file(args.out)
+    claim_output_file(args.out, overwrite=args.overwrite)
     if args.subset and subsets.scaled_tokens(args.subset) is not None:
         args.subset_tokens, args.subset = subsets.scaled_tokens(args.subset), None
     if args.subset:

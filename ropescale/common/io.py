@@ -5,6 +5,12 @@
 - Every output file is written to a temporary file in the same directory and renamed into place, so a reader
   never sees a half-written file. It gets the mode a plain ``open(path, "w")`` would give it (an existing file's
   mode, else ``0o666 & ~umask``; directories ``0o777 & ~umask``), not the 0600 / 0700 of ``tempfile``.
+- The one output rule (:func:`claim_output_file`, :func:`claim_output_dir`): a command replaces only what it wrote.
+  A file or directory a command writes at a user's path is listed, with its sha256 (a file) and the command, in
+  ``.ropescale-outputs.json`` (:data:`OUTPUTS_RECORD`) beside it; an existing path that record does not name (or a
+  file changed since) is refused in one line before any work, unless ``--overwrite``. A plot path must end in
+  ``.png``. Run directories follow the same rule in ``ropescale.common.runs.claim_run_dir`` (a non-empty directory
+  that holds no run is refused).
 """
 from __future__ import annotations
 
@@ -222,6 +228,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    if _claimed_path(path):
+        note_output(path)
 
 
 @contextlib.contextmanager
@@ -257,6 +265,8 @@ def atomic_dir(path: str | os.PathLike):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if _claimed_path(path):
+        note_output(path)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -266,6 +276,100 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, ensure_ascii=False, indent=2, sort_keys=False, default=str) + "\n")
+
+
+# ---------------------------------------------------------------- the one output rule: replace only what we wrote
+OUTPUTS_RECORD = ".ropescale-outputs.json"  # beside a command's outputs: {name: {"sha256"|"dir", "by", "at"}}
+SCAFFOLDING = (OUTPUTS_RECORD, ".lock")  # what a command leaves in a folder besides its outputs
+_claimed: set[str] = set()  # absolute paths this process claimed: recorded once written (atomic_open / atomic_dir)
+_claimed_dirs: set[str] = set()  # folders whose files this process writes (a report's --out DIR)
+writer_name = "ropescale"  # who the record says wrote an output (the Tool sets it to its command line)
+
+
+def outputs_record(folder: str | os.PathLike) -> dict:
+    """The outputs record of ``folder`` ({} when there is none or it cannot be read: nothing there is ours)."""
+    try:
+        rec = json.loads((Path(folder) / OUTPUTS_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return rec if isinstance(rec, dict) else {}
+
+
+def wrote(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is what a command of this tool wrote there and nobody changed since (the record beside it
+    names it; a file's sha256 still the recorded one)."""
+    path = Path(path)
+    entry = outputs_record(path.parent).get(path.name)
+    if not isinstance(entry, dict):
+        return False
+    if path.is_dir() and not path.is_symlink():
+        return entry.get("dir") is True
+    return path.is_file() and entry.get("sha256") == sha256_file(path)
+
+
+def note_output(path: str | os.PathLike) -> None:
+    """Record ``path`` (a file or directory just written) in the outputs record beside it."""
+    path = Path(path)
+    rec = outputs_record(path.parent)
+    entry = {"dir": True} if path.is_dir() else {"sha256": sha256_file(path)}
+    rec[path.name] = {**entry, "by": writer_name, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    with atomic_open(path.parent / OUTPUTS_RECORD) as f:
+        f.write(json.dumps(rec, ensure_ascii=False, indent=1, sort_keys=True) + "\n")
+
+
+def _claimed_path(path: Path) -> bool:
+    if path.name == OUTPUTS_RECORD:
+        return False
+    return os.path.abspath(path) in _claimed or os.path.abspath(path.parent) in _claimed_dirs
+
+
+def foreign_entries(d: str | os.PathLike) -> list[str]:
+    """The names in directory ``d`` that no command of this tool wrote, sorted: its record and scaffolding, the
+    temp files of an interrupted atomic write, recorded outputs, run directories (``run.json``) and folders of
+    only such entries aside."""
+    def ours(e: Path) -> bool:
+        if e.name in SCAFFOLDING or (e.name.startswith(".") and ".tmp" in e.name) or wrote(e):
+            return True
+        return e.is_dir() and not e.is_symlink() and ((e / "run.json").is_file() or not foreign_entries(e))
+
+    return sorted(e.name for e in Path(d).iterdir() if not ours(e))
+
+
+def refuse_foreign(path: Path, what: str | None, why: str) -> InputError:
+    flag = f"{what}: " if what else ""
+    return InputError(f"{flag}{why}, not written by this tool: pass --overwrite to replace it, or choose a new "
+                      "path", path)
+
+
+def claim_output_file(path: str | os.PathLike, what: str | None = "--out", *, overwrite: bool = False,
+                      suffix: str | None = None) -> Path:
+    """``path`` may be written as this command's output file (:func:`check_output_file`), checked before any work:
+    with ``suffix`` (``.png``) it ends so; an existing file is replaced only when this tool wrote it
+    (:func:`wrote`) or with ``overwrite``. The file is recorded as ours once written."""
+    path = check_output_file(path, what)
+    if suffix and path.suffix.lower() != suffix:
+        raise InputError(f"{what + ': ' if what else ''}must end in {suffix} (it is written as {suffix[1:].upper()})",
+                         path)
+    if (path.exists() or path.is_symlink()) and not overwrite and not wrote(path):
+        raise refuse_foreign(path, what, "an existing file")
+    _claimed.add(os.path.abspath(path))
+    return path
+
+
+def claim_output_dir(path: str | os.PathLike, what: str | None = "--out", *, overwrite: bool = False,
+                     whole: bool = True) -> Path:
+    """``path`` may be written as this command's output directory (:func:`check_output_dir`), checked before any
+    work: new, empty, or holding only what this tool wrote; else only with ``overwrite``. ``whole``: the command
+    writes the directory itself (:func:`atomic_dir`: recorded beside it); else the files it writes in it are
+    recorded (a report's tables)."""
+    path = check_output_dir(path, what)
+    if path.is_dir() and not overwrite and not (whole and wrote(path)):
+        foreign = foreign_entries(path)
+        if foreign:
+            more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+            raise refuse_foreign(path, what, f"a non-empty directory (it holds {foreign[0]}{more})")
+    (_claimed if whole else _claimed_dirs).add(os.path.abspath(path))
+    return path
 
 
 def write_jsonl_atomic(path: str | os.PathLike, rows: Iterable[dict]) -> None:

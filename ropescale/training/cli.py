@@ -1,5 +1,5 @@
 """finetune.py's command line: ``finetune.py [train] FLAGS``, ``finetune.py merge --run DIR --out DIR`` and
-``finetune.py plot --run DIR``."""
+``finetune.py plot RUN``."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,17 @@ import json
 import sys
 from pathlib import Path
 
-from ropescale.common.cli import Tool, add_command, add_dtype, add_json, add_out, add_resume, doc_sections, print_result
+from ropescale.common.cli import (
+    Tool,
+    add_command,
+    add_dtype,
+    add_json,
+    add_out,
+    add_overwrite,
+    add_resume,
+    doc_sections,
+    print_result,
+)
 
 DESCRIPTION = """\
 LoRA fine-tuning with RoPE scaling on packed long samples (CNNSum Sec 5 / App. B.2).
@@ -18,7 +28,7 @@ LoRA fine-tuning with RoPE scaling on packed long samples (CNNSum Sec 5 / App. B
       --rope ntk --scale 8                            # the paper's run
   python finetune.py --recipe recipes/qwen1.5-7b_ntk-x8_16k.yaml --model /path/Qwen1.5-7B --data PACKED
   python finetune.py merge --run runs/train/tiny-ntk-x8 --out models/tiny-ntk-x8
-  python finetune.py plot --run runs/train/tiny-ntk-x8   # its loss and learning rate per step, as a PNG
+  python finetune.py plot runs/train/tiny-ntk-x8         # its loss and learning rate per step, as a PNG
 """
 
 TRAIN_DESCRIPTION = """\
@@ -74,8 +84,10 @@ def register_plot(sub) -> None:
                     description="Draw the loss and the learning rate of each logged step of a finetune run (its "
                                 "train_log.jsonl; also a run that was stopped) into RUN/train_curves.png, the figure "
                                 "a fine-tune draws when it ends. Prints the PNG's path.")
-    p.add_argument("--run", required=True, metavar="DIR", help="finetune run directory")
+    p.add_argument("run", nargs="?", metavar="RUN", help="finetune run directory")
+    p.add_argument("--run", dest="run_flag", metavar="DIR", help="the same as RUN")
     add_out(p, "where to write the PNG (default: RUN/train_curves.png)", required=False, metavar="FILE.png")
+    add_overwrite(p)
     add_json(p, "the PNG's path and the steps drawn")
     p.set_defaults(func=cmd_plot)
 
@@ -106,14 +118,21 @@ def cmd_merge(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from ropescale.common.io import check_output_file
+    from ropescale.common.io import InputError, check_output_file, claim_output_file
 
     from .curves import CURVES_PNG, plot_curves, read_log
 
-    out = args.out or str(Path(args.run) / CURVES_PNG)
-    check_output_file(out)
-    png = plot_curves(args.run, out)
-    return print_result({"png": str(png), "steps": len(read_log(args.run))}, args.json, str(png))
+    if args.run and args.run_flag and args.run != args.run_flag:
+        raise InputError(f"two run directories given ({args.run} and --run {args.run_flag}): give one")
+    run = args.run or args.run_flag
+    if not run:
+        raise InputError("plot needs the run directory: finetune.py plot RUN")
+    if args.out:  # the user's path: replaced only when this tool wrote it (or --overwrite)
+        out = claim_output_file(args.out, overwrite=args.overwrite, suffix=".png")
+    else:  # the run's own figure, which the fine-tune wrote
+        out = check_output_file(Path(run) / CURVES_PNG)
+    png = plot_curves(run, out)
+    return print_result({"png": str(png), "steps": len(read_log(run))}, args.json, str(png))
 
 
 main = TOOL.entry()

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..io import InputError, check_output_dir
+from ..io import InputError, check_output_dir, foreign_entries
 from ..settings import _nested_fields, fmt, from_record, specs, value_of
 from .locks import lock_run_dir
 from .record import RUN_JSON, RunMeta
@@ -19,10 +19,17 @@ from .record import RUN_JSON, RunMeta
 # ---------------------------------------------------------------- whose directory, and the one resume check
 def claim_run_dir(path: str | os.PathLike, kind: str, *, what: str = "--out") -> RunMeta | None:
     """The run already in ``path`` (None when there is none): a directory holding a run record is that run's, so
-    a record of another kind (or an unreadable one) is an InputError whatever the flags; the caller decides what a
-    run of its own kind may do (:func:`check_resume`)."""
+    a record of another kind (or an unreadable one) is an InputError whatever the flags, and so is a non-empty
+    directory that holds no run (``ropescale.common.io.foreign_entries``: files no command of this tool wrote); the
+    caller decides what a run of its own kind may do (:func:`check_resume`)."""
     p = Path(path)
     if not (p / RUN_JSON).exists():
+        foreign = foreign_entries(p) if p.is_dir() else []
+        if foreign:
+            more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+            raise InputError(f"a non-empty directory that holds no run (it holds {foreign[0]}{more}): a {kind} run "
+                             f"is written only into a new or empty directory or its own run directory; use another "
+                             f"{what}", p)
         return None
     meta = RunMeta.read(p)
     if meta.kind != kind:

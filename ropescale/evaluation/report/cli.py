@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from ropescale.common.cli import add_command, add_format
-from ropescale.common.io import InputError, check_output_dir, check_output_file, write_text_atomic
+from ropescale.common.cli import add_command, add_format, add_overwrite
+from ropescale.common.io import InputError, claim_output_dir, claim_output_file, write_text_atomic
 from ropescale.common.rouge import DEFAULT_METRIC, METRICS
 
 from .model import Report, parse_buckets
@@ -56,6 +56,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-intervals", dest="intervals", action="store_false",
                    help="markdown cells without their 95%% bootstrap interval (JSON and CSV always carry n and the "
                         "interval; markdown has them by default)")
+    add_overwrite(p, "--out / --plot")
     p.add_argument("--intervals", dest="intervals", action="store_true", help=argparse.SUPPRESS)  # the default now
     p.add_argument("--effective-threshold", type=float, metavar="X", default=None,
                    help="also the longest length up to which a row scores >= X (a fixed threshold: RULER's rule, and "
@@ -79,13 +80,14 @@ def plot_report(rep: Report, path: str | os.PathLike, window: int = 15) -> Path:
 
 
 
-def check_report_out(out_dir=None, plot=None) -> None:
-    """Where a report goes must be usable before anything is written: ``out_dir`` a directory or nothing yet,
-    ``plot`` a file path, not a directory (and no parent of either a file)."""
+def check_report_out(out_dir=None, plot=None, *, overwrite: bool = False) -> None:
+    """Where a report goes must be usable before anything is written (the one output rule,
+    ``ropescale.common.io.claim_output_file``): ``out_dir`` a new or empty directory or one of reports this tool
+    wrote, ``plot`` a ``.png`` path that is new or this tool's (else only with ``overwrite``)."""
     if out_dir is not None:
-        check_output_dir(out_dir)
+        claim_output_dir(out_dir, "--out", overwrite=overwrite, whole=False)
     if plot is not None:
-        check_output_file(plot)
+        claim_output_file(plot, "--plot", overwrite=overwrite, suffix=".png")
 
 
 def make_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.PathLike] = (),
@@ -93,7 +95,7 @@ def make_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.Pa
                 view: Optional[str] = None, out_dir: Optional[str | os.PathLike] = None,
                 plot: Optional[str | os.PathLike] = None, window: int = 15, save_scores: bool = True,
                 intervals: bool = True, effective_threshold: Optional[float] = None,
-                resamples: Optional[int] = None) -> str:
+                resamples: Optional[int] = None, overwrite: bool = False) -> str:
     """Everything ``eval_summ.py report`` does, as one call (``eval_summ.py run`` uses it): build the views,
     validate every input, then save recomputed run scores, write ``out_dir`` tables and the ``plot`` PNG, and
     return the text to print. Bad input raises InputError before anything is written."""
@@ -103,7 +105,7 @@ def make_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.Pa
         raise InputError(f"--resamples must be >= 1, got {resamples}")
     if effective_threshold is not None and not math.isfinite(effective_threshold):
         raise InputError(f"--effective-threshold must be a number, got {effective_threshold}")
-    check_report_out(out_dir, plot)
+    check_report_out(out_dir, plot, overwrite=overwrite)
     from .intake import build_report, save_fresh_scores  # (scoring: imported when a report is made, not for --help)
 
     rep = build_report(sources, scores_csv=scores_csv, metric=metric, buckets=buckets, resamples=resamples)
@@ -134,7 +136,8 @@ def cmd_report(args: argparse.Namespace) -> int:
                        buckets=parse_buckets(args.buckets) if args.buckets else None, fmt=args.format,
                        view=args.view, out_dir=args.out, plot=args.plot, window=args.window,
                        save_scores=not args.no_save_scores, intervals=args.intervals,
-                       effective_threshold=args.effective_threshold, resamples=args.resamples)
+                       effective_threshold=args.effective_threshold, resamples=args.resamples,
+                       overwrite=args.overwrite)
     sys.stdout.write(text)
     sys.stdout.flush()
     return 0
@@ -150,6 +153,7 @@ def register_probes(subparsers) -> argparse.ArgumentParser:
     add_format(p)
     p.add_argument("--out", metavar="DIR", help="also write every table as DIR/<probe>.{md,csv,json}")
     p.add_argument("--plot", metavar="FILE.png", help="write a PNG plot here")
+    add_overwrite(p, "--out / --plot")
     p.set_defaults(func=cmd_probes_report)
     return p
 
@@ -160,8 +164,8 @@ def cmd_probes_report(args: argparse.Namespace) -> int:
 
     one_file = args.out is not None and Path(args.out).suffix.lower() in TABLE_SUFFIXES
     if one_file:
-        check_output_file(args.out)
-    check_report_out(None if one_file else args.out, args.plot)
+        claim_output_file(args.out, overwrite=args.overwrite)
+    check_report_out(None if one_file else args.out, args.plot, overwrite=args.overwrite)
     summaries = load_probe_runs(args.runs)
     text = render_probes(summaries, args.format)
     print(text, end="")
