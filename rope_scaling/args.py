@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ropescale.common.settings import add_arguments, build, given
 
+from .formulas import range_warning
 from .spec import RopeSpec
+
+_WARNED: set[str] = set()  # the settings warned about in this process (one line each)
 
 
 def add_rope_args(parser: argparse.ArgumentParser, *, suppress_defaults: bool = False) -> argparse.ArgumentParser:
@@ -15,5 +19,17 @@ def add_rope_args(parser: argparse.ArgumentParser, *, suppress_defaults: bool = 
 
 
 def spec_from_args(args: argparse.Namespace) -> RopeSpec:
-    """The RopeSpec the parsed flags describe (InputError on a bad combination)."""
-    return build(RopeSpec, given(args, RopeSpec))
+    """The RopeSpec the parsed flags describe (InputError on a bad combination); past its method's published range,
+    one warning line on stderr (:func:`warn_range`)."""
+    spec = build(RopeSpec, given(args, RopeSpec))
+    warn_range(spec)
+    return spec
+
+
+def warn_range(spec: RopeSpec) -> None:
+    """One line on stderr, once per setting in a process, when ``spec`` asks for more than its method's sources
+    report (``formulas.range_warning``: e.g. yarn past x32)."""
+    w = range_warning(spec)
+    if w and spec.label() not in _WARNED:
+        _WARNED.add(spec.label())
+        print(w, file=sys.stderr)

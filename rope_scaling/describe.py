@@ -199,7 +199,9 @@ def bound_lines(d: dict) -> list[str]:
 def add_describe_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     src = p.add_argument_group("the model (exactly one of: --config, --preset, or --head-dim + --rope-theta + "
                                "--orig-ctx)")
-    src.add_argument("--config", metavar="PATH", help="an HF config.json, or a model directory holding one")
+    src.add_argument("--config", metavar="PATH", help="an HF config.json, or a model directory holding one (--model "
+                                                        "PATH: the same, as the other commands spell it)")
+    src.add_argument("--model", dest="config", metavar="PATH", help=argparse.SUPPRESS)
     src.add_argument("--preset", choices=sorted(PRESETS), help="a known model's RoPE (base, context, head_dim)")
     src.add_argument("--head-dim", type=int, metavar="D",
                      help="rotary head dimension (with --rope-theta and --orig-ctx)")
@@ -263,7 +265,7 @@ def trained_length_of(args: argparse.Namespace) -> float | None:
 
 def cmd_describe(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    spec = spec_from_args(args)
+    spec = spec_from_args(args)  # warns on stderr past the method's published range
     d = describe(cfg, spec, args.seq_len, trained_length_of(args))
     text = json.dumps(d, indent=1) if args.json else format_table(d)
     sys.stdout.write(text + "\n")

@@ -50,17 +50,35 @@ def dynamic_ntk_base(base: float, d: int, s: float, seq_len: int, orig_ctx: int)
     return base * ((s * L / orig_ctx) - (s - 1)) ** (d / (d - 2))
 
 
-def yarn_correction_range(d: int, base: float, orig_ctx: int, beta_fast: float, beta_slow: float) -> tuple[int, int]:
-    """Ramp ends floor(i(beta_fast)), ceil(i(beta_slow)); i(r) = d*ln(L/(2*pi*r))/(2*ln b) -- YaRN Sec 3.2."""
+def yarn_correction_range(d: int, base: float, orig_ctx: int, beta_fast: float, beta_slow: float,
+                          truncate: bool = True) -> tuple[float, float]:
+    """Ramp ends i(beta_fast), i(beta_slow), i(r) = d*ln(L/(2*pi*r))/(2*ln b), floored / ceiled to whole pairs unless
+    ``truncate`` is False (gpt-oss), clamped to [0, d-1] -- YaRN Sec 3.2; transformers ``_compute_yarn_parameters``."""
     def dim(rot: float) -> float:
         return d * math.log(orig_ctx / (rot * 2 * math.pi)) / (2 * math.log(base))
 
-    return max(math.floor(dim(beta_fast)), 0), min(math.ceil(dim(beta_slow)), d - 1)
+    low, high = dim(beta_fast), dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    return max(low, 0), min(high, d - 1)
 
 
-def yarn_attention_factor(s: float) -> float:
-    """sqrt(1/t) = 0.1 * ln(s) + 1 (1 for s <= 1) -- YaRN arXiv 2309.00071 Sec 3.4."""
-    return 1.0 if s <= 1 else 0.1 * math.log(s) + 1.0
+def yarn_attention_factor(s: float, mscale: float = 1.0) -> float:
+    """sqrt(1/t) = 0.1 * m * ln(s) + 1 (1 for s <= 1; m = 1 in the paper) -- YaRN arXiv 2309.00071 Sec 3.4;
+    DeepSeek-V3's ``yarn_get_mscale(scale, mscale)``."""
+    return 1.0 if s <= 1 else 0.1 * mscale * math.log(s) + 1.0
+
+
+def yarn_full_attention_factor(spec: RopeSpec, s: float) -> float:
+    """The attention factor of a YaRN spec at scale s: --yarn-mscale when set, else DeepSeek's ratio
+    mscale(s, c) / mscale(s, c') when both coefficients are set (nonzero), else 0.1 ln(s) + 1 -- transformers
+    ``_compute_yarn_parameters`` (DeepSeek-V3 / Kimi-K2 configs)."""
+    if spec.yarn_mscale is not None:
+        return spec.yarn_mscale
+    c, c_all = spec.yarn_mscale_coef, spec.yarn_mscale_all_dim
+    if c and c_all:
+        return yarn_attention_factor(s, c) / yarn_attention_factor(s, c_all)
+    return yarn_attention_factor(s)
 
 
 # ---------------------------------------------------------------- one function per method
@@ -88,14 +106,15 @@ def _dynamic_ntk(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Fr
 
 def _yarn(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Freqs:
     """NTK-by-parts (linear ramp between the correction dims) + attention 0.1*ln(s)+1 -- YaRN 2309.00071 Sec 3.2-3.4."""
-    att = spec.yarn_mscale if spec.yarn_mscale is not None else yarn_attention_factor(spec.scale)
-    return Freqs(yarn_inv_freq(d, base, spec.scale, spec.orig_ctx, spec.yarn_alpha, spec.yarn_beta), att, base)
+    return Freqs(yarn_inv_freq(d, base, spec.scale, spec.orig_ctx, spec.yarn_alpha, spec.yarn_beta, spec.yarn_truncate),
+                 yarn_full_attention_factor(spec, spec.scale), base)
 
 
-def yarn_inv_freq(d: int, base: float, s: float, orig_ctx: int, alpha: float, beta: float) -> list[float]:
+def yarn_inv_freq(d: int, base: float, s: float, orig_ctx: int, alpha: float, beta: float,
+                  truncate: bool = True) -> list[float]:
     """theta_i/s * ramp_i + theta_i * (1 - ramp_i), the ramp linear in i between the correction dims -- YaRN arXiv
     2309.00071 Sec 3.2 (NTK-by-parts), as its reference code (jquesnelle/yarn) and transformers compute it."""
-    low, high = yarn_correction_range(d, base, orig_ctx, beta, alpha)
+    low, high = yarn_correction_range(d, base, orig_ctx, beta, alpha, truncate)
     if high == low:
         high += 0.001  # as the reference implementation: avoid a zero-width ramp
     out = []
@@ -189,6 +208,11 @@ def _yarn_hf(spec: RopeSpec, b: float, d: int) -> tuple[dict, int]:
     if spec.yarn_mscale is not None:
         e["attention_factor"] = spec.yarn_mscale  # transformers: the factor itself
         e["attn_factor"] = spec.yarn_mscale / yarn_attention_factor(spec.scale)  # vLLM: a multiplier on 0.1*ln(s)+1
+    for k, v in (("mscale", spec.yarn_mscale_coef), ("mscale_all_dim", spec.yarn_mscale_all_dim)):
+        if v is not None:
+            e[k] = v  # DeepSeek's coefficients, transformers computes the factor from them
+    if not spec.yarn_truncate:
+        e["truncate"] = False
     return e, _extended(spec)
 
 
@@ -245,10 +269,16 @@ def _dynamic_ntk_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
 
 
 def _yarn_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
-    if e.get("mscale") or e.get("mscale_all_dim") or e.get("truncate") is False:
-        raise InputError("yarn with mscale / mscale_all_dim / truncate=false is not supported")
+    # transformers: no factor means max_position_embeddings / original (DeepSeek-V3's note); mscale / mscale_all_dim
+    # (DeepSeek, Kimi-K2) and truncate (gpt-oss) as _compute_yarn_parameters reads them
+    if e.get("factor") is None and orig:
+        e = {**e, "factor": max_pos / orig}
+    if not isinstance(e.get("truncate", True), bool):
+        raise InputError(f"yarn truncate must be true or false, got {e['truncate']!r}")
     return {"method": "yarn", "scale": _factor(e), "orig_ctx": orig or max_pos, "yarn_alpha": e.get("beta_slow")
-            or 1.0, "yarn_beta": e.get("beta_fast") or 32.0, "yarn_mscale": e.get("attention_factor")}
+            or 1.0, "yarn_beta": e.get("beta_fast") or 32.0, "yarn_mscale": e.get("attention_factor"),
+            "yarn_mscale_coef": e.get("mscale"), "yarn_mscale_all_dim": e.get("mscale_all_dim"),
+            "yarn_truncate": e.get("truncate", True)}
 
 
 def _llama3_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
@@ -287,6 +317,13 @@ def _check_yarn(spec: RopeSpec) -> None:
         raise InputError(f"yarn alpha (slow, {spec.yarn_alpha:g}) must be < yarn beta (fast, {spec.yarn_beta:g})")
     if spec.yarn_mscale is not None and not (isinstance(spec.yarn_mscale, (int, float)) and spec.yarn_mscale > 0):
         raise InputError(f"yarn mscale must be a number > 0, got {spec.yarn_mscale!r}")
+    for k in ("yarn_mscale_coef", "yarn_mscale_all_dim"):
+        v = getattr(spec, k)
+        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                  and v >= 0):
+            raise InputError(f"{k} must be a finite number >= 0, got {v!r}")
+    if not isinstance(spec.yarn_truncate, bool):
+        raise InputError(f"yarn truncate must be true or false, got {spec.yarn_truncate!r}")
 
 
 def _check_longrope(spec: RopeSpec) -> None:
@@ -318,8 +355,11 @@ def _check_llama3(spec: RopeSpec) -> None:
 def _yarn_details(st, seq_len: int) -> dict:
     sp = st.spec
     b = sp.rope_base if sp.rope_base is not None else st.base
-    low, high = yarn_correction_range(st.rotary_dim, b, st.orig_ctx, sp.yarn_beta, sp.yarn_alpha)
-    return {"yarn": {"alpha": sp.yarn_alpha, "beta": sp.yarn_beta, "ramp_low": low, "ramp_high": high}}
+    low, high = yarn_correction_range(st.rotary_dim, b, st.orig_ctx, sp.yarn_beta, sp.yarn_alpha,
+                                      sp.yarn_truncate)
+    return {"yarn": {"alpha": sp.yarn_alpha, "beta": sp.yarn_beta, "ramp_low": low, "ramp_high": high,
+                     "truncate": sp.yarn_truncate, "mscale": sp.yarn_mscale_coef,
+                     "mscale_all_dim": sp.yarn_mscale_all_dim}}
 
 
 def _dynamic_yarn_details(st, seq_len: int) -> dict:
@@ -330,7 +370,13 @@ def _dynamic_yarn_details(st, seq_len: int) -> dict:
 
 def _yarn_lines(d: dict) -> list[str]:
     y = d["yarn"]
-    return [f"yarn alpha {y['alpha']:g} beta {y['beta']:g}: ramp between pair {y['ramp_low']} and {y['ramp_high']}"]
+    ends = "" if y.get("truncate", True) else " (exact ends: truncate false)"
+    out = [f"yarn alpha {y['alpha']:g} beta {y['beta']:g}: ramp between pair {y['ramp_low']:g} and "
+           f"{y['ramp_high']:g}{ends}"]
+    if y.get("mscale") is not None or y.get("mscale_all_dim") is not None:
+        out.append(f"yarn mscale {y['mscale']} mscale_all_dim {y['mscale_all_dim']}: attention factor "
+                   f"{d['attention_factor']:.6g} (DeepSeek's ratio when both are set)")
+    return out
 
 
 def _longrope_details(st, seq_len: int) -> dict:
@@ -411,7 +457,8 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
            _dynamic_ntk_hf, needs_orig_ctx=True, reads="dynamic", from_hf=_dynamic_ntk_from_hf, by_length=True,
            changes_base=True, describe=Describe(at=_dynamic_ntk_at)),
     Method("yarn", "NTK-by-parts + attention temperature", _yarn, _yarn_hf, _check_yarn, needs_orig_ctx=True,
-           reads="yarn", from_hf=_yarn_from_hf, owns=(*_YARN, "yarn_mscale"),
+           reads="yarn", from_hf=_yarn_from_hf,
+           owns=(*_YARN, "yarn_mscale", "yarn_mscale_coef", "yarn_mscale_all_dim", "yarn_truncate"),
            describe=Describe(_yarn_details, _yarn_lines)),
     Method("dynamic_yarn", "YaRN at scale max(1, current length / orig-ctx), per sample (the YaRN repo's dynamic "
            "YaRN; written as static yarn x s for plain transformers)", _dynamic_yarn, _dynamic_yarn_hf, _check_yarn,
@@ -429,6 +476,40 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
 METHODS = tuple(n for n, m in REGISTRY.items() if m.user)  # what a user can ask for (--rope's choices)
 NATIVE_METHODS = tuple(n for n, m in REGISTRY.items() if not m.user)  # read from configs; apply_rope writes it back
 PLAIN = next(n for n, m in REGISTRY.items() if m.plain)  # the method of an unscaled model ("none")
+
+
+def method_hint(name) -> str:
+    """`` (did you mean pi? ...)`` for a --rope value that is not a method: transformers' rope type of one (linear ->
+    pi, dynamic -> dynamic_ntk), another case or spelling (YaRN, dynamic-ntk) or a near miss; "" when none is near."""
+    import difflib
+
+    n = str(name).strip()
+    key = n.lower().replace("-", "_")
+    readers = {t: m.name for t, m in hf_readers().items() if m.user and t != m.name}
+    if key in readers:
+        return f" (did you mean {readers[key]}? transformers calls it {key!r})"
+    if key in METHODS:
+        return f" (did you mean {key}? method names are lower case with underscores)"
+    near = difflib.get_close_matches(key, METHODS, n=1, cutoff=0.6)
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
+# The largest extension each method's own paper (or model card) reports: past it, a one-line warning (a typo, or a
+# setting nobody has measured). PI: 2K -> 32K on LLaMA (Chen et al. 2023, Sec 3); YaRN: x32 (Llama 2 at 128K,
+# Peng et al. 2023, Sec 4); dynamic NTK / NTK: YaRN's Table 1-2 runs to x32 too; llama3: x8 (Llama 3.1's config);
+# LongRoPE: x512 (4K -> 2048K, Ding et al. 2024).
+PUBLISHED = {"pi": 16.0, "ntk": 32.0, "dynamic_ntk": 32.0, "yarn": 32.0, "dynamic_yarn": 32.0, "llama3": 8.0,
+             "longrope": 512.0}
+
+
+def range_warning(spec: RopeSpec) -> str | None:
+    """One line when ``spec.scale`` is past the largest extension its method's sources report (:data:`PUBLISHED`),
+    else None."""
+    top = PUBLISHED.get(spec.method)
+    if top is None or spec.scale <= top:
+        return None
+    return (f"warning: --rope {spec.method} --scale {spec.scale:g} is past the largest extension its sources report "
+            f"(x{top:g}, docs/rope_methods.md): unmeasured, or a typo")
 
 
 def hf_readers() -> dict[str, Method]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from ropescale.common.io import InputError, read_json
 
+from .args import warn_range
 from .formulas import REGISTRY
 from .hf import RopeChange, RopeState, change_rope, extended_context, rope_state
 from .spec import RopeSpec
@@ -64,6 +65,7 @@ def load_config(model_dir: str | os.PathLike, spec: RopeSpec | None = None) -> M
         read_json(model_dir / "config.json", "config.json")  # a malformed file is one line, not a traceback
     config = AutoConfig.from_pretrained(str(model_dir))
     spec = spec if spec is not None else RopeSpec()
+    warn_range(spec)  # past the method's published range: one line on stderr
     try:
         change, state = change_rope(config, spec)
     except InputError as e:

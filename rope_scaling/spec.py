@@ -20,7 +20,7 @@ from pathlib import Path
 from ropescale.common.io import InputError, read_json
 from ropescale.common.settings import flag_of, setting
 
-from .formulas import METHODS, PLAIN, REGISTRY, hf_readers, owners
+from .formulas import METHODS, PLAIN, REGISTRY, hf_readers, method_hint, owners
 
 GROUP = "RoPE scaling (written into the model's config as plain transformers entries)"
 MORE = "advanced: RoPE method parameters"  # a method's own knobs: listed by name in --help (--help-all explains)
@@ -154,6 +154,14 @@ def _short(v) -> str:
     return r if len(r) <= 40 else r[:37] + "..."
 
 
+def _method(v) -> str:
+    """--rope's value: a registry method's name, else a ValueError with the near one (``formulas.method_hint``)."""
+    v = str(v).strip()
+    if v in REGISTRY:
+        return v
+    raise ValueError(f"{v!r} is not a RoPE method (choose from {', '.join(METHODS)}){method_hint(v)}")
+
+
 def _method_help() -> str:
     """--rope's help: the methods by name (each one's line in ``describe``'s help and docs/rope_methods.md)."""
     return (f"{', '.join(METHODS)} (abf with --rope-base, longrope with --longrope-factors; what each does: "
@@ -170,13 +178,17 @@ class RopeSpec:
     orig_ctx    the original (pre-training) context; None = take it from the config
     yarn_alpha  YaRN beta_slow: pairs turning fewer than alpha times over orig_ctx are fully interpolated
     yarn_beta   YaRN beta_fast: pairs turning more than beta times are left unchanged (extrapolated)
-    yarn_mscale YaRN attention factor on cos/sin; None = 0.1*ln(s)+1
+    yarn_mscale YaRN attention factor on cos/sin; None = 0.1*ln(s)+1 (or DeepSeek's ratio below)
+    yarn_mscale_coef, yarn_mscale_all_dim  DeepSeek's mscale / mscale_all_dim: factor (0.1 c ln s + 1) / (0.1 c' ln s
+                + 1) when both are set (transformers' ``_compute_yarn_parameters``)
+    yarn_truncate  YaRN's ramp ends rounded to whole pairs (True, the paper's code); False: gpt-oss' exact ends
     replace     allow replacing scaling the config already carries (e.g. Llama-3.x ``llama3``)
     llama3_low, llama3_high  low/high_freq_factor of llama3 scaling (Llama 3.1 ships 1 and 4)
     longrope_factors  LongRoPE's per-pair factors (:class:`LongRopeFactors`), read from ``--longrope-factors FILE``
     """
 
-    method: str = setting("none", _method_help(), key="rope", choices=METHODS, metavar="METHOD", group=GROUP)
+    method: str = setting("none", _method_help(), key="rope", choices=METHODS, metavar="METHOD", group=GROUP,
+                         parse=_method)
     scale: float = setting(1.0, "context extension factor s >= 1: the target context is orig-ctx x s", metavar="S",
                            group=GROUP)
     rope_base: float | None = setting(None, "a new RoPE base (ABF); required with --rope abf, applied before any "
@@ -202,6 +214,13 @@ class RopeSpec:
         None, "--rope longrope: JSON file of LongRoPE factors (short_factor and long_factor: one number per rotary "
               "pair; optional attention_factor), e.g. what 'rope_scaling search' writes", metavar="FILE",
         parse=_factors, group=MORE)
+    yarn_mscale_coef: float | None = setting(
+        None, "YaRN (DeepSeek-V3 / Kimi-K2 'mscale'): with --yarn-mscale-all-dim C', the attention factor is "
+              "(0.1 C ln s + 1) / (0.1 C' ln s + 1), as transformers computes it", metavar="C", group=MORE)
+    yarn_mscale_all_dim: float | None = setting(
+        None, "YaRN (DeepSeek 'mscale_all_dim'): the C' of --yarn-mscale-coef", metavar="C", group=MORE)
+    yarn_truncate: bool = setting(True, "YaRN: round the ramp's ends to whole pairs (floor / ceil); false: the "
+                                        "exact ends (gpt-oss 'truncate: false')", group=MORE)
 
     def __post_init__(self):
         """Normalise, then check: the numbers, the context, the fields that belong to one method, the method's own
@@ -209,7 +228,8 @@ class RopeSpec:
         if isinstance(self.orig_ctx, float) and self.orig_ctx.is_integer():
             object.__setattr__(self, "orig_ctx", int(self.orig_ctx))
         if self.method not in REGISTRY:
-            raise InputError(f"unknown RoPE method {self.method!r} (choose from {', '.join(METHODS)})")
+            raise InputError(f"unknown RoPE method {self.method!r} (choose from {', '.join(METHODS)})"
+                             f"{method_hint(self.method)}")
         self._check_numbers()
         self._check_context()
         object.__setattr__(self, "longrope_factors", _factors(self.longrope_factors))
@@ -217,7 +237,8 @@ class RopeSpec:
         check = REGISTRY[self.method].check
         if check is not None:
             check(self)
-        for k in ("scale", "rope_base", "yarn_alpha", "yarn_beta", "yarn_mscale", "llama3_low", "llama3_high"):
+        for k in ("scale", "rope_base", "yarn_alpha", "yarn_beta", "yarn_mscale", "yarn_mscale_coef",
+                  "yarn_mscale_all_dim", "llama3_low", "llama3_high"):
             v = getattr(self, k)
             if v is not None:
                 object.__setattr__(self, k, float(v))
@@ -329,13 +350,18 @@ class RopeSpec:
 
 
 _LABEL_FIELDS = (("rope_base", "base"), ("yarn_alpha", "a"), ("yarn_beta", "b"), ("yarn_mscale", "mscale"),
+                 ("yarn_mscale_coef", "mscale_coef"), ("yarn_mscale_all_dim", "mscale_all_dim"),
+                 ("yarn_truncate", "truncate"),
                  ("orig_ctx", "orig"), ("llama3_low", "low"), ("llama3_high", "high"))
 
 
 def _num(v) -> str:
-    """A number as a label writes it: 8, 0.1, 2.5, and bases as 8e4 / 5e5 / 1e6 (``%g`` otherwise)."""
+    """A number as a label writes it: 8, 0.1, 2.5, and bases as 8e4 / 5e5 / 1e6 (``%g`` otherwise); a bool as
+    true / false."""
     if v is None:
         return "none"
+    if isinstance(v, bool):
+        return str(v).lower()
     v = float(v)
     if v >= 1e4 and v.is_integer():
         e = len(str(int(v))) - 1

@@ -199,9 +199,17 @@ def _vllm_yarn(job: VllmJob) -> tuple[dict, int]:
         raise InputError(f"--backend vllm: prompt + new tokens reach {job.need} tokens, past vLLM's YaRN rotary cache "
                          f"of {cache} positions (original_max_position_embeddings {orig} x factor {factor:g}), where "
                          f"it would read garbage; use --backend hf, or a larger --scale")
+    if e.get("truncate") is False and job.vllm is not None and not at_least(job.vllm, YARN_TRUNCATE):
+        raise InputError(f"--backend vllm: vLLM {job.vllm} rounds YaRN's ramp ends (it reads 'truncate: false' from "
+                         f"vllm {'.'.join(map(str, YARN_TRUNCATE))} on, with gpt-oss); use --backend hf")
     af = job.state.frequencies().attention_factor  # this registry's formula: what transformers multiplies cos/sin by
     rope = _vllm_entries(job, attention_factor=af, attn_factor=af / yarn_attention_factor(job.state.spec.scale))
     return _vllm_with(job, rope), min(job.mml, cache)
+
+
+# vLLM's YaRN reads ``truncate`` (exact ramp ends) from the release that added gpt-oss (0.10.1); DeepSeek's mscale /
+# mscale_all_dim need nothing more: the factor they give reaches it as attention_factor / attn_factor above
+YARN_TRUNCATE = (0, 10, 1)
 
 
 # vLLM picks LongRoPE's factor set once, from max_model_len, from 0.11.1 on (vllm-project/vllm#27431, fixing #27414:
@@ -212,15 +220,20 @@ def _vllm_yarn(job: VllmJob) -> tuple[dict, int]:
 LONGROPE_FIXED = (0, 11, 1)
 
 
-def longrope_fixed(version: str) -> bool:
-    """Whether vLLM release ``version`` (``0.11.1``, ``0.12.0+cu129``, ``0.11.1rc2``) keeps one LongRoPE factor set
-    per run (:data:`LONGROPE_FIXED`); a pre-release or dev build of that release itself counts as before it."""
-    m = re.match(r"\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(.*)", str(version))
+def at_least(version: str | None, release: tuple[int, int, int]) -> bool:
+    """Whether vLLM release ``version`` (``0.11.1``, ``0.12.0+cu129``, ``0.11.1rc2``) is ``release`` or later; a
+    pre-release or dev build of that release itself counts as before it (None, unreadable: False)."""
+    m = re.match(r"\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(.*)", str(version or ""))
     if not m:
         return False
-    release = tuple(int(x or 0) for x in m.groups()[:3])
+    found = tuple(int(x or 0) for x in m.groups()[:3])
     final = not re.match(r"[.-]?(a|b|rc|c|alpha|beta|pre|preview|dev)", m.group(4).split("+")[0].lower())
-    return release > LONGROPE_FIXED or (release == LONGROPE_FIXED and final)
+    return found > release or (found == release and final)
+
+
+def longrope_fixed(version: str) -> bool:
+    """Whether vLLM release ``version`` keeps one LongRoPE factor set per run (:data:`LONGROPE_FIXED`)."""
+    return at_least(version, LONGROPE_FIXED)
 
 
 def _vllm_longrope(job: VllmJob) -> tuple[dict, int]:
