@@ -14,6 +14,7 @@ converted on first use into ``.cache/gguf/<name>-<sha256[:16]>/`` (:func:`cached
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -28,6 +29,115 @@ LOSS_TOL = 1e-4  # |loss(converted) - loss(GGUF-loaded)| allowed on the check wi
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+MAGIC = b"GGUF"
+VERSIONS = (2, 3)  # the GGUF versions with 64-bit counts (ggml docs/gguf.md; version 1 had 32-bit ones)
+DEFAULT_ALIGNMENT = 32  # of the tensor data, unless general.alignment says otherwise (ggml docs/gguf.md)
+# sizes of the metadata value types (ggml docs/gguf.md, enum gguf_metadata_value_type): 8 string, 9 array
+_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+class _Cut(Exception):
+    """The header ends before the bytes it needs (the file was cut short)."""
+
+
+class _Header:
+    """A GGUF file's header read from its start, every read bounded by the file's size."""
+
+    def __init__(self, fh, size: int):
+        self.fh, self.size, self.pos = fh, size, 0
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.pos + n > self.size:
+            raise _Cut
+        b = self.fh.read(n)
+        self.pos += n
+        return b
+
+    def uint(self, n: int) -> int:
+        return int.from_bytes(self.take(n), "little")
+
+    def string(self) -> bytes:
+        return self.take(self.uint(8))
+
+    def skip_value(self, vtype: int) -> object:
+        """Read (a scalar or a string) or skip (an array) one metadata value of type ``vtype``."""
+        if vtype in _SCALAR:
+            return self.uint(_SCALAR[vtype])
+        if vtype == 8:
+            return self.string()
+        if vtype != 9:
+            raise ValueError(f"unknown metadata value type {vtype}")
+        itype, n = self.uint(4), self.uint(8)
+        if itype in _SCALAR:
+            self.take_skip(n * _SCALAR[itype])
+        else:
+            for _ in range(n):
+                self.skip_value(itype)
+        return None
+
+    def take_skip(self, n: int) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise _Cut
+        self.fh.seek(n, 1)
+        self.pos += n
+
+
+def tensor_bytes(ggml_type: int, dims: list[int]) -> int | None:
+    """Bytes of a tensor of ``ggml_type`` and shape ``dims``: elements / block size x bytes a block (the gguf
+    package's ``GGML_QUANT_SIZES``); None without the package or for a type it does not know."""
+    try:
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+        block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    except (ImportError, ValueError, KeyError):
+        return None
+    n = math.prod(dims)
+    return n // block * nbytes
+
+
+def check_gguf(path: str | os.PathLike) -> dict:
+    """``path`` read as a GGUF file's header (magic, version, metadata, tensor infos; ggml docs/gguf.md) without
+    loading a tensor: one line naming the file when it is not GGUF, a version this reader does not know, or cut
+    short (its header, or the tensor data the header describes, past the file's end). Returns {version, tensors,
+    metadata, bytes, need}: ``need`` the bytes the header describes (None when a tensor type is unknown)."""
+    p = Path(path)
+    size = p.stat().st_size
+    with open(p, "rb") as fh:
+        r = _Header(fh, size)
+        try:
+            magic = r.take(4)
+            if magic != MAGIC:
+                raise InputError(f"not a GGUF file (it starts with {magic!r}, a GGUF file with {MAGIC!r})", p)
+            version = r.uint(4)
+            if version not in VERSIONS:
+                raise InputError(f"GGUF version {version}, not one of {', '.join(map(str, VERSIONS))} (not a GGUF "
+                                 "file, or one this reader cannot read)", p)
+            n_tensors, n_kv = r.uint(8), r.uint(8)
+            alignment = DEFAULT_ALIGNMENT
+            for _ in range(n_kv):
+                key, vtype = r.string(), r.uint(4)
+                value = r.skip_value(vtype)
+                if key == b"general.alignment" and isinstance(value, int) and value > 0:
+                    alignment = value
+            ends = []
+            for _ in range(n_tensors):
+                r.string()
+                dims = [r.uint(8) for _ in range(r.uint(4))]
+                ggml_type, offset = r.uint(4), r.uint(8)
+                nb = tensor_bytes(ggml_type, dims)
+                ends.append(None if nb is None else offset + nb)
+        except _Cut:
+            raise InputError(f"truncated GGUF file: its header is cut short at byte {size} (an interrupted download "
+                             "or copy?)", p) from None
+        except ValueError as e:
+            raise InputError(f"not a readable GGUF file: {e}", p) from None
+    start = -(-r.pos // alignment) * alignment
+    need = None if None in ends else start + max(ends, default=0)
+    if need is not None and size < need:
+        raise InputError(f"truncated GGUF file: {size} of the {need} bytes its header describes (an interrupted "
+                         "download or copy?)", p)
+    return {"version": version, "tensors": n_tensors, "metadata": n_kv, "bytes": size, "need": need}
 
 
 def _need_gguf() -> None:
@@ -99,6 +209,7 @@ def convert(path: str | os.PathLike, out: str | os.PathLike, *, check_text: str 
     p = Path(path)
     if not p.is_file():
         raise InputError("no such GGUF file", p)
+    check_gguf(p)
     t0 = time.time()
     log(f"[gguf] reading {p} (de-quantising to fp32)")
     model, tok = load_gguf(p)
@@ -123,6 +234,7 @@ def cached_dir(path: str | os.PathLike, **convert_kw) -> Path:
     (:func:`convert`, ``convert_kw`` passed on) into ``.cache/gguf/<stem>-<sha256[:16]>/``, reused while the file's
     sha256 is the same."""
     p = Path(path)
+    check_gguf(p)  # not GGUF, or cut short: one line before the sha256 and the conversion
     digest = sha256_file(p)
     out = CACHE_DIR / "gguf" / f"{p.stem}-{digest[:16]}"
     rec = out / RECORD

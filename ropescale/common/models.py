@@ -4,8 +4,10 @@
   ``tiny.json`` records the sha256 of its weights, checked once per process (:func:`tiny_asset`). It is never
   built here: ``python -m ropescale make-tiny --build`` builds one (``ropescale.tiny``);
 - an existing path is a Hugging Face model directory, checked for a config and whole weights
-  (:func:`check_model_dir`, :func:`check_weights`: headers only, never the tensors); a ``.gguf`` file is the model
-  directory it converts to once (``ropescale.common.gguf.cached_dir``);
+  (:func:`check_model_dir`, :func:`check_weights`: headers only, never the tensors) and for a config.json that is
+  a model config (:func:`check_config`: a known ``model_type``, positive sizes, a positive ``rope_theta``); a
+  ``.gguf`` file is the model directory it converts to once (``ropescale.common.gguf.cached_dir``, the file's
+  header checked first: ``ropescale.common.gguf.check_gguf``);
 - anything else is a Hugging Face Hub id only when it looks like one and the Hub has it (:func:`hub_id_or_none`,
   the rule :data:`MODEL_HELP` states); otherwise it is a model directory that is not there, one line saying how
   to download one into it (:func:`missing_model`). Decided here, before transformers would retry the network and
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -40,6 +43,9 @@ MODEL_HELP = ("'tiny' (the embedded default), a model directory, a GGUF file (co
 # OWNER/NAME (one '/'; not ./ ../ / or ~ first, no trailing /; OWNER neither 'models' nor a folder here: models/X is
 # a path) and the Hub has it (with HF_HUB_OFFLINE=1: the local Hugging Face cache has it); anything else is a missing
 # directory.
+# the sizes a model config must give as positive integers where it gives them (config_problem)
+SIZE_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "intermediate_size",
+             "num_key_value_heads", "head_dim", "max_position_embeddings")
 _verified: set[tuple] = set()  # (path, size, mtime) of weights whose sha256 matched their record
 
 
@@ -143,6 +149,102 @@ def _check_safetensors(f: Path) -> None:
                          "interrupted download or copy?)", f)
 
 
+def key_line(text: str, key: str) -> int | None:
+    """The line of ``text`` (a JSON file's) where ``"key":`` first appears, or None."""
+    m = re.search(rf'"{re.escape(key)}"\s*:', text)
+    return text.count("\n", 0, m.start()) + 1 if m else None
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def config_problem(cfg: dict) -> tuple[str, str | None] | None:
+    """(what is wrong, the key it is at) with a model config's content, or None: ``model_type`` a non-empty string;
+    the sizes of :data:`SIZE_KEYS` (where present, also in a nested ``text_config``) positive integers whose heads
+    divide (``hidden_size`` by ``num_attention_heads`` without ``head_dim``, ``num_attention_heads`` by
+    ``num_key_value_heads``); every ``rope_theta`` (top level, ``rope_parameters``, per layer type) a positive
+    number. What transformers would otherwise end in a traceback on, at load or at the first forward."""
+    mt = cfg.get("model_type")
+    if mt is None:
+        return "not a model config: no \"model_type\" (what transformers reads to pick the architecture)", None
+    if not isinstance(mt, str) or not mt.strip():
+        return f"\"model_type\" must be a non-empty string, got {json.dumps(mt)}", "model_type"
+    for c in (cfg, cfg.get("text_config")):
+        if not isinstance(c, dict):
+            continue
+        for k in SIZE_KEYS:
+            v = c.get(k)
+            if v is not None and not (_is_int(v) and v > 0):
+                return f"\"{k}\" must be a positive integer, got {json.dumps(v)}", k
+        h, heads, kv = c.get("hidden_size"), c.get("num_attention_heads"), c.get("num_key_value_heads")
+        if h and heads and c.get("head_dim") is None and h % heads:
+            return (f"\"hidden_size\" {h} is not a multiple of \"num_attention_heads\" {heads} (and no "
+                    "\"head_dim\")"), "hidden_size"
+        lt, n = c.get("layer_types"), c.get("num_hidden_layers")
+        if isinstance(lt, list) and n and len(lt) != n:
+            return f"\"layer_types\" lists {len(lt)} layers, \"num_hidden_layers\" says {n}", "num_hidden_layers"
+        if heads and kv and heads % kv:
+            return (f"\"num_attention_heads\" {heads} is not a multiple of \"num_key_value_heads\" {kv}",
+                    "num_key_value_heads")
+    for where, theta in rope_thetas(cfg):
+        if not (_is_number(theta) and theta > 0):
+            return f"\"rope_theta\" ({where}) must be a positive number, got {json.dumps(theta)}", "rope_theta"
+    return None
+
+
+def rope_thetas(cfg: dict) -> list[tuple[str, object]]:
+    """Every ``rope_theta`` of a config dict: (where, value), at the top level (transformers 4.x), in
+    ``rope_parameters`` (5.x) or in its per-layer-type entries, and in a nested ``text_config``."""
+    out = []
+    for prefix, c in (("", cfg), ("text_config.", cfg.get("text_config"))):
+        if not isinstance(c, dict):
+            continue
+        if "rope_theta" in c:
+            out.append((f"{prefix}rope_theta", c["rope_theta"]))
+        rp = c.get("rope_parameters")
+        if isinstance(rp, dict):
+            if "rope_theta" in rp:
+                out.append((f"{prefix}rope_parameters", rp["rope_theta"]))
+            out += [(f"{prefix}rope_parameters.{k}", v["rope_theta"]) for k, v in rp.items()
+                    if isinstance(v, dict) and "rope_theta" in v]
+    return out
+
+
+def check_config(path: str | os.PathLike) -> dict:
+    """The config dict of ``path`` (a model directory's ``config.json``) when it is a model config
+    (:func:`config_problem`): otherwise one line naming the file, the line of the key and what is wrong; and an
+    architecture transformers does not know is named too (checked last: it imports transformers)."""
+    path = Path(path)
+    cfg = read_json(path, "config.json")  # malformed JSON / not an object: one line with line and column
+    bad = config_problem(cfg)
+    if bad is None:
+        bad = unknown_model_type(cfg["model_type"])
+    if bad is not None:
+        msg, key = bad
+        line = key_line(path.read_text(encoding="utf-8"), key) if key else None
+        raise InputError(msg, path, line)
+    return cfg
+
+
+def unknown_model_type(model_type: str) -> tuple[str, str] | None:
+    """The problem with a ``model_type`` this transformers has no architecture for (its ``CONFIG_MAPPING_NAMES``),
+    or None."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if model_type in CONFIG_MAPPING_NAMES:
+        return None
+    import difflib
+
+    near = difflib.get_close_matches(model_type, list(CONFIG_MAPPING_NAMES), n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else " (a newer transformers may know it)"
+    return f"\"model_type\" {model_type!r} is not an architecture this transformers knows{hint}", "model_type"
+
+
 def resolve_model(name_or_path: str | os.PathLike | None) -> Path:
     """``tiny``/None -> the committed tiny default (:func:`tiny_asset`; never built here); an existing path -> that
     HF model directory (checked: config + weights); a Hub id the Hub (or, offline, the local cache) has
@@ -154,9 +256,13 @@ def resolve_model(name_or_path: str | os.PathLike | None) -> Path:
     if p.is_file() and p.suffix.lower() == ".gguf":  # a GGUF file: its model directory, converted once
         from .gguf import cached_dir
 
-        return check_model_dir(cached_dir(p))
+        d = check_model_dir(cached_dir(p))
+        check_config(d / "config.json")
+        return d
     if p.exists():
-        return check_model_dir(p)
+        check_model_dir(p)
+        check_config(p / "config.json")
+        return p
     if looks_like_hub_id(name_or_path):
         return Path(hub_id_or_none(str(name_or_path)))
     raise missing_model(str(name_or_path))
