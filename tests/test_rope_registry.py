@@ -135,8 +135,9 @@ def _expected_cos(freqs, length: int):
     return torch.cat([ang, ang], dim=-1).cos() * freqs.attention_factor
 
 
-def check_method(name: str, tmp_path) -> None:
-    """The registry-wide checks of one row (module doc of rope_scaling/formulas.py: the row is the whole method)."""
+def check_method(name: str, tmp_path, spec: RopeSpec | None = None) -> None:
+    """The registry-wide checks of one row (module doc of rope_scaling/formulas.py: the row is the whole method), on
+    its smallest valid setting or on ``spec`` (a variant of the row's own fields, e.g. YaRN's DeepSeek form)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -148,7 +149,7 @@ def check_method(name: str, tmp_path) -> None:
     from ropescale.common.io import InputError
     from ropescale.evaluation.backends.vllm import vllm_settings
 
-    m, spec = REGISTRY[name], _example(name)
+    m, spec = REGISTRY[name], spec if spec is not None else _example(name)
     # HF round trip: written as plain entries, saved, reloaded by plain transformers, read back as the same spec
     apply_rope(_base_config(), spec).save_pretrained(tmp_path)
     cfg = AutoConfig.from_pretrained(str(tmp_path))
