@@ -79,6 +79,22 @@ TOOLS = {
 }
 
 
+# tool -> the module whose TOOL (a common.cli.Tool) it is; "rope" is built by rope_tool()
+TOOL_MODULES = {"data": "data_concat.cli", "finetune": "ropescale.training.cli", "eval": "ropescale.evaluation.cli",
+                "probes": "ropescale.probes.cli", "make-tiny": "ropescale.tiny.make_tiny",
+                "real-model": "ropescale.real_model"}
+
+
+def tool(name: str):
+    """The ``common.cli.Tool`` behind ``ropescale NAME``: its parser and commands (what a test walks to reach every
+    command, a new one included)."""
+    if name == "rope":
+        return rope_tool()
+    import importlib
+
+    return importlib.import_module(TOOL_MODULES[name]).TOOL
+
+
 def usage() -> str:
     width = max(map(len, TOOLS))
     lines = ["usage: ropescale TOOL [ARGS ...]   (ropescale TOOL --help for a tool's flags)", "",
