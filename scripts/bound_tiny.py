@@ -73,8 +73,8 @@ def position_table(per_window, width: int = BIN, ref: tuple = REF) -> list[dict]
     over the ``ref`` positions' bins, with its sign-flip p. ``per_window``: (windows, bins)."""
     import numpy as np
 
-    from ropescale.evaluation.report.significance import sign_flip
-    from ropescale.evaluation.report.uncertainty import cell
+    from ropescale.common.stats.means import cell
+    from ropescale.common.stats.tests import sign_flip
 
     a = np.asarray(per_window)
     r = a[:, ref[0] // width:ref[1] // width].mean(axis=1)
@@ -90,7 +90,7 @@ def position_table(per_window, width: int = BIN, ref: tuple = REF) -> list[dict]
 def first_rise(rows: list[dict], after: int = 0, min_rise: float = 0.0) -> int | None:
     """The start of the first bin at or past ``after`` from which every later bin's loss is above the reference
     by a resolved amount (p < 0.05, rise > ``min_rise``); None when the last bin is not."""
-    from ropescale.evaluation.report.significance import ALPHA
+    from ropescale.common.stats.distributions import ALPHA
 
     k = len(rows)
     while k > 0 and rows[k - 1]["p"] is not None and rows[k - 1]["p"] < ALPHA and rows[k - 1]["rise"] > min_rise \
@@ -153,8 +153,8 @@ def generate(d: "demo.Demo", rows: list) -> dict:
 def grid_row(run_dirs: list[Path]) -> dict:
     """Per length: the row's cell [interval], the paired difference from the marks-only floor on the same samples
     with its sign-flip p, and the share of the row's 512-token score."""
+    from ropescale.common.stats.tests import paired_sign_flip
     from ropescale.evaluation.report.intake import build_report
-    from ropescale.evaluation.report.significance import paired_sign_flip
 
     rep = build_report([str(p) for p in run_dirs])
     s = rep.series[0]
@@ -204,8 +204,8 @@ def measure(d: "demo.Demo", windows: int) -> dict:
 
 # ------------------------------------------------------------------------------------------------ tables
 def markdown(rec: dict) -> str:
+    from ropescale.common.stats.tests import p_text
     from ropescale.common.tables import markdown as md
-    from ropescale.evaluation.report.significance import p_text
 
     cols = list(next(iter(rec["grid"].values())))
     rows = []

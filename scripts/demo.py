@@ -33,7 +33,7 @@ step prints the command it runs.
    p, MSE(P-IE vs P-IB) beside its noise floor with its permutation p and the chance that a row with no prompt
    effect reaches the paper's red mark (MSE >= 5); C. the differences the readings compare (a row against another
    on the same eval samples), each with its interval and paired sign-flip p
-   (``ropescale/evaluation/report/significance.py``).
+   (``ropescale/common/stats/tests.py``).
 
 Every eval length is a total: the rendered prompt + context + the generation budget fit in it
 (``data_concat recall --eval-tokens T --max-answer-tokens N``), so the 1x column is inside the original window.

@@ -11,7 +11,7 @@
    give (binomial p), which ones, and how many cells a seed resolves (sign-flip p < 0.05) against the 5 % chance
    gives; the MSE rows' permutation p per seed.
 
-``report/significance.py`` holds every test. A seed moves the training pairs, the fine-tunes' seeds, the eval
+``ropescale/common/stats/tests.py`` holds every test. A seed moves the training pairs, the fine-tunes' seeds, the eval
 passages (other windows of the held-out chapters) and their marked sentences, so the spread is over all of these::
 
     bash scripts/demo.sh --seed 1; bash scripts/demo.sh --seed 2     # after make demo (seed 0)
@@ -54,7 +54,7 @@ def spread(tables: dict[int, dict]) -> tuple[list[str], list[list]]:
     """(header, rows): each demo-table row (in the first seed's order) x each column as ``mean [lo, hi]
     (min-max)`` over the seeds that have that cell ([lo, hi]: the two-level bootstrap interval, where every seed
     kept its samples), and the MSE as ``mean (min-max)``."""
-    from ropescale.evaluation.report.significance import two_level_bootstrap
+    from ropescale.common.stats.means import two_level_bootstrap
 
     first = tables[min(tables)]
     cols = list(first["columns"])
@@ -89,7 +89,7 @@ def summary(values: list, pooled=None) -> str | None:
 def comparisons_over_seeds(tables: dict[int, dict]) -> tuple[list[str], list[list], list[dict]]:
     """(header, rows, records): each comparison of the demo's table C and column: the seeds' differences, their
     mean with the t interval and p over the seeds."""
-    from ropescale.evaluation.report.significance import p_text, t_over_seeds
+    from ropescale.common.stats.tests import p_text, t_over_seeds
 
     first = tables[min(tables)]
     cols = list(first["columns"])
@@ -117,7 +117,8 @@ def comparisons_over_seeds(tables: dict[int, dict]) -> tuple[list[str], list[lis
 def ie_ib_over_seeds(tables: dict[int, dict]) -> dict:
     """The F.2 rows' IE - IB cells over seeds: sign consistency (binomial), the cells a seed resolves against
     chance, and the MSE rows' permutation p per seed."""
-    from ropescale.evaluation.report.significance import ALPHA, sign_consistency, t_over_seeds
+    from ropescale.common.stats.distributions import ALPHA
+    from ropescale.common.stats.tests import sign_consistency, t_over_seeds
 
     first = tables[min(tables)]
     cols = list(first["columns"])
@@ -156,8 +157,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="runs/demo", help="the demo's --out (default runs/demo)")
     ap.add_argument("--json", action="store_true", help="print the tables as JSON")
     args = ap.parse_args(argv)
+    from ropescale.common.stats.tests import p_text
     from ropescale.common.tables import markdown, number
-    from ropescale.evaluation.report.significance import p_text
 
     tables = seed_tables(Path(args.out))
     if not tables:

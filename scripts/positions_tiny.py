@@ -26,7 +26,7 @@ Printed (and written to OUT/positions.json, OUT/positions.md): per policy, the p
 position id and query-key distance, the tokens trained) and per eval length the ROUGE-L and the exact recall of the
 marked sentences (x100): the mean over the seeds of each seed's cell (the mean over both F.2 prompts of each
 prompt's mean over the seed's samples) with its 95 % two-level bootstrap interval (seeds resampled, then each drawn
-seed's samples, a sample with both its prompts; ``ropescale/evaluation/report/significance.py``); then the
+seed's samples, a sample with both its prompts; ``ropescale/common/stats/tests.py``); then the
 comparisons the readings make: policy a - policy b per length on the same eval samples, the mean of the seeds'
 differences with its t interval and p over the seeds (df = seeds - 1), the seeds' own differences, and the two-level
 interval of the pooled difference.
@@ -215,8 +215,7 @@ def _metric(groups: list[dict], i: int) -> list[dict]:
 def score_cells(collected: dict) -> dict:
     """{length: {rouge_l, recall: pooled cell as a dict}, and per-seed cell means under "seeds"}: the mean over the
     seeds of each seed's cell with its two-level bootstrap interval (one seed: the one-level interval)."""
-    from ropescale.evaluation.report.significance import two_level_bootstrap
-    from ropescale.evaluation.report.uncertainty import cell_of_prompts
+    from ropescale.common.stats.means import cell_of_prompts, two_level_bootstrap
 
     out: dict = {}
     for tg in sorted({k[0] for k in collected}):
@@ -233,8 +232,8 @@ def score_cells(collected: dict) -> dict:
 def compare(a: dict, b: dict) -> dict:
     """a - b per length (the policies' collected samples, paired by seed and sample id): ROUGE-L and recall, the
     seeds' differences, their mean with the t interval and p over the seeds, and the two-level interval."""
-    from ropescale.evaluation.report.significance import t_over_seeds, two_level_bootstrap
-    from ropescale.evaluation.report.uncertainty import cell_of_prompts
+    from ropescale.common.stats.means import cell_of_prompts, two_level_bootstrap
+    from ropescale.common.stats.tests import t_over_seeds
 
     out: dict = {}
     for (tg, seed) in sorted(set(a) & set(b)):
@@ -283,7 +282,7 @@ def table(results: dict, seeds, rope: str, scale: str) -> str:
 
 
 def compare_table(comps: dict) -> str:
-    from ropescale.evaluation.report.significance import p_text
+    from ropescale.common.stats.tests import p_text
 
     lengths = sorted({tg for c in comps.values() for tg in c})
     lines = ["Differences, a - b on the same eval samples: ROUGE-L, mean of the seeds' differences [95% t interval "

@@ -68,7 +68,7 @@ def items(outs: list[Path], group: str = "") -> dict:
 
 def row(label: str, per_col: dict, cols: list, fmt: str) -> str:
     """A table row: per column the mean over every item of every seed [95 % bootstrap interval over the items]."""
-    from ropescale.evaluation.report.uncertainty import cell
+    from ropescale.common.stats.means import cell
 
     out = [label]
     for c in cols:
@@ -85,7 +85,7 @@ def row(label: str, per_col: dict, cols: list, fmt: str) -> str:
 def paired(a: dict, b: dict, fmt: str) -> str:
     """a - b over the items both have (the same targets or breaks): mean [bootstrap interval] p (paired
     sign-flip permutation)."""
-    from ropescale.evaluation.report.significance import p_text, paired_sign_flip
+    from ropescale.common.stats.tests import p_text, paired_sign_flip
 
     t = paired_sign_flip(a, b)
     if t.p is None:
@@ -95,7 +95,8 @@ def paired(a: dict, b: dict, fmt: str) -> str:
 
 def above_chance(vals: dict, chance: float) -> str:
     """An accuracy against chance: the one-sided binomial p of at least that many right of n items."""
-    from ropescale.evaluation.report.significance import binomial_sf, p_text
+    from ropescale.common.stats.distributions import binomial_sf
+    from ropescale.common.stats.tests import p_text
 
     k, n = int(round(sum(vals.values()))), len(vals)
     return f"{k}/{n} p={p_text(binomial_sf(k, n, chance))}"

@@ -11,7 +11,7 @@ seed, every window overlapping a search window dropped) of, each loaded as a use
   NTK x8;
 - the attention-factor sweep: YaRN's factors at attention factors ``--sweep`` (``--rope yarn --yarn-mscale A``).
 
-Per method the loss of every window is kept, so a difference is read two ways (``report/significance.py``): over
+Per method the loss of every window is kept, so a difference is read two ways (``common/stats/tests.py``): over
 the seeds (the mean of each seed's difference, its t interval and p, df = seeds - 1: the searched factors differ
 per seed) and per window (the paired sign-flip permutation test over all windows of all seeds). The seed is both
 the search's and the window draw's.
@@ -155,7 +155,7 @@ def seed_table(rows: list[dict]) -> str:
 def differences(rows: list[dict], pairs=DIFFS) -> list[dict]:
     """Each difference a - b: over seeds (t over the seeds' mean differences) and per window (paired sign-flip
     over every window of every seed)."""
-    from ropescale.evaluation.report.significance import sign_flip, t_over_seeds
+    from ropescale.common.stats.tests import sign_flip, t_over_seeds
 
     out = []
     for a, b in pairs:
@@ -168,7 +168,7 @@ def differences(rows: list[dict], pairs=DIFFS) -> list[dict]:
 
 
 def difference_table(diffs: list[dict]) -> str:
-    from ropescale.evaluation.report.significance import p_text
+    from ropescale.common.stats.tests import p_text
 
     lines = ["| difference (nats/token) | mean over seeds [95% t interval] | t test over seeds | windows: paired "
              "sign-flip | each seed |", "|---|---|---|---|---|"]
@@ -183,7 +183,7 @@ def difference_table(diffs: list[dict]) -> str:
 def sweep_table(rows: list[dict], sweep=SWEEP) -> str:
     """YaRN's factors at each attention factor: the held-out loss over seeds [t interval], and its difference from
     YaRN's own factor (1.208) with the t test over seeds."""
-    from ropescale.evaluation.report.significance import p_text, t_over_seeds
+    from ropescale.common.stats.tests import p_text, t_over_seeds
 
     names = sorted([(a, f"yarn af={a:g}") for a in sweep] + [(AF_YARN, YARN)])
     lines = ["| attention factor | setting | loss: mean over seeds [95% t interval] | - yarn (1.208) [95% t interval] "

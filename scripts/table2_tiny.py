@@ -8,7 +8,7 @@ analogue of the paper's fine-tuned models, Sec 4.5). This script runs the paper'
 F.1 prompts, which it never saw, at all four lengths (1x-8x its 512-token context), on the base model and on NTK x8
 and YaRN x8 applied at load time (no fine-tune), and prints per row and length the mean of the two prompts [95 %
 bootstrap interval], IE - IB [paired interval] with its sign-flip permutation p, and the MSE beside its noise floor
-with its permutation p and P(MSE >= 5) under no prompt effect (``ropescale/evaluation/report/significance.py``);
+with its permutation p and P(MSE >= 5) under no prompt effect (``ropescale/common/stats/tests.py``);
 then the same rows with the F.2 prompts (the demo's runs) and F.1 - F.2 per row and length.
 
 It reuses the demo's model, eval sets (made for all four prompts: every F.1 sample fits its length too) and F.2
@@ -85,7 +85,7 @@ def records(d: "demo.Demo") -> dict:
 def f1_minus_f2(f1: list[dict], f2: list[dict], cols: list[str]) -> list[dict]:
     """Per row and length: F.1 - F.2 over the same eval samples (each sample's two prompts averaged), with its
     paired sign-flip p."""
-    from ropescale.evaluation.report.significance import paired_sign_flip
+    from ropescale.common.stats.tests import paired_sign_flip
 
     out = []
     for a, b in zip(f1, f2):

@@ -66,7 +66,8 @@ def test_spread_tests_over_seeds(tmp_path, capsys):
     sys.path.insert(0, str(ROOT / "scripts"))
     import demo_spread
 
-    from ropescale.evaluation.report.significance import t_over_seeds, two_level_bootstrap
+    from ropescale.common.stats.means import two_level_bootstrap
+    from ropescale.common.stats.tests import t_over_seeds
 
     for seed, shift, ieib in ((0, 0.0, [2.0, -1.0]), (1, 3.0, [1.0, 1.0]), (2, -1.0, [4.0, -2.0])):
         _seed_table(tmp_path, seed, shift, ieib)

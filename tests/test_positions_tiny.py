@@ -50,7 +50,7 @@ def test_unique_marks_replaces_brackets_pair_by_pair(tmp_path):
 
 
 def test_compare_over_seeds_by_hand():
-    from ropescale.evaluation.report.significance import t_over_seeds
+    from ropescale.common.stats.tests import t_over_seeds
 
     def groups(vals):  # two prompts, samples 0..2, (rouge_l, recall)
         return [{i: (v + k, 0.0) for i, v in enumerate(vals)} for k in (0.0, 2.0)]

@@ -22,7 +22,7 @@ def _run(d: Path, rows: list[tuple]) -> Path:
 
 
 def test_items_pool_seeds_and_pair_by_target(tmp_path):
-    from ropescale.evaluation.report.uncertainty import cell
+    from ropescale.common.stats.means import cell
 
     a = _run(tmp_path / "s0", [("doc@1:N512", "", 512, 3.0), ("doc@1:N1024", "", 1024, 4.0),
                                ("doc@9:N512", "", 512, 2.0), ("doc@9:N1024", "", 1024, 5.0)])

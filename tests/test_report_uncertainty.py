@@ -1,6 +1,6 @@
 """The uncertainty through the report stack (issue 31): run directories -> make_report -> JSON / markdown. The
-intervals are checked against a bootstrap computed here by hand with numpy (not through ``uncertainty``), the
-effective context length and retention against hand-made tables."""
+intervals are checked against a bootstrap computed here by hand with numpy (not through ``ropescale.common.stats``;
+below 8 samples the t interval, by scipy), the effective context length and retention against hand-made tables."""
 from __future__ import annotations
 
 import json
@@ -33,8 +33,8 @@ def _hand_bootstrap(ie, ib, stat):
 def test_cell_and_ie_minus_ib_intervals_are_the_hand_computed_paired_bootstrap(tmp_path):
     data = tmp_path / "set.jsonl"
     data.write_text("{}\n", encoding="utf-8")  # only its path matters: the pairing key of both prompts' runs
-    ie = [REF, "alpha beta", "", REF, REF, ""]
-    ib = [REF, "", "", "alpha beta", REF, "alpha beta"]
+    ie = [REF, "alpha beta", "", REF, REF, "", "alpha beta", REF]  # 8 samples: the bootstrap's smallest n
+    ib = [REF, "", "", "alpha beta", REF, "alpha beta", REF, ""]
     _run(tmp_path / "runs", "ie", ie, prompt="ie", subset="T512", data=data)
     _run(tmp_path / "runs", "ib", ib, prompt="ib", subset="T512", data=data)
     x, y = [SCORE[p] for p in ie], [SCORE[p] for p in ib]
@@ -42,17 +42,31 @@ def test_cell_and_ie_minus_ib_intervals_are_the_hand_computed_paired_bootstrap(t
                                 save_scores=False))
     row = ex["rows"][0]
     assert row["cells"]["T512"] == pytest.approx(round((np.mean(x) + np.mean(y)) / 2, 4))
-    assert row["n"] == {"T512": 6}  # 6 eval samples, each under both prompts
+    assert row["n"] == {"T512": 8}  # 8 eval samples, each under both prompts
     assert row["ci"]["T512"] == pytest.approx(_hand_bootstrap(x, y, lambda a, b: (a + b) / 2), abs=1e-4)
     t2 = json.loads(make_report([tmp_path / "runs"], fmt="json", view="table2", resamples=RESAMPLES,
                                 save_scores=False))
     d = next(iter(t2.values()))["ie_minus_ib"]["T512"]
-    assert d["mean"] == pytest.approx(round(np.mean(x) - np.mean(y), 4)) and d["n_pairs"] == 6
+    assert d["mean"] == pytest.approx(round(np.mean(x) - np.mean(y), 4)) and d["n_pairs"] == 8
     assert d["ci"] == pytest.approx(_hand_bootstrap(x, y, lambda a, b: a - b), abs=1e-4)
     assert d["unpaired_ie"] == [] and d["unpaired_ib"] == []
     # the noise floor of one cell: the squared paired standard error of the per-id differences, s_d^2 / n
     diffs = np.array(x) - np.array(y)
     assert next(iter(t2.values()))["mse_floor"] == pytest.approx(round(np.var(diffs, ddof=1) / len(diffs), 4))
+
+
+def test_a_cell_below_eight_samples_has_the_t_interval(tmp_path):
+    import scipy.stats
+
+    data = tmp_path / "set.jsonl"
+    data.write_text("{}\n", encoding="utf-8")
+    ie, ib = [REF, "alpha beta", "", REF], [REF, "", "alpha beta", "alpha beta"]
+    _run(tmp_path / "runs", "ie", ie, prompt="ie", subset="T512", data=data)
+    _run(tmp_path / "runs", "ib", ib, prompt="ib", subset="T512", data=data)
+    per_id = [(SCORE[a] + SCORE[b]) / 2 for a, b in zip(ie, ib)]  # paired: the t interval of the per-id means
+    lo, hi = scipy.stats.t.interval(0.95, 3, loc=np.mean(per_id), scale=scipy.stats.sem(per_id))
+    ex = json.loads(make_report([tmp_path / "runs"], fmt="json", view="extrapolation", save_scores=False))
+    assert ex["rows"][0]["ci"]["T512"] == pytest.approx([lo, hi], abs=1e-4)
 
 
 def _rows(js):

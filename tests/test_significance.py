@@ -11,19 +11,20 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from ropescale.evaluation.report import significance as S
-from ropescale.evaluation.report import uncertainty as U
+from ropescale.common.stats import distributions as D
+from ropescale.common.stats import means as M
+from ropescale.common.stats import tests as T
 
 
 # ------------------------------------------------------------------------------------------------ sign flip
 def test_sign_flip_by_hand():
     # d = 1, 2, 3: the 8 sign vectors give sums 6, 4, 2, 0, 0, -2, -4, -6; |sum| >= 6 in 2 of 8
-    t = S.sign_flip([1.0, 2.0, 3.0])
+    t = T.sign_flip([1.0, 2.0, 3.0])
     assert t.exact and t.n == 3 and t.statistic == pytest.approx(2.0) and t.p == pytest.approx(2 / 8)
     # d = 1, -1, 2: sums 2 (obs), 4, 0, -2, 2, -4, 0, -2 over the 8 vectors: |sum| >= 2 in 6 of 8
-    assert S.sign_flip([1.0, -1.0, 2.0]).p == pytest.approx(6 / 8)
-    assert S.sign_flip([0.0, 0.0]).p == 1.0  # no difference at all
-    assert S.sign_flip([]).p is None
+    assert T.sign_flip([1.0, -1.0, 2.0]).p == pytest.approx(6 / 8)
+    assert T.sign_flip([0.0, 0.0]).p == 1.0  # no difference at all
+    assert T.sign_flip([]).p is None
 
 
 @pytest.mark.parametrize("n,shift", [(5, 0.0), (12, 0.6), (16, 0.9), (16, 0.0)])
@@ -31,33 +32,35 @@ def test_sign_flip_matches_scipy_exact(n, shift):
     x = np.random.default_rng(n).normal(shift, 1.0, n)
     ref = scipy.stats.permutation_test((x,), np.mean, permutation_type="samples", n_resamples=np.inf,
                                        alternative="two-sided").pvalue
-    t = S.sign_flip(list(x))
+    t = T.sign_flip(list(x))
     assert t.exact and t.p == pytest.approx(ref, abs=1e-12)
 
 
 def test_sign_flip_monte_carlo_past_the_exact_size():
     x = np.random.default_rng(3).normal(0.45, 1.0, 17)
     ref = scipy.stats.permutation_test((x,), np.mean, permutation_type="samples", n_resamples=np.inf).pvalue
-    t = S.sign_flip(list(x))
-    assert not t.exact and t.draws == S.PERMUTATIONS
+    t = T.sign_flip(list(x))
+    assert not t.exact and t.draws == T.PERMUTATIONS
     assert abs(t.p - ref) < 4 * math.sqrt(ref * (1 - ref) / t.draws)  # the Monte Carlo error of p
-    assert S.sign_flip(list(x)) == t  # deterministic
+    assert T.sign_flip(list(x)) == t  # deterministic
     # Phipson & Smyth: a Monte Carlo p is never 0
-    assert S.sign_flip([5.0] * 30).p == pytest.approx(1 / (S.PERMUTATIONS + 1))
+    assert T.sign_flip([5.0] * 30).p == pytest.approx(1 / (T.PERMUTATIONS + 1))
 
 
 def test_paired_sign_flip_pairs_by_id_and_reads():
     a = {"s1": 10.0, "s2": 12.0, "s3": 15.0, "x": 1.0}
     b = {"s3": 12.0, "s1": 9.0, "s2": 10.0, "y": 4.0}
-    t = S.paired_sign_flip(a, b)  # differences 1, 2, 3 whatever the order written
+    t = T.paired_sign_flip(a, b)  # differences 1, 2, 3 whatever the order written
     assert t.n == 3 and t.p == pytest.approx(0.25) and t.extra["unpaired"] == 2
-    assert t.reading() == f"not resolved (interval [{t.lo:+.1f}, {t.hi:+.1f}])"
-    strong = S.sign_flip([3.0, 2.5, 4.0, 3.5, 2.0, 5.0, 3.0, 4.5])  # all 8 positive: p = 2 / 256
+    assert t.unit == "sample" and t.min_p == 0.25  # 2 / 2^3: n = 3 units cannot give less
+    assert t.reading() == (f"not resolved (interval [{t.lo:+.1f}, {t.hi:+.1f}], excludes effects below {t.lo:+.1f} "
+                           f"and above {t.hi:+.1f}; p = 0.25)")
+    strong = T.sign_flip([3.0, 2.5, 4.0, 3.5, 2.0, 5.0, 3.0, 4.5])  # all 8 positive: p = 2 / 256
     assert strong.p == pytest.approx(2 / 256) and strong.reading() == "resolved (p = 0.0078)"
 
 
 def test_p_text():
-    assert [S.p_text(p) for p in (1.0, 0.31, 0.049, 0.0078, 0.00042, None)] == ["1", "0.31", "0.049", "0.0078",
+    assert [T.p_text(p) for p in (1.0, 0.31, 0.049, 0.0078, 0.00042, None)] == ["1", "0.31", "0.049", "0.0078",
                                                                                  "0.00042", "-"]
 
 
@@ -65,11 +68,11 @@ def test_p_text():
 def test_mse_sign_flip_by_hand():
     # cell a: d = 1, 3 (mean 2); cell b: d = 2. MSE = (4 + 4) / 2 = 4. Null: a's mean in {2, 1, -1, -2}, b's in
     # {2, -2}: MSE* = (a^2 + 4) / 2 in {4, 2.5, 2.5, 4}, each twice: P(MSE* >= 4) = 1/2; E MSE* = 3.25
-    t = S.mse_sign_flip({"a": ({0: 1.0, 1: 3.0}, {0: 0.0, 1: 0.0}), "b": ({0: 7.0}, {0: 5.0})})
+    t = T.mse_sign_flip({"a": ({0: 1.0, 1: 3.0}, {0: 0.0, 1: 0.0}), "b": ({0: 7.0}, {0: 5.0})})
     assert t.exact and t.statistic == pytest.approx(4.0) and t.p == pytest.approx(0.5)
     assert t.extra["null_mean"] == pytest.approx(3.25) and t.extra["p_red"] == 0.0  # never >= 5
     # raise b to d = 4: MSE = (4 + 16) / 2 = 10, MSE* = (a^2 + 16) / 2 in {10, 8.5}: >= 5 always, >= 10 half
-    t = S.mse_sign_flip({"a": ({0: 1.0, 1: 3.0}, {0: 0.0, 1: 0.0}), "b": ({0: 4.0}, {0: 0.0})})
+    t = T.mse_sign_flip({"a": ({0: 1.0, 1: 3.0}, {0: 0.0, 1: 0.0}), "b": ({0: 4.0}, {0: 0.0})})
     assert t.p == pytest.approx(0.5) and t.extra["p_red"] == 1.0
 
 
@@ -77,7 +80,7 @@ def test_mse_sign_flip_of_one_cell_is_the_two_sided_mean_test():
     x = np.random.default_rng(5).normal(1.0, 3.0, 14)
     ie = {i: 50.0 + v for i, v in enumerate(x)}
     ib = {i: 50.0 for i in range(14)}
-    t = S.mse_sign_flip({"T512": (ie, ib)})
+    t = T.mse_sign_flip({"T512": (ie, ib)})
     ref = scipy.stats.permutation_test((x,), np.mean, permutation_type="samples", n_resamples=np.inf).pvalue
     assert t.p == pytest.approx(ref, abs=1e-12)
 
@@ -86,12 +89,12 @@ def test_mse_sign_flip_monte_carlo_and_unpaired():
     rng = np.random.default_rng(0)
     cells = {f"T{k}": ({i: float(v) for i, v in enumerate(rng.normal(0, 5, 16))}, {i: 0.0 for i in range(16)})
              for k in range(4)}
-    t = S.mse_sign_flip(cells)
+    t = T.mse_sign_flip(cells)
     assert not t.exact and t.n == 16 and t.extra["cells"] == 4
     # the null's mean, by hand: sum over cells of sum_i d_i^2 / n^2, over 4 cells
     want = np.mean([sum(v ** 2 for v in ie.values()) / 256 for ie, _ in cells.values()])
     assert t.extra["null_mean"] == pytest.approx(want, rel=0.03)
-    assert S.mse_sign_flip({"a": ({0: 1.0, 1: 2.0}, {0: 1.0})}).p is None  # a sample under one prompt only
+    assert T.mse_sign_flip({"a": ({0: 1.0, 1: 2.0}, {0: 1.0})}).p is None  # a sample under one prompt only
 
 
 def test_mse_red_mark_under_no_effect_at_n16():
@@ -100,7 +103,7 @@ def test_mse_red_mark_under_no_effect_at_n16():
     rng = np.random.default_rng(11)
     d = rng.normal(0, 10, (4, 16))
     cells = {k: ({i: float(v) for i, v in enumerate(d[k])}, {i: 0.0 for i in range(16)}) for k in range(4)}
-    t = S.mse_sign_flip(cells)
+    t = T.mse_sign_flip(cells)
     sims = rng.choice([-1.0, 1.0], size=(20000, 4, 16)) * d
     direct = float(np.mean((sims.mean(axis=2) ** 2).mean(axis=1) >= 5))
     assert t.extra["p_red"] == pytest.approx(direct, abs=0.02)
@@ -110,7 +113,7 @@ def test_mse_red_mark_under_no_effect_at_n16():
 def test_t_over_seeds_closed_form_at_df2():
     """df = 2: F(t) = 1/2 + t / (2 sqrt(2 + t^2)), t_{.975} = 4.302653 (tables)."""
     x = [-0.032, -0.010, -0.035]
-    t = S.t_over_seeds(x)
+    t = T.t_over_seeds(x)
     mean = sum(x) / 3
     sd = math.sqrt(sum((v - mean) ** 2 for v in x) / 2)
     tt = abs(mean) / (sd / math.sqrt(3))
@@ -118,7 +121,8 @@ def test_t_over_seeds_closed_form_at_df2():
     assert t.p == pytest.approx(2 * (0.5 - tt / (2 * math.sqrt(2 + tt * tt))), rel=1e-9)
     assert (t.lo, t.hi) == (pytest.approx(mean - 4.302653 * sd / math.sqrt(3), abs=1e-6),
                             pytest.approx(mean + 4.302653 * sd / math.sqrt(3), abs=1e-6))
-    assert not t.resolved and t.reading(3) == f"not resolved (interval [{t.lo:+.3f}, {t.hi:+.3f}])"
+    assert not t.resolved and t.reading(3).startswith(f"not resolved (interval [{t.lo:+.3f}, {t.hi:+.3f}], ")
+    assert t.unit == "seed" and t.min_p == 0.0 and t.extra["range"] == [-0.035, -0.010]
 
 
 @pytest.mark.parametrize("x", [[1.2, 0.3, 2.5, 1.9, 0.7], [5.0, -1.0], [0.1, -0.2, 0.05, 0.3, -0.1, 0.2, 0.4],
@@ -126,7 +130,7 @@ def test_t_over_seeds_closed_form_at_df2():
 def test_t_over_seeds_matches_scipy(x):
     ref = scipy.stats.ttest_1samp(x, 0.0)
     ci = ref.confidence_interval(0.95)
-    t = S.t_over_seeds(x)
+    t = T.t_over_seeds(x)
     assert t.p == pytest.approx(ref.pvalue, rel=1e-9) and t.df == ref.df
     assert (t.lo, t.hi) == (pytest.approx(ci.low, rel=1e-9), pytest.approx(ci.high, rel=1e-9))
 
@@ -134,11 +138,11 @@ def test_t_over_seeds_matches_scipy(x):
 def test_t_distribution_against_scipy():
     for df in (1, 2, 3, 4, 9, 30):
         for v in (0.0, 0.4, 1.7, 3.1, 12.0):
-            assert S.t_sf(v, df) == pytest.approx(scipy.stats.t.sf(v, df), rel=1e-9, abs=1e-15)
+            assert D.t_sf(v, df) == pytest.approx(scipy.stats.t.sf(v, df), rel=1e-9, abs=1e-15)
         for q in (0.6, 0.975, 0.995):
-            assert S.t_quantile(q, df) == pytest.approx(scipy.stats.t.ppf(q, df), rel=1e-9)
-    assert S.t_quantile(0.975, 1) == pytest.approx(12.706205, abs=1e-6)  # the table's 12.706
-    assert S.t_over_seeds([3.0]).p is None
+            assert D.t_quantile(q, df) == pytest.approx(scipy.stats.t.ppf(q, df), rel=1e-9)
+    assert D.t_quantile(0.975, 1) == pytest.approx(12.706205, abs=1e-6)  # the table's 12.706
+    assert T.t_over_seeds([3.0]).p is None
 
 
 # ------------------------------------------------------------------------------------------------ sign consistency
@@ -147,12 +151,12 @@ def test_sign_consistency_by_hand_and_scipy():
     seeds = [{"a": 1.0, "b": -2.0, "c": 0.0, "d": 1.0, "e": 1.0},
              {"a": 2.0, "b": -1.0, "c": 1.0, "d": -1.0, "e": 3.0},
              {"a": 0.5, "b": -3.0, "c": 1.0, "d": 1.0}]
-    t = S.sign_consistency(seeds)
+    t = T.sign_consistency(seeds)
     assert t.n == 4 and t.statistic == 2 and t.extra["cells"] == ["a", "b"]
     # Binomial(4, 1/4): P(X >= 2) = 1 - (3/4)^4 - 4 (1/4)(3/4)^3 = 1 - 81/256 - 108/256 = 67/256
     assert t.p == pytest.approx(67 / 256) and t.extra["expected"] == 1.0
     for k, n, s in ((11, 24, 3), (4, 72, 3), (3, 10, 2), (0, 10, 4)):
-        assert S.binomial_sf(k, n, 2.0 ** (1 - s)) == pytest.approx(
+        assert D.binomial_sf(k, n, 2.0 ** (1 - s)) == pytest.approx(
             scipy.stats.binomtest(k, n, 2.0 ** (1 - s), alternative="greater").pvalue, rel=1e-9)
 
 
@@ -162,7 +166,7 @@ def test_two_level_bootstrap_replays_the_generator_by_hand():
              1: [{i: float(v) for i, v in enumerate([50, 55, 70])}],
              2: [{i: float(v) for i, v in enumerate([0, 5, 6, 9, 12])}]}
     b, seed = 41, 3
-    est = S.two_level_bootstrap(seeds, resamples=b, seed=seed)
+    est = M.two_level_bootstrap(seeds, resamples=b, seed=seed)
     rng = np.random.default_rng(seed)
     pick = rng.integers(0, 3, size=(b, 3))
     vals = [np.array(list(g[0].values())) for g in seeds.values()]
@@ -181,12 +185,12 @@ def test_two_level_bootstrap_variance_is_between_plus_within_over_seeds():
     (ddof 0) variance of seed s's samples: the law of total variance over (seed drawn, samples drawn)."""
     rng = np.random.default_rng(2)
     raw = [rng.normal(mu, 4.0, 16) for mu in (40.0, 43.0, 37.0)]
-    est = S.two_level_bootstrap({k: [dict(enumerate(v))] for k, v in enumerate(raw)}, resamples=40000)
+    est = M.two_level_bootstrap({k: [dict(enumerate(v))] for k, v in enumerate(raw)}, resamples=40000)
     m = np.array([v.mean() for v in raw])
     within = np.array([v.var() / len(v) for v in raw])
     want = ((m - m.mean()) ** 2).mean() / 3 + within.mean() / 3
     assert est.se ** 2 == pytest.approx(want, rel=0.03)
-    one = U.cell(list(np.concatenate(raw)))  # samples alone: narrower, the seeds' spread left out
+    one = M.cell(list(np.concatenate(raw)))  # samples alone: narrower, the seeds' spread left out
     assert (est.hi - est.lo) > 1.3 * (one.hi - one.lo)
 
 
@@ -197,17 +201,17 @@ def test_two_level_bootstrap_groups_and_weights():
     b_ie = {0: 60.0, 1: 65.0, 2: 50.0}
     b_ib = {0: 58.0, 1: 70.0, 2: 55.0}
     seeds = {0: [a_ie, a_ib, b_ie, b_ib], 1: [{k: v + 3 for k, v in g.items()} for g in (a_ie, a_ib, b_ie, b_ib)]}
-    est = S.two_level_bootstrap(seeds, weights=[0.5, 0.5, -0.5, -0.5])
+    est = M.two_level_bootstrap(seeds, weights=[0.5, 0.5, -0.5, -0.5])
     assert est.mean == pytest.approx((80 + 82 + 90 + 88 + 70 + 75) / 6 - (60 + 58 + 65 + 70 + 50 + 55) / 6)
     assert est.lo > 0  # every sample of A is above its B partner: every resample is
-    cell = S.two_level_bootstrap({0: [a_ie, a_ib]})
-    assert cell.lo is None and cell.mean == pytest.approx(U.cell_of_prompts([a_ie, a_ib]).mean)
+    cell = M.two_level_bootstrap({0: [a_ie, a_ib]})
+    assert cell.lo is None and cell.mean == pytest.approx(M.cell_of_prompts([a_ie, a_ib]).mean)
     with pytest.raises(ValueError):
-        S.two_level_bootstrap({0: [a_ie], 1: [a_ie, a_ib]})
+        M.two_level_bootstrap({0: [a_ie], 1: [a_ie, a_ib]})
 
 
 def test_betainc_symmetry_and_values():
     for a, b, x in itertools.product((0.5, 1.0, 2.5), (0.5, 3.0), (0.05, 0.5, 0.93)):
-        assert S.betainc(a, b, x) == pytest.approx(scipy.special.betainc(a, b, x), rel=1e-10)
-        assert S.betainc(a, b, x) == pytest.approx(1 - S.betainc(b, a, 1 - x), rel=1e-10)
-    assert S.betainc(1.0, 1.0, 0.3) == pytest.approx(0.3)  # the uniform's CDF
+        assert D.betainc(a, b, x) == pytest.approx(scipy.special.betainc(a, b, x), rel=1e-10)
+        assert D.betainc(a, b, x) == pytest.approx(1 - D.betainc(b, a, 1 - x), rel=1e-10)
+    assert D.betainc(1.0, 1.0, 0.3) == pytest.approx(0.3)  # the uniform's CDF

@@ -11,72 +11,99 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from ropescale.evaluation.report import uncertainty as U
-from ropescale.evaluation.report.uncertainty import mse_ie_ib
+from ropescale.common.stats import lengths as L
+from ropescale.common.stats import means as M
+from ropescale.common.stats import mse as MS
+from ropescale.common.stats import resampling as R
 
 
 def exact_bootstrap_quantile(x, q):
-    """The q-quantile (inverse CDF) of the exact bootstrap distribution of the mean of ``x``: all n^n equally likely
-    resamples enumerated. Returns (quantile, CDF just below it, CDF at it)."""
+    """The q-quantile (inverse CDF) of the exact bootstrap distribution of the mean of ``x``: the n^n equally likely
+    resamples' sums, by convolving the empirical distribution n times (exact fractions). Returns (quantile, CDF just
+    below it, CDF at it)."""
     n = len(x)
-    counts: dict = {}
-    for r in itertools.product(range(n), repeat=n):
-        m = sum((Fraction(x[i]) for i in r), Fraction(0)) / n
-        counts[m] = counts.get(m, 0) + 1
+    dist = {Fraction(0): Fraction(1)}
+    for _ in range(n):
+        nxt: dict = {}
+        for total, pr in dist.items():
+            for v in x:
+                nxt[total + Fraction(v)] = nxt.get(total + Fraction(v), 0) + pr / n
+        dist = nxt
     cdf = 0.0
-    for atom in sorted(counts):
-        below, cdf = cdf, cdf + counts[atom] / n ** n
+    for atom in sorted(dist):
+        below, cdf = cdf, cdf + float(dist[atom])
         if cdf >= q:
-            return float(atom), below, cdf
+            return float(atom / n), below, cdf
 
 
 # ------------------------------------------------------------------------------------------------ a cell
 def test_cell_interval_is_the_exact_bootstrap_quantiles():
-    x = [0.0, 10.0, 40.0, 100.0]
+    x = [40.0, 0.0, 10.0, 40.0, 40.0, 0.0, 10.0, 10.0]  # n = 8: the smallest n the bootstrap is used at
     b = 40_000
-    est = U.cell(x, resamples=b)
+    est = M.cell(x, resamples=b)
+    assert est.rule == "percentile bootstrap" and est.unit == "sample"
     for q, got in ((0.025, est.lo), (0.975, est.hi)):
         atom, below, at = exact_bootstrap_quantile(x, q)
         # the quantile level sits inside the atom's CDF step by > 5 standard errors of an empirical CDF of b draws
         assert min(q - below, at - q) > 5 * math.sqrt(q * (1 - q) / b)
         assert got == pytest.approx(atom)
-    assert (est.lo, est.hi) == (5.0, 77.5)  # the atoms, by hand: (0 + 0 + 10 + 10) / 4 and (10 + 3 x 100) / 4
-    assert est.mean == pytest.approx(37.5) and est.n == 4
-    # se = sample sd (ddof 1) / sqrt(n): deviations -37.5, -27.5, 2.5, 62.5
-    # -> sum of squares 1406.25 + 756.25 + 6.25 + 3906.25 = 6075
-    assert est.se == pytest.approx(math.sqrt(6075 / 3 / 4)) == 22.5
+    assert (est.lo, est.hi) == (7.5, 31.25)  # the atoms: sums 60 and 250 of 8 draws
+    assert est.mean == pytest.approx(18.75) and est.n == 8
+    assert est.se == pytest.approx(float(np.std(x, ddof=1)) / math.sqrt(8))
+
+
+@pytest.mark.parametrize("x", [[0.0, 10.0, 40.0, 100.0], [3.0, 5.5], [1.0, 2.0, 2.5, 7.0, 9.0, 4.0, 3.5]])
+def test_cell_below_eight_samples_is_the_t_interval(x):
+    """Below n = 8 a percentile bootstrap under-covers (about 74 % over 3 units): the t interval, as scipy's."""
+    import scipy.stats
+
+    est = M.cell(x)
+    lo, hi = scipy.stats.t.interval(0.95, len(x) - 1, loc=np.mean(x), scale=scipy.stats.sem(x))
+    assert est.rule == "t" and (est.lo, est.hi) == (pytest.approx(lo, rel=1e-9), pytest.approx(hi, rel=1e-9))
+    assert est.se == pytest.approx(scipy.stats.sem(x))
+
+
+def test_t_interval_of_few_units_shows_their_range():
+    import scipy.stats
+
+    x = [12.0, 15.5, 9.0]
+    est = M.t_interval(x, unit="window")
+    lo, hi = scipy.stats.t.interval(0.95, 2, loc=np.mean(x), scale=scipy.stats.sem(x))
+    assert (est.lo, est.hi) == (pytest.approx(lo), pytest.approx(hi)) and est.spread == (9.0, 15.5)
+    assert est.unit == "window" and est.text() == f"12.2 [{lo:.1f}, {hi:.1f}] (9.0-15.5)"
+    assert M.t_interval([4.0]).lo is None and M.t_interval([]).mean is None
 
 
 def test_cell_replays_the_generator_by_hand():
     x = np.array([12.0, 40.5, 3.0, 77.0, 55.5, 20.0, 8.0, 61.0, 33.0, 90.0, 47.0, 15.5, 70.0, 26.0, 5.0, 58.0])
     b, seed = 41, 7  # 41 resamples: the 2.5 % and 97.5 % quantiles sit exactly on order statistics 1 and 39
     draws = np.sort(x[np.random.default_rng(seed).integers(0, len(x), size=(b, len(x)))].mean(axis=1))
-    est = U.cell(list(x), resamples=b, seed=seed)
+    est = M.cell(list(x), resamples=b, seed=seed)
     assert (est.lo, est.hi) == (pytest.approx(draws[1]), pytest.approx(draws[39]))
-    assert U.cell(list(x), resamples=b, seed=seed) == est  # deterministic
-    assert U.cell(list(x), resamples=b, seed=seed + 1) != est
+    assert M.cell(list(x), resamples=b, seed=seed) == est  # deterministic
+    assert M.cell(list(x), resamples=b, seed=seed + 1) != est
 
 
 def test_cell_small_and_empty():
-    assert U.cell([42.0]) == U.Estimate(42.0, 1)  # a scores-CSV cell: a mean, no interval
-    assert U.cell([]).mean is None and U.cell([]).text() == "-"
-    assert U.cell([42.0]).text() == "42.0"
-    assert U.Estimate(45.0, 16, 3.0, 38.24, 51.96).text() == "45.0 [38.2, 52.0]"
+    assert M.cell([42.0]) == M.Estimate(42.0, 1)  # a scores-CSV cell: a mean, no interval
+    assert M.cell([]).mean is None and M.cell([]).text() == "-"
+    assert M.cell([42.0]).text() == "42.0"
+    assert M.Estimate(45.0, 16, 3.0, 38.24, 51.96).text() == "45.0 [38.2, 52.0]"
     with pytest.raises(ValueError, match="not a finite number"):
-        U.cell([1.0, float("nan")])
+        M.cell([1.0, float("nan")])
 
 
 def test_cell_of_prompts_is_the_mean_of_prompt_means_and_pairs_by_id():
     ie = {"a": 10.0, "b": 20.0, "c": 60.0}
     ib = {"a": 20.0, "b": 40.0}
-    est = U.cell_of_prompts([ie, ib], resamples=500)
+    est = M.cell_of_prompts([ie, ib], resamples=500)
     assert est.mean == pytest.approx((30.0 + 30.0) / 2) and est.n == 3  # ids a, b, c: n counts samples, not scores
     # var(mean_ie/2 + mean_ib/2) = (s_ie^2/3 + s_ib^2/2 + 2 * 2 * s_ie,ib / (3 * 2)) / 4, by hand:
     # s_ie^2 = (400 + 100 + 900) / 2 = 700; s_ib^2 = (100 + 100) / 1 = 200; s_ie,ib over a, b = (-5)(-10)*2 / 1 = 100
     assert est.se == pytest.approx(math.sqrt((700 / 3 + 200 / 2 + 4 * 100 / 6) / 4))
     assert est.lo <= est.mean <= est.hi
     # plain sequences do not pair by position: var = (s_ie^2 / 3 + s_ib^2 / 2) / 4
-    seqs = U.cell_of_prompts([list(ie.values()), list(ib.values())], resamples=500)
+    seqs = M.cell_of_prompts([list(ie.values()), list(ib.values())], resamples=500)
     assert seqs.mean == est.mean and seqs.se == pytest.approx(math.sqrt((700 / 3 + 200 / 2) / 4))
 
 
@@ -88,10 +115,10 @@ def test_paired_difference_is_the_bootstrap_of_per_id_differences():
     ie = {i: float(v + rng.normal(4, 3)) for i, v in zip(ids, base)}
     ib = {i: float(v) for i, v in zip(ids, base)}
     d = [ie[i] - ib[i] for i in ids]
-    diff = U.ie_minus_ib(ie, ib, resamples=3000, seed=5)
+    diff = M.ie_minus_ib(ie, ib, resamples=3000, seed=5)
     # the paired bootstrap is the bootstrap of the differences, ids in sorted order (s0, s1, s10, ...: string ids
     # sort as strings), whatever order a run wrote them in
-    ref = U.cell([ie[i] - ib[i] for i in sorted(ids)], resamples=3000, seed=5)
+    ref = M.cell([ie[i] - ib[i] for i in sorted(ids)], resamples=3000, seed=5)
     assert diff.paired and diff.n_pairs == 16 and diff.n == 16
     assert diff.mean == pytest.approx(float(np.mean(d)))
     assert (diff.lo, diff.hi) == (pytest.approx(ref.lo), pytest.approx(ref.hi))
@@ -99,31 +126,38 @@ def test_paired_difference_is_the_bootstrap_of_per_id_differences():
     assert diff.excludes(0.0)  # a +4 shift with noise 3 at n = 16
     # the insertion order of either prompt does not matter (pairs are by id; ids are resampled in sorted order):
     # a run's predictions come in the order its batches finished them
-    assert U.ie_minus_ib(ie, dict(reversed(list(ib.items()))), resamples=3000, seed=5) == diff
-    assert U.ie_minus_ib(dict(reversed(list(ie.items()))), ib, resamples=3000, seed=5) == diff
+    assert M.ie_minus_ib(ie, dict(reversed(list(ib.items()))), resamples=3000, seed=5) == diff
+    assert M.ie_minus_ib(dict(reversed(list(ie.items()))), ib, resamples=3000, seed=5) == diff
     shuffled = [dict(sorted(g.items(), key=lambda kv: kv[1])) for g in (ie, ib)]
-    assert U.cell_of_prompts(shuffled, resamples=500) == U.cell_of_prompts([ie, ib], resamples=500)
+    assert M.cell_of_prompts(shuffled, resamples=500) == M.cell_of_prompts([ie, ib], resamples=500)
     # the unpaired interval (independent resampling) is far wider: the sample-to-sample spread cancels in pairs
-    unpaired = U.ie_minus_ib(ie, {f"x{k}": v for k, v in ib.items()}, resamples=3000, seed=5)
+    unpaired = M.ie_minus_ib(ie, {f"x{k}": v for k, v in ib.items()}, resamples=3000, seed=5)
     assert not unpaired.paired and unpaired.n_pairs == 0
     assert unpaired.hi - unpaired.lo > 4 * (diff.hi - diff.lo)
 
 
 def test_paired_difference_exact_enumeration():
-    ie = {1: 10.0, 2: 30.0, 3: 45.0, 4: 100.0}
-    ib = {1: 10.0, 2: 20.0, 3: 5.0, 4: 0.0}  # d = 0, 10, 40, 100: the exact-quantile sample above
-    diff = U.ie_minus_ib(ie, ib, resamples=40_000)
-    assert (diff.lo, diff.hi) == (pytest.approx(5.0), pytest.approx(77.5))
+    d = [40.0, 0.0, 10.0, 40.0, 40.0, 0.0, 10.0, 10.0]  # the exact-quantile sample above
+    ie = {k: 20.0 + v for k, v in enumerate(d)}
+    ib = {k: 20.0 - k for k in range(8)}
+    diff = M.ie_minus_ib({k: v - k for k, v in ie.items()}, ib, resamples=40_000)
+    assert diff.rule == "percentile bootstrap" and (diff.lo, diff.hi) == (pytest.approx(7.5), pytest.approx(31.25))
+    # below 8 pairs: the t interval of the per-id differences
+    import scipy.stats
+
+    few = M.ie_minus_ib({k: ie[k] for k in range(4)}, {k: 20.0 for k in range(4)})
+    lo, hi = scipy.stats.t.interval(0.95, 3, loc=np.mean(d[:4]), scale=scipy.stats.sem(d[:4]))
+    assert few.rule == "t" and (few.lo, few.hi) == (pytest.approx(lo), pytest.approx(hi))
 
 
 def test_unpaired_ids_are_reported_not_dropped():
     ie = {"a": 50.0, "b": 40.0, "c": 30.0, "x": 90.0}
     ib = {"a": 45.0, "b": 42.0, "c": 20.0, "y": 0.0}
-    diff = U.ie_minus_ib(ie, ib, resamples=500)
+    diff = M.ie_minus_ib(ie, ib, resamples=500)
     assert diff.unpaired_ie == ("x",) and diff.unpaired_ib == ("y",) and diff.n_pairs == 3 and not diff.paired
     assert diff.mean == pytest.approx(210 / 4 - 107 / 4)  # each prompt's mean over all its samples
     assert diff.to_dict()["unpaired_ie"] == ["x"]
-    one_side = U.ie_minus_ib(ie, {})
+    one_side = M.ie_minus_ib(ie, {})
     assert one_side.mean is None and one_side.unpaired_ie == ("a", "b", "c", "x")
 
 
@@ -131,23 +165,23 @@ def test_variance_of_a_difference_by_hand():
     ie = {"a": 10.0, "b": 20.0, "c": 60.0}
     ib = {"a": 20.0, "b": 40.0, "c": 30.0}
     # every id pairs: s_d^2 / n with d = -10, -20, 30 (mean 0): (100 + 400 + 900) / 2 / 3
-    assert U.var_of_combination([ie, ib], [1, -1]) == pytest.approx(1400 / 2 / 3)
+    assert R.var_of_combination([ie, ib], [1, -1]) == pytest.approx(1400 / 2 / 3)
     # none pairs: se_ie^2 + se_ib^2; deviations from the means (30 and 30): -20, -10, 30 and -10, 10, 0
     ib2 = {k + "'": v for k, v in ib.items()}
-    assert U.var_of_combination([ie, ib2], [1, -1]) == pytest.approx(1400 / 2 / 3 + 200 / 2 / 3)
+    assert R.var_of_combination([ie, ib2], [1, -1]) == pytest.approx(1400 / 2 / 3 + 200 / 2 / 3)
 
 
 # ------------------------------------------------------------------------------------------------ MSE and floor
 def test_mse_and_floor_by_hand():
     cells = {"T512": ({1: 10.0, 2: 20.0, 3: 30.0}, {1: 8.0, 2: 14.0, 3: 29.0}),  # d = 2, 6, 1
              "T1024": ({1: 50.0, 2: 40.0}, {1: 45.0, 2: 41.0})}  # d = 5, -1
-    m = U.mse_with_floor(cells, resamples=1000)
+    m = MS.mse_with_floor(cells, resamples=1000)
     assert m.mse == pytest.approx((3 ** 2 + 2 ** 2) / 2)  # mean d per cell: 3 and 2
-    assert m.mse == pytest.approx(mse_ie_ib({"T512": 20.0, "T1024": 45.0}, {"T512": 17.0, "T1024": 43.0}))
+    assert m.mse == pytest.approx(MS.mse_ie_ib({"T512": 20.0, "T1024": 45.0}, {"T512": 17.0, "T1024": 43.0}))
     # floor = mean of s_d^2 / n: (7 / 3 + 18 / 2) / 2
-    assert m.floor == pytest.approx((7 / 3 + 9) / 2) == U.mse_noise_floor(cells)
+    assert m.floor == pytest.approx((7 / 3 + 9) / 2) == MS.mse_noise_floor(cells)
     assert m.cells == 2 and m.lo <= m.hi
-    assert U.mse_with_floor(cells, resamples=1000) == m
+    assert MS.mse_with_floor(cells, resamples=1000) == m
 
 
 def test_mse_interval_replays_the_generator_by_hand():
@@ -157,20 +191,20 @@ def test_mse_interval_replays_the_generator_by_hand():
     d1 = np.array([2.0, 6.0, 1.0])[rng.integers(0, 3, size=(41, 3))].mean(axis=1)
     d2 = np.array([5.0, -1.0])[rng.integers(0, 2, size=(41, 2))].mean(axis=1)
     mse = np.sort((d1 ** 2 + d2 ** 2) / 2)
-    m = U.mse_with_floor(cells, resamples=41, seed=9)
+    m = MS.mse_with_floor(cells, resamples=41, seed=9)
     assert (m.lo, m.hi) == (pytest.approx(mse[1]), pytest.approx(mse[39]))
 
 
 def test_mse_interval_exact_enumeration():
     ie = {1: 10.0, 2: 30.0, 3: 45.0, 4: 100.0}
     ib = {1: 10.0, 2: 20.0, 3: 5.0, 4: 0.0}  # d = 0, 10, 40, 100: MSE* = (mean d*)^2, a monotone map of mean d* >= 0
-    m = U.mse_with_floor({"T512": (ie, ib)}, resamples=40_000)
+    m = MS.mse_with_floor({"T512": (ie, ib)}, resamples=40_000)
     assert (m.lo, m.hi) == (pytest.approx(5.0 ** 2), pytest.approx(77.5 ** 2))
 
 
 def test_mse_missing_prompt_and_single_samples():
-    assert U.mse_with_floor({"T512": ({1: 1.0, 2: 2.0}, {})}) == U.MSE(None, None)
-    one = U.mse_with_floor({"L": ({"m": 20.0}, {"m": 16.0})})  # a scores-CSV row: the MSE, no floor, no interval
+    assert MS.mse_with_floor({"T512": ({1: 1.0, 2: 2.0}, {})}) == MS.MSE(None, None)
+    one = MS.mse_with_floor({"L": ({"m": 20.0}, {"m": 16.0})})  # a scores-CSV row: the MSE, no floor, no interval
     assert one.mse == pytest.approx(16.0) and one.floor is None and one.lo is None
 
 
@@ -207,7 +241,7 @@ def test_floor_is_the_mean_mse_under_a_simulated_null(pairs, only_ie, only_ib):
             ib = np.concatenate([40 + b * (rho * z[:pairs, 0] + math.sqrt(1 - rho * rho) * z[:pairs, 1]),
                                  40 + b * z[n_ie:, 1]])
             cells[f"c{c}"] = (dict(zip(ids_ie, ie)), dict(zip(ids_ib, ib)))
-        est_floor.append(U.mse_noise_floor(cells))
+        est_floor.append(MS.mse_noise_floor(cells))
     assert float(np.mean(est_floor)) == pytest.approx(floor, rel=0.06)
 
 
@@ -226,7 +260,7 @@ RULER_THRESHOLD = 85.6  # Llama-2-7B at 4K
 ])
 def test_effective_length_reproduces_ruler_table(scores, published):
     """github.com/NVIDIA/RULER README, main results: the 'Effective Length' column from the per-length scores."""
-    eff = U.effective_length(dict(zip(RULER_COLS, scores)), RULER_THRESHOLD)
+    eff = L.effective_length(dict(zip(RULER_COLS, scores)), RULER_THRESHOLD)
     assert eff.text() == published and eff.rule == "absolute"
 
 
@@ -243,7 +277,7 @@ NOLIMA_COLS = ["1K", "2K", "4K", "8K", "16K", "32K"]
 def test_effective_length_reproduces_nolima_table(base, scores, published):
     """github.com/adobe-research/NoLiMa README, results: 'Effective Length' = the longest context keeping >= 85 %
     of the base score (measured at 250-1K tokens, given here)."""
-    eff = U.effective_length_relative(dict(zip(NOLIMA_COLS, scores)), base=base)
+    eff = L.effective_length_relative(dict(zip(NOLIMA_COLS, scores)), base=base)
     assert eff.text() == published and eff.threshold == pytest.approx(0.85 * base)
 
 
@@ -252,16 +286,16 @@ COLS = ["T512", "T1024", "T2048", "T4096"]
 
 def test_relative_effective_length_uses_the_rows_own_1x():
     row = {"T512": 40.0, "T1024": 34.0, "T2048": 30.0, "T4096": 10.0}  # threshold 0.85 * 40 = 34: T1024 holds
-    eff = U.effective_length_relative(row)
+    eff = L.effective_length_relative(row)
     assert (eff.length, eff.stop, eff.stopped_at, eff.threshold) == ("T1024", "fail", "T2048", pytest.approx(34.0))
-    assert U.effective_length(row, 25.0).text() == "T2048"
-    assert U.effective_length(row, 5.0).text() == ">T4096"
-    assert U.effective_length(row, 50.0).text() == "<T512"
+    assert L.effective_length(row, 25.0).text() == "T2048"
+    assert L.effective_length(row, 5.0).text() == ">T4096"
+    assert L.effective_length(row, 50.0).text() == "<T512"
 
 
 def test_effective_length_gap_is_not_counted_but_listed():
     row = {"T512": 40.0, "T1024": 20.0, "T2048": 38.0, "T4096": 5.0}  # below at 2x, above again at 4x
-    eff = U.effective_length_relative(row)
+    eff = L.effective_length_relative(row)
     assert eff.text() == "T512" and eff.later_passes == ("T2048",)
     assert eff.to_dict()["later_passes"] == ["T2048"]
 
@@ -271,29 +305,29 @@ def test_effective_length_stops_at_a_missing_cell(missing):
     row = {"T512": 40.0, "T1024": 39.0, "T2048": missing, "T4096": 38.0}
     if missing == "absent":
         del row["T2048"]
-    eff = U.effective_length_relative(row, columns=COLS)
+    eff = L.effective_length_relative(row, columns=COLS)
     assert (eff.length, eff.stop, eff.stopped_at) == ("T1024", "missing", "T2048")
     assert eff.text() == "T1024 (T2048 missing)" and eff.later_passes == ("T4096",)
 
 
 def test_effective_length_undefined_without_a_reference():
     for first in (None, float("nan"), 0.0):
-        eff = U.effective_length_relative({"T512": first, "T1024": 30.0})
+        eff = L.effective_length_relative({"T512": first, "T1024": 30.0})
         assert eff.threshold is None and eff.text() == "-" and eff.length is None
-    assert U.effective_length({}, 50.0).text() == "-"
-    assert U.effective_length({"T512": 60.0}, None).stop == "undefined"
-    missing_first = U.effective_length({"T512": None, "T1024": 60.0}, 50.0)
+    assert L.effective_length({}, 50.0).text() == "-"
+    assert L.effective_length({"T512": 60.0}, None).stop == "undefined"
+    missing_first = L.effective_length({"T512": None, "T1024": 60.0}, 50.0)
     assert missing_first.text() == "- (T512 missing)" and missing_first.later_passes == ("T1024",)
 
 
 def test_effective_length_marks_decisions_inside_the_noise():
     row = {"T512": 40.0, "T1024": 35.0, "T2048": 20.0, "T4096": 36.0}
     ivs = {"T512": (30.0, 50.0), "T1024": (28.0, 42.0), "T2048": (12.0, 28.0), "T4096": (30.0, 41.0)}
-    eff = U.effective_length_relative(row, intervals=ivs)  # threshold 34
+    eff = L.effective_length_relative(row, intervals=ivs)  # threshold 34
     assert eff.text() == "T1024" and eff.straddles == ("T512", "T1024")  # T4096 is past the stop
 
 
 def test_retention():
-    assert U.retention(45.0, 50.0) == pytest.approx(0.9)
-    assert U.retention(None, 50.0) is None and U.retention(45.0, None) is None
-    assert U.retention(45.0, 0.0) is None and U.retention(float("nan"), 50.0) is None
+    assert L.retention(45.0, 50.0) == pytest.approx(0.9)
+    assert L.retention(None, 50.0) is None and L.retention(45.0, None) is None
+    assert L.retention(45.0, 0.0) is None and L.retention(float("nan"), 50.0) is None

@@ -110,8 +110,8 @@ def table_row(d: Demo, r: Row, st: dict | None, cols: list[str], base_1x: float 
     score}, "IB": ...}})."""
     from rope_scaling import RopeSpec
     from ropescale.common.runs import TrainLength, read_train_record
-    from ropescale.evaluation.report.significance import mse_sign_flip, paired_sign_flip
-    from ropescale.evaluation.report.uncertainty import retention
+    from ropescale.common.stats.lengths import retention
+    from ropescale.common.stats.tests import mse_sign_flip, paired_sign_flip
 
     record = read_train_record(r.model) if r.train_dir is not None else None
     if bound is None:

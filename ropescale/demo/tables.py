@@ -93,7 +93,7 @@ def comparison_pairs(d: Demo) -> list[tuple[str, str, str]]:
 def comparisons(d: Demo, records: list[dict], cols: list[str]) -> list[dict]:
     """Table C's records: per compared pair of rows and column, a - b over the eval samples both scored (each
     sample's prompts averaged), with its bootstrap interval and two-sided paired sign-flip permutation p."""
-    from ropescale.evaluation.report.significance import paired_sign_flip
+    from ropescale.common.stats.tests import paired_sign_flip
 
     by = {rec.get("key", "floor"): rec for rec in records}
     out = []
@@ -215,6 +215,6 @@ def mse_text(rec: dict) -> str:
 
 
 def p_text(p):
-    from ropescale.evaluation.report.significance import p_text as text
+    from ropescale.common.stats.tests import p_text as text
 
     return text(p)

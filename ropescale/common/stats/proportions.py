@@ -9,9 +9,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from ropescale.evaluation.report.significance import betainc
-
-CONFIDENCE = 0.95
+from .distributions import CONFIDENCE, betainc, normal_quantile
 
 
 class Proportion(NamedTuple):
@@ -25,19 +23,6 @@ class Proportion(NamedTuple):
     rule: str
 
 
-def _z(confidence: float) -> float:
-    """The two-sided normal quantile z_{(1+c)/2}, by bisection on erfc (no scipy on the floor)."""
-    target = (1 - confidence) / 2
-    lo, hi = 0.0, 10.0
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if 0.5 * math.erfc(mid / math.sqrt(2)) > target:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
 def _check(k: int, n: int) -> None:
     if n < 1 or not 0 <= k <= n:
         raise ValueError(f"a proportion needs 0 <= k <= n and n >= 1, got {k} of {n}")
@@ -47,7 +32,7 @@ def wilson(k: int, n: int, confidence: float = CONFIDENCE) -> Proportion:
     """Wilson's score interval for k of n: (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)
     (Wilson 1927, JASA 22:209; Agresti & Coull 1998, eq. 2)."""
     _check(k, n)
-    z = _z(confidence)
+    z = normal_quantile(confidence)
     p = k / n
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom

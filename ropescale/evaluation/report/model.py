@@ -2,9 +2,9 @@
 RoPE spec, training record, prompt wording), the runs, the cells, and the paper's formulas over them (Table 2
 average and MSE, Table 7, extrapolation by subset or length bucket, failure modes, exact recall per mark), and
 beside every cell what its uncertainty needs: the per-sample scores, keyed by the eval set the run read and the
-sample's id (so a sample scored under Prompt-IE and Prompt-IB pairs; ``uncertainty`` computes the intervals, the
-effective context length and retention from them). Every view keys its rows by the same settings and names them
-with the same labels (``tables.setting_labels``). Nothing here reads files or prints."""
+sample's id (so a sample scored under Prompt-IE and Prompt-IB pairs; ``ropescale.common.stats`` computes the
+intervals, the effective context length and retention from them). Every view keys its rows by the same settings and
+names them with the same labels (``tables.setting_labels``). Nothing here reads files or prints."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ropescale.common.io import InputError
+from ropescale.common.stats.mse import mse_ie_ib
 from ropescale.common.subsets import order_key
 from ropescale.common.tables import Setting, setting_labels
-
-from .uncertainty import mse_ie_ib
 
 KINDS = ("IE", "IB")
 NO_SUBSET = "all"  # the column of runs generated without a subset (``generate --max-new-tokens`` only)
@@ -49,7 +48,7 @@ class Report:
     labels: dict = field(default_factory=dict)  # Setting -> tables.Label
     samples: dict = field(default_factory=dict)  # (Setting, kind, subset) -> {(eval set, sample id): score}
     base_ids: dict = field(default_factory=dict)  # Setting -> the id of the model it was fine-tuned from
-    resamples: Optional[int] = None  # bootstrap resamples of every interval (None: uncertainty.RESAMPLES)
+    resamples: Optional[int] = None  # bootstrap resamples of every interval (None: stats.resampling.RESAMPLES)
     _memo: dict = field(default_factory=dict, repr=False)
 
     def label(self, s: Setting) -> str:
@@ -86,13 +85,13 @@ class Report:
 
     def extrapolation(self, threshold: Optional[float] = None) -> tuple[list[str], list[dict]]:
         """(columns, rows): rows {setting, label (a tables.Label), cells {column: v}, estimates {column:
-        uncertainty.Estimate: the cell with n, standard error and interval}, effective {"relative": NoLiMa's
+        stats.means.Estimate: the cell with n, standard error and interval}, effective {"relative": NoLiMa's
         effective length (85 % of the row's own first-column score), "absolute": a fixed threshold's, RULER's rule (>=
         ``threshold``; None without one)}, retention (the row's first-column score / its base model's,
         :meth:`base_of`; None without a base)}. The first column is the row's "1x": the shortest length evaluated.
         With a threshold, a row whose first column is below it has no relative effective length (85 % of a score
         that fails the task measures nothing)."""
-        from . import uncertainty as U
+        from ropescale.common.stats import lengths as L
 
         cols, _ = self._columns()
         rows = []
@@ -103,12 +102,12 @@ class Report:
                 continue
             ivs = {c: (e.lo, e.hi) for c, e in est.items()}
             first = cells[cols[0]] if cols else None
-            rel = U.effective_length_relative(cells, columns=cols, intervals=ivs)
+            rel = L.effective_length_relative(cells, columns=cols, intervals=ivs)
             if threshold is not None and (first is None or first < threshold):
-                rel = U.EffectiveLength(None, "undefined", None, "relative")
-            ab = None if threshold is None else U.effective_length(cells, threshold, columns=cols, intervals=ivs)
+                rel = L.EffectiveLength(None, "undefined", None, "relative")
+            ab = None if threshold is None else L.effective_length(cells, threshold, columns=cols, intervals=ivs)
             base = self.base_of(s)
-            ret = None if base is None or not cols else U.retention(first, self.estimate(base, cols[0]).mean)
+            ret = None if base is None or not cols else L.retention(first, self.estimate(base, cols[0]).mean)
             rows.append({"setting": s, "label": self.labels[s], "cells": cells, "estimates": est,
                          "effective": {"relative": rel, "absolute": ab}, "retention": ret})
         return cols, rows
@@ -141,14 +140,14 @@ class Report:
         return [samples[(s, k, col)] for k in KINDS if (s, k, col) in samples]
 
     def estimate(self, s: Setting, col: str, kind: Optional[str] = None) -> Any:
-        """A cell as an ``uncertainty.Estimate`` (mean, n, standard error, percentile bootstrap interval): the
+        """A cell as a ``stats.means.Estimate`` (mean, n, standard error, interval: the bootstrap from 8 samples): the
         extrapolation view's cell (the mean of the prompts' means, pairs resampled together) or, with ``kind``,
         one prompt's (Table 7). A cell from a scores CSV has one number per prompt: its mean, n the numbers, no
         interval."""
         key = ("estimate", s, col, kind, self.buckets is not None)
         if key in self._memo:
             return self._memo[key]
-        from . import uncertainty as U
+        from ropescale.common.stats import means as U
 
         kinds = KINDS if kind is None else (kind,)
         _, samples = self._columns()
@@ -162,9 +161,9 @@ class Report:
         return est
 
     def difference(self, s: Setting, col: str) -> Any:
-        """IE - IB of one subset as an ``uncertainty.Difference`` (paired bootstrap interval, ids scored under one
+        """IE - IB of one subset as a ``stats.means.Difference`` (paired interval, ids scored under one
         prompt only listed); a scores CSV's cell: the difference alone; None without both prompts."""
-        from . import uncertainty as U
+        from ropescale.common.stats import means as U
 
         ie, ib = self.samples.get((s, "IE", col)), self.samples.get((s, "IB", col))
         if ie and ib:
@@ -173,9 +172,9 @@ class Report:
         return None if a is None or b is None else U.Difference(a - b, 2, n_pairs=1)
 
     def mse(self, s: Setting) -> Any:
-        """MSE(P-IE vs P-IB) of a row as an ``uncertainty.MSE``: the Table 2 value over its subsets, its noise
+        """MSE(P-IE vs P-IB) of a row as a ``stats.mse.MSE``: the Table 2 value over its subsets, its noise
         floor and interval from the per-sample scores (a scores CSV's row: the MSE alone)."""
-        from . import uncertainty as U
+        from ropescale.common.stats import mse as U
 
         cols = [c for c in self.columns if any((s, k, c) in self.cells for k in KINDS)]
         pairs = {c: (self.samples.get((s, "IE", c), {}), self.samples.get((s, "IB", c), {})) for c in cols}
@@ -199,9 +198,9 @@ class Report:
         return None
 
     def floor(self, col: str) -> Any:
-        """The recall task's marks-only floor of one subset as an ``uncertainty.Estimate``: the ROUGE-L of an answer
+        """The recall task's marks-only floor of one subset as a ``stats.means.Estimate``: the ROUGE-L of an answer
         holding the marks alone, one value per eval sample (the runs' ``marks_only_rouge_l``); None without it."""
-        from . import uncertainty as U
+        from ropescale.common.stats import means as U
 
         vals = {}
         for r in self.runs:
@@ -212,7 +211,7 @@ class Report:
         return U.cell(vals, resamples=self._resamples()) if vals else None
 
     def _resamples(self) -> int:
-        from .uncertainty import RESAMPLES
+        from ropescale.common.stats.resampling import RESAMPLES
 
         return RESAMPLES if self.resamples is None else self.resamples
 

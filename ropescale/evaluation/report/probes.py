@@ -7,7 +7,7 @@ spec, the model's training record -- the same rows and labels as eval_summ's rep
 input length N, suffix-id variant / heading / score) x the probe's group (block size k, perturbation kind, copy /
 no-copy), columns = the probe's length bucket (prefix length, input length, distance), cells = the probe's metric
 (accuracy or loss, the mean over items, with its n and 95 % percentile bootstrap interval over the items,
-``uncertainty.cell``, in every format: markdown ``mean [lo, hi]`` and an n column, CSV ``<col>_n, <col>_lo,
+``stats.means.cell``, in every format: markdown ``mean [lo, hi]`` and an n column, CSV ``<col>_n, <col>_lo,
 <col>_hi``, JSON ``n`` and ``ci``; a cell of one item has no interval). Two runs of the same setting are
 told apart by their run directory's name. A probe with a single column bucket and several groups (the shuffle
 test without ``--lengths``) shows the groups (k=1..5) as columns. Printed as markdown (default), CSV or JSON;
@@ -55,16 +55,25 @@ class ProbeRows:
 
 
 def with_intervals(summary: dict, records: list[dict], resamples: int | None = None) -> dict:
-    """``summary`` (a probe run's cells) with each cell's 95 % percentile bootstrap interval over its items
-    (``records``: items.jsonl, {id, group, col, value}; ``uncertainty.cell``) as ``lo`` / ``hi``."""
-    from .uncertainty import RESAMPLES, cell
+    """``summary`` (a probe run's cells) with each cell's 95 % interval over its items (``records``: items.jsonl,
+    {id, group, col, value}) as ``lo`` / ``hi`` and its rule as ``interval``: a cell of 0/1 items (an accuracy) is
+    a proportion, Wilson's interval (``stats.proportions.wilson``: never [0, 0] for 0 of n); any other cell a mean
+    (``stats.means.cell``: the bootstrap from 8 items, the t interval below)."""
+    from ropescale.common.stats.means import cell
+    from ropescale.common.stats.proportions import wilson
+    from ropescale.common.stats.resampling import RESAMPLES
 
     by: dict = {}
     for r in records:
         by.setdefault((r.get("group", ""), r["col"]), {})[r["id"]] = float(r["value"])
     for c in summary.get("cells", []):
-        e = cell(by.get((c.get("group", ""), c["col"]), {}), resamples=resamples or RESAMPLES)
-        c["lo"], c["hi"] = e.lo, e.hi
+        vals = by.get((c.get("group", ""), c["col"]), {})
+        if vals and all(v in (0.0, 1.0) for v in vals.values()):
+            w = wilson(int(sum(vals.values())), len(vals))
+            c["lo"], c["hi"], c["interval"] = w.lo, w.hi, w.rule
+        else:
+            e = cell(vals, resamples=resamples or RESAMPLES)
+            c["lo"], c["hi"], c["interval"] = e.lo, e.hi, e.rule
     return summary
 
 

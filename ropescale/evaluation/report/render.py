@@ -1,9 +1,9 @@
 """The report's views as tables (``ropescale.common.tables.Table``): markdown (every view), CSV (one view) or JSON,
 and the files ``--out`` writes (through the one table writer, ``tables.write_tables``). Every score cell of Table 2,
-Table 7 and the extrapolation table carries its n and 95 % bootstrap interval (``uncertainty``) in every format:
-markdown ``mean [lo, hi]`` with an n column (``--no-intervals``: the means alone, :class:`Options`), CSV
-``<col>_n, <col>_lo, <col>_hi`` beside each ``<col>``, JSON ``n`` and ``ci``. The failure-mode and recall views
-give shares with their n and no interval."""
+Table 7 and the extrapolation table carries its n and 95 % interval (``ropescale.common.stats.means``: the bootstrap
+from 8 samples, the t interval below) in every format: markdown ``mean [lo, hi]`` with an n column
+(``--no-intervals``: the means alone, :class:`Options`), CSV ``<col>_n, <col>_lo, <col>_hi`` beside each ``<col>``,
+JSON ``n`` and ``ci``. The failure-mode and recall views give shares with their n and no interval."""
 from __future__ import annotations
 
 import os

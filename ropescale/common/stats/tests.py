@@ -1,0 +1,228 @@
+"""The tests behind every reading, each naming its unit and its smallest attainable p (issue 49):
+
+- :func:`sign_flip` / :func:`paired_sign_flip`: the paired sign-flip permutation test of a mean difference (IE - IB
+  per sample id; one row against another per sample id; searched factors against YaRN per window). Under "no
+  difference" the two members of a pair are exchangeable, so each pair's difference is as likely to carry either
+  sign (Fisher 1935, *The Design of Experiments* Sec. 21; Good 2005, *Permutation, Parametric, and Bootstrap Tests
+  of Hypotheses*, Sec. 3.1). Exact (all 2^n sign vectors) up to ``EXACT_MAX_N`` pairs, else ``PERMUTATIONS``
+  random sign vectors with p = (1 + hits) / (1 + draws) (Phipson & Smyth 2010), as ``scipy.stats.permutation_test``
+  computes it. Its smallest p over n units is 2 / 2^n (two-sided: the observed signs and their mirror), 0.25 at
+  n = 3 windows: the unit decides it, so the unit is named;
+- :func:`mse_sign_flip`: the same null for a row's MSE(P-IE vs P-IB) (CNNSum Table 2): the IE/IB labels of every
+  sample flipped at random in every cell, the MSE recomputed; its p beside the noise floor
+  (:func:`.mse.mse_noise_floor`, the MSE's expectation under that null, not a test), and how often the null MSE
+  reaches the paper's red mark (MSE >= 5, Table 2's caption) at the row's n;
+- :func:`t_over_seeds`: Student's t interval and two-sided p of a mean over independent seeds (df = seeds - 1), the
+  test for a figure whose independent unit is the seed (a fine-tune, a search); no floor on p (continuous);
+- :func:`sign_consistency`: how many of C cells keep one sign in every one of S seeds, against the count coin-flip
+  signs give (each cell with probability 2^(1-S)), with its one-sided binomial p (smallest: 2^(C(1-S))).
+
+A reading says "resolved" at q < ``ALPHA``, q the test's Benjamini-Hochberg q in its declared family
+(:func:`.multiplicity.family`; a lone test's q is its p), and a reading of no effect states the interval and the
+effects it excludes (:meth:`Significance.reading`). Pure functions of numbers and ``{id: score}`` mappings; nothing
+here reads files or prints. Deterministic: the same input and seed give the same p wherever numpy's PCG64 runs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Hashable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from .distributions import ALPHA, CONFIDENCE, binomial_sf, t_quantile, t_sf
+from .means import cell
+from .resampling import SEED, canonical, finite
+
+EXACT_MAX_N = 16  # 2^16 = 65,536 sign vectors: exact; more pairs: Monte Carlo
+PERMUTATIONS = 20_000  # Monte Carlo sign vectors: p's Monte Carlo sd <= 0.0016 at p = 0.05
+RED_MSE = 5.0  # CNNSum Table 2's caption: "Red highlights the large value (>= 5.0) in MSE (P-IE vs P-IB)"
+EPS = np.finfo(float).eps * 100  # scipy.stats.permutation_test's tolerance for theoretically equal values
+
+
+@dataclass(frozen=True)
+class Significance:
+    """A test's outcome: the observed ``statistic`` (a mean difference, an MSE, a count), its ``p``, ``n``
+    independent units of kind ``unit`` (sample, window, seed, cell), ``min_p`` the smallest p the test can give at
+    this n, the interval [lo, hi] read when it is not resolved, whether the null distribution was enumerated
+    (``exact``) or drawn (``draws``), ``df`` for a t test, and ``q`` its BH q in a declared family of ``family``
+    tests (:func:`.multiplicity.family`; None: a lone test, read at q = p)."""
+
+    name: str
+    statistic: Optional[float]
+    p: Optional[float]
+    n: int
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+    exact: bool = False
+    draws: int = 0
+    df: Optional[int] = None
+    extra: dict = field(default_factory=dict)
+    unit: str = "sample"
+    min_p: Optional[float] = None
+    q: Optional[float] = None
+    family: int = 1
+
+    @property
+    def q_read(self) -> Optional[float]:
+        """The q a reading uses: the family's BH q, or p for a lone test."""
+        return self.p if self.q is None else self.q
+
+    @property
+    def resolved(self) -> bool:
+        return self.q_read is not None and self.q_read < ALPHA
+
+    def with_q(self, q: Optional[float], family: int) -> "Significance":
+        return replace(self, q=q, family=family)
+
+    def reading(self, nd: int = 1) -> str:
+        """``resolved (p = 0.004, q = 0.012)`` or ``not resolved (interval [-0.8, +4.1], excludes effects below
+        -0.8 and above +4.1; p = 0.31, q = 0.6)`` (without an interval: its p and q; ``no test`` without a p)."""
+        if self.p is None:
+            return "no test"
+        pq = f"p = {p_text(self.p)}" + ("" if self.q is None else f", q = {p_text(self.q)}")
+        if self.resolved:
+            return f"resolved ({pq})"
+        if self.lo is None or self.hi is None:
+            return f"not resolved ({pq})"
+        interval = f"interval [{self.lo:+.{nd}f}, {self.hi:+.{nd}f}], {excluded_text(self.lo, self.hi, nd)}"
+        return f"not resolved ({interval}; {pq})"
+
+    def to_dict(self) -> dict:
+        return {"test": self.name, "statistic": self.statistic, "p": self.p, "n": self.n, "unit": self.unit,
+                "min_p": self.min_p, "q": self.q, "family": self.family, "lo": self.lo, "hi": self.hi,
+                "exact": self.exact, "draws": self.draws, "df": self.df, **self.extra}
+
+
+def excluded_text(lo: float, hi: float, nd: int = 1) -> str:
+    """What a 95 % interval [lo, hi] rules out: ``excludes effects below -10.9 and above +1.0`` (a 10-point effect
+    inside it is not excluded: absence of a resolved effect is not evidence of absence beyond the interval)."""
+    return f"excludes effects below {lo:+.{nd}f} and above {hi:+.{nd}f}"
+
+
+def p_text(p: Optional[float]) -> str:
+    """Two significant digits (``0.031``, ``0.00042``), ``1`` at 1; ``-`` for none."""
+    if p is None:
+        return "-"
+    if p >= 0.9995:
+        return "1"
+    return f"{p:.2g}" if p < 0.01 else f"{p:.2f}" if p >= 0.1 else f"{p:.3f}"
+
+
+# ------------------------------------------------------------------------------------------------ sign flips
+def signs(n: int, exact: bool, draws: int, rng: np.random.Generator) -> np.ndarray:
+    """(k, n) sign vectors: all 2^n (row r: bit j of r set = pair j flipped) or ``draws`` random ones."""
+    if exact:
+        bits = (np.arange(2 ** n, dtype=np.int64)[:, None] >> np.arange(n, dtype=np.int64)) & 1
+        return 1.0 - 2.0 * bits
+    return rng.choice(np.array([-1.0, 1.0]), size=(draws, n))
+
+
+def sign_flip_min_p(n: int, exact: bool, draws: int = 0) -> float:
+    """The smallest p of a two-sided sign-flip test over n units: 2 / 2^n exact (the observed signs and their mirror
+    tie), 1 / (draws + 1) by Monte Carlo (Phipson & Smyth 2010)."""
+    return min(1.0, 2.0 / 2 ** n) if exact else 1.0 / (draws + 1)
+
+
+def sign_flip(diffs: Sequence[float], *, permutations: int = PERMUTATIONS, seed: int = SEED,
+              exact: Optional[bool] = None, confidence: float = CONFIDENCE, unit: str = "sample") -> Significance:
+    """The two-sided paired sign-flip permutation test of mean(diffs) = 0 over n ``unit`` s: p = P(|mean(s * d)| >=
+    |mean(d)|) over sign vectors s (exact when n <= ``EXACT_MAX_N`` unless ``exact`` says otherwise). The interval is
+    the mean difference's (:func:`.means.cell`: the bootstrap from 8 units, the t interval below)."""
+    d = np.array([float(x) for x in diffs])
+    n = len(d)
+    if n == 0:
+        return Significance("sign-flip permutation", None, None, 0, unit=unit)
+    exact = n <= EXACT_MAX_N if exact is None else exact
+    obs = float(d.mean())
+    null = np.abs(signs(n, exact, permutations, np.random.default_rng(seed)) @ d / n)
+    hits = int(np.count_nonzero(null >= abs(obs) - abs(EPS * obs)))
+    p = hits / len(null) if exact else (hits + 1) / (len(null) + 1)
+    est = cell(list(d), seed=seed, confidence=confidence)
+    draws = 0 if exact else len(null)
+    return Significance("sign-flip permutation", obs, min(p, 1.0), n, est.lo, est.hi, exact, draws, unit=unit,
+                        min_p=sign_flip_min_p(n, exact, draws))
+
+
+def paired_sign_flip(a: Mapping[Hashable, float], b: Mapping[Hashable, float], **kw) -> Significance:
+    """:func:`sign_flip` of a[id] - b[id] over the ids both have (e.g. IE and IB of one cell, two rows on the same
+    eval samples); ids in only one are left out and counted in ``extra['unpaired']``."""
+    a, b = canonical(a), canonical(b)
+    ids = [i for i in a if i in b]
+    t = sign_flip([a[i] - b[i] for i in ids], **kw)
+    return replace(t, extra={"unpaired": sum(1 for i in a if i not in b) + sum(1 for i in b if i not in a)})
+
+
+def mse_sign_flip(cells: Mapping[str, tuple[Mapping[Hashable, float], Mapping[Hashable, float]]], *,
+                  red: float = RED_MSE, permutations: int = PERMUTATIONS, seed: int = SEED) -> Significance:
+    """A row's MSE(P-IE vs P-IB) = mean over its cells of (mean IE - mean IB)^2 tested against "no prompt effect":
+    every sample's IE and IB scores swapped with probability 1/2, independently in every cell; p = P(MSE* >= MSE).
+    ``extra``: ``p_red`` = P(MSE* >= ``red``), the chance that a row with no prompt effect reaches the paper's red
+    mark at this n, and ``null_mean`` (the null's mean, the mean over cells of sum_i d_i^2 / n^2: the sign-flip
+    counterpart of the noise floor :func:`.mse.mse_noise_floor`, which centres the d_i and divides by n - 1). Every
+    sample must be scored under both prompts (else p is None). Exact when the row has at most ``EXACT_MAX_N`` samples
+    in all, else ``permutations`` draws; the smallest exact p is 2^C / 2^N (a cell's mirror leaves its square)."""
+    name = "MSE sign-flip permutation"
+    ds = []
+    for ie, ib in cells.values():
+        ie, ib = canonical(ie), canonical(ib)
+        if not ie or set(ie) != set(ib):
+            return Significance(name, None, None, 0)
+        ds.append(np.array([ie[i] - ib[i] for i in ie]))
+    if not ds:
+        return Significance(name, None, None, 0)
+    total = sum(len(d) for d in ds)
+    exact = total <= EXACT_MAX_N
+    obs = float(np.mean([d.mean() ** 2 for d in ds]))
+    rng = np.random.default_rng(seed)
+    if exact:
+        sv = signs(total, True, 0, rng)
+        cuts = np.cumsum([0] + [len(d) for d in ds])
+        null = np.mean([(sv[:, cuts[k]:cuts[k + 1]] @ d / len(d)) ** 2 for k, d in enumerate(ds)], axis=0)
+    else:
+        null = np.mean([(signs(len(d), False, permutations, rng) @ d / len(d)) ** 2 for d in ds], axis=0)
+    hits = int(np.count_nonzero(null >= obs - abs(EPS * obs)))
+    p = hits / len(null) if exact else (hits + 1) / (len(null) + 1)
+    return Significance(name, obs, min(p, 1.0), min(len(d) for d in ds), exact=exact,
+                        draws=0 if exact else len(null),
+                        extra={"cells": len(ds), "p_red": float(np.mean(null >= red)), "red": red,
+                               "null_mean": float(null.mean())},
+                        min_p=2.0 ** (len(ds) - total) if exact else 1.0 / (len(null) + 1))
+
+
+# ------------------------------------------------------------------------------------------------ over seeds
+def t_over_seeds(values: Sequence[float], *, confidence: float = CONFIDENCE, unit: str = "seed") -> Significance:
+    """Student's one-sample t test of mean = 0 over independent seeds (a per-seed figure or a per-seed
+    difference): t = mean / (sd / sqrt(S)), df = S - 1, two-sided p, and the t interval mean +- t_{df} sd / sqrt(S)
+    (as ``scipy.stats.ttest_1samp`` and its ``confidence_interval``); ``extra``: sd and the seeds' range."""
+    x = [v for v in (finite(v) for v in values) if v is not None]
+    s = len(x)
+    if s < 2:
+        return Significance("t over seeds", x[0] if x else None, None, s, unit=unit)
+    mean = sum(x) / s
+    sd = math.sqrt(sum((v - mean) ** 2 for v in x) / (s - 1))
+    df = s - 1
+    half = t_quantile((1 + confidence) / 2, df) * sd / math.sqrt(s)
+    if sd == 0:
+        p = 1.0 if mean == 0 else 0.0
+    else:
+        p = 2 * t_sf(abs(mean) / (sd / math.sqrt(s)), df)
+    return Significance("t over seeds", mean, min(p, 1.0), s, mean - half, mean + half, df=df,
+                        extra={"sd": sd, "range": [min(x), max(x)]}, unit=unit, min_p=0.0)
+
+
+def sign_consistency(per_seed: Sequence[Mapping[Hashable, float]]) -> Significance:
+    """Of the cells every seed has (a finite value in each of the S mappings), how many keep one strict sign in all
+    S seeds; with coin-flip signs a cell does with probability 2^(1-S), so the count is Binomial(C, 2^(1-S)) and p
+    is P(X >= count) (one-sided: more agreement than chance; ``scipy.stats.binomtest(..., alternative='greater')``).
+    Cells are taken as independent: a reading names what they share (one model's row, one seed's eval set)."""
+    name = "sign consistency (binomial)"
+    s = len(per_seed)
+    if s < 2:
+        return Significance(name, None, None, 0, unit="cell")
+    cells = [c for c in per_seed[0] if all(finite(m.get(c)) is not None for m in per_seed)]
+    kept = [c for c in cells if all(m[c] > 0 for m in per_seed) or all(m[c] < 0 for m in per_seed)]
+    p0 = 2.0 ** (1 - s)
+    return Significance(name, float(len(kept)), binomial_sf(len(kept), len(cells), p0), len(cells),
+                        extra={"seeds": s, "expected": len(cells) * p0, "p_cell": p0, "cells": kept},
+                        unit="cell", min_p=p0 ** len(cells))
