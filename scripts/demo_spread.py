@@ -52,9 +52,9 @@ def _per_seed(tables: dict[int, dict], key: str) -> dict[int, dict]:
 
 def spread(tables: dict[int, dict]) -> tuple[list[str], list[list]]:
     """(header, rows): each demo-table row (in the first seed's order) x each column as ``mean [lo, hi]
-    (min-max)`` over the seeds that have that cell ([lo, hi]: the two-level bootstrap interval, where every seed
-    kept its samples), and the MSE as ``mean (min-max)``."""
-    from ropescale.common.stats.means import two_level_bootstrap
+    (min-max)`` over the seeds that have that cell ([lo, hi]: the t interval over the seeds, where every seed kept
+    its samples; the seed is the unit), and the MSE as ``mean (min-max)``."""
+    from ropescale.common.stats.means import over_seeds
 
     first = tables[min(tables)]
     cols = list(first["columns"])
@@ -67,7 +67,7 @@ def spread(tables: dict[int, dict]) -> tuple[list[str], list[list]]:
             groups = {s: _groups(r, c) for s, r in per_seed.items()}
             pooled = None
             if len(groups) > 1 and all(groups.values()) and len({len(g) for g in groups.values()}) == 1:
-                pooled = two_level_bootstrap(groups)
+                pooled = over_seeds(groups)
             cells.append(summary([r["cells"].get(c) for r in per_seed.values()], pooled))
         cells.append(summary([r.get("mse_ie_ib") for r in per_seed.values()]))
         above = sum(bool(r.get("loss_above", r.get("under_trained"))) for r in per_seed.values())
@@ -88,27 +88,33 @@ def summary(values: list, pooled=None) -> str | None:
 
 def comparisons_over_seeds(tables: dict[int, dict]) -> tuple[list[str], list[list], list[dict]]:
     """(header, rows, records): each comparison of the demo's table C and column: the seeds' differences, their
-    mean with the t interval and p over the seeds."""
+    mean with the t interval, p over the seeds and its Benjamini-Hochberg q over the table (one family)."""
+    from ropescale.common.stats.multiplicity import family
     from ropescale.common.stats.tests import p_text, t_over_seeds
 
     first = tables[min(tables)]
     cols = list(first["columns"])
     labels = [c["label"] for c in first.get("comparisons", [])]
-    rows, records = [], []
+    rows, records, seen = [], [], {}
     for label in labels:
         per = [next((c for c in t.get("comparisons", []) if c["label"] == label), None) for t in tables.values()]
-        cells = []
         for col in cols:
             diffs = [c["cells"][col]["mean"] for c in per if c and col in c["cells"]]
-            if not diffs:
+            if diffs:
+                seen[(label, col)] = (diffs, t_over_seeds(diffs))
+    fam = family({k: t for k, (_, t) in seen.items()})
+    for label in labels:
+        cells = []
+        for col in cols:
+            if (label, col) not in seen:
                 cells.append("-")
                 continue
-            t = t_over_seeds(diffs)
+            diffs, t = seen[(label, col)][0], fam[(label, col)]
             records.append({"label": label, "column": col, "seeds": diffs, **t.to_dict()})
             if t.p is None:
                 cells.append(f"{diffs[0]:+.1f}")
                 continue
-            cells.append(f"{t.statistic:+.1f} [{t.lo:+.1f}, {t.hi:+.1f}] p={p_text(t.p)} ("
+            cells.append(f"{t.statistic:+.1f} [{t.lo:+.1f}, {t.hi:+.1f}] p={p_text(t.p)} q={p_text(t.q)} ("
                          + " / ".join(f"{x:+.1f}" for x in diffs) + ")")
         rows.append([label, *cells])
     return ["difference", *cols], rows, records
@@ -118,6 +124,7 @@ def ie_ib_over_seeds(tables: dict[int, dict]) -> dict:
     """The F.2 rows' IE - IB cells over seeds: sign consistency (binomial), the cells a seed resolves against
     chance, and the MSE rows' permutation p per seed."""
     from ropescale.common.stats.distributions import ALPHA
+    from ropescale.common.stats.multiplicity import family
     from ropescale.common.stats.tests import sign_consistency, t_over_seeds
 
     first = tables[min(tables)]
@@ -147,9 +154,14 @@ def ie_ib_over_seeds(tables: dict[int, dict]) -> dict:
             vals = [v["mean"] for v in vals if v and v.get("mean") is not None]
             if len(vals) > 1:
                 over[(r["key"], c)] = t_over_seeds(vals)
-    t_resolved = {f"{k} {c}": {"mean": t.statistic, "p": t.p} for (k, c), t in over.items() if t.resolved}
+    over = family(over)  # one declared family: every IE - IB cell's t over seeds
+    t_resolved = {f"{k} {c}": {"mean": t.statistic, "p": t.p, "q": t.q} for (k, c), t in over.items() if t.resolved}
+    smallest = min(over.values(), key=lambda t: t.q if t.q is not None else 2.0, default=None)
     return {"seeds": sorted(tables), "consistent": sc.to_dict(), "resolved": resolved, "tested": tested,
-            "expected_by_chance": ALPHA * tested, "mse_p": mse, "t_tested": len(over), "t_resolved": t_resolved}
+            "expected_by_chance": ALPHA * tested, "mse_p": mse, "t_tested": len(over), "t_resolved": t_resolved,
+            "t_below_p": {f"{k} {c}": {"mean": t.statistic, "p": t.p, "q": t.q} for (k, c), t in over.items()
+                          if t.p is not None and t.p < ALPHA},
+            "t_smallest_q": None if smallest is None else smallest.q}
 
 
 def main(argv=None) -> int:
@@ -172,13 +184,13 @@ def main(argv=None) -> int:
                           "ie_minus_ib": ieib}, ensure_ascii=False, indent=1, default=str))
         return 0
     seeds = ", ".join(map(str, sorted(tables)))
-    print(f"### The demo table over seeds {seeds}: mean [95% two-level bootstrap interval: seeds, then samples] "
-          f"(min–max of the seeds' cells)")
+    print(f"### The demo table over seeds {seeds}: mean [95% t interval over the seeds] (min–max of the seeds' "
+          f"cells)")
     print(markdown(header, rows, number()))
     if c_rows:
         print()
         print(f"### Differences over seeds {seeds}: mean [95% t interval over the seeds] p (t test, df = seeds - 1) "
-              f"(each seed's difference)")
+              f"q (Benjamini-Hochberg over the table) (each seed's difference)")
         print(markdown(c_header, c_rows, number()))
     sc = ieib["consistent"]
     if sc["p"] is not None:
@@ -187,10 +199,12 @@ def main(argv=None) -> int:
               f"(coin-flip signs: {sc['expected']:.1f}; binomial p = {p_text(sc['p'])}): "
               + ", ".join(f"{k} {c}" for k, c in sc["cells"]) + f". Cells a seed resolves (sign-flip p < 0.05): "
               f"{ieib['resolved']} of {ieib['tested']} (chance: {ieib['expected_by_chance']:.1f}).")
-        tr = ieib["t_resolved"]
-        print(f"IE - IB over seeds (t test over the seeds' differences, every row): {len(tr)} of {ieib['t_tested']} "
-              f"cells resolved (chance: {0.05 * ieib['t_tested']:.1f})" + (": " + ", ".join(
-                  f"{k} {v['mean']:+.1f} (p = {p_text(v['p'])})" for k, v in tr.items()) if tr else "") + ".")
+        tr, below = ieib["t_resolved"], ieib["t_below_p"]
+        print(f"IE - IB over seeds (t test over the seeds' differences, every row; one family, BH q): {len(tr)} of "
+              f"{ieib['t_tested']} cells resolved at q < 0.05 (smallest q = {p_text(ieib['t_smallest_q'])}); "
+              f"{len(below)} at p < 0.05 (chance: {0.05 * ieib['t_tested']:.1f})" + (": " + ", ".join(
+                  f"{k} {v['mean']:+.1f} (p = {p_text(v['p'])}, q = {p_text(v['q'])})" for k, v in below.items())
+                  if below else "") + ".")
         print("MSE permutation p per seed: " + "; ".join(
             f"{k} " + " / ".join(p_text(p) for p in ps.values()) for k, ps in ieib["mse_p"].items()))
     return 0

@@ -214,8 +214,9 @@ def _metric(groups: list[dict], i: int) -> list[dict]:
 
 def score_cells(collected: dict) -> dict:
     """{length: {rouge_l, recall: pooled cell as a dict}, and per-seed cell means under "seeds"}: the mean over the
-    seeds of each seed's cell with its two-level bootstrap interval (one seed: the one-level interval)."""
-    from ropescale.common.stats.means import cell_of_prompts, two_level_bootstrap
+    seeds of each seed's cell with the t interval over the seeds (the seed is the unit; one seed: the cell's own
+    interval over its samples)."""
+    from ropescale.common.stats.means import cell_of_prompts, over_seeds
 
     out: dict = {}
     for tg in sorted({k[0] for k in collected}):
@@ -224,7 +225,7 @@ def score_cells(collected: dict) -> dict:
         for i, name in enumerate(("rouge_l", "recall")):
             per = {s: _metric(g, i) for s, g in seeds.items()}
             out[tg]["seeds"][name] = {s: cell_of_prompts(g).mean for s, g in per.items()}
-            est = two_level_bootstrap(per) if len(per) > 1 else cell_of_prompts(next(iter(per.values())))
+            est = over_seeds(per) if len(per) > 1 else cell_of_prompts(next(iter(per.values())))
             out[tg][name] = est_dict(est)
     return out
 
@@ -258,7 +259,9 @@ def est_dict(e) -> dict:
     def r(x):
         return None if x is None else round(x, 2)
 
-    return {"mean": r(e.mean), "lo": r(e.lo), "hi": r(e.hi), "n": e.n, "seeds": getattr(e, "seeds", 1)}
+    spread = getattr(e, "spread", None) if getattr(e, "seeds", 1) > 1 else None
+    return {"mean": r(e.mean), "lo": r(e.lo), "hi": r(e.hi), "n": e.n, "seeds": getattr(e, "seeds", 1),
+            "range": None if spread is None else [r(spread[0]), r(spread[1])]}
 
 
 def table(results: dict, seeds, rope: str, scale: str) -> str:
@@ -266,14 +269,15 @@ def table(results: dict, seeds, rope: str, scale: str) -> str:
     n = {r["scores"][tg]["rouge_l"]["n"] for r in results.values() for tg in r["scores"]}
     lines = [f"Tiny default, {rope} x{scale}, tiny_demo recipe (24 steps x 4 samples unless the policy says), seeds "
              f"{', '.join(map(str, seeds))}; ROUGE-L / exact recall x100, the mean over the seeds of each seed's cell "
-             f"(ft-ie and ft-ib) [95% two-level bootstrap interval: seeds, then samples]; "
+             f"(ft-ie and ft-ib) [95% t interval over the seeds] (min-max of the seeds' cells); "
              f"n = {'/'.join(map(str, sorted(n)))} eval samples a cell (all seeds)", "",
              "| policy | coverage: tokens per quarter of the context (%) | longest id | longest distance | tokens "
              "trained | " + " | ".join(f"T{tg} ROUGE-L" for tg in lengths) + " | "
              + " | ".join(f"T{tg} recall" for tg in lengths) + " |", "|---" * (5 + 2 * len(lengths)) + "|"]
     for name, r in results.items():
         c = r["coverage"]
-        cells = [f"{s['mean']:.1f} [{s['lo']:.1f}, {s['hi']:.1f}]" if s["lo"] is not None else f"{s['mean']:.1f}"
+        cells = [(f"{s['mean']:.1f} [{s['lo']:.1f}, {s['hi']:.1f}]" if s["lo"] is not None else f"{s['mean']:.1f}")
+                 + (f" ({s['range'][0]:.1f}-{s['range'][1]:.1f})" if s.get("range") else "")
                  for key in ("rouge_l", "recall") for s in (r["scores"][tg][key] for tg in lengths)]
         cov = ["-"] * 4 if c is None else [" / ".join(f"{q:.1f}" for q in c["quarters"]), str(c["longest"]),
                                            str(c["longest_distance"]), f"{c['tokens'] / 1000:.0f}K"]
@@ -282,12 +286,17 @@ def table(results: dict, seeds, rope: str, scale: str) -> str:
 
 
 def compare_table(comps: dict) -> str:
+    from ropescale.common.stats.multiplicity import bh_q
     from ropescale.common.stats.tests import p_text
 
     lengths = sorted({tg for c in comps.values() for tg in c})
+    shown = [x for c in comps.values() for tg in lengths if (x := c.get(tg, {}).get("rouge_l")) and x["p"] is not None]
+    for x, q in zip(shown, bh_q([x["p"] for x in shown])):  # one declared family: the table's tests
+        x["q"] = q
     lines = ["Differences, a - b on the same eval samples: ROUGE-L, mean of the seeds' differences [95% t interval "
-             "over the seeds] p (t test, df = seeds - 1) (each seed's difference); below it the two-level bootstrap "
-             "interval of the pooled difference", "",
+             "over the seeds] p (t test, df = seeds - 1) q (Benjamini-Hochberg over the table's "
+             f"{len(shown)} tests) (each seed's difference); below it the two-level bootstrap interval of the pooled "
+             "difference (secondary: over 3 seeds it covers 78-90 %)", "",
              "| a - b | " + " | ".join(f"T{tg}" for tg in lengths) + " |", "|---" * (1 + len(lengths)) + "|"]
     for (a, b), c in comps.items():
         cells, pooled = [], []
@@ -297,7 +306,8 @@ def compare_table(comps: dict) -> str:
                 cells.append("-" if x is None else f"{x['mean']:+.1f}")
                 pooled.append("-")
                 continue
-            cells.append(f"{x['mean']:+.1f} [{x['t_ci'][0]:+.1f}, {x['t_ci'][1]:+.1f}] p={p_text(x['p'])} ("
+            cells.append(f"{x['mean']:+.1f} [{x['t_ci'][0]:+.1f}, {x['t_ci'][1]:+.1f}] p={p_text(x['p'])} "
+                         f"q={p_text(x['q'])} ("
                          + " / ".join(f"{v:+.1f}" for v in x["seeds"].values()) + ")")
             pooled.append("-" if not x["two_level_ci"] else
                           f"[{x['two_level_ci'][0]:+.1f}, {x['two_level_ci'][1]:+.1f}]")

@@ -140,12 +140,13 @@ def over_seeds(recs: list[dict]) -> str:
         tables = {r["seed"]: {"columns": r["columns"], "rows": r[fam],
                               "comparisons": r["f1_minus_f2"] if fam == "F.1" else []} for r in recs}
         header, rows = demo_spread.spread(tables)
-        parts.append(f"#### {fam} prompts over seeds {seeds}: mean [95% two-level bootstrap interval] (min-max of the "
+        parts.append(f"#### {fam} prompts over seeds {seeds}: mean [95% t interval over the seeds] (min-max of the "
                      f"seeds' cells)\n" + md(header, rows, number()))
         ieib = demo_spread.ie_ib_over_seeds(tables)
         tr = ieib["t_resolved"]
-        parts.append(f"{fam} IE - IB over seeds: {len(tr)} of {ieib['t_tested']} cells' t tests resolve"
-                     + (": " + ", ".join(f"{k} {v['mean']:+.1f} (p = {v['p']:.2g})" for k, v in tr.items())
+        parts.append(f"{fam} IE - IB over seeds: {len(tr)} of {ieib['t_tested']} cells' t tests resolve at BH q < 0.05"
+                     + (": " + ", ".join(f"{k} {v['mean']:+.1f} (p = {v['p']:.2g}, q = {v['q']:.2g})"
+                                         for k, v in tr.items())
                         if tr else "") + ". MSE permutation p per seed: " + "; ".join(
                             f"{k} " + " / ".join("-" if p is None else f"{p:.2g}" for p in ps.values())
                             for k, ps in ieib["mse_p"].items()))

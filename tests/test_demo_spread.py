@@ -62,23 +62,28 @@ def _seed_table(out: Path, seed: int, shift: float, ieib: list) -> None:
 
 
 def test_spread_tests_over_seeds(tmp_path, capsys):
-    """Two-level intervals from the samples, t over seeds for table C, sign consistency of IE - IB by hand."""
+    """The t interval over the seeds' cells (scipy), t over seeds for table C with BH q over the table, sign
+    consistency of IE - IB by hand."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import demo_spread
+    import numpy as np
+    import scipy.stats
 
-    from ropescale.common.stats.means import two_level_bootstrap
     from ropescale.common.stats.tests import t_over_seeds
 
     for seed, shift, ieib in ((0, 0.0, [2.0, -1.0]), (1, 3.0, [1.0, 1.0]), (2, -1.0, [4.0, -2.0])):
         _seed_table(tmp_path, seed, shift, ieib)
     tables = demo_spread.seed_tables(tmp_path)
     header, rows = demo_spread.spread(tables)
-    want = two_level_bootstrap({s: [t["rows"][0]["samples"]["T512"]["IE"], t["rows"][0]["samples"]["T512"]["IB"]]
-                                for s, t in tables.items()})
-    assert rows[0][2] == f"81.7 [{want.lo:.1f}, {want.hi:.1f}] (80.0–84.0)"
+    per_seed = [np.mean([np.mean(list(t["rows"][0]["samples"]["T512"][k].values())) for k in ("IE", "IB")])
+                for t in tables.values()]
+    lo, hi = scipy.stats.t.interval(0.95, 2, loc=np.mean(per_seed), scale=scipy.stats.sem(per_seed))
+    assert rows[0][2] == f"81.7 [{lo:.1f}, {hi:.1f}] (80.0–84.0)"
     _, c_rows, recs = demo_spread.comparisons_over_seeds(tables)
     t = t_over_seeds([-20.0, -19.0, -18.0])
     assert recs[0]["p"] == t.p and c_rows[0][1].startswith(f"{t.statistic:+.1f} [{t.lo:+.1f}, {t.hi:+.1f}]")
+    q = scipy.stats.false_discovery_control([r["p"] for r in recs])
+    assert [r["q"] for r in recs] == [float(x) for x in q] and recs[0]["family"] == len(recs)
     ieib = demo_spread.ie_ib_over_seeds(tables)
     # 4 cells (base and free x 2 lengths); base's are 0 (no sign); free T512 is + in all 3, T1024 changes sign:
     # 1 of 4 consistent, each with probability 1/4: P(X >= 1) = 1 - (3/4)^4

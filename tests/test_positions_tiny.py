@@ -65,3 +65,18 @@ def test_compare_over_seeds_by_hand():
     assert 2.0 <= c["two_level_ci"][0] <= c["two_level_ci"][1] <= 10.0
     scores = positions_tiny.score_cells(a)[512]
     assert scores["rouge_l"]["mean"] == pytest.approx((61 + 51 + 66) / 3, abs=0.006) and scores["rouge_l"]["seeds"] == 3
+    # a cell pooled over seeds: the t interval over the seeds' cells (the seed is the unit), their range beside it
+    import scipy.stats
+
+    lo, hi = scipy.stats.t.interval(0.95, 2, loc=(61 + 51 + 66) / 3, scale=scipy.stats.sem([61, 51, 66]))
+    assert (scores["rouge_l"]["lo"], scores["rouge_l"]["hi"]) == (pytest.approx(lo, abs=0.006),
+                                                                  pytest.approx(hi, abs=0.006))
+    assert scores["rouge_l"]["range"] == [51.0, 66.0]
+    # the differences' table: BH q over the table's tests (one family), as scipy's
+    comps = {("a", "b"): positions_tiny.compare(a, b), ("b", "a"): positions_tiny.compare(b, a),
+             ("a", "a2"): positions_tiny.compare(a, {k: groups([50, 62, 69]) for k in a})}
+    text = positions_tiny.compare_table(comps)
+    ps = [comps[k][512]["rouge_l"]["p"] for k in comps]
+    q = scipy.stats.false_discovery_control(ps)
+    assert [comps[k][512]["rouge_l"]["q"] for k in comps] == pytest.approx(list(q))
+    assert "q (Benjamini-Hochberg over the table's 3 tests)" in text
