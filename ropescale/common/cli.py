@@ -184,13 +184,43 @@ def when_interrupted(how: str) -> None:
     _on_interrupt[:] = [how]
 
 
+LAUNCHERS = ("deepspeed", "torchrun")  # launchers whose command line a rerun hint gives (not their child's)
+
+
+def launcher_command(pid: int | None = None) -> list[str] | None:
+    """The launcher's command line up to the script it runs (``.venv/bin/deepspeed -q``), read from /proc, when this
+    process runs under one (a launcher sets ``LOCAL_RANK``); None otherwise."""
+    if "LOCAL_RANK" not in os.environ:
+        return None
+    pid = os.getppid() if pid is None else pid
+    script = os.path.basename(sys.argv[0]) if sys.argv else ""
+    for _ in range(4):  # the runner, then launch.py, then this process: a few levels up at most
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        names = [os.path.basename(a) for a in argv[:2]]
+        if any(n in LAUNCHERS for n in names):
+            head = argv[names.index(next(n for n in names if n in LAUNCHERS)):]
+            cut = next((i for i, a in enumerate(head) if os.path.basename(a) == script), len(head))
+            return head[:cut]
+        pid = ppid
+    return None
+
+
 def rerun_command(add: Iterable[str] = (), drop: Iterable[str] = ()) -> str:
     """The command line this process was started with, as typed (``python -m PKG`` for a package's __main__, a
-    path in the current folder relative to it), without the flags in ``drop`` and with ``add`` appended when not
-    there already."""
+    path in the current folder relative to it; under a launcher, the launcher's command without the
+    ``--local_rank`` it adds), without the flags in ``drop`` and with ``add`` appended when not there already."""
     import shlex
 
     argv = list(sys.argv)
+    launcher = launcher_command()
+    if launcher is not None:
+        argv = [a for a in argv if not a.startswith(("--local_rank=", "--local-rank="))]
     first = argv[0] if argv else "python"
     if os.path.isabs(first) and not os.path.relpath(first).startswith(".."):
         first = os.path.relpath(first)  # as typed in the project folder
@@ -198,6 +228,8 @@ def rerun_command(add: Iterable[str] = (), drop: Iterable[str] = ()) -> str:
         head = ["python", "-m", os.path.basename(os.path.dirname(first))]
     else:  # a script, or a command such as .venv/bin/ropescale
         head = ["python", first] if first.endswith(".py") else [first]
+    if launcher is not None:
+        head = launcher + [os.path.relpath(first) if os.path.isabs(first) else first]
     drop = set(drop)
     rest = [a for a in argv[1:] if a not in drop]
     add = list(add)

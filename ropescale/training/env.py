@@ -16,11 +16,19 @@
   writes a ``.pth`` file into the virtual environment (:func:`write_accelerator_pth`) that sets
   ``DS_ACCELERATOR=cpu`` when Python starts there on a machine without a GPU device node (the check
   ``cuda_available`` makes; no import) and the variable is not set already.
+- Ctrl-C under the launcher reaches every process of the terminal's group: DeepSpeed's runner (``.venv/bin/deepspeed``)
+  raises KeyboardInterrupt in its ``wait()`` (a 15-line traceback), and ``deepspeed.launcher.launch`` sends the
+  training process SIGTERM at once (``terminate_process_tree``), killing it before it can print its "interrupted: ...
+  --resume auto" line. The training process therefore takes SIGINT once and ignores the SIGTERM that follows it
+  (:func:`quiet_launcher_interrupt`), and the same ``.pth`` file gives the runner a SIGINT handler that waits for its
+  child instead of a traceback (a second Ctrl-C ends it at once, exit 130).
 """
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
 from pathlib import Path
 
 from ropescale.common.cli import GPU_DEVICE_NODES, set_cuda_allocator
@@ -47,6 +55,8 @@ def setup_env(environ: dict | None = None, cuda: bool | None = None) -> dict:
             env[k] = v
             set_[k] = v
 
+    if environ is None:
+        quiet_launcher_interrupt()
     default("TOKENIZERS_PARALLELISM", "false")
     default("HF_HUB_OFFLINE", "1")
     alloc, has_cuda = set_cuda_allocator(environ, cuda)
@@ -59,15 +69,46 @@ def setup_env(environ: dict | None = None, cuda: bool | None = None) -> dict:
     return set_
 
 
+def quiet_launcher_interrupt() -> bool:
+    """Under a launcher (it sets ``LOCAL_RANK``), in the main thread: the first SIGINT raises KeyboardInterrupt (the
+    run ends with its "interrupted: ..." line, as without the launcher) and a SIGTERM after it is ignored (the
+    launcher's, sent at once: see the module doc); a SIGTERM alone ends the process as before. Returns whether the
+    handlers were installed."""
+    if "LOCAL_RANK" not in os.environ or threading.current_thread() is not threading.main_thread():
+        return False
+    interrupted: list[int] = []
+
+    def on_sigint(signum, frame):
+        if not interrupted:
+            interrupted.append(signum)
+            raise KeyboardInterrupt
+
+    def on_sigterm(signum, frame):
+        if interrupted:
+            return  # the launcher's SIGTERM right after Ctrl-C: the interrupt is already ending the run
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    return True
+
+
 ACCELERATOR_PTH = "ropescale_ds_accelerator.pth"  # in the venv's site-packages (written by scripts/setup.sh)
+# the launcher's own process (.venv/bin/deepspeed): Ctrl-C waits for the job (which prints how to resume) instead of
+# a KeyboardInterrupt traceback in its wait(); a second Ctrl-C exits at once (130). Nothing in any other process.
+LAUNCHER_SIGINT = ("import os, sys; os.path.basename(sys.argv[0] if sys.argv else '') == 'deepspeed' and "
+                   "__import__('signal').signal(2, (lambda seen: lambda s, f: seen.append(s) if not seen else "
+                   "sys.exit(130))([]))")
 
 
 def accelerator_pth_text() -> str:
-    """The ``.pth`` line (run by ``site`` when Python starts): ``DS_ACCELERATOR=cpu`` unless it is set or the
-    machine has a GPU device node that ``CUDA_VISIBLE_DEVICES`` does not hide (as ``cuda_available``)."""
+    """The ``.pth`` lines (run by ``site`` when Python starts): ``DS_ACCELERATOR=cpu`` unless it is set or the
+    machine has a GPU device node that ``CUDA_VISIBLE_DEVICES`` does not hide (as ``cuda_available``); in
+    DeepSpeed's runner, a quiet Ctrl-C (:data:`LAUNCHER_SIGINT`)."""
     return ("import os; os.environ.get('DS_ACCELERATOR') or (os.environ.get('CUDA_VISIBLE_DEVICES', 'x').strip() "
             f"not in ('', '-1') and any(map(os.path.exists, {GPU_DEVICE_NODES!r}))) or "
-            "os.environ.__setitem__('DS_ACCELERATOR', 'cpu')\n")
+            "os.environ.__setitem__('DS_ACCELERATOR', 'cpu')\n" + LAUNCHER_SIGINT + "\n")
 
 
 def write_accelerator_pth(site_dir: str | os.PathLike | None = None) -> Path:
