@@ -124,8 +124,21 @@ def describe(cfg, spec: RopeSpec | None = None, seq_len: int | None = None,
     out["bound"] = bounds(st, orig.inv_freq, new, total, trained_length)
     if method.describe.details is not None:  # what the method adds (its own section)
         out.update(method.describe.details(st, seq_len))
+    if sp.attention_extend != "none":  # an attention-level method: its positions, not the frequencies above
+        out["attention_extend"] = attention_details(sp, st.orig_ctx)
     out["dims"] = dims
     return out
+
+
+def attention_details(sp: RopeSpec, orig_ctx: int) -> dict:
+    """The attention-level method of a spec (``ropescale.common.attention_extend``): its sizes and the longest
+    context its relative positions stay inside the original context for."""
+    from ropescale.common.attention_extend import max_context, rule_of
+
+    rule = rule_of(sp.attention_extend, group=sp.grp_attn_n, window=sp.grp_attn_w, chunk_size=sp.dca_chunk_size,
+                   local_size=sp.dca_local_size, orig_ctx=orig_ctx)
+    return {"method": rule.method, **rule.params,
+            "max_context": _finite(max_context(rule, orig_ctx))}
 
 
 def _finite(x: float) -> float | None:
@@ -153,6 +166,12 @@ def format_table(d: dict) -> str:
              f"head_dim {d['head_dim']}  original context {d['orig_ctx']}  extended context {d['extended_context']}"
              + _at_seq_len(d), f"setting: {d['rope_change']['message']}"]
     lines += (REGISTRY[d["rope"]].describe.lines or (lambda _: []))(d)  # the method's own lines
+    if "attention_extend" in d:
+        a = d["attention_extend"]
+        sizes = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in a.items() if k not in ("method", "max_context"))
+        reach_ = "any length" if a["max_context"] is None else f"{a['max_context']:.0f} tokens"
+        lines.append(f"attention: {a['method']} ({sizes}) on top of the frequencies below: relative positions stay "
+                     f"within the original context up to {reach_} (docs/rope_methods.md)")
     c = d["counts"]
     lines.append(f"pairs: {c['extrapolated']} extrapolated (unchanged), {c['mixed']} mixed, "
                  f"{c['interpolated']} interpolated (/ s)")

@@ -209,6 +209,7 @@ def plan_rope(cfg, spec: RopeSpec, state: RopeState | None = None) -> RopeChange
     :func:`rope_state`, when the caller has read it already."""
     if not isinstance(spec, RopeSpec):
         raise TypeError(f"apply_rope needs a RopeSpec, got {type(spec).__name__}")
+    spec = spec.rope_only()  # an attention method is the loaded model's (rope_scaling.load), not the config's
     st = state if state is not None else rope_state(cfg)
     cur = st.spec
     target = dataclasses.replace(spec, orig_ctx=spec.orig_ctx or st.orig_ctx, replace=False)  # checks the context
@@ -237,7 +238,7 @@ def apply_rope(cfg, spec: RopeSpec, state: RopeState | None = None):
     :func:`rope_state`, when the caller has read it already.
     """
     st = state if state is not None else rope_state(cfg)
-    change = plan_rope(cfg, spec, st)
+    change = plan_rope(cfg, spec, st)  # spec.rope_only(): the attention method is not written
     if change.action in ("kept", "unchanged"):
         return cfg
     e = _entries(cfg)
@@ -259,13 +260,15 @@ def apply_rope(cfg, spec: RopeSpec, state: RopeState | None = None):
 
 def change_rope(cfg, spec: RopeSpec) -> tuple[RopeChange, RopeState]:
     """:func:`apply_rope` reading the config once: (what was done, what the config carries now, as
-    :func:`rope_state` would read it back)."""
+    :func:`rope_state` would read it back, plus ``spec``'s attention method, which only the loaded model runs)."""
     st = rope_state(cfg)
     change = plan_rope(cfg, spec, st)
     apply_rope(cfg, spec, st)
+    att = spec.attention_fields()  # the attention method rides on the state's spec, never on the config
     if change.action in ("kept", "unchanged"):
-        return change, st
+        return change, dataclasses.replace(st, spec=dataclasses.replace(st.spec, **att))
     if change.action == "removed":
         orig = _get(cfg, "original_max_position_embeddings") or st.max_position_embeddings  # as rope_state reads it
-        return change, dataclasses.replace(st, spec=RopeSpec(orig_ctx=st.max_position_embeddings), orig_ctx=int(orig))
-    return change, dataclasses.replace(st, spec=change.target)
+        return change, dataclasses.replace(st, spec=RopeSpec(orig_ctx=st.max_position_embeddings, **att),
+                                           orig_ctx=int(orig))
+    return change, dataclasses.replace(st, spec=dataclasses.replace(change.target, **att))

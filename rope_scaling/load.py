@@ -87,8 +87,27 @@ def load_model(model_dir: str | os.PathLike, config, *, dtype, attn: str | None 
         check_weights(Path(model_dir))
     kw = {"attn_implementation": attn} if attn else {}
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, **dtype_kwargs(dtype), **kw)
-    install_rope_rule(model, state if state is not None else rope_state(config))
+    state = state if state is not None else rope_state(config)
+    install_rope_rule(model, state)
+    install_attention(model, state)
     return model
+
+
+def install_attention(model, state: RopeState) -> int:
+    """Run the spec's attention-level method (``--attention-extend self_extend | dca``) in every forward of ``model``
+    (:func:`ropescale.common.attention_extend.install`; full-attention layers only, sliding-window layers keep plain
+    SDPA); DCA's sizes default from the original context. Returns the number of attention modules under it (0: none
+    asked)."""
+    sp = state.spec
+    if sp.attention_extend == "none":
+        return 0
+    from ropescale.common import attention_extend
+    from ropescale.common.compat.rope import layer_inv_freq
+
+    rule = attention_extend.rule_of(sp.attention_extend, group=sp.grp_attn_n, window=sp.grp_attn_w,
+                                    chunk_size=sp.dca_chunk_size, local_size=sp.dca_local_size,
+                                    orig_ctx=state.orig_ctx)
+    return attention_extend.install(model, rule, lambda i: layer_inv_freq(model, i, full_only=True))
 
 
 def install_rope_rule(model, state: RopeState) -> int:

@@ -14,9 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from ropescale.common.attention_extend import METHODS as ATTENTION_METHODS
+from ropescale.common.attention_extend import check as check_attention
 from ropescale.common.io import InputError, read_json
 from ropescale.common.settings import flag_of, setting
 
@@ -221,6 +223,19 @@ class RopeSpec:
         None, "YaRN (DeepSeek 'mscale_all_dim'): the C' of --yarn-mscale-coef", metavar="C", group=MORE)
     yarn_truncate: bool = setting(True, "YaRN: round the ramp's ends to whole pairs (floor / ceil); false: the "
                                         "exact ends (gpt-oss 'truncate: false')", group=MORE)
+    attention_extend: str = setting("none", "a training-free attention-level method on top of the RoPE: self_extend "
+                                            "(Jin et al. 2024; --grp-attn-n, --grp-attn-w) or dca (An et al. 2024; "
+                                            "--dca-chunk-size, --dca-local-size); docs/rope_methods.md",
+                                    choices=ATTENTION_METHODS, metavar="METHOD", group=GROUP)
+    grp_attn_n: int | None = setting(None, "Self-Extend's group size G (llama.cpp's name): keys W or more tokens "
+                                           "back are seen at positions // G", metavar="G", group=MORE)
+    grp_attn_w: int | None = setting(None, "Self-Extend's neighbour window W (a multiple of G): the nearest W keys "
+                                           "keep their positions", metavar="W", group=MORE)
+    dca_chunk_size: int | None = setting(None, "DCA's chunk_size (Qwen2.5-1M's dual_chunk_attention_config); default: "
+                                               "3/4 of the original context, as the authors' code", metavar="C",
+                                         group=MORE)
+    dca_local_size: int | None = setting(None, "DCA's local_size; default: 1/8 of the original context",
+                                         metavar="L", group=MORE)
 
     def __post_init__(self):
         """Normalise, then check: the numbers, the context, the fields that belong to one method, the method's own
@@ -237,6 +252,12 @@ class RopeSpec:
         check = REGISTRY[self.method].check
         if check is not None:
             check(self)
+        for k in ("grp_attn_n", "grp_attn_w", "dca_chunk_size", "dca_local_size"):
+            v = getattr(self, k)
+            if isinstance(v, float) and v.is_integer():
+                object.__setattr__(self, k, int(v))
+        check_attention(self.attention_extend, self.grp_attn_n, self.grp_attn_w, self.dca_chunk_size,
+                        self.dca_local_size)
         for k in ("scale", "rope_base", "yarn_alpha", "yarn_beta", "yarn_mscale", "yarn_mscale_coef",
                   "yarn_mscale_all_dim", "llama3_low", "llama3_high"):
             v = getattr(self, k)
@@ -346,9 +367,30 @@ class RopeSpec:
                 parts.append(f"{short}={_num(v)}")
         if self.longrope_factors is not None:
             parts.append(f"factors={self.longrope_factors.short_hash}")
-        return " ".join(parts)
+        if not self.scaled and self.attention_extend != "none":
+            return self.attention_label().lstrip(" +")
+        return " ".join(parts) + self.attention_label()
+
+    def attention_label(self) -> str:
+        """`` +self_extend G=8 W=64`` / `` +dca C=48 L=8`` (the sizes given), "" without an attention method."""
+        if self.attention_extend == "none":
+            return ""
+        given = [(k, v) for k, v in (("G", self.grp_attn_n), ("W", self.grp_attn_w), ("C", self.dca_chunk_size),
+                                     ("L", self.dca_local_size)) if v is not None]
+        return " +" + " ".join([self.attention_extend] + [f"{k}={v}" for k, v in given])
+
+    def rope_only(self) -> "RopeSpec":
+        """The spec without its attention method: what is written into a config (``hf.apply_rope``); the attention
+        method is installed on the loaded model (``rope_scaling.load.load_model``)."""
+        return replace(self, attention_extend="none", grp_attn_n=None, grp_attn_w=None, dca_chunk_size=None,
+                       dca_local_size=None)
+
+    def attention_fields(self) -> dict:
+        """The attention method's fields (see :meth:`rope_only`)."""
+        return {k: getattr(self, k) for k in ATTENTION_FIELDS}
 
 
+ATTENTION_FIELDS = ("attention_extend", "grp_attn_n", "grp_attn_w", "dca_chunk_size", "dca_local_size")
 _LABEL_FIELDS = (("rope_base", "base"), ("yarn_alpha", "a"), ("yarn_beta", "b"), ("yarn_mscale", "mscale"),
                  ("yarn_mscale_coef", "mscale_coef"), ("yarn_mscale_all_dim", "mscale_all_dim"),
                  ("yarn_truncate", "truncate"),

@@ -81,6 +81,9 @@ def supported(model) -> str | None:
         return why
     cfg = model.config
     attn = compat.attn_implementation(cfg)
+    ext = [m._ropescale_extend for m in model.modules() if getattr(m, "_ropescale_extend", None) is not None]
+    if ext:
+        return f"--attention-extend {ext[0].rule.method} needs the mask of every step"
     if attn != "sdpa":
         return f"attention implementation {attn!r} (the slot decoder needs sdpa)"
     types = set(getattr(cfg, "layer_types", None) or ["full_attention"])

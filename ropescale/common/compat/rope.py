@@ -141,3 +141,22 @@ def longrope_frequencies(m, device, long: bool):
 
     seq_len = longrope_original_context(m) + 1 if long else None
     return ROPE_INIT_FUNCTIONS[m.rope_type](m.config, device, seq_len=seq_len)
+
+
+def layer_inv_freq(model, layer_idx: int, full_only: bool = False):
+    """A callable returning the inverse frequencies layer ``layer_idx`` of ``model`` rotates with now: its layer
+    type's ``{type}_inv_freq`` buffer on a per-layer-type rotary module (Gemma 3, 5.x), else the model's one rotary
+    module's ``inv_freq``; None with ``full_only`` for a layer whose type is not ``full_attention`` (sliding window),
+    or when the model has no rotary module."""
+    cfg = getattr(model.config, "text_config", None) or model.config
+    types = getattr(cfg, "layer_types", None)
+    lt = types[layer_idx] if types else "full_attention"
+    if full_only and lt != "full_attention":
+        return None
+    for m in model.modules():
+        if hasattr(m, f"{lt}_inv_freq"):
+            return lambda m=m: getattr(m, f"{lt}_inv_freq")
+    mods = rotary_modules(model)
+    if not mods:
+        return None
+    return lambda m=mods[0]: m.inv_freq

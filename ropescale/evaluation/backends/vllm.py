@@ -69,6 +69,8 @@ class VLLMBackend(Backend):
         # than the rotary cache (seq_length, model_max_length, ...), so it is skipped. (The variable alone would not
         # do: it skips the check, and positions past the cache then read garbage.)
         os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+        if "dual_chunk_attention_config" in self.overrides:  # vLLM's DCA runs on its own attention backend
+            os.environ.setdefault("VLLM_ATTENTION_BACKEND", "DUAL_CHUNK_FLASH_ATTN")
         self.chunk = chunk
         self.dtype = "bfloat16" if dtype == "auto" else TORCH_NAMES[dtype_name(dtype)]
         self.llm = LLM(model=str(model_dir), tokenizer=str(model_dir), dtype=self.dtype,
@@ -95,6 +97,47 @@ class VLLMBackend(Backend):
                 on_done(it, cut_at_eos(o.outputs[0].token_ids, eos))
 
 
+# ---------------------------------------------------------------- attention-level methods
+DCA_MODEL_TYPES = ("qwen2", "qwen2_moe")  # the vLLM models that read dual_chunk_attention_config (Qwen2.5-1M's)
+
+
+def vllm_dca(cfg: dict) -> bool:
+    """Whether the installed vLLM serves Dual Chunk Attention for this config: its ``DualChunkRotaryEmbedding``
+    imports and the model type reads ``dual_chunk_attention_config`` (:data:`DCA_MODEL_TYPES`)."""
+    if cfg.get("model_type") not in DCA_MODEL_TYPES:
+        return False
+    try:
+        from vllm.model_executor.layers.rotary_embedding import DualChunkRotaryEmbedding  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def attention_settings(cfg: dict, st, overrides: dict, need: int, want: int, dca: bool) -> tuple[dict, int]:
+    """hf_overrides for an attention-level method: DCA as ``dual_chunk_attention_config`` (chunk_size, local_size,
+    original_max_position_embeddings; vLLM's DualChunkRotaryEmbedding computes ChunkLlama's positions) on plain RoPE
+    where ``dca``; Self-Extend, and DCA elsewhere, refused in one line naming --backend hf."""
+    from ropescale.common.attention_extend import dca_sizes
+
+    sp = st.spec
+    if sp.attention_extend == "self_extend":
+        raise InputError("--backend vllm cannot run Self-Extend (--attention-extend self_extend): vLLM has no grouped "
+                         "attention; use --backend hf")
+    if not dca:
+        raise InputError(f"--backend vllm: the installed vLLM does not serve dual_chunk_attention_config for model "
+                         f"type {cfg.get('model_type')!r} (vLLM's DCA: {', '.join(DCA_MODEL_TYPES)}); use --backend hf")
+    if sp.scaled:
+        raise InputError(f"--backend vllm: vLLM's DCA replaces the model's rotary embedding, so "
+                         f"{sp.rope_only().label()} under it would be dropped; use --backend hf")
+    c, w = dca_sizes(sp.dca_chunk_size, sp.dca_local_size, st.orig_ctx)
+    out = {**overrides, "dual_chunk_attention_config": {"chunk_size": c, "local_size": w,
+                                                        "original_max_position_embeddings": st.orig_ctx}}
+    mml = max(int(want), int(need))
+    if int(cfg.get("max_position_embeddings") or 0) < mml:
+        out["max_position_embeddings"] = mml  # the key-position table covers max_position_embeddings
+    return out, mml
+
+
 # ---------------------------------------------------------------- what vLLM is told
 def vllm_version() -> str | None:
     """The installed vLLM release, or None."""
@@ -107,7 +150,7 @@ def vllm_version() -> str | None:
 
 
 def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None, short: int | None = None,
-                  vllm: str | None = None) -> tuple[dict, int]:
+                  vllm: str | None = None, dca: bool | None = None) -> tuple[dict, int]:
     """(hf_overrides, max_model_len) for vLLM, or an InputError where vLLM would compute something else than HF.
 
     ``config`` is the effective HF config (RoPE applied), ``overrides`` the fields the RoPE flags changed, ``need``
@@ -121,7 +164,9 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None, 
     only skips its length check, so a position past the cache reads garbage. Its length (vLLM source,
     ``model_executor/layers/rotary_embedding``) is ``max_position_embeddings`` for default (plain, ntk, abf) and
     llama3 rope, ``max_position_embeddings x factor`` for linear (pi) and dynamic,
-    ``original_max_position_embeddings x factor`` for yarn. What each method needs, or why vLLM cannot serve it, is
+    ``original_max_position_embeddings x factor`` for yarn. An attention-level method (``--attention-extend``) goes
+    to :func:`attention_settings` (DCA as vLLM's ``dual_chunk_attention_config`` where it is supported: ``dca``,
+    default :func:`vllm_dca`). What each method needs, or why vLLM cannot serve it, is
     its registry row's vLLM rule (``rope_scaling.formulas.Method.vllm``: caches raised to cover max_model_len, YaRN
     capped to its cache with its attention factor in both spellings, LongRoPE on one side of the original context
     and past it only from vllm 0.11.1 on; dynamic NTK and dynamic YaRN refused); a method without one is refused.
@@ -129,6 +174,8 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None, 
     cfg = config if isinstance(config, dict) else config.to_dict()
     key, e = rope_entries(cfg)  # the one reader of HF rope entries (4.x and 5.x layouts)
     st = state if state is not None else rope_state(cfg)  # the spec the config carries
+    if st.spec.attention_extend != "none":  # an attention-level method: vLLM's own DCA, or refused
+        return attention_settings(cfg, st, dict(overrides), need, want, vllm_dca(cfg) if dca is None else dca)
     method, t = REGISTRY[st.spec.method], e["rope_type"]
     if method.per_forward:  # the entries say a static type; this repo recomputes the frequencies per forward
         raise InputError(f"--backend vllm cannot run {st.spec.method}: the config's entries say static {t} "

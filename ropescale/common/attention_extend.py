@@ -1,0 +1,277 @@
+"""Training-free attention-level context extension: Self-Extend and Dual Chunk Attention, over SDPA.
+
+Both keep the model's RoPE frequencies and change which *positions* a query and a key are rotated to, per pair of
+tokens: the attention of query i over keys j is split into passes, each with its own query / key positions and its
+own set of keys, and the passes are merged by their log-sum-exp (one softmax over all keys, as FlashAttention's
+split-KV merge and both authors' flash code do):
+
+- ``self_extend`` (Jin et al. 2024, "LLM Maybe LongLM", arXiv 2401.01325, Eq. 3-4; datamllab/LongLM
+  ``self_extend_patch/Llama.py``; llama.cpp ``--grp-attn-n G --grp-attn-w W``): neighbour pass for i - j < W with
+  the true positions (i, j); grouped pass for i - j >= W with positions (i // G + W - W / G, j // G): relative
+  distance i//G - j//G + W - W/G. W must be a multiple of G (llama.cpp's rule; the authors' float W/G is then exact).
+- ``dca`` (An et al. 2024, "Training-Free Long-Context Scaling of Large Language Models", arXiv 2402.17463, Sec 3;
+  HKUNLP/ChunkLlama ``chunkllama_attn_replace.py``; vLLM ``DualChunkRotaryEmbedding``, Qwen2.5-1M's
+  ``dual_chunk_attention_config``): chunk length s = chunk_size - local_size, keys at j mod s; intra-chunk pass
+  (same chunk, j <= i) with query i mod s; successive-chunk pass (the chunk before) with query
+  min(i mod s + s, chunk_size); inter-chunk pass (any earlier chunk) with query min(2s - 1, chunk_size).
+
+How: q and k arrive rotated at their true positions (transformers' attention module applies RoPE before the
+attention function); a rotation composes, so a pass rotates q by (p_q - i) and k by (p_k - j) (the angle difference in
+float64), with the rotary module's current ``inv_freq`` (its attention factor stays in q and k). Key positions come
+from the attention mask (the last query sees every real key before it: cumulative count), so left padding, a static
+cache and a dynamic cache all work, in prefill and in each decode step. Installed at model load
+(:func:`install`, from ``rope_scaling.load.load_model``) as a transformers attention implementation
+(``AttentionInterface`` / ``AttentionMaskInterface``, the mask always materialised), so every forward uses it: the
+probes', generation's (the slot decoder needs plain sdpa: the hf backend then runs transformers ``generate`` with a
+cache, saying so in one line). torch and transformers are imported lazily.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from ropescale.common.io import InputError
+
+NAME = "ropescale_extend"  # the attention implementation registered with transformers
+METHODS = ("none", "self_extend", "dca")
+
+
+# ---------------------------------------------------------------- the settings each method needs (plain checks)
+def check(method: str, group: int | None, window: int | None, chunk_size: int | None,
+          local_size: int | None) -> None:
+    """InputError when the attention-extension settings do not make a method (one line naming the flag)."""
+    if method not in METHODS:
+        raise InputError(f"unknown attention extension {method!r} (choose from {', '.join(METHODS)})")
+    own = {"self_extend": (("--grp-attn-n", group), ("--grp-attn-w", window)),
+           "dca": (("--dca-chunk-size", chunk_size), ("--dca-local-size", local_size))}
+    for m, flags in own.items():
+        for flag, v in flags:
+            if v is not None and method != m:
+                raise InputError(f"{flag} only applies to --attention-extend {m}, not {method}")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise InputError(f"{flag} must be a positive integer, got {v!r}")
+    if method == "self_extend":
+        if group is None or window is None:
+            raise InputError("--attention-extend self_extend needs --grp-attn-n G (group size) and --grp-attn-w W "
+                             "(neighbour window), as llama.cpp names them")
+        if window % group:
+            raise InputError(f"--grp-attn-w {window} must be a multiple of --grp-attn-n {group} (llama.cpp's rule)")
+    if method == "dca" and chunk_size is not None and local_size is not None and local_size >= chunk_size:
+        raise InputError(f"--dca-local-size {local_size} must be below --dca-chunk-size {chunk_size}")
+
+
+def dca_sizes(chunk_size: int | None, local_size: int | None, orig_ctx: int) -> tuple[int, int]:
+    """DCA's (chunk_size, local_size), defaults from the original context L as the authors' code sets them
+    (``replace_with_chunkllama``: chunk_size = 3L/4, local_size = L/8)."""
+    c = chunk_size if chunk_size is not None else orig_ctx * 3 // 4
+    w = local_size if local_size is not None else orig_ctx // 8
+    if not 1 <= w < c:
+        raise InputError(f"DCA needs 1 <= local size ({w}) < chunk size ({c})")
+    return c, w
+
+
+# ---------------------------------------------------------------- the passes: (query positions, key positions, keys)
+@dataclass(frozen=True)
+class Rule:
+    """One method with its settings: ``passes(i, j)`` for query positions i (b, q, 1) and key positions j (b, 1, kv)
+    (int64 tensors, j < 0 for a padded key) -> [(q_pos (b, q, 1) float64, k_pos (b, 1, kv) float64, keys (b, q, kv)
+    bool)], the key sets disjoint and covering the causal keys j <= i."""
+
+    method: str
+    params: dict
+    passes: Callable
+
+
+def self_extend_passes(group: int, window: int):
+    """Self-Extend's two passes -- Jin et al. 2024 (arXiv 2401.01325) Eq. 3-4, datamllab/LongLM
+    ``self_extend_forward``: neighbour (i - j < W: positions i, j), grouped (i - j >= W: i//G + W - W/G, j//G)."""
+    def passes(i, j):
+        d, real = i - j, j >= 0
+        near = real & (d >= 0) & (d < window)
+        far = real & (d >= window)
+        shift = window - window // group
+        return [(i.double(), j.double(), near), ((i // group + shift).double(), (j // group).double(), far)]
+    return passes
+
+
+def dca_passes(chunk_size: int, local_size: int):
+    """DCA's three passes -- An et al. 2024 (arXiv 2402.17463) Sec 3, HKUNLP/ChunkLlama and vLLM's
+    ``DualChunkRotaryEmbedding``: s = chunk_size - local_size, keys at j mod s; intra (same chunk) query i mod s,
+    successive (previous chunk) min(i mod s + s, chunk_size), inter (earlier chunks) min(2s - 1, chunk_size)."""
+    s = chunk_size - local_size
+
+    def passes(i, j):
+        ci, cj, real = i // s, j // s, j >= 0
+        kp = (j % s).double()
+        qi = (i % s).double()
+        intra = real & (cj == ci) & (j <= i)
+        succ = real & (cj == ci - 1)
+        inter = real & (cj <= ci - 2)
+        q_succ = (i % s + s).clamp(max=chunk_size).double()
+        q_inter = (i * 0 + min(2 * s - 1, chunk_size)).double()
+        return [(qi, kp, intra), (q_succ, kp, succ), (q_inter, kp, inter)]
+    return passes
+
+
+def rule_of(method: str, *, group=None, window=None, chunk_size=None, local_size=None, orig_ctx=None) -> Rule | None:
+    """The :class:`Rule` of a method's settings (None for none); DCA's sizes default from ``orig_ctx``."""
+    check(method, group, window, chunk_size, local_size)
+    if method == "self_extend":
+        return Rule(method, {"group": group, "window": window}, self_extend_passes(group, window))
+    if method == "dca":
+        c, w = dca_sizes(chunk_size, local_size, int(orig_ctx or 0) or (chunk_size or 0) * 4 // 3)
+        return Rule(method, {"chunk_size": c, "local_size": w}, dca_passes(c, w))
+    return None
+
+
+def max_context(rule: Rule, orig_ctx: int) -> float:
+    """The longest context whose largest relative position stays below ``orig_ctx``: Self-Extend (L - W) * G + W
+    (Jin et al. 2024, Sec 3.2); DCA unbounded (every relative position stays below chunk_size)."""
+    if rule.method == "self_extend":
+        return (orig_ctx - rule.params["window"]) * rule.params["group"] + rule.params["window"]
+    return math.inf
+
+
+# ---------------------------------------------------------------- the attention function
+def rotate(x, delta, inv_freq):
+    """``x`` (b, h, n, d) rotated further by angle ``delta`` (b, n) x inv_freq on its first 2 * len(inv_freq)
+    channels, in transformers' rotate_half layout (Llama / Qwen / Mistral / Gemma) -- RoFormer Eq. 34."""
+    import torch
+
+    r = inv_freq.shape[0] * 2
+    ang = (delta[:, None, :, None] * inv_freq.double()[None, None, None, :])
+    cos, sin = torch.cat([ang, ang], -1).cos().to(x.dtype), torch.cat([ang, ang], -1).sin().to(x.dtype)
+    xr, rest = x[..., :r], x[..., r:]
+    half = torch.cat([-xr[..., r // 2:], xr[..., :r // 2]], -1)
+    return torch.cat([xr * cos + half * sin, rest], -1)
+
+
+def attention_with_lse(q, k, v, keys, scale: float):
+    """(softmax(q k^T * scale over ``keys``) v, log-sum-exp) for q (b, h, n, d), keys (b, 1|h, n, m) bool; rows with
+    no key give output 0 and lse -inf. SDPA's math, explicit so the log-sum-exp comes back (torch's fused kernels
+    return it only privately); queries in blocks of 1024 rows, so memory stays O(1024 x m) a head."""
+    import torch
+
+    outs, lses = [], []
+    for s in range(0, q.shape[2], 1024):
+        qs, ks = q[:, :, s:s + 1024], keys[:, :, s:s + 1024]
+        logits = torch.matmul(qs, k.transpose(-1, -2)).float() * scale
+        logits = logits.masked_fill(~ks, float("-inf"))
+        lse = torch.logsumexp(logits, -1)
+        p = torch.exp(logits - lse.clamp(min=-1e30)[..., None]).nan_to_num(0.0)
+        outs.append(torch.matmul(p.to(v.dtype), v))
+        lses.append(lse)
+    return torch.cat(outs, 2), torch.cat(lses, 2)
+
+
+def merge(parts):
+    """Passes (out_p, lse_p) merged into one softmax over all their keys: sum_p exp(lse_p - lse) out_p."""
+    import torch
+
+    lse = torch.logsumexp(torch.stack([p[1] for p in parts]), 0)
+    out = 0
+    for o, s in parts:
+        out = out + torch.exp(s - lse.clamp(min=-1e30)).nan_to_num(0.0)[..., None].to(o.dtype) * o
+    return out
+
+
+def positions(query, key, mask, position_ids):
+    """(query positions (b, q), key positions (b, kv), the mask as bool (b, 1|h, q, kv) or None): the keys' positions
+    are their count among the keys the last query sees, minus one (that query sees every real key before it), -1 for
+    the others; without a mask, 0..kv-1."""
+    import torch
+
+    b, q_len, kv_len = query.shape[0], query.shape[2], key.shape[2]
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask > torch.finfo(mask.dtype).min / 2  # an additive mask: 0 where attended, min / -inf elsewhere
+    if mask is not None:
+        seen = mask[:, 0, -1, :kv_len].expand(b, kv_len)
+        kpos = torch.where(seen, seen.long().cumsum(-1) - 1, torch.full_like(seen, -1, dtype=torch.long))
+    else:
+        kpos = torch.arange(kv_len, device=key.device).expand(b, kv_len)
+    if position_ids is not None:
+        qpos = position_ids.to(key.device).long().expand(b, q_len)
+    else:
+        qpos = torch.arange(kv_len - q_len, kv_len, device=key.device).expand(b, q_len)
+    return qpos, kpos, mask
+
+
+def extended_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention-function signature (``AttentionInterface``): the passes of the module's rule, each
+    with its re-rotated q / k, merged by log-sum-exp; returns (output (b, q, h, d), None)."""
+    import torch
+
+    st = getattr(module, "_ropescale_extend", None)
+    if st is None:  # a layer the rule leaves alone (sliding-window layers): transformers' own SDPA
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kwargs)
+    if key.shape[1] != query.shape[1]:  # grouped-query attention: every query head sees its key head
+        n = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(n, 1), value.repeat_interleave(n, 1)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    qpos, kpos, mask = positions(query, key, attention_mask, kwargs.get("position_ids"))
+    inv = st.inv_freq().to(query.device)
+    parts = []
+    for pq, pk, keys in st.rule.passes(qpos[:, :, None], kpos[:, None, :]):
+        keys = keys[:, None]
+        if mask is not None:
+            keys = keys & mask[..., :key.shape[2]]
+        if not bool(keys.any()):
+            continue
+        dq = (pq - qpos[:, :, None].double())[..., 0]  # (b, q): queries' shift is one per row and query
+        dk = (pk - kpos[:, None, :].double())[:, 0]  # (b, kv)
+        parts.append(attention_with_lse(rotate(query, dq, inv), rotate(key, dk, inv), value, keys, scale))
+    if not parts:
+        out = torch.zeros_like(query)
+    else:
+        out = merge(parts)
+    return out.transpose(1, 2).contiguous(), None
+
+
+@dataclass
+class LayerState:
+    """What a layer's attention function reads: the rule, and where its rotary frequencies live now."""
+
+    rule: Rule
+    inv_freq: Callable
+
+
+def register() -> str:
+    """Register :func:`extended_attention` (and an always-materialised boolean mask) with transformers as
+    :data:`NAME`."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def mask(*args, **kwargs):
+        kwargs["allow_is_causal_skip"] = False
+        return sdpa_mask(*args, **kwargs)
+
+    AttentionInterface.register(NAME, extended_attention)
+    AttentionMaskInterface.register(NAME, mask)
+    return NAME
+
+
+def install(model, rule: Rule, inv_freq_of: Callable[[int], Callable | None]) -> int:
+    """Run ``model``'s attention under ``rule`` in every forward: each attention module (a ``layer_idx``) gets its
+    :class:`LayerState` (``inv_freq_of(layer_idx)``: a callable returning that layer's current inv_freq; None: the
+    layer keeps plain SDPA, e.g. a sliding-window layer, whose window never reaches past the original context) and
+    the model the :data:`NAME` attention implementation. Refused (InputError) for attention logit soft-capping
+    (Gemma 2), which the merge would not apply. Returns the number of attention modules under the rule."""
+    cfg = model.config
+    if getattr(cfg, "attn_logit_softcapping", None) or getattr(getattr(cfg, "text_config", None),
+                                                               "attn_logit_softcapping", None):
+        raise InputError(f"--attention-extend {rule.method}: attention logit soft-capping is not supported")
+    n = 0
+    for m in model.modules():
+        if hasattr(m, "layer_idx") and hasattr(m, "q_proj"):
+            inv = inv_freq_of(int(m.layer_idx))
+            m._ropescale_extend = None if inv is None else LayerState(rule, inv)
+            n += inv is not None
+    if not n:
+        raise InputError(f"--attention-extend {rule.method}: no attention modules found in {type(model).__name__}")
+    register()
+    model.set_attn_implementation(NAME)
+    return n
