@@ -42,6 +42,7 @@ def demo_table(d: Demo) -> list[dict]:
             records.append({**rec, "row": f"{r.label}, F.1 baseline prompts (1x only)", "key": "base-f1",
                             "prompts": "F.1", "effective_length": {}})
     comps = comparisons(d, records, cols)
+    add_q(records)
     md_a, md_b, header, table = demo_markdown(records, cols, thr)
     md_c = comparisons_markdown(comps, cols)
     write_text_atomic(d.report / "demo.md", f"{md_a}\n\n{md_b}\n\n{md_c}\n")
@@ -92,36 +93,58 @@ def comparison_pairs(d: Demo) -> list[tuple[str, str, str]]:
 
 def comparisons(d: Demo, records: list[dict], cols: list[str]) -> list[dict]:
     """Table C's records: per compared pair of rows and column, a - b over the eval samples both scored (each
-    sample's prompts averaged), with its bootstrap interval and two-sided paired sign-flip permutation p."""
+    sample's prompts averaged), with its interval, two-sided paired sign-flip permutation p (unit: the eval sample)
+    and its Benjamini-Hochberg q over the table's tests (one declared family)."""
+    from ropescale.common.stats.multiplicity import family
     from ropescale.common.stats.tests import paired_sign_flip
 
     by = {rec.get("key", "floor"): rec for rec in records}
-    out = []
+    tests = {}
     for label, a, b in comparison_pairs(d):
         if a not in by or b not in by:
             continue
-        cells = {}
+        tests[(label, a, b)] = {}
         for c in cols:
             x, y = sample_means(by[a], c), sample_means(by[b], c)
             if x and y:
-                t = paired_sign_flip(x, y)
-                cells[c] = {"mean": t.statistic, "ci": [t.lo, t.hi] if t.lo is not None else None, "p": t.p,
-                            "n": t.n, "exact": t.exact, "reading": t.reading()}
-        out.append({"label": label, "a": a, "b": b, "cells": cells})
+                tests[(label, a, b, c)] = paired_sign_flip(x, y)
+    fam = family({k: t for k, t in tests.items() if len(k) == 4})
+    out = []
+    for key in (k for k in tests if len(k) == 3):
+        cells = {k[3]: t for k, t in fam.items() if k[:3] == key}
+        out.append({"label": key[0], "a": key[1], "b": key[2], "cells": {
+            c: {"mean": t.statistic, "ci": [t.lo, t.hi] if t.lo is not None else None, "p": t.p, "q": t.q,
+                "family": t.family, "n": t.n, "unit": t.unit, "min_p": t.min_p, "exact": t.exact,
+                "reading": t.reading()} for c, t in cells.items()}})
     return out
+
+
+def add_q(records: list[dict]) -> None:
+    """Table B's two declared families, each with its Benjamini-Hochberg q beside p: every row's IE - IB cells
+    (``ie_minus_ib[col]['q']``) and the rows' MSE permutation tests (``mse_q``)."""
+    from ropescale.common.stats.multiplicity import bh_q
+
+    cells = [x for rec in records if "key" in rec for x in rec["ie_minus_ib"].values() if x and x.get("p") is not None]
+    for x, q in zip(cells, bh_q([x["p"] for x in cells])):
+        x["q"] = q
+    rows = [rec for rec in records if rec.get("mse_p") is not None]
+    for rec, q in zip(rows, bh_q([rec["mse_p"] for rec in rows])):
+        rec["mse_q"] = q
 
 
 def comparisons_markdown(comps: list[dict], cols: list[str]) -> str:
     title = ("### C. Differences the readings compare: a - b on the same eval samples (each sample's two prompts "
-             "averaged) [95% bootstrap interval] p (paired sign-flip permutation, two-sided)")
+             "averaged) [95% bootstrap interval] p (paired sign-flip permutation, two-sided) q (Benjamini-Hochberg "
+             "over the table)")
     from ropescale.common.tables import markdown
 
     rows = [[c["label"], *[diff_text(c["cells"].get(col)) for col in cols]] for c in comps]
     tests = sum(len(c["cells"]) for c in comps)
     ns = sorted({x["n"] for c in comps for x in c["cells"].values()})
-    note = (f"n = {'/'.join(map(str, ns)) or '-'} eval samples a cell; p exact over the 2^n sign vectors (up to "
-            f"n = 16; else 20,000 random ones); a difference is resolved where p < 0.05. {tests} tests at 0.05 resolve "
-            f"about {0.05 * tests:.1f} by chance when nothing differs.")
+    note = (f"n = {'/'.join(map(str, ns)) or '-'} eval samples a cell (the unit); p exact over the 2^n sign vectors "
+            f"(up to n = 16, smallest p 2/2^n; else 20,000 random ones); q: Benjamini-Hochberg over the table's "
+            f"{tests} tests (one family); a difference is resolved where q < 0.05 ({tests} tests at p < 0.05 "
+            f"would resolve about {0.05 * tests:.1f} by chance when nothing differs).")
     return f"{title}\n{markdown(['difference', *cols], rows)}\n\n{note}"
 
 
@@ -177,8 +200,8 @@ def demo_markdown(records: list[dict], cols: list[str], thr: float | None) -> tu
               f"step 1 and over the last {LAST} steps.")
     reds = [r.get("mse_p_red") for r in records if "key" in r and r.get("mse_p_red") is not None]
     title_b = ("### B. IE - IB per length [paired 95% bootstrap interval] p (paired sign-flip permutation, "
-               "two-sided), and MSE(P-IE vs P-IB) [noise floor] p (permutation) with P(MSE >= 5) under no prompt "
-               "effect")
+               "two-sided) q (Benjamini-Hochberg over the table's IE - IB cells), and MSE(P-IE vs P-IB) [noise floor] "
+               "p (permutation) q (BH over the rows' MSE tests) with P(MSE >= 5) under no prompt effect")
     note_b = ("Noise floor: the MSE expected with no prompt effect (its mean under that null, not a test). MSE p: "
               "each sample's IE and IB scores swapped at random in every cell (20,000 draws), p = P(null MSE >= "
               "MSE). P(MSE >= 5): how often a row with no prompt effect reaches the paper's red mark (Table 2: MSE "
@@ -201,7 +224,7 @@ def cell_text(rec: dict, c: str) -> str:
 def diff_text(x: dict | None) -> str:
     if not x or x.get("mean") is None:
         return "-"
-    p = "" if x.get("p") is None else f" p={p_text(x['p'])}"
+    p = "" if x.get("p") is None else f" p={p_text(x['p'])}" + ("" if x.get("q") is None else f" q={p_text(x['q'])}")
     if not x.get("ci"):
         return f"{x['mean']:+.1f}{p}"
     lo, hi = x["ci"]
@@ -211,7 +234,8 @@ def diff_text(x: dict | None) -> str:
 def mse_text(rec: dict) -> str:
     m, f, p = rec.get("mse_ie_ib"), rec.get("mse_floor"), rec.get("mse_p")
     return "-" if m is None else (f"{m:.1f}" + ("" if f is None else f" [{f:.1f}]")
-                                  + ("" if p is None else f" p={p_text(p)}"))
+                                  + ("" if p is None else f" p={p_text(p)}")
+                                  + ("" if rec.get("mse_q") is None else f" q={p_text(rec['mse_q'])}"))
 
 
 def p_text(p):
