@@ -89,12 +89,16 @@ def position_table(per_window, width: int = BIN, ref: tuple = REF) -> list[dict]
 
 def first_rise(rows: list[dict], after: int = 0, min_rise: float = 0.0) -> int | None:
     """The start of the first bin at or past ``after`` from which every later bin's loss is above the reference
-    by a resolved amount (p < 0.05, rise > ``min_rise``); None when the last bin is not."""
+    by a resolved amount (q < 0.05, its BH q in the table's family when :func:`add_q` set one, else p; rise >
+    ``min_rise``); None when the last bin is not."""
     from ropescale.common.stats.distributions import ALPHA
 
+    def resolved(x: dict) -> bool:
+        q = x.get("q", x["p"])
+        return q is not None and q < ALPHA and x["rise"] > min_rise and x["start"] >= after
+
     k = len(rows)
-    while k > 0 and rows[k - 1]["p"] is not None and rows[k - 1]["p"] < ALPHA and rows[k - 1]["rise"] > min_rise \
-            and rows[k - 1]["start"] >= after:
+    while k > 0 and resolved(rows[k - 1]):
         k -= 1
     return None if k == len(rows) else rows[k]["start"]
 
@@ -203,9 +207,23 @@ def measure(d: "demo.Demo", windows: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ tables
+def add_q(rec: dict) -> None:
+    """The record's two declared families, each test with its Benjamini-Hochberg q: the recall grid's differences
+    from the floor (every row and length) and the loss table's rises (every row and bin)."""
+    from ropescale.common.stats.multiplicity import bh_q
+
+    for cells in ([x for g in rec["grid"].values() for x in g.values()],
+                  [x for xs in rec["positions"].values() for x in xs]):
+        cells = [x for x in cells if x.get("p") is not None]
+        for x, q in zip(cells, bh_q([x["p"] for x in cells])):
+            x["q"] = q
+
+
 def markdown(rec: dict) -> str:
     from ropescale.common.stats.tests import p_text
     from ropescale.common.tables import markdown as md
+
+    add_q(rec)
 
     cols = list(next(iter(rec["grid"].values())))
     rows = []
@@ -213,9 +231,9 @@ def markdown(rec: dict) -> str:
         g = rec["grid"][key]
         rows.append([f"{label}: ROUGE-L"] + [f"{g[c]['mean']:.1f} [{g[c]['ci'][0]:.1f}, {g[c]['ci'][1]:.1f}]"
                                              for c in cols])
-        rows.append(["  - floor, same samples [interval] p"] + [
+        rows.append(["  - floor, same samples [interval] p q"] + [
             f"{g[c]['above_floor']:+.1f} [{g[c]['above_floor_ci'][0]:+.1f}, {g[c]['above_floor_ci'][1]:+.1f}] "
-            f"p={p_text(g[c]['p'])}" for c in cols])
+            f"p={p_text(g[c]['p'])} q={p_text(g[c].get('q'))}" for c in cols])
         rows.append(["  share of its T512 score"] + [f"{100 * g[c]['share_of_1x']:.0f}%" for c in cols])
     b = rec["bounds"]
     head = (f"#### Seed {rec['seed']}: recall by total length (F.2 prompts, 16 samples x 2 prompts a cell). Angle "
@@ -228,12 +246,14 @@ def markdown(rec: dict) -> str:
                        ("ft-ntk-x8-short", "ntk x8 fine-tuned at <= 512")):
         xs = rec["positions"][key]
         prow.append([f"{label}: loss"] + [f"{x['loss']:.2f}" for x in xs])
-        prow.append(["  - loss at 256-511, p"] + [f"{x['rise']:+.2f} p={p_text(x['p'])}" for x in xs])
+        prow.append(["  - loss at 256-511, p q"] + [f"{x['rise']:+.2f} p={p_text(x['p'])} q={p_text(x.get('q'))}"
+                                                     for x in xs])
     pos_head = (f"Loss by position (nats, next token; {rec['windows']} held-out windows of {WINDOW} tokens; column: "
                 f"the first position of a {BIN}-position bin) and its rise over the row's own positions 256-511 on "
-                f"the same windows, p: paired sign-flip over the windows")
+                f"the same windows, p: paired sign-flip over the windows (unit: the window; smallest p 2/2^n), q: "
+                f"Benjamini-Hochberg over the table's tests")
     rises = {k: first_rise(v, after=512) for k, v in rec["positions"].items()}
-    tail = ("First bin from which every later bin's loss is resolved above positions 256-511 (p < 0.05): "
+    tail = ("First bin from which every later bin's loss is resolved above positions 256-511 (q < 0.05): "
             + "; ".join(f"{k}: {'none' if v is None else v}" for k, v in rises.items()))
     return "\n\n".join([head, md(["row", *cols], rows), pos_head, md(["row", *map(str, starts)], prow), tail])
 

@@ -49,3 +49,25 @@ def test_first_rise_reads_where_every_later_bin_is_resolved():
     assert bound_tiny.first_rise(rows) == 768  # 512 rises but 640 does not: the rise that lasts starts at 768
     assert bound_tiny.first_rise(rows, min_rise=0.5) == 896
     assert bound_tiny.first_rise(rows[:3]) is None  # the last bin is not resolved
+
+
+def test_add_q_is_bh_per_table_and_first_rise_reads_q():
+    import scipy.stats
+
+    def row(start, rise, p):
+        return {"start": start, "rise": rise, "p": p}
+
+    pos = {"a": [row(0, 0.0, 1.0), row(512, 0.3, 0.03), row(640, 0.3, 0.04)],
+           "b": [row(0, 0.0, 0.9), row(512, 0.4, 0.001), row(640, 0.5, 0.002)]}
+    grid = {"a": {"T512": {"p": 0.01}, "T1024": {"p": 0.2}}, "b": {"T512": {"p": 0.04}, "T1024": {"p": None}}}
+    rec = {"grid": grid, "positions": pos}
+    bound_tiny.add_q(rec)
+    want = scipy.stats.false_discovery_control([x["p"] for xs in pos.values() for x in xs])
+    assert [x["q"] for xs in pos.values() for x in xs] == pytest.approx(list(want))
+    want = scipy.stats.false_discovery_control([0.01, 0.2, 0.04])
+    assert [grid["a"]["T512"]["q"], grid["a"]["T1024"]["q"], grid["b"]["T512"]["q"]] == pytest.approx(list(want))
+    assert "q" not in grid["b"]["T1024"]
+    # the walk reads q: bins at p < 0.05 whose q is not below 0.05 do not count
+    assert bound_tiny.first_rise(pos["b"]) == 512
+    pos["a"][1]["q"], pos["a"][2]["q"] = 0.06, 0.06
+    assert bound_tiny.first_rise(pos["a"]) is None
