@@ -222,3 +222,44 @@ def test_the_hf_backend_says_it_uses_generate(tmp_path):
     why = supported(model)
     assert why and "dca" in why and "\n" not in why
     assert load_config(tmp_path).rope.attention_extend == "none"
+
+
+@pytest.mark.parametrize("cache", ["slots", "static"])
+def test_the_hf_backend_generates_with_a_cache_as_plain_generate(cache, tmp_path):
+    """--cache slots cannot run it: the backend says so in one line and runs transformers generate with a static
+    cache; its tokens equal batch-1 generate with a dynamic cache (key positions from the mask either way)."""
+    from types import SimpleNamespace
+
+    from ropescale.evaluation.backends import BackendSettings
+    from ropescale.evaluation.backends.base import Item
+    from ropescale.evaluation.backends.hf import HFBackend
+
+    tiny(tmp_path)
+    model, mc = loaded(tmp_path, CASES[0][0])
+    logs = []
+    tok = SimpleNamespace(pad_token_id=0, eos_token_id=63)
+    be = HFBackend(tmp_path, mc.config, tok, BackendSettings(cache=cache), model=model, log=logs.append)
+    assert be.cache == "static"
+    if cache == "slots":
+        assert len(logs) == 1 and "--attention-extend self_extend" in logs[0] and "\n" not in logs[0]
+    seqs = [torch.randint(1, 63, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (30, 21, 12)]
+    got = {}
+    be.eos = [63]
+    be.generate([Item(i, s) for i, s in enumerate(seqs)], 8, 8, lambda it, o: got.__setitem__(it.id, o))
+    for i, s in enumerate(seqs):
+        want = model.generate(input_ids=torch.tensor([s]), max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                              eos_token_id=63, pad_token_id=0)[0, len(s):].tolist()
+        assert got[i] == want
+
+
+def test_fused_kernel_and_written_out_math_agree_with_empty_rows():
+    from ropescale.common.attention_extend import attention_with_lse, attention_with_lse_math
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, n, 8, generator=g) for n in (5, 7, 7))
+    keys = torch.rand(2, 1, 5, 7, generator=g) > 0.5
+    keys[0, 0, 1] = False  # a query with no key in this pass
+    o1, l1 = attention_with_lse(q, k, v, keys, 0.3)
+    o2, l2 = attention_with_lse_math(q, k, v, keys, 0.3)
+    assert (o1 - o2).abs().max() <= 1e-5 and torch.equal(torch.isinf(l1), torch.isinf(l2))
+    assert (l1 - l2)[~torch.isinf(l2)].abs().max() <= 1e-5 and bool(torch.isinf(l1[0, :, 1]).all())

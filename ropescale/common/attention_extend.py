@@ -149,8 +149,32 @@ def rotate(x, delta, inv_freq):
 
 def attention_with_lse(q, k, v, keys, scale: float):
     """(softmax(q k^T * scale over ``keys``) v, log-sum-exp) for q (b, h, n, d), keys (b, 1|h, n, m) bool; rows with
-    no key give output 0 and lse -inf. SDPA's math, explicit so the log-sum-exp comes back (torch's fused kernels
-    return it only privately); queries in blocks of 1024 rows, so memory stays O(1024 x m) a head."""
+    no key give output 0 and lse -inf. SDPA's fused kernel where torch returns the log-sum-exp (its CPU flash kernel,
+    ``aten._scaled_dot_product_flash_attention_for_cpu``, torch 2.1+; CUDA: the memory-efficient kernel), else
+    :func:`attention_with_lse_math`."""
+    import torch
+
+    bias = torch.zeros(keys.shape, dtype=q.dtype, device=q.device).masked_fill(~keys, float("-inf"))
+    bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    try:
+        if q.device.type == "cpu":
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False,
+                                                                                  attn_mask=bias, scale=scale)
+        elif q.device.type == "cuda":
+            out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias.contiguous(), True, 0.0,
+                                                                              False, scale=scale)[:2]
+            lse = lse[..., :q.shape[2]]
+        else:
+            return attention_with_lse_math(q, k, v, keys, scale)
+    except (RuntimeError, AttributeError, TypeError):  # a kernel this build lacks, or one that refuses the shapes
+        return attention_with_lse_math(q, k, v, keys, scale)
+    some = keys.any(-1).expand(lse.shape)
+    return out.nan_to_num(0.0).masked_fill(~some[..., None], 0.0), lse.float().masked_fill(~some, float("-inf"))
+
+
+def attention_with_lse_math(q, k, v, keys, scale: float):
+    """:func:`attention_with_lse` written out (SDPA's math): queries in blocks of 1024 rows, so memory stays
+    O(1024 x m) a head."""
     import torch
 
     outs, lses = [], []
