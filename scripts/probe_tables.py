@@ -67,8 +67,10 @@ def items(outs: list[Path], group: str = "") -> dict:
 
 
 def row(label: str, per_col: dict, cols: list, fmt: str) -> str:
-    """A table row: per column the mean over every item of every seed [95 % bootstrap interval over the items]."""
+    """A table row: per column the mean over every item of every seed [95 % interval over the items: an accuracy
+    (0/1 items) Wilson's, a mean the bootstrap from 8 items]."""
     from ropescale.common.stats.means import cell
+    from ropescale.common.stats.proportions import wilson
 
     out = [label]
     for c in cols:
@@ -76,34 +78,54 @@ def row(label: str, per_col: dict, cols: list, fmt: str) -> str:
         if not vals:
             out.append("–")
             continue
-        e = cell(vals)
-        out.append(format(e.mean, fmt) if e.lo is None else
-                   f"{format(e.mean, fmt)} [{format(e.lo, fmt)}, {format(e.hi, fmt)}]")
+        if all(v in (0.0, 1.0) for v in vals.values()):
+            w = wilson(int(sum(vals.values())), len(vals))
+            mean, lo, hi = w.rate, w.lo, w.hi
+        else:
+            e = cell(vals)
+            mean, lo, hi = e.mean, e.lo, e.hi
+        out.append(format(mean, fmt) if lo is None else f"{format(mean, fmt)} [{format(lo, fmt)}, {format(hi, fmt)}]")
     return "| " + " | ".join(out) + " |"
 
 
-def paired(a: dict, b: dict, fmt: str) -> str:
-    """a - b over the items both have (the same targets or breaks): mean [bootstrap interval] p (paired
-    sign-flip permutation)."""
-    from ropescale.common.stats.tests import p_text, paired_sign_flip
+def paired(a: dict, b: dict, fmt: str) -> tuple[str, float | None]:
+    """a - b over the items both have (the same targets or breaks): (``mean [interval]``, its paired sign-flip
+    permutation p); the q beside it comes from its table (:func:`tests_table`)."""
+    from ropescale.common.stats.tests import paired_sign_flip
 
     t = paired_sign_flip(a, b)
     if t.p is None:
-        return "–"
-    return f"{format(t.statistic, '+' + fmt)} [{format(t.lo, '+' + fmt)}, {format(t.hi, '+' + fmt)}] p={p_text(t.p)}"
+        return "–", None
+    return f"{format(t.statistic, '+' + fmt)} [{format(t.lo, '+' + fmt)}, {format(t.hi, '+' + fmt)}]", t.p
 
 
-def above_chance(vals: dict, chance: float) -> str:
-    """An accuracy against chance: the one-sided binomial p of at least that many right of n items."""
+def above_chance(vals: dict, chance: float) -> tuple[str, float]:
+    """An accuracy against chance: (``k/n``, the one-sided binomial p of at least that many right of n items)."""
     from ropescale.common.stats.distributions import binomial_sf
-    from ropescale.common.stats.tests import p_text
 
     k, n = int(round(sum(vals.values()))), len(vals)
-    return f"{k}/{n} p={p_text(binomial_sf(k, n, chance))}"
+    return f"{k}/{n}", binomial_sf(k, n, chance)
 
 
 def table(title: str, head: list[str], rows: list[str]) -> str:
     return "\n".join([f"**{title}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head), *rows, ""])
+
+
+def tests_table(title: str, head: list[str], rows: list[tuple[str, list]]) -> str:
+    """A table of tests, one declared family: each cell ``text p=.. q=..``, q the Benjamini-Hochberg q over the
+    table's tests. ``rows``: (label, [(text, p or None), ...])."""
+    from ropescale.common.stats.multiplicity import bh_q
+    from ropescale.common.stats.tests import p_text
+
+    qs = iter(bh_q([p for _, cells in rows for _, p in cells]))
+    lines = []
+    for label, cells in rows:
+        out = []
+        for text, p in cells:
+            q = next(qs)
+            out.append(text if p is None else f"{text} p={p_text(p)} q={p_text(q)}")
+        lines.append(f"| {label} | " + " | ".join(out) + " |")
+    return table(title + " (p, and q: Benjamini-Hochberg over this table)", head, lines)
 
 
 LENGTHS = [512, 1024, 2048, 3072, 4096]  # ppl: total input lengths
@@ -125,8 +147,8 @@ def copy_inside(out: Path, seeds, common: list) -> tuple[list, list]:
     md = [table("copy, N = 512 (inside the context): loss (nats/token) on a 128-token target with a copy of it "
                 "ending d tokens before it, and without", ["", *[f"d={d}" for d in dists]],
                 [row("copy", cp, dists, ".3f"), row("no copy", nocp, dists, ".3f")])]
-    tests = [table("copy - no copy, N = 512, the same targets", ["", *[f"d={d}" for d in dists]],
-                   ["| tiny, none | " + " | ".join(paired(cp[d], nocp[d], ".2f") for d in dists) + " |"])]
+    tests = [tests_table("copy - no copy, N = 512, the same targets", ["", *[f"d={d}" for d in dists]],
+                         [("tiny, none", [paired(cp[d], nocp[d], ".2f") for d in dists])])]
     return md, tests
 
 
@@ -146,16 +168,15 @@ def suffix_id(out: Path, seeds, common: list) -> tuple[list, list]:
                           ",".join(map(str, SID_LENGTHS)), "--score", score, "--seed", str(s)] + common)
             it = items(outs)
             rows.append(row(_label(m), it, SID_LENGTHS, ".3f"))
-            crows.append(f"| {_label(m)} | " + " | ".join(above_chance(it[c], 1 / 6) for c in SID_LENGTHS) + " |")
-            trows.append(f"| {_label(m)} | " + " | ".join(paired(it[c], it[512], ".3f") for c in SID_LENGTHS[2:])
-                         + " |")
+            crows.append((_label(m), [above_chance(it[c], 1 / 6) for c in SID_LENGTHS]))
+            trows.append((_label(m), [paired(it[c], it[512], ".3f") for c in SID_LENGTHS[2:]]))
         head = ["model", *map(str, SID_LENGTHS)]
         md.append(table(f"suffix-id (sentence variant, --score {score}): {METRICS[score]}, chance 0.167, vs the "
                         "tokens read (prefix + the 128-token candidate)", head, rows))
-        tests.append(table(f"suffix-id --score {score}: right of n items, one-sided binomial p against chance (1/6)",
-                           head, crows))
-        tests.append(table(f"suffix-id --score {score}: accuracy at L - at 512 tokens read, the same items",
-                           ["model", *map(str, SID_LENGTHS[2:])], trows))
+        tests.append(tests_table(f"suffix-id --score {score}: right of n items, one-sided binomial p against chance "
+                                 "(1/6)", head, crows))
+        tests.append(tests_table(f"suffix-id --score {score}: accuracy at L - at 512 tokens read, the same items",
+                                 ["model", *map(str, SID_LENGTHS[2:])], trows))
     return md, tests
 
 
@@ -170,14 +191,14 @@ def ppl_and_copy_4k(out: Path, seeds, common: list, demo: str, n: int) -> tuple[
                       str(s)] + common)
         it = items(outs)
         rows.append(row(_label(m), it, LENGTHS, ".3f"))
-        trows.append(f"| {_label(m)} | " + " | ".join(paired(it[c], it[512], ".2f") for c in LENGTHS[1:]) + " |")
+        trows.append((_label(m), [paired(it[c], it[512], ".2f") for c in LENGTHS[1:]]))
         o4 = out / f"copy4096-{m}"
         probe(o4, ["copy", "--model", "tiny", *rope_flags(m), "--length", "4096", "--distances",
                    ",".join(map(str, DISTS_4K)), "--seed", "0"] + common)
         cp, nocp = items([o4], "copy"), items([o4], "no-copy")
         nocopy = next(iter(nocp.values()))  # the same target without its copy: one loss, whatever d
         crows.append(row(_label(m), {**cp, "no copy": nocopy}, [*DISTS_4K, "no copy"], ".2f"))
-        ctrows.append(f"| {_label(m)} | " + " | ".join(paired(cp[d], nocopy, ".2f") for d in DISTS_4K) + " |")
+        ctrows.append((_label(m), [paired(cp[d], nocopy, ".2f") for d in DISTS_4K]))
     for m in METHODS:
         d = Path(demo) / "train" / tagged("tiny", m, "8") / "merged"
         if (d / "config.json").is_file():
@@ -185,14 +206,14 @@ def ppl_and_copy_4k(out: Path, seeds, common: list, demo: str, n: int) -> tuple[
             probe(o, ["ppl", "--model", str(d), "--lengths", ",".join(map(str, LENGTHS)), "--seed", "0"] + common)
             it = items([o])
             rows.append(row(_label(m, "fine-tuned"), it, LENGTHS, ".3f"))
-            trows.append(f"| {_label(m, 'fine-tuned')} | " + " | ".join(paired(it[c], it[512], ".2f")
-                                                                        for c in LENGTHS[1:]) + " |")
+            trows.append((_label(m, "fine-tuned"), [paired(it[c], it[512], ".2f") for c in LENGTHS[1:]]))
     md = [table("ppl: loss (nats/token) on the last 10 tokens vs input length N", ["model", *map(str, LENGTHS)],
                 rows),
           table(f"copy, N = 4096: loss on the 128-token target with its copy d tokens before it, and without a copy "
                 f"(seed 0, {n} targets)", ["model", *[f"d={d}" for d in DISTS_4K], "no copy"], crows)]
-    tests = [table("ppl: loss at N - at N = 512, the same targets", ["model", *map(str, LENGTHS[1:])], trows),
-             table("copy - no copy, N = 4096, the same targets", ["model", *[f"d={d}" for d in DISTS_4K]], ctrows)]
+    tests = [tests_table("ppl: loss at N - at N = 512, the same targets", ["model", *map(str, LENGTHS[1:])], trows),
+             tests_table("copy - no copy, N = 4096, the same targets", ["model", *[f"d={d}" for d in DISTS_4K]],
+                         ctrows)]
     return md, tests
 
 
