@@ -153,48 +153,54 @@ def seed_table(rows: list[dict]) -> str:
 
 
 def differences(rows: list[dict], pairs=DIFFS) -> list[dict]:
-    """Each difference a - b: over seeds (t over the seeds' mean differences) and per window (paired sign-flip
-    over every window of every seed)."""
+    """Each difference a - b: over seeds (t over the seeds' mean differences; unit: the seed) and per window (paired
+    sign-flip over every window of every seed; unit: the window), each kind of test one family with its BH q."""
+    from ropescale.common.stats.multiplicity import family
     from ropescale.common.stats.tests import sign_flip, t_over_seeds
 
-    out = []
+    seeds, windows, ts, fs = {}, {}, {}, {}
     for a, b in pairs:
-        per_seed = [_mean(r["heldout_per_window"][a]) - _mean(r["heldout_per_window"][b]) for r in rows]
-        per_window = [x - y for r in rows for x, y in zip(r["heldout_per_window"][a], r["heldout_per_window"][b])]
-        t, f = t_over_seeds(per_seed), sign_flip(per_window)
-        out.append({"a": a, "b": b, "seeds": per_seed, "t": t.to_dict(), "t_reading": t.reading(3),
-                    "windows": len(per_window), "sign_flip": f.to_dict(), "sign_flip_reading": f.reading(3)})
-    return out
+        seeds[a, b] = [_mean(r["heldout_per_window"][a]) - _mean(r["heldout_per_window"][b]) for r in rows]
+        windows[a, b] = [x - y for r in rows for x, y in zip(r["heldout_per_window"][a], r["heldout_per_window"][b])]
+        ts[a, b], fs[a, b] = t_over_seeds(seeds[a, b]), sign_flip(windows[a, b], unit="window")
+    ts, fs = family(ts), family(fs)
+    return [{"a": a, "b": b, "seeds": seeds[a, b], "t": ts[a, b].to_dict(), "t_reading": ts[a, b].reading(3),
+             "windows": len(windows[a, b]), "sign_flip": fs[a, b].to_dict(),
+             "sign_flip_reading": fs[a, b].reading(3)} for a, b in pairs]
 
 
 def difference_table(diffs: list[dict]) -> str:
     from ropescale.common.stats.tests import p_text
 
-    lines = ["| difference (nats/token) | mean over seeds [95% t interval] | t test over seeds | windows: paired "
-             "sign-flip | each seed |", "|---|---|---|---|---|"]
+    lines = ["| difference (nats/token) | mean over seeds [95% t interval] | t test over seeds (q: BH over the "
+             "column) | windows: paired sign-flip (q: BH over the column) | each seed |", "|---|---|---|---|---|"]
     for d in diffs:
         t, f = d["t"], d["sign_flip"]
         lines.append(f"| {d['a']} - {d['b']} | {t['statistic']:+.4f} [{t['lo']:+.4f}, {t['hi']:+.4f}] | "
-                     f"p = {p_text(t['p'])} (df {t['df']}): {d['t_reading'].split(' (')[0]} | p = {p_text(f['p'])} "
-                     f"over {d['windows']} windows | " + " / ".join(f"{x:+.3f}" for x in d["seeds"]) + " |")
+                     f"p = {p_text(t['p'])}, q = {p_text(t['q'])} (df {t['df']}): {d['t_reading'].split(' (')[0]} | "
+                     f"p = {p_text(f['p'])}, q = {p_text(f['q'])} over {d['windows']} windows | "
+                     + " / ".join(f"{x:+.3f}" for x in d["seeds"]) + " |")
     return "\n".join(lines)
 
 
 def sweep_table(rows: list[dict], sweep=SWEEP) -> str:
     """YaRN's factors at each attention factor: the held-out loss over seeds [t interval], and its difference from
-    YaRN's own factor (1.208) with the t test over seeds."""
+    YaRN's own factor (1.208) with the t test over seeds and its BH q over the sweep (one family)."""
+    from ropescale.common.stats.multiplicity import family
     from ropescale.common.stats.tests import p_text, t_over_seeds
 
     names = sorted([(a, f"yarn af={a:g}") for a in sweep] + [(AF_YARN, YARN)])
     lines = ["| attention factor | setting | loss: mean over seeds [95% t interval] | - yarn (1.208) [95% t interval] "
-             "| p (t over seeds) |", "|---|---|---|---|---|"]
+             "| p (t over seeds), q (BH over the sweep) |", "|---|---|---|---|---|"]
+    vals = {name: [_mean(r["heldout_per_window"][name]) for r in rows] for _, name in names}
+    diffs = family({name: t_over_seeds([v - _mean(r["heldout_per_window"][YARN]) for v, r in zip(vals[name], rows)])
+                    for _, name in names if name != YARN})
     for a, name in names:
-        vals = [_mean(r["heldout_per_window"][name]) for r in rows]
-        t = t_over_seeds(vals)
-        d = t_over_seeds([v - _mean(r["heldout_per_window"][YARN]) for v, r in zip(vals, rows)])
-        dd = "-" if name == YARN else f"{d.statistic:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}]"
+        t = t_over_seeds(vals[name])
+        d = diffs.get(name)
+        dd = "-" if d is None else f"{d.statistic:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}]"
         lines.append(f"| {a:.3f} | {name} | {t.statistic:.4f} [{t.lo:.4f}, {t.hi:.4f}] | {dd} | "
-                     f"{'-' if name == YARN else p_text(d.p)} |")
+                     f"{'-' if d is None else f'{p_text(d.p)}, q = {p_text(d.q)}'} |")
     return "\n".join(lines)
 
 
