@@ -103,12 +103,12 @@ def test_h200_512k_needs_blocks_of_two_and_host_checkpoints():
 
 
 @pytest.mark.parametrize("machine,budget", [(planner.H200, BUDGET_H200), (planner.H100, BUDGET_H100)])
-def test_1m_fits_no_plan_on_one_gpu(machine, budget):
+def test_1m_fits_no_plan_on_one_gpu_without_the_tiled_layer(machine, budget):
     # One recomputed layer at 1,048,576 tokens with the MLP tiled: 1,048,576 x 188,416 B = 184 GiB, more than either
-    # card holds, whatever goes to the host.
+    # card holds, whatever goes to the host (the layer tiled by sequence is the lever: test_1m_on_one_h200_...).
     assert gib(1048576 * TILED) == 184.0 and 184 > budget
     with pytest.raises(planner.NoFit) as e:
-        _choose(machine, 1048576)
+        planner.choose(QWEN15_7B, Setup(length=1048576), machine, {"tile_attention": 0})
     msg = str(e.value)
     assert "\n" not in msg and "1,048,576-token" in msg and "GiB of GPU memory" in msg
 
@@ -141,15 +141,50 @@ def test_h100_512k_does_not_fit():
     # the least GPU memory any plan needs at 512K: 1.54 (weights offloaded) + 92.50 (one tiled layer) + 3
     # checkpoints of 4 GiB (one in use, one prefetched, a block's upper input) = 106 GiB > 71.64
     with pytest.raises(planner.NoFit, match=r"needs 106\.0 GiB of GPU memory \(budget 71\.6 GiB\)"):
-        _choose(planner.H100, 524288)
+        planner.choose(QWEN15_7B, Setup(length=524288), planner.H100, {"tile_attention": 0})
 
 
 def test_reach_of_each_family():
-    """The longest sample each family fits (``memory-model --reach``): the recipe's plan 304K on the H200, every
-    checkpoint on the GPU then the host 448K, blocks of 2 608K; nothing reaches 1M (one layer's recompute)."""
-    got = {f.name: planner.reach(QWEN15_7B, planner.H200, f)[0] // 1024 for f in planner.FAMILIES}
-    assert list(got.values()) == [304, 448, 608, 560, 608]
-    assert planner.reach(QWEN15_7B, planner.H100, planner.FAMILIES[-1])[0] // 1024 == 336
+    """The longest sample each family fits (``planner --reach``): the recipe's plan 304K on the H200, every
+    checkpoint on the GPU then the host 448K, blocks of 2 608K; without the layer tiled by sequence nothing
+    reaches 1M (one layer's recompute), with it 1,040K (H100: 336K and 624K)."""
+    from ropescale.training import reach
+
+    got = {f.name: reach.reach(QWEN15_7B, planner.H200, f)[0] // 1024 for f in reach.FAMILIES}
+    assert list(got.values()) == [304, 448, 608, 560, 608, 1040, 1040]
+    assert reach.reach(QWEN15_7B, planner.H100, reach.FAMILIES[-3])[0] // 1024 == 336
+    assert reach.reach(QWEN15_7B, planner.H100, reach.FAMILIES[-1])[0] // 1024 == 624
+
+
+def test_1m_on_one_h200_fits_with_the_layer_tiled_by_sequence():
+    """1,048,576 tokens on one H200 + 125 GiB host: the planner takes the layer tiled by sequence (4,096-token
+    chunks), everything offloaded, one checkpoint per 4 layers; the numbers by hand from the model's terms."""
+    t, ck = 1048576, 1048576 * H * 2  # a checkpoint: 8 GiB
+    c = _choose(planner.H200, t)
+    p = c.plan
+    assert (p.offload_params, p.offload_optimizer, p.recompute_every, p.checkpoint_block, p.offload_checkpoints,
+            p.gpu_checkpoints, p.tile_attention, p.tile_mlp, p.head_chunk_zero3) == \
+        (True, True, 1, 4, True, 0, H, 0, True)
+    # what the tiled layer holds for the whole sequence, a token (MHA: kv = h): keys + values in bf16 (4h), their
+    # fp32 gradients (8h), one chunk's share of them as SDPA returns it, up to all keys (4h), the residual
+    # gradients in and out (4h): 20h = 81,920 B; one chunk: 4,096 tokens x the plain layer's 287,744 B
+    whole = (2 * H * 2) + (2 * H * 4) + (2 * H * 2) + (2 * 2 * H)
+    chunk = 4096 * PER_TOKEN
+    # 8 stored checkpoints (32 / 4), all on the host; on the GPU two in flight + a block's 3 recomputed inputs
+    peak = WEIGHTS_OFFLOADED + 5 * ck + t * whole + chunk
+    assert whole == 81920 and c.estimate.peak == peak and round(gib(peak), 2) == 122.63 and gib(peak) <= BUDGET_H200
+    host = 2 * TOTAL + OPTIMIZER_ON_HOST + 8 * ck  # 14.38 + 9.40 + 64
+    assert c.estimate.host == host and round(gib(host), 2) == 87.78 and gib(host) <= HOST_BUDGET
+    # the plain recompute (MLP tiled) would need 184 GiB for one layer alone; 2M tiled needs 160 GiB of keys,
+    # values and gradients alone: no placement fits that on the card, and reach names that term
+    assert gib(t * TILED) == 184.0 and gib(2 * t * whole) == 160.0 > BUDGET_H200
+    from ropescale.training import reach
+
+    b = reach.binding(QWEN15_7B, Setup(length=2 * t), planner.H200)
+    assert not b["fits"] and b["where"] == "GPU" and b["term"].startswith("the layer tiled by sequence")
+    assert b["term_gib"] >= 160.0 and b["need_gib"] > BUDGET_H200
+    # the time model charges the tiled layer's attention at the memory-efficient kernel's rate: hours a step
+    assert c.seconds["attention"] > 3600
 
 
 def test_flags_fix_choices_and_contradictions_are_refused():
@@ -164,7 +199,7 @@ def test_flags_fix_choices_and_contradictions_are_refused():
 
     class S:  # TrainSettings' fields the planner reads
         offload_params = "true"
-        offload_optimizer = recompute_every = checkpoint_block = gpu_checkpoints = tile_mlp = None
+        offload_optimizer = recompute_every = checkpoint_block = gpu_checkpoints = tile_mlp = tile_attention = None
         offload_checkpoints = chunk_head = "auto"
         gradient_checkpointing = True
 
@@ -334,8 +369,9 @@ def test_the_command_line(capsys):
     assert rec["tokens_per_s"] == pytest.approx(16384 / rec["seconds"]["step"], rel=1e-3)
     assert main(["--reach"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("| machine | plans |") and "| 608K (622,592) |" in out
-    assert main(["--plan", "1048576"]) == 1 and "no memory plan fits" in capsys.readouterr().err
+    assert out.startswith("| machine | plans |") and "| 608K (622,592) |" in out and "| 1,040K (1,064,960) |" in out
+    assert "| 2,048K | no plan fits" in out and "the layer tiled by sequence (largest part: key value grads" in out
+    assert main(["--plan", "2097152"]) == 1 and "no memory plan fits" in capsys.readouterr().err
     assert main([]) == 2
 
 

@@ -146,6 +146,12 @@ class TrainSettings:
                                          "never exist for the whole sequence: N, 0 = off, or auto (default: the "
                                          "memory plan's choice: the model's hidden size where tiled)",
                                    check=(lambda v: v >= 0, ">= 0 (0: off)"), resume="ignore", group=HOW)
+    tile_attention: int | None = setting(None, "recompute each decoder layer by sequence chunks of N tokens (its "
+                                               "queries over all keys, its MLP per chunk), so that one layer's "
+                                               "recompute holds chunk-sized activations: N, 0 = off (default: the "
+                                               "memory plan's choice: the hidden size where it is the lever that "
+                                               "fits)", check=(lambda v: v >= 0, ">= 0 (0: off)"),
+                                         resume="ignore", group=HOW)
     chunk_head: str = setting("auto", "under ZeRO-3 in one process, run the LM head in --head-chunk chunks too "
                                       "(true; each chunk's logits recomputed in backward) or in one call over "
                                       "every labelled position (false); auto: the memory plan's choice",

@@ -452,6 +452,7 @@ class MemoryPlan:
     recompute_every: int = 1  # every k-th layer recomputed (0: none)
     checkpoint_block: int = 1  # one stored checkpoint per block of k layers
     gpu_checkpoints: int = 0  # offloaded: stored checkpoints kept on the device
+    tile_attention: int = 0  # each recomputed layer by sequence chunks of N tokens (tiled_attention)
     roles: list = field(default_factory=list, repr=False)
     offloader: CheckpointOffloader | None = field(default=None, repr=False)
 
@@ -460,6 +461,8 @@ class MemoryPlan:
 
     def record(self) -> dict:
         r = {"offload_checkpoints": self.offload_checkpoints, "tile_mlp": self.tile_mlp}
+        if self.tile_attention:
+            r["tile_attention"] = self.tile_attention
         if self.roles:
             r.update(recompute_every=self.recompute_every, checkpoint_block=self.checkpoint_block,
                      gpu_checkpoints=self.count("gpu"), host_checkpoints=self.count("host"))
@@ -485,7 +488,8 @@ class MemoryPlan:
                          + ")")
         elif self.recompute_every:
             parts.append("checkpoints on the device")
-        parts.append(f"MLP tiled over {self.tile_mlp}-token chunks" if self.tile_mlp else "MLP not tiled")
+        parts.append(f"each recomputed layer over {self.tile_attention}-token sequence chunks" if self.tile_attention
+                     else f"MLP tiled over {self.tile_mlp}-token chunks" if self.tile_mlp else "MLP not tiled")
         return ", ".join(parts)
 
 
@@ -516,7 +520,8 @@ def plan_from_args(args, *, cuda: bool, tokens: int, hidden: int) -> Activations
                        offload_checkpoints=offload,
                        gpu_checkpoints=_int_or(getattr(args, "gpu_checkpoints", None), 0, "--gpu-checkpoints"),
                        tile_mlp=resolve_tile(getattr(args, "tile_mlp", None), cuda=cuda, tokens=tokens,
-                                             hidden=hidden))
+                                             hidden=hidden),
+                       tile_attention=_int_or(getattr(args, "tile_attention", None), 0, "--tile-attention"))
 
 
 def setup_memory(model, args, *, tokens: int, cuda: bool, dtype: torch.dtype, ds_config: dict | None = None,
@@ -547,7 +552,8 @@ def setup_memory(model, args, *, tokens: int, cuda: bool, dtype: torch.dtype, ds
     mp = MemoryPlan(offload_checkpoints=plan.offload_checkpoints, tile_mlp=int(plan.tile_mlp), tokens=int(tokens),
                     checkpoint_bytes=checkpoint_bytes(layers, tokens, hidden, esize),
                     recompute_every=plan.recompute_every, checkpoint_block=plan.checkpoint_block if
-                    plan.recompute_every == 1 else 1, gpu_checkpoints=plan.gpu_checkpoints, roles=roles)
+                    plan.recompute_every == 1 else 1, gpu_checkpoints=plan.gpu_checkpoints, roles=roles,
+                    tile_attention=int(getattr(plan, "tile_attention", 0) or 0))
     hosted = mp.count("host")
     page = PAGE_BYTES
     if hosted:
@@ -559,6 +565,7 @@ def setup_memory(model, args, *, tokens: int, cuda: bool, dtype: torch.dtype, ds
             mp.host_pool_bytes, what=f"offloading the checkpoints of {hosted} layers x {tokens:,} tokens x "
             f"{hidden} x {esize} bytes", extra=extra, extra_what="DeepSpeed's offloaded optimizer states",
             available=available, processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    off = None
     if hosted or mp.checkpoint_block > 1:
         off = enable_checkpoint_offload(model, CheckpointOffloader(page_bytes=page if hosted else PAGE_BYTES,
                                                                    pin=cuda), roles)
@@ -569,6 +576,10 @@ def setup_memory(model, args, *, tokens: int, cuda: bool, dtype: torch.dtype, ds
                 compat.set_layer_checkpointing(m, False)
     if plan.tile_mlp:
         enable_tiled_mlp(model, int(plan.tile_mlp))
+    if mp.tile_attention:
+        from .tiled_attention import enable_tiled_attention
+
+        enable_tiled_attention(model, mp.tile_attention, roles, off)
     model._ropescale_memory = mp
     if not quiet:
         log(f"[finetune] memory: {mp.describe()}")

@@ -16,6 +16,8 @@ compute dtype, 2 for bf16; h hidden, f intermediate, V vocabulary, L layers, q /
   gate, up, act(gate), act x up (4 f b; with --tile-mlp only a chunk's, plus the MLP output), the largest
   gradients alive in its backward, the residual-stream gradients, and under sequence parallelism a copy of q, k,
   v and the output for the all-to-all.
+  With --tile-attention (the layer recomputed by sequence chunks) only the keys, values, their gradients and
+  the residual gradients exist for the whole sequence, the rest for one chunk (:func:`tiled_layer_bytes`).
 - logits: the label-only head's positions at a time (all labelled positions of the micro-batch under ZeRO-3,
   where the head runs in one call; at most --head-chunk otherwise) x V x (b + 12) bytes (logits, their fp32
   copy, log-softmax, its gradient), plus the final norm over the t tokens.
@@ -134,6 +136,7 @@ class Activations:
     offload_checkpoints: bool = False
     gpu_checkpoints: int = 0
     tile_mlp: int = 0
+    tile_attention: int = 0  # tokens per chunk of the sequence-tiled layer recompute (tiled_attention), 0 = off
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,8 @@ class Setup:
     checkpoint_block: int = 1  # with every layer recomputed: one stored checkpoint per block of k layers
     gpu_checkpoints: int = 0  # with offload_checkpoints: the stored checkpoints that stay on the GPU
     head_chunk_zero3: bool = False  # under ZeRO-3 the head runs in --head-chunk chunks too (one process)
+    tile_attention: int = 0  # tokens per chunk: each recomputed layer by sequence chunks (tiled_attention), 0 = off
+    attention_math: bool = False  # SDPA's math kernel (CPU): a chunk's scores exist (attention_workspace)
 
     @property
     def tokens(self) -> int:
@@ -214,8 +219,11 @@ def trained_params(shape: Shape, s: Setup) -> tuple[int, int]:
 
 
 def layer_bytes_per_token(shape: Shape, s: Setup) -> dict:
-    """Bytes a token costs in one decoder layer's recompute + backward (see module doc), by part."""
+    """Bytes a token costs in one decoder layer's recompute + backward (see module doc), by part; with
+    ``tile_attention`` what the tiled layer holds for the whole sequence (:func:`tiled_layer_bytes`)."""
     h, f, b, q, kv = shape.hidden, shape.intermediate, s.dtype_bytes, shape.q, shape.kv
+    if s.tile_attention:
+        return tiled_layer_bytes(shape, s)[0]
     attn = 2 * 4 * h + 3 * b * h + b * (2 * q + 2 * kv)  # norms (fp32 in, out), q k v, attn out, layer out
     dropout = 0
     if s.lora_dropout > 0:
@@ -225,6 +233,25 @@ def layer_bytes_per_token(shape: Shape, s: Setup) -> dict:
     grads = max(0 if s.tile_mlp else 2 * b * f, b * (q + 2 * kv)) + 2 * b * h
     a2a = b * (2 * q + 2 * kv) if s.sp > 1 else 0
     return {"attention": attn, "lora_dropout": dropout, "mlp": mlp, "backward": grads, "all_to_all": a2a}
+
+
+def tiled_layer_bytes(shape: Shape, s: Setup) -> tuple[dict, int]:
+    """The sequence-tiled layer's recompute + backward (ropescale/training/tiled_attention.py): (bytes a token of
+    the whole sequence, by part; bytes of one chunk). Whole sequence: the keys and values after RoPE (2 x kv x b),
+    their gradients accumulated in fp32 (2 x kv x 4), one chunk's share of them as SDPA returns it, up to the
+    whole sequence at the last chunk (2 x kv x b), the incoming and outgoing residual gradients (2 x h x b). One
+    chunk of C tokens: the plain layer's recompute + backward per token (MLP not tiled) x C; with SDPA's math
+    kernel (CPU) the chunk's scores over all keys, their softmax and its gradient in fp32 (3 x heads x C x t x 4)
+    and GQA's repeated keys / values with their gradients (4 x q x b x t)."""
+    h, b, q, kv, t = shape.hidden, s.dtype_bytes, shape.q, shape.kv, s.tokens
+    per = {"keys_values": 2 * kv * b, "key_value_grads": 2 * kv * 4, "chunk_key_value_grads": 2 * kv * b,
+           "backward": 2 * b * h}
+    c = min(s.tile_attention, t)
+    plain = layer_bytes_per_token(shape, replace(s, tile_attention=0, tile_mlp=0, sp=1))
+    const = c * sum(plain.values())
+    if s.attention_math:
+        const += 3 * shape.heads * c * t * 4 + (4 * q * b * t if kv != q else 0)
+    return per, const
 
 
 def layer_roles(layers: int, *, recompute_every: int = 1, block: int = 1, offload: bool = False,
@@ -284,11 +311,14 @@ def estimate(shape: Shape, s: Setup) -> Estimate:
     per = layer_bytes_per_token(shape, s)
     per_token = sum(per.values())
     const = 6 * b * shape.intermediate * min(s.tile_mlp, t) if s.tile_mlp else 0
+    if s.tile_attention:
+        const = tiled_layer_bytes(shape, s)[1]
     recomputed = s.recomputed_layers(shape.layers)
     on_gpu, _, on_host = checkpoint_split(shape, s)
     ckpt = on_gpu * t * h * b
-    kept_act = t * (shape.layers - recomputed) * (per_token - per["backward"])
-    act = kept_act + t * (per_token if recomputed else per["backward"]) + const
+    kept = layer_bytes_per_token(shape, replace(s, tile_attention=0)) if s.tile_attention else per
+    kept_act = t * (shape.layers - recomputed) * (sum(kept.values()) - kept["backward"])
+    act = kept_act + t * (per_token if recomputed else kept["backward"]) + const
     # the label-only head
     labelled = math.ceil(s.label_share * t)
     at_once = labelled if (s.zero == 3 and not s.head_chunk_zero3) else min(labelled, s.head_chunk)
@@ -431,7 +461,8 @@ def estimate_run(config, settings, *, length: int, label_share: float, world: in
         s = replace(s, offload_checkpoints=bool(plan.offload_checkpoints), tile_mlp=int(plan.tile_mlp),
                     recompute_every=int(getattr(plan, "recompute_every", 1)),
                     checkpoint_block=int(getattr(plan, "checkpoint_block", 1)),
-                    gpu_checkpoints=int(getattr(plan, "gpu_checkpoints", 0)))
+                    gpu_checkpoints=int(getattr(plan, "gpu_checkpoints", 0)),
+                    tile_attention=int(getattr(plan, "tile_attention", 0)))
     return estimate(shape, s)
 
 

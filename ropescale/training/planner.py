@@ -20,9 +20,11 @@ The time model (seconds of one micro-step; constants below, each with where it c
 - position-wise work: every matmul of the decoder (frozen weights + LoRA) and of the head, with the elementwise work
   that rides on them, at :data:`RATE_TOKEN` FLOP/s: each forward pass is 2 x parameters x tokens, the backward
   one more (input gradients only: the weights are frozen) plus the LoRA weights' gradients; each recomputed layer
-  one more forward, each layer inside a block of k its share of a forward more, a tiled MLP one MLP forward more.
+  one more forward, each layer inside a block of k its share of a forward more, a tiled MLP one MLP forward more,
+  a layer tiled by sequence (``tiled_attention``) one forward of its key / value projections more.
 - attention: 2 x T^2 x (heads x head dim) FLOPs per layer per causal forward, backward counted as
-  :data:`ATTN_BACKWARD` forwards (FlashAttention's backward recomputes the scores), at :data:`RATE_ATTN`.
+  :data:`ATTN_BACKWARD` forwards (FlashAttention's backward recomputes the scores), at :data:`RATE_ATTN`
+  (:data:`RATE_ATTN_TILED` in a layer tiled by sequence).
 - offload: :data:`OFFLOAD_PARAMS_S` per micro-step with the weights offloaded, :data:`OFFLOAD_OPTIMIZER_S` per
   optimizer step with the optimizer offloaded; checkpoints to and from the host at :data:`PCIE_BYTES_S` on a side
   stream, visible only where they take longer than the step's compute.
@@ -33,7 +35,7 @@ sample each plan reaches.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 from ropescale.common.cli import Tool, add_command
 
@@ -60,6 +62,11 @@ from .memory_model import (
 RATE_TOKEN = 339e12
 RATE_ATTN = 609e12
 ATTN_BACKWARD = 2.5
+# RATE_ATTN_TILED: attention of a layer tiled by sequence (tiled_attention): a query chunk over the keys up to its end
+# takes SDPA's lower-right causal mask, which only the memory-efficient kernel runs. RATE_ATTN x its time against
+# cuDNN's on one causal forward + backward at 16K on the H200 (docs/gpu/suite-h200-2026-11-27-plan.json, env step:
+# cuDNN 13.07 ms, memory-efficient 55.38 ms); not measured on a tiled step (an assumption: the same ratio).
+RATE_ATTN_TILED = RATE_ATTN * 13.07 / 55.38
 # OFFLOAD_*: the recipe path (ZeRO-3, weights + optimizer offloaded, every layer recomputed) on one H200 at 16K,
 # 2026-11-26 (docs/gpu/suite-h200-2026-11-26.json): 16384 / 5864.7 = 2.794 s, 0.38 s more than the model above says
 # the same step takes without offload. The two offloads cannot be told apart from that one figure: each is charged
@@ -96,6 +103,7 @@ def step_flops(shape: Shape, s: Setup) -> dict:
     mlp = 3 * shape.hidden * shape.intermediate
     return {"matmul": 2 * tokens * shape.layers * shape.layer_params(),
             "mlp": 2 * tokens * shape.layers * mlp,
+            "key_value": 2 * tokens * shape.layers * 2 * shape.hidden * shape.kv,
             "lora": 2 * tokens * shape.lora_params(s.lora_r, s.lora_targets),
             "attention": s.micro_batch * shape.layers * 2 * t * t * shape.q,
             "head": 2 * labelled * shape.vocab * shape.hidden}
@@ -128,8 +136,8 @@ def step_seconds(shape: Shape, s: Setup, *, accum: int = 1) -> dict:
     chunked = labelled > s.head_chunk and (s.zero != 3 or s.head_chunk_zero3)
     head_passes = 3 if chunked else 2  # chunks are checkpointed: their forward runs again in backward
     token = (f["matmul"] * (passes + 1) + f["lora"] * (passes + 2) + (f["mlp"] if s.tile_mlp else 0)
-             + f["head"] * head_passes) / RATE_TOKEN
-    attn = f["attention"] * (passes + ATTN_BACKWARD) / RATE_ATTN
+             + (f["key_value"] if s.tile_attention else 0) + f["head"] * head_passes) / RATE_TOKEN
+    attn = f["attention"] * (passes + ATTN_BACKWARD) / (RATE_ATTN_TILED if s.tile_attention else RATE_ATTN)
     compute = token + attn
     est = estimate(shape, s)
     host_ckpt = est.parts["host_checkpoints"] * est.parts["checkpoint_bytes"]
@@ -164,7 +172,7 @@ H200 = Machine("one H200 (139.8 GiB) + 125 GiB host", int(139.8 * GIB), 125 * GI
 H100 = Machine("one H100 80GB (79.6 GiB) + 125 GiB host", int(79.6 * GIB), 125 * GIB)
 
 FIELDS = ("offload_params", "offload_optimizer", "recompute_every", "checkpoint_block", "offload_checkpoints",
-          "gpu_checkpoints", "tile_mlp", "head_chunk_zero3")
+          "gpu_checkpoints", "tile_mlp", "head_chunk_zero3", "tile_attention")
 
 
 @dataclass(frozen=True)
@@ -182,13 +190,14 @@ class Plan(Activations):
                        recompute_every=self.recompute_every, checkpoint_block=self.checkpoint_block,
                        offload_checkpoints=self.offload_checkpoints, gpu_checkpoints=self.gpu_checkpoints,
                        tile_mlp=self.tile_mlp, head_chunk_zero3=self.head_chunk_zero3,
-                       gradient_checkpointing=self.recompute_every > 0)
+                       tile_attention=self.tile_attention, gradient_checkpointing=self.recompute_every > 0)
 
     def preference(self) -> tuple:
         """Cheapest first (module doc): the order among plans the time model finds equally fast."""
         return (self.offload_params, self.offload_optimizer, RECOMPUTE_CHOICES.index(self.recompute_every)
                 if self.recompute_every in RECOMPUTE_CHOICES else 9, self.checkpoint_block,
-                self.offload_checkpoints, -self.gpu_checkpoints, self.tile_mlp > 0, self.head_chunk_zero3)
+                self.offload_checkpoints, -self.gpu_checkpoints, self.tile_mlp > 0, self.tile_attention > 0,
+                self.head_chunk_zero3)
 
     def describe(self) -> str:
         rec = {0: "no layer recomputed", 1: "every layer recomputed"}.get(self.recompute_every,
@@ -203,7 +212,8 @@ class Plan(Activations):
                   else "checkpoints on the host")
         return (f"{self.name}: weights {'offloaded' if self.offload_params else 'on the device'}, optimizer "
                 f"{'offloaded' if self.offload_optimizer else 'on the device'}, {rec}, {ck}, "
-                + (f"MLP tiled ({self.tile_mlp})" if self.tile_mlp else "MLP not tiled")
+                + (f"layer tiled by sequence ({self.tile_attention})" if self.tile_attention else
+                   f"MLP tiled ({self.tile_mlp})" if self.tile_mlp else "MLP not tiled")
                 + (", head chunked" if self.head_chunk_zero3 else ""))
 
 
@@ -250,7 +260,8 @@ def _options(base: Setup, shape: Shape, fixed: dict) -> dict:
             "checkpoint_block": list(BLOCK_CHOICES),
             "tile_mlp": [0, shape.hidden],
             "head_chunk_zero3": [False, True] if (zero3 and base.world == 1) else [False],
-            "offload_checkpoints": [False, True], "gpu_checkpoints": [None]}
+            "offload_checkpoints": [False, True], "gpu_checkpoints": [None],
+            "tile_attention": [0, shape.hidden] if base.sp == 1 else [0]}  # not composed with Ulysses (yet)
     for k, v in fixed.items():
         if v is not None and k in opts:
             opts[k] = [v]
@@ -263,13 +274,21 @@ def _candidates(base: Setup, shape: Shape, fixed: dict):
         for q in o["offload_optimizer"]:
             for k in o["recompute_every"]:
                 for blk in (o["checkpoint_block"] if k == 1 else [1]):
-                    for tile in o["tile_mlp"]:
+                    for tile, ta in _tiles(o, k):
                         for head in o["head_chunk_zero3"]:
                             for off in (o["offload_checkpoints"] if k else [False]):
                                 yield Plan(offload_params=p, offload_optimizer=q, recompute_every=k,
                                            checkpoint_block=blk, offload_checkpoints=off,
                                            gpu_checkpoints=o["gpu_checkpoints"][0] if off else 0, tile_mlp=tile,
-                                           head_chunk_zero3=head)
+                                           head_chunk_zero3=head, tile_attention=ta)
+
+
+def _tiles(o: dict, k: int):
+    """(tile_mlp, tile_attention) pairs: the layer tiled by sequence only with every layer recomputed (its MLP
+    then runs per chunk: no MLP tiling beside it)."""
+    yield from ((t, 0) for t in o["tile_mlp"])
+    if k == 1:
+        yield from ((0, ta) for ta in o["tile_attention"] if ta)
 
 
 def _place(plan: Plan, base: Setup, shape: Shape, machine: Machine) -> Plan | None:
@@ -314,7 +333,9 @@ def choose(shape: Shape, base: Setup, machine: Machine, fixed: dict | None = Non
         if best is None or key < best[0]:
             best = (key, Choice(plan, e, sec, machine, host_need=host))
     if best is None:
-        raise NoFit(_no_fit_message(base, machine, closest))
+        err = NoFit(_no_fit_message(base, machine, closest))
+        err.closest = closest  # (bytes over, plan, estimate, host bytes) or None
+        raise err
     choice = best[1]
     choice.considered, choice.fitting = n, fit
     return choice
@@ -350,57 +371,6 @@ def evaluate(plan: Plan, shape: Shape, base: Setup, machine: Machine | None = No
                   host_need=e.host + HOST_BASE)
 
 
-# ---------------------------------------------------------------- reach: the longest sample a plan family fits
-@dataclass(frozen=True)
-class Family:
-    """A family of plans for :func:`reach`: the planner restricted to some choices."""
-
-    name: str
-    fixed: dict = field(default_factory=dict)
-
-
-FAMILIES = (
-    Family("recipe: weights + optimizer offloaded, every checkpoint on the host", {"recipe": True}),
-    Family("every layer recomputed, checkpoints on the GPU then the host", {"recompute_every": 1,
-                                                                            "checkpoint_block": 1}),
-    Family("+ one checkpoint per 2 layers", {"recompute_every": 1, "checkpoint_block": 2}),
-    Family("+ one checkpoint per 4 layers", {"recompute_every": 1, "checkpoint_block": 4}),
-    Family("the planner, every choice open", {}),
-)
-
-
-def fits(shape: Shape, base: Setup, machine: Machine, fixed: dict) -> Choice | None:
-    fixed = dict(fixed)
-    if fixed.pop("recipe", False):
-        c = evaluate(recipe_plan(base, shape, cuda=True), shape, base, machine)
-        ok = c.estimate.peak <= machine.gpu_budget and c.estimate.host <= machine.host_budget
-        return c if ok else None
-    try:
-        return choose(shape, base, machine, fixed)
-    except NoFit:
-        return None
-
-
-def reach(shape: Shape, machine: Machine, family: Family, *, step: int = 16384, base: Setup | None = None,
-          limit: int = 1 << 22) -> tuple[int, Choice | None]:
-    """The longest sample (a multiple of ``step`` up to ``limit``) some plan of ``family`` fits on ``machine``."""
-    base = base or Setup(length=step)
-
-    def at(n: int) -> Choice | None:
-        return fits(shape, replace(base, length=n * step), machine, family.fixed)
-
-    if at(1) is None:
-        return 0, None
-    lo, hi = 1, 2
-    while hi * step <= limit and at(hi) is not None:
-        lo, hi = hi, hi * 2
-    hi = min(hi, limit // step + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if at(mid) is not None else (lo, mid)
-    return lo * step, at(lo)
-
-
 # ---------------------------------------------------------------- a finetune run's plan
 TRI = {"true": True, "false": False, "auto": None}
 
@@ -433,7 +403,8 @@ def fixed_choices(settings, base: Setup) -> dict:
     f = {"offload_params": TRI[settings.offload_params], "offload_optimizer": TRI[settings.offload_optimizer],
          "recompute_every": settings.recompute_every, "checkpoint_block": settings.checkpoint_block,
          "gpu_checkpoints": settings.gpu_checkpoints, "offload_checkpoints": TRI[settings.offload_checkpoints],
-         "tile_mlp": settings.tile_mlp, "head_chunk_zero3": TRI[settings.chunk_head]}
+         "tile_mlp": settings.tile_mlp, "head_chunk_zero3": TRI[settings.chunk_head],
+         "tile_attention": getattr(settings, "tile_attention", None)}
     if not settings.gradient_checkpointing:
         if f["recompute_every"]:
             raise InputError("--recompute-every needs --gradient-checkpointing true")
@@ -558,20 +529,9 @@ def cmd_memory_plan(a) -> int:
         print(json.dumps(rec) if a.json else f"{c.plan.describe()}\n{c.estimate.describe()}\n"
               f"~{c.seconds['step']:.1f} s a step, {rec['tokens_per_s']:,.0f} tok/s (the time model)")
         return 0
-    rows = []
-    for m in (H200, H100):
-        for f in FAMILIES:
-            n, c = reach(QWEN15_7B, m, f, base=Setup(length=16384, label_share=a.label_share))
-            rows.append({"machine": m.name, "plans": f.name, "longest": n, "plan": c.plan.describe() if c else None,
-                         "step_seconds": round(c.seconds["step"], 1) if c else None})
-    if a.json:
-        print(json.dumps(rows))
-        return 0
-    print("| machine | plans | longest sample (model) | the plan there | step (time model) |\n|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['machine']} | {r['plans']} | {r['longest'] // 1024:,}K ({r['longest']:,}) | {r['plan']} | "
-              f"{r['step_seconds']} s |")
-    return 0
+    from .reach import print_reach
+
+    return print_reach(a.label_share, a.json)
 
 
 TOOL = Tool("python -m ropescale.training.planner", __doc__, (register,), single=True)

