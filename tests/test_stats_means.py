@@ -1,10 +1,10 @@
-"""report.uncertainty: a cell's bootstrap interval (against the exact bootstrap distribution and the generator's
-draws replayed by hand), the paired IE - IB interval, the MSE(P-IE vs P-IB) noise floor (against a simulated null),
-effective context length (RULER's and NoLiMa's published tables, hand-made tables with gaps and missing cells) and
-short-context retention."""
+"""ropescale.common.stats (means, mse, lengths): a cell's bootstrap interval from 8 samples (against the exact
+bootstrap distribution and the generator's draws replayed by hand), the t interval below 8 and over few units
+(scipy), the paired IE - IB interval, the MSE(P-IE vs P-IB) noise floor (against a simulated null), effective
+context length (RULER's and NoLiMa's published tables, hand-made tables with gaps and missing cells) and short-context
+retention."""
 from __future__ import annotations
 
-import itertools
 import math
 from fractions import Fraction
 

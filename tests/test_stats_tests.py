@@ -1,7 +1,8 @@
-"""report.significance: the sign-flip permutation test (hand-enumerated cases and scipy.stats.permutation_test), the
-MSE(P-IE vs P-IB) permutation test (hand-enumerated nulls), the t interval over seeds (the closed form at df = 2 and
-scipy.stats.ttest_1samp), the sign-consistency binomial (by hand and scipy.stats.binomtest) and the two-level
-bootstrap (the generator replayed by hand, its variance against the hand-derived formula)."""
+"""ropescale.common.stats.tests, distributions and the two-level bootstrap: the sign-flip permutation test
+(hand-enumerated cases and scipy.stats.permutation_test), the MSE(P-IE vs P-IB) permutation test (hand-enumerated
+nulls), the t interval over seeds (the closed form at df = 2 and scipy.stats.ttest_1samp), the sign-consistency
+binomial (by hand and scipy.stats.binomtest), each test's unit and smallest p, and the two-level bootstrap (the
+generator replayed by hand, its variance against the hand-derived formula)."""
 from __future__ import annotations
 
 import itertools
@@ -215,3 +216,43 @@ def test_betainc_symmetry_and_values():
         assert D.betainc(a, b, x) == pytest.approx(scipy.special.betainc(a, b, x), rel=1e-10)
         assert D.betainc(a, b, x) == pytest.approx(1 - D.betainc(b, a, 1 - x), rel=1e-10)
     assert D.betainc(1.0, 1.0, 0.3) == pytest.approx(0.3)  # the uniform's CDF
+
+
+def test_each_test_names_its_unit_and_smallest_p():
+    # a sign-flip over n units cannot go below 2 / 2^n (the observed signs and their mirror); Monte Carlo: 1/(B+1)
+    assert T.sign_flip([1.0, 2.0, 3.0], unit="window").min_p == 0.25
+    assert T.sign_flip([1.0, 2.0, 3.0], unit="window").unit == "window"
+    assert T.sign_flip([5.0] * 30).min_p == pytest.approx(1 / (T.PERMUTATIONS + 1))
+    # the MSE null over 2 cells of 2 and 1 samples: 8 sign vectors, a cell's mirror keeps its square: 2^2 / 2^3
+    t = T.mse_sign_flip({"a": ({0: 1.0, 1: 3.0}, {0: 0.0, 1: 0.0}), "b": ({0: 7.0}, {0: 5.0})})
+    assert t.min_p == 0.5 and t.p >= t.min_p
+    # 4 cells over 3 seeds: every cell consistent has probability (1/4)^4
+    seeds = [{c: 1.0 for c in "abcd"}] * 3
+    sc = T.sign_consistency(seeds)
+    assert sc.unit == "cell" and sc.min_p == pytest.approx(0.25 ** 4) and sc.p == pytest.approx(sc.min_p)
+    assert T.t_over_seeds([1.0, 2.0, 4.0]).unit == "seed" and T.t_over_seeds([1.0, 2.0, 4.0]).min_p == 0.0
+
+
+def test_a_reading_resolves_at_q_and_states_what_no_effect_excludes():
+    t = T.Significance("t", -5.0, 0.071, 3, lo=-10.9, hi=1.0)
+    assert not t.resolved
+    assert t.reading() == ("not resolved (interval [-10.9, +1.0], excludes effects below -10.9 and above +1.0; "
+                           "p = 0.071)")
+    lone = T.Significance("t", 2.0, 0.014, 3, lo=0.5, hi=3.5)
+    assert lone.resolved and lone.reading() == "resolved (p = 0.014)"
+    in_family = lone.with_q(0.092, 60)
+    assert not in_family.resolved and in_family.family == 60 and "q = 0.092" in in_family.reading()
+
+
+def test_over_seeds_is_the_t_interval_over_the_seeds_cells():
+    rng = np.random.default_rng(4)
+    seeds = {s: [dict(enumerate(rng.normal(50 + 5 * s, 10, 12))), dict(enumerate(rng.normal(48, 10, 12)))]
+             for s in range(3)}
+    cells = [np.mean([np.mean(list(g.values())) for g in groups]) for groups in seeds.values()]
+    est = M.over_seeds(seeds)
+    lo, hi = scipy.stats.t.interval(0.95, 2, loc=np.mean(cells), scale=scipy.stats.sem(cells))
+    assert est.rule == "t" and est.unit == "seed" and est.seeds == 3 and est.n == 36  # samples of all seeds
+    assert (est.lo, est.hi) == (pytest.approx(lo), pytest.approx(hi))
+    assert est.spread == (pytest.approx(min(cells)), pytest.approx(max(cells)))
+    boot = M.two_level_bootstrap(seeds)
+    assert (est.boot_lo, est.boot_hi) == (boot.lo, boot.hi)  # the two-level interval beside it, secondary
