@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "scripts"))  # demo_spread (over seeds)
 
 from rope_scaling.formulas import PLAIN  # noqa: E402
 from ropescale import demo  # noqa: E402  (the demo's model, data and table helpers: ropescale/demo/)
+from ropescale.demo.tables import add_q  # noqa: E402
 
 ROWS = (("base", "tiny (no fine-tune)", PLAIN), ("free-ntk-x8", "tiny, ntk x8 at load time", "ntk"),
         ("free-yarn-x8", "tiny, yarn x8 at load time", "yarn"))
@@ -77,6 +78,7 @@ def records(d: "demo.Demo") -> dict:
         for r in rows_of(d):
             st = demo.row_stats([where / f"{r.key}_{pr}_T{tg}" for pr in prompts for tg in d.targets])
             recs.append({**demo.table_row(d, r, st, cols, None), "prompts": fam})
+        add_q(recs)  # each family's IE - IB cells, and its MSE tests: BH q beside p
         out[fam] = recs
     out["f1_minus_f2"] = f1_minus_f2(out["F.1"], out["F.2"], cols)
     return out
@@ -84,19 +86,20 @@ def records(d: "demo.Demo") -> dict:
 
 def f1_minus_f2(f1: list[dict], f2: list[dict], cols: list[str]) -> list[dict]:
     """Per row and length: F.1 - F.2 over the same eval samples (each sample's two prompts averaged), with its
-    paired sign-flip p."""
+    paired sign-flip p and its BH q over the table (one family)."""
+    from ropescale.common.stats.multiplicity import family
     from ropescale.common.stats.tests import paired_sign_flip
 
-    out = []
-    for a, b in zip(f1, f2):
-        cells = {}
+    tests = {}
+    for k, (a, b) in enumerate(zip(f1, f2)):
         for c in cols:
             x, y = demo.sample_means(a, c), demo.sample_means(b, c)
             if x and y:
-                t = paired_sign_flip(x, y)
-                cells[c] = {"mean": t.statistic, "ci": [t.lo, t.hi], "p": t.p, "n": t.n, "reading": t.reading()}
-        out.append({"label": f"{a['row']}: F.1 - F.2", "cells": cells})
-    return out
+                tests[k, c] = paired_sign_flip(x, y)
+    tests = family(tests)
+    return [{"label": f"{a['row']}: F.1 - F.2", "cells": {
+        c: {"mean": t.statistic, "ci": [t.lo, t.hi], "p": t.p, "q": t.q, "n": t.n, "reading": t.reading()}
+        for (j, c), t in tests.items() if j == k}} for k, a in enumerate(f1)]
 
 
 def markdown(rec: dict) -> str:
@@ -114,9 +117,10 @@ def markdown(rec: dict) -> str:
         parts.append(f"#### Seed {rec['seed']}, {what}: the mean of Prompt-IE and Prompt-IB [95% bootstrap "
                      f"interval], MSE(P-IE vs P-IB) [noise floor] p, P(MSE >= 5) under no prompt effect\n"
                      + md(["row", *cols, "MSE [floor] p", "P(MSE >= 5) under no effect"], rows))
-        parts.append(f"IE - IB [paired 95% bootstrap interval] p (paired sign-flip permutation), {fam}:\n"
+        parts.append(f"IE - IB [paired 95% bootstrap interval] p (paired sign-flip permutation) q (BH over the "
+                     f"table), {fam}:\n"
                      + md(["row", *cols], diffs))
-    parts.append("F.1 - F.2 on the same eval samples [95% bootstrap interval] p:\n"
+    parts.append("F.1 - F.2 on the same eval samples [95% bootstrap interval] p q (BH over the table):\n"
                  + md(["row", *cols], [[c["label"], *[demo.diff_text(c["cells"].get(col)) for col in cols]]
                                        for c in rec["f1_minus_f2"]]))
     reds = [r["mse_p_red"] for fam in ("F.1", "F.2") for r in rec[fam] if r.get("mse_p_red") is not None]
