@@ -39,6 +39,8 @@ def finetune_bound(orig_ctx: float, inv_freq: Sequence[float], scaled_inv_freq: 
         raise ValueError("inv_freq and scaled_inv_freq must have the same length")
     out = math.inf
     for a, b in zip(inv_freq, scaled_inv_freq):
+        if a == 0 or b == 0:  # a pair that does not rotate (proportional rope's unrotated part) bounds nothing
+            continue
         seen = max(orig_ctx * a, (trained_len or 0) * b)
         if seen < 2 * math.pi:
             out = min(out, seen / b)

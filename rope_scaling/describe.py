@@ -38,7 +38,7 @@ from ropescale.common.io import InputError, read_json
 from .args import add_rope_args, spec_from_args
 from .bounds import critical_dimension, critical_period, finetune_bound, reach
 from .formulas import REGISTRY
-from .hf import change_rope, extended_context
+from .hf import change_rope, extended_context, layer_types
 from .spec import RopeSpec
 
 REL_TOL = 1e-6
@@ -110,8 +110,8 @@ def describe(cfg, spec: RopeSpec | None = None, seq_len: int | None = None,
         kind = classify(a, b, s_now)
         counts[kind] += 1
         pair_reach = reach(st.orig_ctx, [a], [b])  # inf: the pair turned full circles in pre-training
-        dims.append({"index": i, "wavelength": 2 * math.pi / a, "wavelength_scaled": 2 * math.pi / b,
-                     "inv_freq": a, "inv_freq_scaled": b, "ratio": a / b, "kind": kind,
+        dims.append({"index": i, "wavelength": _wavelength(a), "wavelength_scaled": _wavelength(b),
+                     "inv_freq": a, "inv_freq_scaled": b, "ratio": a / b if b else 1.0, "kind": kind,
                      "reach": None if math.isinf(pair_reach) else pair_reach})
     total = reach(st.orig_ctx, orig.inv_freq, new.inv_freq)
     bounded = [r["index"] for r in dims if r["reach"] is not None]
@@ -126,6 +126,11 @@ def describe(cfg, spec: RopeSpec | None = None, seq_len: int | None = None,
         out.update(method.describe.details(st, seq_len))
     if sp.attention_extend != "none":  # an attention-level method: its positions, not the frequencies above
         out["attention_extend"] = attention_details(sp, st.orig_ctx)
+    types = layer_types(cfg)  # a per-layer-type config: the pairs below are the full_attention layers'
+    if types:
+        out["layer_types"] = {t: {"layers": i["layers"], "window": i["window"], "rope_type": i["entries"]["rope_type"],
+                                  "rope_theta": i["entries"]["rope_theta"], "factor": i["entries"].get("factor")}
+                              for t, i in types.items()}
     out["dims"] = dims
     return out
 
@@ -139,6 +144,11 @@ def attention_details(sp: RopeSpec, orig_ctx: int) -> dict:
                    local_size=sp.dca_local_size, orig_ctx=orig_ctx)
     return {"method": rule.method, **rule.params,
             "max_context": _finite(max_context(rule, orig_ctx))}
+
+
+def _wavelength(f: float) -> float | None:
+    """2*pi / inv_freq in tokens; None for a pair that does not rotate (proportional rope's zero frequencies)."""
+    return 2 * math.pi / f if f else None
 
 
 def _finite(x: float) -> float | None:
@@ -166,6 +176,12 @@ def format_table(d: dict) -> str:
              f"head_dim {d['head_dim']}  original context {d['orig_ctx']}  extended context {d['extended_context']}"
              + _at_seq_len(d), f"setting: {d['rope_change']['message']}"]
     lines += (REGISTRY[d["rope"]].describe.lines or (lambda _: []))(d)  # the method's own lines
+    for t, i in (d.get("layer_types") or {}).items():
+        win = f", window {i['window']}" if i["window"] else ""
+        fac = f", factor {i['factor']:g}" if i["factor"] is not None else ""
+        shown = "  <- the pairs below" if t == next(iter(d["layer_types"])) else ""
+        lines.append(f"layer type {t} ({i['layers']} layers{win}): {i['rope_type']}, rope_theta {i['rope_theta']:g}"
+                     f"{fac}{shown}")
     if "attention_extend" in d:
         a = d["attention_extend"]
         sizes = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in a.items() if k not in ("method", "max_context"))
@@ -180,7 +196,8 @@ def format_table(d: dict) -> str:
     lines.append(f"{'pair':>4}  {'wavelength':>12}  {'inv_freq':>12}  {'scaled':>12}  {'ratio':>9}  {'bound':>9}  kind")
     for r in d["dims"]:
         pr = "-" if r["reach"] is None else f"{r['reach']:.0f}"
-        lines.append(f"{r['index']:>4}  {r['wavelength']:>12.1f}  {r['inv_freq']:>12.6g}  {r['inv_freq_scaled']:>12.6g}"
+        wl = "-" if r["wavelength"] is None else f"{r['wavelength']:.1f}"
+        lines.append(f"{r['index']:>4}  {wl:>12}  {r['inv_freq']:>12.6g}  {r['inv_freq_scaled']:>12.6g}"
                      f"  {r['ratio']:>9.4f}  {pr:>9}  {r['kind']}")
     return "\n".join(lines)
 

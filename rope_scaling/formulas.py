@@ -182,6 +182,13 @@ def _longrope(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Freqs
     return Freqs([t / x for t, x in zip(rope_inv_freq(d, base), lam)], att, base)
 
 
+def _proportional(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> Freqs:
+    """Proportional (partial) RoPE over the whole head: the first int(p * d / 2) pairs at base^(-2i/d) / s, the
+    others 0 (not rotated) -- transformers ``_compute_proportional_rope_parameters`` (Gemma 4's partial RoPE)."""
+    n = int(spec.rope_proportion * d // 2)
+    return Freqs([base ** (-(2 * i) / d) / spec.scale if i < n else 0.0 for i in range(d // 2)], 1.0, base)
+
+
 # ---------------------------------------------------------------- how each method is written into an HF config
 # (entries, max_position_embeddings) for a resolved spec (orig_ctx set) on a model with base ``b`` (after ABF) and
 # rotary dim ``d``; transformers reads every one of these without this repo.
@@ -237,6 +244,11 @@ def _longrope_hf(spec: RopeSpec, b: float, d: int) -> tuple[dict, int]:
     return e, _extended(spec)
 
 
+def _proportional_hf(spec: RopeSpec, b: float, d: int) -> tuple[dict, int]:
+    return {"rope_type": "proportional", "rope_theta": b, "factor": spec.scale, "partial_rotary_factor":
+            spec.rope_proportion}, _extended(spec)
+
+
 def _extended(spec: RopeSpec) -> int:
     return int(round(spec.orig_ctx * spec.scale))
 
@@ -279,6 +291,12 @@ def _yarn_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
             or 1.0, "yarn_beta": e.get("beta_fast") or 32.0, "yarn_mscale": e.get("attention_factor"),
             "yarn_mscale_coef": e.get("mscale"), "yarn_mscale_all_dim": e.get("mscale_all_dim"),
             "yarn_truncate": e.get("truncate", True)}
+
+
+def _proportional_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
+    # Gemma 4: the model's own partial RoPE; its config states the context
+    return {"method": "proportional", "scale": e.get("factor") or 1.0, "orig_ctx": orig or max_pos,
+            "rope_proportion": e.get("partial_rotary_factor") or 1.0}
 
 
 def _llama3_from_hf(e: dict, orig: int | None, max_pos: int) -> dict:
@@ -340,6 +358,11 @@ def _check_longrope_model(spec: RopeSpec, d: int) -> None:
             src = getattr(f, "source", None)
             raise InputError(f"{'' if src else 'the config longrope entries: '}{k} has {n} values; this model's "
                              f"rotary dim {d} needs {d // 2} (one per pair)", src)
+
+
+def _check_proportional(spec: RopeSpec) -> None:
+    if not 0 < spec.rope_proportion <= 1:
+        raise InputError(f"proportional rope needs 0 < partial_rotary_factor <= 1, got {spec.rope_proportion:g}")
 
 
 def _check_llama3(spec: RopeSpec) -> None:
@@ -472,10 +495,15 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
            _longrope, _longrope_hf, _check_longrope, needs_orig_ctx=True, reads="longrope",
            from_hf=_longrope_from_hf, check_model=_check_longrope_model, by_length=True, owns=("longrope_factors",),
            describe=Describe(_longrope_details, _longrope_lines, _longrope_at)),
+    Method("proportional", "partial RoPE over the whole head, zero frequencies past the rotated part (transformers "
+           "'proportional', Gemma 4; read from a config)", _proportional, _proportional_hf, _check_proportional,
+           user=False, reads="proportional", from_hf=_proportional_from_hf, states_context=True,
+           owns=("rope_proportion",)),
 )}
 METHODS = tuple(n for n, m in REGISTRY.items() if m.user)  # what a user can ask for (--rope's choices)
 NATIVE_METHODS = tuple(n for n, m in REGISTRY.items() if not m.user)  # read from configs; apply_rope writes it back
 PLAIN = next(n for n, m in REGISTRY.items() if m.plain)  # the method of an unscaled model ("none")
+PROPORTIONAL = "proportional"  # its rotary dim is the whole head (rope_scaling.hf.rotary_dim)
 
 
 def method_hint(name) -> str:

@@ -40,7 +40,7 @@ from ropescale.common.compat import config_get as _get
 from ropescale.common.compat import config_set as _set
 from ropescale.common.io import InputError
 
-from .formulas import PLAIN, REGISTRY, Freqs, check_model, frequencies, hf_entries, hf_readers
+from .formulas import PLAIN, PROPORTIONAL, REGISTRY, Freqs, check_model, frequencies, hf_entries, hf_readers
 from .spec import RopeSpec
 
 RECORD_KEY = "ropescale_rope"
@@ -50,19 +50,35 @@ _WRITTEN_LISTS = ("short_factor", "long_factor")  # longrope's entries the recor
 
 
 # ---------------------------------------------------------------- config access: the 4.x / 5.x layouts live in compat
-def _entries(cfg) -> dict:
-    """The config's rope entries as one flat 5.x-style dict: rope_type, rope_theta, and the type's keys
-    (:func:`ropescale.common.compat.read_rope_entries`; InputError when it has none or they are per layer)."""
+def _entries(cfg, layer_type: str | None = None) -> dict:
+    """The config's rope entries as one flat 5.x-style dict: rope_type, rope_theta, and the type's keys; a
+    per-layer-type config's global (full_attention) entries, or ``layer_type``'s
+    (:func:`ropescale.common.compat.read_rope_entries`; InputError when it has none)."""
     try:
-        return compat.read_rope_entries(cfg, DEFAULT_THETA, DEFAULT_TYPE)
+        return compat.read_rope_entries(cfg, DEFAULT_THETA, DEFAULT_TYPE, layer_type)
     except ValueError as e:
         raise InputError(str(e)) from None
 
 
-def _write(cfg, entries: dict, max_pos: int) -> None:
-    """Replace the config's rope entries by ``entries`` (complete) and set max_position_embeddings, in the config's
-    own layout (:func:`ropescale.common.compat.write_rope_entries`)."""
-    compat.write_rope_entries(cfg, entries, max_pos, DEFAULT_TYPE)
+def _write(cfg, entries: dict, max_pos: int, layer_type: str | None = None) -> None:
+    """Replace the config's rope entries (``layer_type``'s on a per-layer-type config, default the global ones) by
+    ``entries`` (complete) and set max_position_embeddings, in the config's own layout
+    (:func:`ropescale.common.compat.write_rope_entries`)."""
+    compat.write_rope_entries(cfg, entries, max_pos, DEFAULT_TYPE, layer_type)
+
+
+def layer_types(cfg) -> dict[str, dict]:
+    """A per-layer-type config's rope entries by layer type, global (full_attention) first, with how many layers
+    each has (``layers``) and the sliding window of the others (``window``); {} for a config with one rope."""
+    types = compat.rope_layer_types(cfg)
+    if not types:
+        return {}
+    listed = list(_get(cfg, "layer_types") or ())
+    out = {}
+    for t in sorted(types, key=lambda t: t != compat.GLOBAL_LAYERS):
+        out[t] = {"entries": _entries(cfg, t), "layers": listed.count(t),
+                  "window": None if t == compat.GLOBAL_LAYERS else _get(cfg, "sliding_window")}
+    return out
 
 
 def rotary_dim(cfg) -> int:
@@ -73,7 +89,10 @@ def rotary_dim(cfg) -> int:
         if not hs or not nh:
             raise InputError("config has neither head_dim nor hidden_size / num_attention_heads")
         hd = hs // nh
-    prf = _entries(cfg).get("partial_rotary_factor") or _get(cfg, "partial_rotary_factor") or 1.0
+    e = _entries(cfg)
+    if e["rope_type"] == REGISTRY[PROPORTIONAL].reads:  # head_dim / 2 frequencies, the unrotated ones 0
+        return int(hd)
+    prf = e.get("partial_rotary_factor") or _get(cfg, "partial_rotary_factor") or 1.0
     return int(hd * prf)
 
 
@@ -184,8 +203,12 @@ class RopeChange:
     carried: RopeSpec  # what the config carried before
     requested: RopeSpec  # what was asked for
     target: RopeSpec | None = None  # what is written (applied / replaced), orig_ctx resolved
+    layers: str = ""  # a per-layer-type config: which layer types are written (one clause)
 
     def message(self) -> str:
+        return self._message() + (f" ({self.layers})" if self.layers and self.target is not None else "")
+
+    def _message(self) -> str:
         cur = self.carried.label()
         if self.action == "kept":
             return ("the config carries no RoPE scaling" if not self.carried.scaled else
@@ -214,16 +237,41 @@ def plan_rope(cfg, spec: RopeSpec, state: RopeState | None = None) -> RopeChange
     cur = st.spec
     target = dataclasses.replace(spec, orig_ctx=spec.orig_ctx or st.orig_ctx, replace=False)  # checks the context
     check_model(target, st.rotary_dim)  # e.g. longrope: one factor per rotary pair of this model
+    layers = _layers_clause(cfg, spec)
     if not spec.scaled and (not spec.replace or not cur.scaled):
         return RopeChange("kept", cur, spec)
+    if cur.method == PROPORTIONAL:
+        raise InputError(f"the config carries {cur.label()} (partial RoPE with zero frequencies, Gemma 4): another "
+                         f"method on top of it is not supported")
     if not cur.scaled:
-        return RopeChange("applied", cur, spec, target)
+        return RopeChange("applied", cur, spec, target, layers)
     if cur.same_rope(target):
         return RopeChange("unchanged", cur, spec)
     if not spec.replace:
         raise InputError(f"config already carries {cur.label()} RoPE scaling; stacking {spec.label()} on "
                          f"top is not supported (pass --replace to replace it)")
-    return RopeChange("replaced" if spec.scaled else "removed", cur, spec, target)
+    return RopeChange("replaced" if spec.scaled else "removed", cur, spec, target, layers)
+
+
+def _layers_clause(cfg, spec: RopeSpec) -> str:
+    """On a per-layer-type config, which layer types ``spec`` is written into (one clause for the report); InputError
+    for --rope-layers all on a config with one rope, and for a method this repo recomputes per forward or per sample
+    (its rotary hooks know one rope)."""
+    types = layer_types(cfg)
+    if not types:
+        if spec.rope_layers != "full":
+            raise InputError(f"--rope-layers {spec.rope_layers}: the config has one rope for every layer (no "
+                             f"per-layer-type rope_parameters)")
+        return ""
+    m = REGISTRY[spec.method]
+    if spec.scaled and (m.per_forward or m.by_length and m.reads != "dynamic"):
+        raise InputError(f"--rope {spec.method} on a per-layer-type config (layer types {', '.join(types)}) is not "
+                         f"supported: its per-forward rule knows one rope")
+    others = [t for t in types if t != compat.GLOBAL_LAYERS]
+    if spec.rope_layers == "all":
+        return f"every layer type: {', '.join(types)}, each at its own base"
+    return (f"{compat.GLOBAL_LAYERS} layers only; {', '.join(others)} keep their RoPE: --rope-layers all to scale "
+            f"them too")
 
 
 def apply_rope(cfg, spec: RopeSpec, state: RopeState | None = None):
@@ -249,6 +297,11 @@ def apply_rope(cfg, spec: RopeSpec, state: RopeState | None = None):
         return cfg
     target = change.target
     entries, max_pos = hf_entries(target, st.base, st.rotary_dim)
+    if target.rope_layers == "all":  # every other layer type, at its own base (its rotary dim is the model's)
+        for t, info in layer_types(cfg).items():
+            if t != compat.GLOBAL_LAYERS:
+                own, _ = hf_entries(target, float(info["entries"]["rope_theta"]), st.rotary_dim)
+                _write(cfg, own, max_pos, t)
     _write(cfg, {**entries, **extra}, max_pos)
     _set(cfg, RECORD_KEY, {
         "spec": target.to_dict(),

@@ -223,6 +223,12 @@ class RopeSpec:
         None, "YaRN (DeepSeek 'mscale_all_dim'): the C' of --yarn-mscale-coef", metavar="C", group=MORE)
     yarn_truncate: bool = setting(True, "YaRN: round the ramp's ends to whole pairs (floor / ceil); false: the "
                                         "exact ends (gpt-oss 'truncate: false')", group=MORE)
+    rope_layers: str = setting("full", "a per-layer-type config (Gemma 3: sliding-window and full-attention layers): "
+                                       "full scales the full_attention layers only, as Gemma 3's own config does; all "
+                                       "scales every layer type, each at its own base", choices=("full", "all"),
+                               metavar="{full,all}", group=MORE)
+    rope_proportion: float = setting(1.0, "proportional rope (read from a Gemma 4 config): the rotated share of the "
+                                          "head", cli=False, group=MORE)
     attention_extend: str = setting("none", "a training-free attention-level method on top of the RoPE: self_extend "
                                             "(Jin et al. 2024; --grp-attn-n, --grp-attn-w) or dca (An et al. 2024; "
                                             "--dca-chunk-size, --dca-local-size); docs/rope_methods.md",
@@ -265,7 +271,7 @@ class RopeSpec:
                 object.__setattr__(self, k, float(v))
 
     def _check_numbers(self) -> None:
-        for k in ("scale", "yarn_alpha", "yarn_beta", "llama3_low", "llama3_high"):
+        for k in ("scale", "yarn_alpha", "yarn_beta", "llama3_low", "llama3_high", "rope_proportion"):
             v = getattr(self, k)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
                 raise InputError(f"{k} must be a finite number, got {v!r}")
@@ -393,7 +399,7 @@ class RopeSpec:
 ATTENTION_FIELDS = ("attention_extend", "grp_attn_n", "grp_attn_w", "dca_chunk_size", "dca_local_size")
 _LABEL_FIELDS = (("rope_base", "base"), ("yarn_alpha", "a"), ("yarn_beta", "b"), ("yarn_mscale", "mscale"),
                  ("yarn_mscale_coef", "mscale_coef"), ("yarn_mscale_all_dim", "mscale_all_dim"),
-                 ("yarn_truncate", "truncate"),
+                 ("yarn_truncate", "truncate"), ("rope_proportion", "p"), ("rope_layers", "layers"),
                  ("orig_ctx", "orig"), ("llama3_low", "low"), ("llama3_high", "high"))
 
 
@@ -404,6 +410,8 @@ def _num(v) -> str:
         return "none"
     if isinstance(v, bool):
         return str(v).lower()
+    if isinstance(v, str):
+        return v
     v = float(v)
     if v >= 1e4 and v.is_integer():
         e = len(str(int(v))) - 1

@@ -15,7 +15,7 @@ from rope_scaling.hf import _from_entries, rope_entries
 
 def test_every_hf_type_has_exactly_one_reader_and_it_is_the_writer():
     # the HF types transformers 4.x/5.x define for these models, each read by one method
-    assert set(hf_readers()) == {"default", "linear", "dynamic", "yarn", "llama3", "longrope"}
+    assert set(hf_readers()) == {"default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional"}
     for t, m in hf_readers().items():
         assert m.reads == t and m.from_hf is not None
     # ntk and abf write "default" too, but only none reads it back (a base alone cannot say which it was)
@@ -75,7 +75,7 @@ def test_vllm_yarn_factor_is_the_registry_formula_in_both_layouts(layout):
 # A method's smallest valid setting beyond ``--scale 4 --orig-ctx 64`` (a new method that needs more fails below,
 # naming this table). Checked on a Llama config of 8 rotary pairs (head_dim 16), base 1e4, 64 positions.
 SHORT, LONG = (1.0, 1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0), (1.0, 1.2, 1.6, 2.2, 3.0, 4.0, 5.0, 6.0)
-EXAMPLES = {"none": {"scale": 1.0}, "abf": {"scale": 1.0, "rope_base": 5e5},
+EXAMPLES = {"none": {"scale": 1.0}, "abf": {"scale": 1.0, "rope_base": 5e5}, "proportional": {"rope_proportion": 0.5},
             "longrope": {"longrope_factors": {"short_factor": SHORT, "long_factor": LONG}}}
 
 

@@ -173,19 +173,33 @@ def rope_key(cfg) -> str:
     return "rope_parameters" if rope_layout(cfg) == "5" else "rope_scaling"
 
 
-def read_rope_entries(cfg, default_theta: float, default_type: str) -> dict:
+GLOBAL_LAYERS = "full_attention"  # the layer type whose rope a per-layer-type config scales (Gemma 3's global layers)
+
+
+def rope_layer_types(cfg) -> tuple[str, ...]:
+    """The layer types a 5.x per-layer-type ``rope_parameters`` is keyed by (Gemma 3: full_attention,
+    sliding_attention); () when one rope serves every layer."""
+    if rope_layout(cfg) != "5":
+        return ()
+    return tuple(k for k, v in config_get(cfg, "rope_parameters").items() if isinstance(v, dict))
+
+
+def read_rope_entries(cfg, default_theta: float, default_type: str, layer_type: str | None = None) -> dict:
     """The config's rope entries as one flat 5.x-style dict (rope_type, rope_theta, the type's keys; 4.x's "type"
-    read as rope_type; ``default_type``, the unscaled rope_type, where a 4.x config has no rope_scaling). ValueError
-    when there are no RoPE fields or the entries are per layer type (5.x Gemma-style ``rope_parameters`` keyed by
-    layer type)."""
+    read as rope_type; ``default_type``, the unscaled rope_type, where a 4.x config has no rope_scaling). A
+    per-layer-type ``rope_parameters`` (Gemma 3 / 4) gives the entries of ``layer_type`` (default
+    :data:`GLOBAL_LAYERS`). ValueError when there are no RoPE fields, or no entry for that layer type."""
     layout = rope_layout(cfg)
     if layout is None:
         raise ValueError("config has no RoPE fields (rope_parameters, or rope_theta / rope_scaling): not a RoPE model")
     if layout == "5":
         e = dict(config_get(cfg, "rope_parameters"))
-        labels = config_get(cfg, "layer_types") or ()
-        if any(isinstance(v, dict) for v in e.values()) or any(k in labels for k in e):
-            raise ValueError("per-layer rope_parameters are not supported (Llama / Qwen2 / Mistral have one)")
+        types = rope_layer_types(cfg)
+        if types:
+            lt = layer_type or GLOBAL_LAYERS
+            if lt not in types:
+                raise ValueError(f"per-layer rope_parameters without a {lt!r} entry (it has {', '.join(types)})")
+            e = dict(e[lt])
     else:
         e = dict(config_get(cfg, "rope_scaling") or {})
         e["rope_theta"] = config_get(cfg, "rope_theta", default_theta)
@@ -195,13 +209,18 @@ def read_rope_entries(cfg, default_theta: float, default_type: str) -> dict:
     return e
 
 
-def write_rope_entries(cfg, entries: dict, max_pos: int, default_type: str) -> None:
+def write_rope_entries(cfg, entries: dict, max_pos: int, default_type: str, layer_type: str | None = None) -> None:
     """Replace the config's rope entries by ``entries`` (complete, flat 5.x style) in the config's own layout and set
     max_position_embeddings. 4.x: rope_theta goes top-level, the rest into ``rope_scaling`` with both "type" and
-    "rope_type" (None for ``default_type``, the unscaled rope_type); 5.x: the whole dict into ``rope_parameters``,
-    and a Phi3-style top-level ``original_max_position_embeddings`` is kept in step (5.x gives it priority over the
-    one inside)."""
-    if rope_layout(cfg) == "5":
+    "rope_type" (None for ``default_type``, the unscaled rope_type); 5.x: the whole dict into ``rope_parameters``
+    (per layer type: that type's entry, ``layer_type`` default :data:`GLOBAL_LAYERS`, the others kept), and a
+    Phi3-style top-level ``original_max_position_embeddings`` is kept in step (5.x gives it priority over the one
+    inside)."""
+    if rope_layer_types(cfg):
+        rp = {k: dict(v) for k, v in config_get(cfg, "rope_parameters").items()}
+        rp[layer_type or GLOBAL_LAYERS] = dict(entries)
+        config_set(cfg, "rope_parameters", rp)
+    elif rope_layout(cfg) == "5":
         config_set(cfg, "rope_parameters", dict(entries))
     else:
         rest = {k: v for k, v in entries.items() if k != "rope_theta"}
