@@ -151,6 +151,10 @@ class RopeState:
         return frequencies(self.spec, self.rotary_dim, self.base, seq_len)
 
     def original_frequencies(self) -> Freqs:
+        """The unscaled model's own rope: plain RoPE (proportional rope's own zero pairs at factor 1)."""
+        if self.spec.method == PROPORTIONAL:
+            own = RopeSpec(PROPORTIONAL, rope_proportion=self.spec.rope_proportion, orig_ctx=self.orig_ctx)
+            return frequencies(own, self.rotary_dim, self.base)
         return frequencies(RopeSpec(), self.rotary_dim, self.base)
 
 

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, Sequence
 from rope_scaling.formulas import REGISTRY, yarn_attention_factor
 from rope_scaling.hf import rope_entries, rope_state
 from ropescale.common.cli import TORCH_NAMES, dtype_name
+from ropescale.common.compat import rope_layer_types
 from ropescale.common.io import InputError
 
 from ..engine import cut_at_eos
@@ -176,6 +177,9 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None, 
     st = state if state is not None else rope_state(cfg)  # the spec the config carries
     if st.spec.attention_extend != "none":  # an attention-level method: vLLM's own DCA, or refused
         return attention_settings(cfg, st, dict(overrides), need, want, vllm_dca(cfg) if dca is None else dca)
+    if rope_layer_types(cfg) and overrides:  # vLLM's per-layer rope follows its own model code, not these entries
+        raise InputError(f"--backend vllm: the RoPE flags rewrote a per-layer-type rope_parameters "
+                         f"({', '.join(rope_layer_types(cfg))}), which vLLM is not told reliably; use --backend hf")
     method, t = REGISTRY[st.spec.method], e["rope_type"]
     if method.per_forward:  # the entries say a static type; this repo recomputes the frequencies per forward
         raise InputError(f"--backend vllm cannot run {st.spec.method}: the config's entries say static {t} "
