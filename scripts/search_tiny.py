@@ -190,8 +190,8 @@ def sweep_table(rows: list[dict], sweep=SWEEP) -> str:
     from ropescale.common.stats.tests import p_text, t_over_seeds
 
     names = sorted([(a, f"yarn af={a:g}") for a in sweep] + [(AF_YARN, YARN)])
-    lines = ["| attention factor | setting | loss: mean over seeds [95% t interval] | - yarn (1.208) [95% t interval] "
-             "| p (t over seeds), q (BH over the sweep) |", "|---|---|---|---|---|"]
+    lines = ["| attention factor | setting | loss: mean over seeds [95% t interval] (the seeds' range) | "
+             "- yarn (1.208) [95% t interval] | p (t over seeds), q (BH over the sweep) |", "|---|---|---|---|---|"]
     vals = {name: [_mean(r["heldout_per_window"][name]) for r in rows] for _, name in names}
     diffs = family({name: t_over_seeds([v - _mean(r["heldout_per_window"][YARN]) for v, r in zip(vals[name], rows)])
                     for _, name in names if name != YARN})
@@ -199,7 +199,8 @@ def sweep_table(rows: list[dict], sweep=SWEEP) -> str:
         t = t_over_seeds(vals[name])
         d = diffs.get(name)
         dd = "-" if d is None else f"{d.statistic:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}]"
-        lines.append(f"| {a:.3f} | {name} | {t.statistic:.4f} [{t.lo:.4f}, {t.hi:.4f}] | {dd} | "
+        rng = "" if "range" not in t.extra else f" ({t.extra['range'][0]:.4f}-{t.extra['range'][1]:.4f})"
+        lines.append(f"| {a:.3f} | {name} | {t.statistic:.4f} [{t.lo:.4f}, {t.hi:.4f}]{rng} | {dd} | "
                      f"{'-' if d is None else f'{p_text(d.p)}, q = {p_text(d.q)}'} |")
     return "\n".join(lines)
 
