@@ -175,3 +175,74 @@ def test_calls_it_cannot_take_run_the_plain_checkpoint(make_tiny_model):
     _assert_same(outs[1], outs[0])
     with pytest.raises(Exception, match="--tile-attention"):
         tiled_attention.enable_tiled_attention(model, 0)
+
+
+MEASURE = r"""
+import ctypes, functools, json, sys, time
+ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD fixed at 64 KiB: a freed tensor leaves the RSS
+import torch
+from torch.utils.checkpoint import checkpoint
+from transformers import Qwen2Config
+from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
+from ropescale.training import tiled_attention as ta
+
+h, f, heads, T, C = (int(v) for v in sys.argv[1:6])
+def status(field):
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(field))
+torch.manual_seed(0)
+cfg = Qwen2Config(hidden_size=h, intermediate_size=f, num_attention_heads=heads, num_key_value_heads=heads,
+                  num_hidden_layers=1, vocab_size=64)
+cfg._attn_implementation = "sdpa"
+layer = Qwen2DecoderLayer(cfg, 0).train()
+x0 = torch.randn(1, T, h)
+cos, sin = Qwen2RotaryEmbedding(cfg)(x0, torch.arange(T)[None])
+out = {}
+for mode in ("plain", "tiled"):
+    x = x0.clone().requires_grad_()
+    if mode == "plain":  # torch's checkpoint of the whole layer: what a recomputed layer does without tiling
+        y = checkpoint(functools.partial(layer.forward, position_embeddings=(cos, sin), attention_mask=None), x,
+                       use_reentrant=False)
+    else:
+        y = ta.TiledLayer.apply(ta.LayerParts(layer, cos, sin, C), None, x, *layer.parameters())
+    g = torch.randn_like(y)
+    base = status("VmRSS")
+    open("/proc/self/clear_refs", "w").write("5")  # the peak RSS (VmHWM) starts again from here
+    y.backward(g)
+    out[mode] = status("VmHWM") - base
+    del x, y, g
+    layer.zero_grad(set_to_none=True)
+print(json.dumps(out))
+"""
+
+
+def test_tiled_layer_peak_memory_on_cpu_against_the_model():
+    """One Qwen2 decoder layer (hidden 256, MHA 4 x 64, intermediate 512, fp32) at 4,096 tokens in 256-token
+    chunks: the peak RSS its backward adds (VmHWM after a reset, in a process of its own) against the memory
+    model's activations for one recomputed layer, tiled (the whole sequence's keys, values, their gradients and
+    the residual gradients + one chunk's working set) and plain (every activation for the whole sequence)."""
+    import json
+    import subprocess
+    import sys
+    from dataclasses import replace
+
+    from ropescale.training.memory_model import Setup, Shape, layer_bytes_per_token, tiled_layer_bytes
+
+    h, f, heads, T, C = 256, 512, 4, 4096, 256
+    r = subprocess.run([sys.executable, "-c", MEASURE, *map(str, (h, f, heads, T, C))], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout)
+    shape = Shape(layers=1, hidden=h, heads=heads, kv_heads=heads, intermediate=f, vocab=64)
+    s = Setup(length=T, zero=0, dtype_bytes=4, lora_dropout=0.0, tile_attention=C)
+    per, const = tiled_layer_bytes(shape, s)
+    # by hand: keys + values 2 x 256 x 4 B, their fp32 gradients as much, a chunk's share as much, the residual
+    # gradients 2 x 256 x 4: 8,192 B a token; the plain layer 36h + 16f + 8f + 8h = 23,552 B a token
+    assert sum(per.values()) == 8192 and sum(layer_bytes_per_token(shape, replace(s, tile_attention=0)).values()) \
+        == 23552 and const == C * 23552
+    model_tiled, model_plain = T * 8192 + const, T * 23552
+    ratio_tiled, ratio_plain = got["tiled"] / model_tiled, got["plain"] / model_plain
+    print(f"peak RSS added by one layer's backward at {T:,} tokens: tiled {got['tiled'] / 2**20:.1f} MiB (model "
+          f"{model_tiled / 2**20:.1f}, measured / model {ratio_tiled:.3f}), plain {got['plain'] / 2**20:.1f} MiB "
+          f"(model {model_plain / 2**20:.1f}, {ratio_plain:.3f})")
+    assert 0.85 <= ratio_tiled <= 1.15 and 0.8 <= ratio_plain <= 1.2
+    assert got["tiled"] < 0.5 * got["plain"]

@@ -166,7 +166,6 @@ class Setup:
     gpu_checkpoints: int = 0  # with offload_checkpoints: the stored checkpoints that stay on the GPU
     head_chunk_zero3: bool = False  # under ZeRO-3 the head runs in --head-chunk chunks too (one process)
     tile_attention: int = 0  # tokens per chunk: each recomputed layer by sequence chunks (tiled_attention), 0 = off
-    attention_math: bool = False  # SDPA's math kernel (CPU): a chunk's scores exist (attention_workspace)
 
     @property
     def tokens(self) -> int:
@@ -240,18 +239,15 @@ def tiled_layer_bytes(shape: Shape, s: Setup) -> tuple[dict, int]:
     the whole sequence, by part; bytes of one chunk). Whole sequence: the keys and values after RoPE (2 x kv x b),
     their gradients accumulated in fp32 (2 x kv x 4), one chunk's share of them as SDPA returns it, up to the
     whole sequence at the last chunk (2 x kv x b), the incoming and outgoing residual gradients (2 x h x b). One
-    chunk of C tokens: the plain layer's recompute + backward per token (MLP not tiled) x C; with SDPA's math
-    kernel (CPU) the chunk's scores over all keys, their softmax and its gradient in fp32 (3 x heads x C x t x 4)
-    and GQA's repeated keys / values with their gradients (4 x q x b x t)."""
-    h, b, q, kv, t = shape.hidden, s.dtype_bytes, shape.q, shape.kv, s.tokens
+    chunk of C tokens: the plain layer's recompute + backward per token (MLP not tiled) x C. An attention kernel
+    that keeps no scores is assumed (SDPA's flash / memory-efficient ones, CPU's flash kernel: measured on CPU in
+    tests/test_tiled_attention.py); SDPA's math kernel would add a chunk's scores over all keys."""
+    h, b, kv, t = shape.hidden, s.dtype_bytes, shape.kv, s.tokens
     per = {"keys_values": 2 * kv * b, "key_value_grads": 2 * kv * 4, "chunk_key_value_grads": 2 * kv * b,
            "backward": 2 * b * h}
     c = min(s.tile_attention, t)
     plain = layer_bytes_per_token(shape, replace(s, tile_attention=0, tile_mlp=0, sp=1))
-    const = c * sum(plain.values())
-    if s.attention_math:
-        const += 3 * shape.heads * c * t * 4 + (4 * q * b * t if kv != q else 0)
-    return per, const
+    return per, c * sum(plain.values())
 
 
 def layer_roles(layers: int, *, recompute_every: int = 1, block: int = 1, offload: bool = False,
