@@ -251,6 +251,7 @@ def _generate(s: GenerateSettings, *, progress, log, hf_model, backends, resume=
     when_interrupted(f"the predictions so far are kept; to continue, run the same command again: {rerun_command()}")
     prepare_items(g)
     warn_context(g, log)
+    check_memory(g, hf_model)
     be = start_run(g, hf_model=hf_model, backends=backends, log=log)
     seconds = decode(g, be, progress) if be is not None else 0.0
     return finish_run(g, seconds, log)
@@ -339,6 +340,29 @@ def warn_context(g: Generation, log) -> None:
             "run beyond the model's positions (extrapolation; scores near 0 are likely)")
     log(f"[generate] warning: {over} of {len(g.items)} samples are longer than the model's {ctx}-token context "
         f"less {g.max_new_tokens} new tokens: they will be {fate}. {fitting_eval_set(g)}")
+
+
+def check_memory(g: Generation, hf_model=None):
+    """Before the model loads (hf backend): the longest sample alone -- its prompt's forward, the KV cache of the
+    prompt and the new tokens, the last position's logits, and the weights unless ``hf_model`` is loaded already --
+    fits the device's memory now (``ropescale.common.forward_memory.check_forward``), or one line naming the
+    longest prompt that would. Batching is the backend's (its token budget); vLLM sizes its own memory. Returns
+    the estimate (None when not checked)."""
+    from ropescale.common.forward_memory import check_forward, weight_bytes
+
+    s = g.settings
+    if s.backend.backend != "hf" or not g.items:
+        return None
+    from .backends.hf import pick_device, pick_dtype
+
+    device = pick_device(s.backend.device)
+    b = pick_dtype(s.backend.dtype, device).itemsize
+    longest = max(g.items, key=lambda it: len(it.input_ids))
+    n = len(longest.input_ids)
+    weights = 0 if hf_model is not None else weight_bytes(g.cfg.path, b)
+    return check_forward(g.cfg.config, n, what=f"sample {longest.id} ({n:,} prompt tokens)", scored=1,
+                         dtype_bytes=b, kv_tokens=n + g.max_new_tokens, weights=weights, device=device,
+                         hint="--truncate middle --max-input-tokens N cuts prompts to N")
 
 
 def fitting_eval_set(g: Generation) -> str:

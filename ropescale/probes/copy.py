@@ -20,7 +20,7 @@ from .command import register_probe
 from .common import NOT_NEGATIVE, POSITIVE, ProbeRun, ProbeSettings, probe_settings
 from .data import data_name
 from .perturb import default_distances
-from .scorer import score_continuations
+from .scorer import check_batch, score_continuations
 from .targets import target_spans
 
 
@@ -54,6 +54,7 @@ def copy_probe(loaded, docs, settings: CopySettings | None = None, **fields) -> 
     if n_prefix < target_len or bad:
         raise InputError(f"distances must lie in [0, {n_prefix - target_len}] for --length {length} and "
                          f"--target-len {target_len}: {bad or distances}")
+    check_batch(loaded.model, [length] * min(batch_size, len(distances) + 1), target_len, what=f"--length {length}")
     s = dataclasses.replace(s, length=length, distances=distances, data=data_name(docs) or s.data)
     run = ProbeRun("copy", loaded, s, [length], metric="loss (nats/token) on the target span",
                    column="distance d of the pasted copy (tokens)")

@@ -27,7 +27,7 @@ from ropescale.common.settings import setting
 from .command import register_probe
 from .common import NOT_NEGATIVE, POSITIVE, ProbeRun, ProbeSettings, data_setting, probe_settings, rng_for
 from .data import data_name
-from .scorer import score_continuations
+from .scorer import check_batch, score_continuations
 from .targets import DEFAULT_TARGET_LEN, target_spans
 
 KINDS = ("shuffle", "replace", "drop", "drop-random")
@@ -105,6 +105,8 @@ def perturb_probe(loaded, docs, settings: PerturbSettings | None = None, **field
     if "replace" in kinds and len({d.book for d in docs}) < 2:
         raise InputError("'replace' needs at least two books (documents with different 'book')",
                          data_name(docs))
+    rows = min(batch_size, 1 + len(kinds) * len(distances) * seeds)  # drop's variants are shorter: padded
+    check_batch(loaded.model, [length] * rows, target_len, what=f"--length {length}", padded="drop" in kinds)
     s = dataclasses.replace(s, length=length, distances=distances, data=data_name(docs) or s.data)
     run = ProbeRun("perturb", loaded, s, [length],
                    metric="loss change (perturbed - intact, nats/token) on the target span",

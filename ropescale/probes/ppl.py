@@ -19,7 +19,7 @@ from ropescale.common.settings import setting
 from .command import register_probe
 from .common import POSITIVE, ProbeRun, ProbeSettings, default_lengths, probe_settings, progress
 from .data import data_name
-from .scorer import score_continuations
+from .scorer import check_batch, score_continuations
 from .targets import DEFAULT_TARGET_LEN, sample_targets, tokenize_docs
 
 
@@ -40,6 +40,8 @@ def ppl_probe(loaded, docs, settings: PplSettings | None = None, **fields) -> di
     n, target_len, seed, batch_size = s.n, s.target_len, s.seed, s.batch_size
     if any(L <= target_len for L in lengths):
         raise InputError(f"every length must exceed --target-len {target_len}: {lengths}")
+    rows = min(batch_size, n * len(lengths))  # before any text is tokenized: the longest forward fits memory
+    check_batch(loaded.model, [max(lengths)] * rows, target_len, what=f"--lengths {max(lengths)}")
     s = dataclasses.replace(s, lengths=lengths, data=data_name(docs) or s.data)
     run = ProbeRun("ppl", loaded, s, lengths, metric="loss (nats/token) on the target span",
                    column="input length N (prefix + target)")

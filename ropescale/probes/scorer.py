@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ropescale.common.compat import cache_kwargs, last_logits_kwargs, output_cache
+from ropescale.common.forward_memory import HEAD_CHUNK
 
 
 @dataclass
@@ -32,9 +33,43 @@ class Score:
         return math.exp(self.loss) if self.n else float("nan")
 
 
-def _forward_logits(model, batch: list[list[int]], pad_id: int, keep: int):
-    """Logits of the last ``keep`` positions of a right-padded batch (B, keep, V) and the padded ids (B, T).
-    ``logits_to_keep`` spares the LM head (and memory) at prefix positions nobody scores."""
+# logit transforms a model applies after its LM head (Gemma 2's soft-capping, Cohere's scale, Granite's divisor): a
+# model with one of them is scored through its own forward (logits of the kept positions), not head(hidden) here
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def model_memory(model) -> tuple[int, str]:
+    """(bytes of the model's parameter dtype, its device) for the forward estimate."""
+    p = next(model.parameters(), None)
+    return (p.element_size(), str(p.device)) if p is not None else (4, "cpu")
+
+
+def is_hf_lm(model) -> bool:
+    """A transformers causal LM (a config with a shape, a decoder, an LM head), not a stand-in that only returns
+    logits (the tests' oracles): only it is checked for memory and scored through its head."""
+    return hasattr(model, "get_decoder") and hasattr(getattr(model, "config", None), "num_hidden_layers")
+
+
+def check_batch(model, lengths: Sequence[int], scored: int, *, what: str = "", kv: bool = False,
+                kv_copies: int = 1, padded: bool | None = None):
+    """The forward of a right-padded batch of rows of ``lengths`` tokens, ``scored`` of them a row through the
+    head, fits this machine's memory now (``ropescale.common.forward_memory.check_forward``), or a one-line
+    InputError saying the longest length that would. ``padded``: whether rows differ in length (default: whether
+    ``lengths`` do). A stand-in model without a transformers config is not checked (None)."""
+    from ropescale.common.forward_memory import check_forward
+
+    if not is_hf_lm(model):
+        return None
+    b, device = model_memory(model)
+    T = max(lengths)
+    return check_forward(model.config, T, what=what or f"a forward of {T:,} tokens", batch=len(lengths),
+                         scored=scored, dtype_bytes=b, kv_tokens=T if kv else 0, kv_copies=kv_copies,
+                         padded=len(set(lengths)) > 1 if padded is None else padded, device=device,
+                         hint="or a smaller --batch-size" if len(lengths) > 1 else "")
+
+
+def _padded(batch: list[list[int]], pad_id: int):
+    """(ids, mask) of a right-padded batch: (B, T) each."""
     import torch
 
     T = max(len(x) for x in batch)
@@ -43,9 +78,36 @@ def _forward_logits(model, batch: list[list[int]], pad_id: int, keep: int):
     for i, x in enumerate(batch):
         ids[i, :len(x)] = torch.tensor(x, dtype=torch.long)
         mask[i, :len(x)] = 1
-    kw = last_logits_kwargs(keep) if keep < T else {}
-    out = model(input_ids=ids, attention_mask=mask, use_cache=False, **kw)
-    return out.logits[:, -keep:] if keep < T else out.logits, ids
+    return ids, mask
+
+
+def scored_logprobs(model, batch: list[list[int]], starts: list[int], pad_id: int, *, chunk: int = HEAD_CHUNK):
+    """For each row of ``batch``, the log-probabilities of its tokens from position ``starts[i]`` on (tensors of
+    length ``len(row) - starts[i]``). The LM head runs on the hidden states of those positions only (as training's
+    label-only head, ``ropescale.training.loss.head_loss_sum``), ``chunk`` positions at a time: the logits of the
+    prefix positions nobody scores are never made. Same values as log_softmax(model(ids).logits) at the positions
+    that predict those tokens (position t - 1 predicts the token at t)."""
+    import torch
+
+    ids, mask = _padded(batch, pad_id)
+    if not is_hf_lm(model) or any(getattr(model.config, k, None) for k in LOGIT_TRANSFORMS):  # its own head
+        off = min(starts) - 1
+        keep = ids.shape[1] - off
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False,
+                       **(last_logits_kwargs(keep) if off > 0 else {})).logits[:, -keep:]
+        return [torch.log_softmax(logits[i, s - 1 - off:len(x) - 1 - off].float(), -1)
+                .gather(-1, ids[i, s:len(x)].unsqueeze(-1)).squeeze(-1) for i, (x, s) in enumerate(zip(batch, starts))]
+    out = model.get_decoder()(input_ids=ids, attention_mask=mask, use_cache=False)
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    rows = torch.cat([torch.full((len(x) - s,), i, dtype=torch.long) for i, (x, s) in enumerate(zip(batch, starts))])
+    pos = torch.cat([torch.arange(s - 1, len(x) - 1) for x, s in zip(batch, starts)])
+    h = hidden[rows, pos]  # (N, H): the positions that predict a scored token
+    del hidden, out
+    tgt = ids[rows, pos + 1]
+    head = model.get_output_embeddings()
+    lp = torch.cat([torch.log_softmax(head(h[a:a + chunk]).float(), -1).gather(-1, tgt[a:a + chunk, None])[:, 0]
+                    for a in range(0, len(tgt), chunk)])
+    return list(lp.split([len(x) - s for x, s in zip(batch, starts)]))
 
 
 def score_continuations(model, prefixes: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], *,
@@ -55,7 +117,8 @@ def score_continuations(model, prefixes: Sequence[Sequence[int]], continuations:
 
     An empty prefix is allowed: the continuation's first token is then unscored (it has no context), as in a
     plain LM evaluation. Pairs are sorted by total length so batches hold similar lengths; results come back
-    in input order.
+    in input order. Each batch's forward is checked against the memory available first (:func:`check_batch`);
+    the head runs on the scored positions only (:func:`scored_logprobs`).
     """
     import torch
     from tqdm import tqdm
@@ -78,16 +141,9 @@ def score_continuations(model, prefixes: Sequence[Sequence[int]], continuations:
         for b in range(0, len(order), batch_size):
             idx = order[b:b + batch_size]
             batch = [seqs[i] for i in idx]
-            T = max(len(x) for x in batch)
-            off = min(starts[i] for i in idx) - 1  # first position whose logits are needed
-            logits, ids = _forward_logits(model, batch, pad_id, T - off)
-            for row, i in enumerate(idx):
-                L, s = len(seqs[i]), starts[i]
-                # the token at position t is predicted by the logits at position t-1
-                tgt = ids[row, s:L]
-                logp = torch.log_softmax(logits[row, s - 1 - off:L - 1 - off].float(), dim=-1)
-                lp = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
-                results[i] = Score(float(lp.sum()), int(L - s), lp.tolist() if keep_tokens else None)
+            check_batch(model, [len(x) for x in batch], max(len(seqs[i]) - starts[i] for i in idx))
+            for i, lp in zip(idx, scored_logprobs(model, batch, [starts[i] for i in idx], pad_id)):
+                results[i] = Score(float(lp.sum()), int(lp.numel()), lp.tolist() if keep_tokens else None)
             bar.update(len(idx))
     bar.close()
     if was_training:
@@ -152,7 +208,9 @@ def score_candidates(model, prefix: Sequence[int], candidates: Sequence[Sequence
     model.eval()
     out: list[Score] = []
     with torch.no_grad():
-        first = model(input_ids=torch.tensor([prefix]), use_cache=True)
+        check_batch(model, [len(prefix)], 1, kv=True, kv_copies=min(batch_size, len(candidates)) + 1,
+                    what=f"a prefix of {len(prefix):,} tokens")
+        first = model(input_ids=torch.tensor([prefix]), use_cache=True, **last_logits_kwargs(1))
         last = torch.log_softmax(first.logits[0, -1].float(), dim=-1)  # predicts each candidate's first token
         cache = output_cache(first)
         P = len(prefix)
