@@ -1,8 +1,10 @@
 """Training curves: where a fine-tune's loss and learning rate go besides its log.
 
 - Always: ``RUN/train_curves.png`` at the end of training (``trainer.ProgressCallback``), redrawn by ``finetune.py
-  plot --run RUN`` (also for a run that was stopped): the loss and the learning rate of each logged optimizer step,
+  plot RUN`` (also for a run that was stopped): the loss and the learning rate of each logged optimizer step,
   read from ``RUN/train_log.jsonl`` (the learning rate each step ran with), drawn by the reports' one PNG writer.
+  The loss axis is plain (no offset) and spans at least :data:`LOSS_SPAN` of the first step's loss, so a run whose
+  loss barely moves shows a flat line, not its noise blown up to fill the panel.
 - ``--report-to tensorboard|wandb``: transformers' own integrations (``TrainingArguments.report_to``), optional
   extras (``pip install tensorboardX`` or ``tensorboard``; ``pip install wandb``); TensorBoard's event files go to
   ``RUN/tensorboard/`` (unless ``TENSORBOARD_LOGGING_DIR`` says otherwise). Asking for one that is not installed is
@@ -19,6 +21,7 @@ from ropescale.common.io import InputError
 
 REPORT_TO = ("none", "tensorboard", "wandb")
 CURVES_PNG = "train_curves.png"
+LOSS_SPAN = 0.1  # the loss axis spans at least this share of the first step's loss
 LOG = "train_log.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 _MODULES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}
@@ -31,8 +34,9 @@ def check_report_to(name: str) -> None:
         raise InputError(f"--report-to must be one of {', '.join(REPORT_TO)}, got {name!r}")
     mods = _MODULES.get(name, ())
     if mods and not any(importlib.util.find_spec(m) is not None for m in mods):
-        raise InputError(f"--report-to {name}: {' nor '.join(mods)} is installed ({_INSTALL[name]}); the loss-and-"
-                         f"learning-rate PNG ({CURVES_PNG}) is drawn into the run directory without it")
+        missing = f"{mods[0]} is not installed" if len(mods) == 1 else f"neither {' nor '.join(mods)} is installed"
+        raise InputError(f"--report-to {name}: {missing} ({_INSTALL[name]}); the loss-and-learning-rate PNG "
+                         f"({CURVES_PNG}) is drawn into the run directory without it")
 
 
 def report_to(name: str, run_dir: str | os.PathLike) -> list[str]:
@@ -66,17 +70,39 @@ def read_log(run_dir: str | os.PathLike) -> list[dict]:
     return [steps[k] for k in sorted(steps)]
 
 
+def loss_limits(losses: list[float]) -> tuple[float, float]:
+    """The loss axis: the losses' range, widened (about its middle, never below 0) to :data:`LOSS_SPAN` of the first
+    step's loss when narrower."""
+    vals = [v for v in losses if v is not None]
+    lo, hi = min(vals), max(vals)
+    need = LOSS_SPAN * abs(vals[0])
+    if hi - lo < need:
+        mid = (lo + hi) / 2
+        lo, hi = mid - need / 2, mid + need / 2
+        if lo < 0 <= min(vals):
+            lo, hi = 0.0, need
+    pad = 0.05 * (hi - lo)
+    return lo - pad, hi + pad
+
+
 def plot_curves(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
     """Draw the loss and the learning rate per logged step of a run (:func:`read_log`) into ``out`` (default
     RUN/train_curves.png), atomically; returns the path."""
+    from ropescale.evaluation.report.plot import save_png
+
+    fig = curves_figure(read_log(run_dir), Path(run_dir).resolve().name)
+    return save_png(fig, Path(out) if out is not None else Path(run_dir) / CURVES_PNG)
+
+
+def curves_figure(recs: list[dict], name: str):
+    """The figure of :func:`plot_curves`: loss and learning rate per logged step (records of :func:`read_log`)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     from matplotlib.figure import Figure
 
-    from ropescale.evaluation.report.plot import fit_text, save_png
+    from ropescale.evaluation.report.plot import fit_text
 
-    recs = read_log(run_dir)
     steps = [r["step"] for r in recs]
     fig = Figure(figsize=(10.0, 3.8), dpi=110)
     loss_ax, lr_ax = fig.subplots(1, 2)
@@ -93,7 +119,10 @@ def plot_curves(run_dir: str | os.PathLike, out: str | os.PathLike | None = None
         ax.grid(alpha=0.3)
     lr_ax.set_ylim(bottom=0)
     lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-    fig.suptitle(f"{Path(run_dir).resolve().name}: {len(recs)} logged steps, {steps[0]}-{steps[-1]}", fontsize=10)
+    if any(r.get("loss") is not None for r in recs):
+        loss_ax.set_ylim(*loss_limits([r.get("loss") for r in recs]))
+    loss_ax.ticklabel_format(axis="y", style="plain", useOffset=False)
+    fig.suptitle(f"{name}: {len(recs)} logged steps, {steps[0]}-{steps[-1]}", fontsize=10)
     fit_text(fig)
     fig.tight_layout()
-    return save_png(fig, Path(out) if out is not None else Path(run_dir) / CURVES_PNG)
+    return fig

@@ -334,8 +334,16 @@ def plan_memory(run: Run) -> None:
                               dtype_bytes=torch.empty((), dtype=run.dtype).element_size())
     c = run.memory
     log(f"[finetune] memory plan {c.plan.describe()}; estimated peak {c.estimate.peak / 2**30:.1f} GiB per GPU "
-        f"({c.machine.name}; {c.fitting} of {c.considered} plans fit), host {c.host_need / 2**30:.1f} GiB, "
-        f"~{c.seconds['step']:.1f} s a step (the time model)")
+        f"({c.machine.name}; {c.fitting} of {c.considered} plans fit), host {c.host_need / 2**30:.1f} GiB"
+        + step_time_note(c.seconds.get("step"), run.cuda))
+
+
+def step_time_note(seconds: float | None, cuda: bool) -> str:
+    """The plan line's time estimate: the time model's seconds a step on a GPU; none on a CPU (the model times GPU
+    kernels: on a CPU it said "~0.0 s a step" for steps that take minutes)."""
+    if not cuda or seconds is None:
+        return "; no time estimate on a CPU (the time model is a GPU's)" if not cuda else ""
+    return f", ~{seconds:.1f} s a step (the time model)"
 
 
 def training_arguments(run: Run):

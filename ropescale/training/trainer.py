@@ -221,6 +221,7 @@ class ProgressCallback(TrainerCallback):
         self.world = world
         self.clock = StepClock()
         self.bar = None
+        self.accum = 1  # micro-batches a step: the bar counts them
         self.lr = None  # the learning rate of the step running
 
     def on_train_begin(self, args, state, control, **kw):
@@ -228,8 +229,10 @@ class ProgressCallback(TrainerCallback):
         if self.is_main:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc="finetune", unit="step",
-                            file=sys.stderr, dynamic_ncols=True)
+            self.accum = max(int(getattr(args, "gradient_accumulation_steps", 1) or 1), 1)
+            self.bar = tqdm(total=state.max_steps * self.accum, initial=state.global_step * self.accum,
+                            desc="finetune", unit="micro-batch", file=sys.stderr, dynamic_ncols=True)
+            self.bar.set_postfix_str(f"step {state.global_step}/{state.max_steps}", refresh=False)
 
     def on_step_begin(self, args, state, control, **kw):
         self.clock.begin_step(self.trainer_ref().tokens_seen)
@@ -240,7 +243,14 @@ class ProgressCallback(TrainerCallback):
             torch.cuda.synchronize()  # the step's kernels are done: its wall time is its own
         self.clock.end_step(self.trainer_ref().tokens_seen)
         if self.bar is not None:
-            self.bar.update(state.global_step - self.bar.n)
+            self.bar.set_postfix_str(f"step {state.global_step}/{state.max_steps}", refresh=False)
+            self.bar.update(state.global_step * self.accum - self.bar.n)
+
+    def on_substep_end(self, args, state, control, **kw):
+        """A micro-batch of the step done (all but a step's last): the bar moves within a step (a step of 16
+        windows on a CPU takes minutes)."""
+        if self.bar is not None:
+            self.bar.update(1)
 
     def on_train_end(self, args, state, control, **kw):
         if self.bar is not None:
