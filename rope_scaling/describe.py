@@ -235,9 +235,8 @@ def bound_lines(d: dict) -> list[str]:
 def add_describe_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     src = p.add_argument_group("the model (exactly one of: --config, --preset, or --head-dim + --rope-theta + "
                                "--orig-ctx)")
-    src.add_argument("--config", metavar="PATH", help="an HF config.json, or a model directory holding one (--model "
-                                                        "PATH: the same, as the other commands spell it)")
-    src.add_argument("--model", dest="config", metavar="PATH", help=argparse.SUPPRESS)
+    src.add_argument("--config", metavar="PATH", help="an HF config.json, or a model directory holding one")
+    src.add_argument("--model", dest="config", metavar="PATH", help=argparse.SUPPRESS)  # the other commands' name
     src.add_argument("--preset", choices=sorted(PRESETS), help="a known model's RoPE (base, context, head_dim)")
     src.add_argument("--head-dim", type=int, metavar="D",
                      help="rotary head dimension (with --rope-theta and --orig-ctx)")
@@ -260,8 +259,9 @@ def add_describe_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def register(sub) -> None:
     from .formulas import REGISTRY
 
-    width = max(map(len, REGISTRY))
-    methods = "--rope's methods:\n" + "\n".join(f"  {n:<{width}}  {m.help}" for n, m in REGISTRY.items())
+    user = {n: m for n, m in REGISTRY.items() if m.user}  # --rope's choices (a type read from configs only: not one)
+    width = max(map(len, user))
+    methods = "--rope's methods:\n" + "\n".join(f"  {n:<{width}}  {m.help}" for n, m in user.items())
     p = add_command(sub, "describe", help="explain a RoPE setting per rotary dimension pair",
                     description=__doc__.split("\n\n", 1)[1].strip(), epilog=methods)
     add_describe_args(p)
