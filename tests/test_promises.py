@@ -13,7 +13,7 @@ import pytest
 from ropescale.common.paths import REPO_ROOT
 
 
-def test_report_to_wandb_without_wandb_says_it_is_not_installed(monkeypatch):
+def test_report_to_wandb_without_wandb_says_it_is_missing(monkeypatch):
     from ropescale.common.io import InputError
     from ropescale.training import curves
 
@@ -21,7 +21,7 @@ def test_report_to_wandb_without_wandb_says_it_is_not_installed(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(InputError) as e:
         curves.check_report_to("wandb")
-    assert "wandb is not installed (pip install wandb)" in str(e.value)
+    assert "--report-to wandb: no wandb package is installed (pip install wandb)" in str(e.value)
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name in ("tensorboard", "tensorboardX") else real(name, *a))
     with pytest.raises(InputError, match="neither tensorboard nor tensorboardX is installed"):
