@@ -21,6 +21,7 @@ has likely seen Jane Austen's novels in pre-training.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -115,6 +116,33 @@ def link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
+def store_once(out: Path, cache: Path) -> int:
+    """Files of ``out`` that are byte-for-byte the same as the cache's (a model directory written before the two were
+    linked: 538 MB twice) replaced by hard links to them, each atomically; returns the bytes freed."""
+    freed = 0
+    for f in sorted(cache.iterdir()) if cache.is_dir() else []:
+        mine = out / f.name
+        if not mine.is_file() or mine.is_symlink():
+            continue
+        a, b = mine.stat(), f.stat()
+        if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) or a.st_dev != b.st_dev or a.st_size != b.st_size:
+            continue
+        if sha256_file(mine) != sha256_file(f):
+            continue
+        tmp = out / f".{f.name}.link.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        os.link(f, tmp)
+        os.replace(tmp, mine)
+        freed += a.st_size
+    return freed
+
+
+def converted_cache() -> Path:
+    """Where ``ropescale.common.gguf.cached_dir`` converts the pinned GGUF file."""
+    return CACHE_DIR / "gguf" / f"{Path(GGUF_MEMBER).stem}-{GGUF_SHA256[:16]}"
+
+
 def ensure(out: str | Path = DEFAULT_OUT, *, overwrite: bool = False) -> dict:
     """Make ``out`` the converted model directory once (nothing when it already is); returns what was done. A
     directory there that this tool did not write is replaced only with ``overwrite`` (the one output rule)."""
@@ -123,6 +151,9 @@ def ensure(out: str | Path = DEFAULT_OUT, *, overwrite: bool = False) -> dict:
 
     out = Path(out)
     if is_current(out):
+        freed = store_once(out, converted_cache())
+        if freed:
+            log(f"[real-model] {out}: its files hard-linked to {converted_cache()} ({freed / 1e6:.0f} MB freed)")
         return {"model": str(out), "action": "present", "sha256": GGUF_SHA256}
     claim_output_dir(out, overwrite=overwrite)
     t0 = time.time()

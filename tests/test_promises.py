@@ -135,3 +135,20 @@ def test_no_intervals_is_where_the_docs_say():
     assert "`eval_summ.py report --no-intervals`" in usage and "probes' tables always carry them" in usage
     flags = lambda t, c: {o for a in _commands(tool(t).parser())[c]._actions for o in a.option_strings}  # noqa: E731
     assert "--no-intervals" in flags("eval", "report") and "--no-intervals" not in flags("probes", "report")
+
+
+def test_a_model_directory_written_before_is_linked_to_the_cache(tmp_path):
+    from ropescale.real_model import store_once
+
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    cache.mkdir()
+    out.mkdir()
+    for name, data in (("model.safetensors", b"w" * 5000), ("config.json", b"{}"), ("tokenizer.json", b"tok")):
+        (cache / name).write_bytes(data)
+        (out / name).write_bytes(data if name != "tokenizer.json" else b"TOK")  # one file differs: kept
+    assert store_once(out, cache) == 5002
+    assert (out / "model.safetensors").stat().st_ino == (cache / "model.safetensors").stat().st_ino
+    assert (out / "tokenizer.json").read_bytes() == b"TOK"
+    assert (out / "tokenizer.json").stat().st_ino != (cache / "tokenizer.json").stat().st_ino
+    assert store_once(out, cache) == 0 and sorted(p.name for p in out.iterdir()) == sorted(p.name for p in
+                                                                                          cache.iterdir())
