@@ -38,8 +38,10 @@ GIB = 2**30
 
 
 def gib(n: float) -> str:
-    """``6.4 GiB``; below 0.1 GiB in MiB."""
-    return f"{n / GIB:.1f} GiB" if n >= 0.1 * GIB else f"{n / 2**20:.1f} MiB"
+    """``6.4 GiB``; below 0.1 GiB in MiB, below 0.1 MiB in KiB."""
+    if n >= 0.1 * GIB:
+        return f"{n / GIB:.1f} GiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 0.1 * 2**20 else f"{n / 1024:.1f} KiB"
 
 
 @dataclass(frozen=True)
