@@ -64,9 +64,12 @@ def cmd_recall(args) -> int:
     prompt_types = eval_prompts(args.prompts) if args.eval_tokens is not None else ()
     chs = split_part(read_chapters(args.chapters or CHAPTERS_JSONL, books=args.books), args.part, args.heldout)
     tok = load_tokenizer(args.tokenizer)
-    rows = recall_samples(sources(chs, tok), tok, n=args.n, target=args.eval_tokens, min_tokens=args.min_tokens,
-                          max_tokens=args.max_tokens, marks=args.marks, seed=args.seed,
-                          max_answer=args.max_answer_tokens, prompts=prompt_types, style=args.prompt_style)
+    kw = dict(n=args.n, target=args.eval_tokens, min_tokens=args.min_tokens, max_tokens=args.max_tokens,
+              marks=args.marks, seed=args.seed, prompts=prompt_types, style=args.prompt_style)
+    try:
+        rows = recall_samples(sources(chs, tok), tok, max_answer=args.max_answer_tokens, **kw)
+    except InputError as err:
+        raise shortfall(err, args, lambda: recall_samples(sources(chs, tok), tok, **kw), tok) from None
     write_jsonl_atomic(args.out, rows)
     lens = [r["tokens"] for r in rows]
     rep = {"samples": len(rows), "part": args.part, "marks": args.marks, "min": min(lens), "max": max(lens),
@@ -85,6 +88,23 @@ def cmd_recall(args) -> int:
               f"at most {rep['total_max']} of {args.eval_tokens}")
     print(f"wrote {args.out}")
     return 0
+
+
+def shortfall(err: InputError, args, without_answer_cap, tok) -> InputError:
+    """Too few samples fit: the cause in the flags of this command. When ``--max-answer-tokens`` is what rejects
+    them (the samples fit without it: ``without_answer_cap()``), say so with the answer length they need; else the
+    sampler's message with the flags named as this command spells them (``--eval-tokens``, not the library's
+    ``target``)."""
+    if not (args.max_answer_tokens is not None and err.message.startswith("only ")):
+        return err
+    try:
+        rows = without_answer_cap()
+    except InputError:
+        return InputError(err.message.replace("a shorter --target", "a larger --eval-tokens"), err.path, err.line)
+    need = max(_task.exact_tokens(tok, r["summary"]) + 1 for r in rows)
+    return InputError(f"{err.message.split(' (use ')[0]}: the answers ({args.marks} marked sentences, end token "
+                      f"included) take up to {need} tokens, more than --max-answer-tokens {args.max_answer_tokens} "
+                      f"(a larger --max-answer-tokens or fewer --marks)", err.path, err.line)
 
 
 def eval_prompts(spec: str) -> tuple[str, ...]:

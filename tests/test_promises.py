@@ -152,3 +152,20 @@ def test_a_model_directory_written_before_is_linked_to_the_cache(tmp_path):
     assert (out / "tokenizer.json").stat().st_ino != (cache / "tokenizer.json").stat().st_ino
     assert store_once(out, cache) == 0 and sorted(p.name for p in out.iterdir()) == sorted(p.name for p in
                                                                                           cache.iterdir())
+
+
+def test_the_recall_shortfall_names_max_answer_tokens(tmp_path, capsys):
+    """"0 of 1 samples fit (use fewer --n, a shorter --target ...)" named a flag recall does not have; the cause was
+    --max-answer-tokens. The hint's number is checked by using it: with that cap the sample fits."""
+    from ropescale.cli import main
+    from ropescale.common.paths import CHAPTERS_JSONL
+
+    argv = ["data", "recall", "--chapters", str(CHAPTERS_JSONL), "--tokenizer", str(REPO_ROOT / "assets" / "tiny"),
+            "--eval-tokens", "1024", "--marks", "3", "--n", "1", "--out", str(tmp_path / "e.jsonl")]
+    capsys.readouterr()
+    assert main(argv + ["--max-answer-tokens", "24"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--target" not in err[0] and "more than --max-answer-tokens 24" in err[0], err
+    need = int(err[0].split("take up to ")[1].split()[0])
+    assert need > 24 and not (tmp_path / "e.jsonl").exists()
+    assert main(argv + ["--max-answer-tokens", str(need)]) == 0
