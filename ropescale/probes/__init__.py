@@ -6,9 +6,15 @@
 - ``perturb``: target loss change when only the distant prefix is perturbed (Sun et al. 2021, Sec 4);
 - ``copy``: target span pasted into the prefix at a distance (Sun et al. 2021, Sec 5);
 - ``shuffle``: the zero-shot k-Block Shuffle Test (Laban et al. 2021, Sec 3-4);
+- ``ruler``: RULER's synthetic tasks (Hsieh et al. 2024: needles single / multikey / multivalue / multiquery,
+  variable tracking, common and frequent words) and the needle depth x length grid, scored teacher-forced and by
+  generation (RULER's string_match_all), with RULER's and NoLiMa's effective lengths (ropescale.probes.ruler);
+- ``passkey``: the passkey retrieval of the YaRN / LongRoPE papers (Mohtashami & Jaggi 2023), single key in the
+  noise haystack by default or several named keys, read by key distance against its references;
 - ``report``: the extrapolation table (rows = model x rope x scale, columns = length bucket) and a PNG, made by the
   one report stack (``ropescale.evaluation.report``: ``probes.py`` its tables, ``cli.py`` the command).
 
-All scoring is batched teacher-forced log-likelihood (ropescale.probes.scorer), no generation. Each probe writes a run
+The log-likelihood probes score by batched teacher forcing (ropescale.probes.scorer), no generation; ``ruler`` also
+generates (greedy). Each probe writes a run
 directory (run.json, items.jsonl, summary.json) of the same shape as generation's (ropescale.common.runs).
 """

@@ -22,8 +22,14 @@ YaRN, LongRoPE's factor switch) is run once per length (:func:`read_window`).
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 from dataclasses import asdict, dataclass, field
+
+from ropescale.common.settings import setting
+
+from .common import POSITIVE, ProbeRun, ProbeSettings, progress
 
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. I will quiz "
          "you about the important information there.\n\n")
@@ -212,3 +218,178 @@ def bucket_losses(window: Window, nll, upto: int | None = None, bucket: int = BU
             m[0] = False
         out.append(float(nll[a:a + bucket][m].mean()) if m.any() else float("nan"))
     return out
+
+
+# ---------------------------------------------------------------- the registered probe: ``ropescale probes passkey``
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "  # the papers'
+SINGLE_KEY = "The pass key is {n}. Remember it. {n} is the pass key. "
+SINGLE_QUESTION = "What is the pass key? The pass key is "
+UNIFORM = math.log(10)  # nats a digit of a uniform guess over 0-9
+DISTANCE_BINS = (0, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+def copier_loss(k: int) -> float:
+    """Nats a digit of a reader that copies one of the ``k`` five-digit keys in its context at random: ln k / 5
+    (one of k equally likely keys, its five digits then certain; the issue's reference for a multi-key test)."""
+    return math.log(k) / 5 if k > 0 else float("nan")
+
+
+def distance_bin(d: int) -> str:
+    """The key-distance bucket of ``d`` tokens: [a, b) of :data:`DISTANCE_BINS`."""
+    for a, b in zip(DISTANCE_BINS, DISTANCE_BINS[1:]):
+        if a <= d < b:
+            return f"{a}-{b}"
+    return f">={DISTANCE_BINS[-1]}"
+
+
+def noise_ids(tokenizer, n: int) -> list[int]:
+    """At least ``n`` tokens of the noise haystack (its five sentences repeated)."""
+    unit = encode(tokenizer, NOISE)
+    return unit * (n // len(unit) + 2)
+
+
+def single_window(tokenizer, hay: list[int], length: int, depth: float, number: str, with_key: bool = True) -> dict:
+    """The papers' single-key window of ``length`` tokens: INTRO, haystack, the key sentence at ``depth`` of the
+    haystack, haystack, the question, the five answer digits (teacher-forced). ``with_key`` False: the same window
+    with the key sentence removed (the no-key control). Returns ids, answer positions and the key's position."""
+    intro, key = encode(tokenizer, INTRO), encode(tokenizer, SINGLE_KEY.format(n=number))
+    q, ans = encode(tokenizer, SINGLE_QUESTION), digit_ids(tokenizer, number)
+    fill = length - len(intro) - len(key) - len(q) - len(ans)
+    if fill < 1:
+        raise ValueError(f"length {length} is too short for the passkey window")
+    at = int(round(depth * fill))
+    ids = intro + hay[:at] + (key if with_key else []) + hay[at:fill] + q
+    return {"ids": ids + ans, "answer_pos": list(range(len(ids), len(ids) + len(ans))), "key_pos": len(intro) + at}
+
+
+@dataclass(frozen=True)
+class PasskeySettings(ProbeSettings):
+    lengths: list[int] | None = setting(None, "window lengths L (every token, the answer included), comma-separated; "
+                                              "default: 1x, 2x, 4x, 8x the original context", check=POSITIVE,
+                                        metavar="L,L,...")
+    depths: list[float] = setting([0.1, 0.3, 0.5, 0.7, 0.9], "key depths (share of the window), comma-separated",
+                                  check=(lambda d: 0 <= d <= 1, "in [0, 1]"), metavar="F,F,...")
+    keys: str = setting("single", "single: one key a window (the YaRN / LongRoPE papers' format); multi: named keys, "
+                                  "one a (length, depth), all in one window", choices=("single", "multi"))
+    haystack: str = setting("noise", "noise: the papers' repeated sentences; novel: --data's text",
+                            choices=("noise", "novel"))
+    control: bool = setting(True, "also read each key with its key sentence removed (the no-key control)")
+
+
+def digit_record(ids, answer_pos, nll, arg) -> dict:
+    """Per-digit loss, the mean, and retrieved (every digit the argmax)."""
+    d = [float(nll[p]) for p in answer_pos]
+    return {"digit_loss": d, "answer_loss": sum(d) / len(d), "retrieved": all(int(arg[p]) == ids[p]
+                                                                               for p in answer_pos)}
+
+
+def run_single(loaded, hay, s, run, lengths) -> None:
+    todo = [(L, f, i) for L in sorted(lengths) for f in s.depths for i in range(s.n)]
+    todo = [t for t in todo if not run.done(f"L{t[0]}:d{t[1]}:{t[2]}")]
+    for L, f, i in progress(todo, "passkey"):
+        rng = random.Random(f"{s.seed}|{L}|{f}|{i}")
+        number = str(rng.randint(10000, 99999))
+        start = rng.randrange(max(1, len(hay) - L)) if s.haystack == "novel" else 0
+        w = single_window(loaded.tokenizer, hay[start:start + L], L, f, number)
+        nll, arg = forward_read(loaded.model, w["ids"])
+        rec = digit_record(w["ids"], w["answer_pos"], nll, arg)
+        rec.update(distance=w["answer_pos"][0] - w["key_pos"], keys_in_context=1)
+        if s.control:
+            c = single_window(loaded.tokenizer, hay[start:start + L], L, f, number, with_key=False)
+            cn, ca = forward_read(loaded.model, c["ids"])
+            cr = digit_record(c["ids"], c["answer_pos"], cn, ca)
+            rec.update(control_loss=cr["answer_loss"], control_digit_loss=cr["digit_loss"],
+                       control_retrieved=cr["retrieved"])
+        run.add({"id": f"L{L}:d{f}:{i}", "group": "", "col": L, "value": float(rec["retrieved"]), "depth": f,
+                 "number": number, **rec})
+
+
+def run_multi(loaded, hay, s, run, lengths, by_length: bool) -> None:
+    for i in progress(range(s.n), "passkey"):
+        if all(run.done(f"w{i}:L{L}:d{f}") for L in lengths for f in s.depths):
+            continue
+        rng = random.Random(f"{s.seed}|multi|{i}")
+        start = rng.randrange(max(1, len(hay) - max(lengths))) if s.haystack == "novel" else 0
+        w = plant(loaded.tokenizer, hay[start:start + 2 * max(lengths)], plan_keys(lengths, s.depths, rng),
+                  source=s.haystack, start=start, rng=rng)
+        reads = {L: forward_read(loaded.model, w.ids[:L]) for L in sorted(lengths)} if by_length else None
+        full = None if by_length else forward_read(loaded.model, w.ids)  # one forward serves every length
+        for k in w.keys:
+            nll, arg = reads[k.length] if by_length else full
+            rec = digit_record(w.ids, k.answer_pos, nll, arg)
+            seen = sum(1 for o in w.keys if o.key_pos < k.answer_pos[0])
+            rec.update(distance=k.distance, keys_in_context=seen, name=k.name)
+            if s.control:  # the window up to this key's length with its key sentence cut out
+                n_key = len(encode(loaded.tokenizer, key_text(k.name, k.number)))
+                ids = w.ids[:k.key_pos] + w.ids[k.key_pos + n_key:k.length]
+                pos = [p - n_key for p in k.answer_pos]
+                cn, ca = forward_read(loaded.model, ids)
+                cr = digit_record(ids, pos, cn, ca)
+                rec.update(control_loss=cr["answer_loss"], control_digit_loss=cr["digit_loss"])
+            run.add({"id": f"w{i}:L{k.length}:d{k.depth}", "group": "", "col": k.length,
+                     "value": float(rec["retrieved"]), "depth": k.depth, "number": k.number, **rec})
+
+
+def by_distance(records: list[dict]) -> list[dict]:
+    """The reading by key distance: per distance bucket, n, accuracy with its Wilson interval, the mean answer loss
+    a digit, the no-key control's, and the references (uniform ln 10; ln K / 5 for K keys in context)."""
+    from ropescale.common.stats.proportions import wilson
+
+    rows: dict = {}
+    for r in records:
+        rows.setdefault(distance_bin(r["distance"]), []).append(r)
+    out = []
+    for b, rs in sorted(rows.items(), key=lambda kv: DISTANCE_BINS.index(int(kv[0].split("-")[0].lstrip(">=")))):
+        w = wilson(sum(bool(r["retrieved"]) for r in rs), len(rs))
+        ctl = [r["control_loss"] for r in rs if "control_loss" in r]
+        k = sum(r["keys_in_context"] for r in rs) / len(rs)
+        out.append({"distance": b, "n": len(rs), "accuracy": w.rate, "lo": w.lo, "hi": w.hi,
+                    "answer_loss": sum(r["answer_loss"] for r in rs) / len(rs),
+                    "control_loss": sum(ctl) / len(ctl) if ctl else None, "uniform": UNIFORM,
+                    "copier": copier_loss(round(k)) if k > 1 else None, "keys_in_context": k})
+    return out
+
+
+def passkey_probe(loaded, docs, settings: PasskeySettings | None = None, **fields) -> dict:
+    """Run the passkey probe into ``settings.out``; returns the summary (cells: retrieval accuracy per length;
+    ``by_distance``: the reading by key distance with its references)."""
+    from rope_scaling import RopeSpec
+    from rope_scaling.formulas import REGISTRY
+
+    from .common import probe_settings
+
+    s = probe_settings(PasskeySettings, settings, fields)
+    lengths = s.lengths or [loaded.orig_ctx * m for m in (1, 2, 4, 8)]
+    s = dataclasses.replace(s, lengths=lengths)
+    need = 2 * max(lengths) + 64
+    hay = noise_ids(loaded.tokenizer, need) if s.haystack == "noise" else \
+        encode(loaded.tokenizer, "".join(d.text for d in docs)[:8 * need])
+    if len(hay) < max(lengths):
+        from ropescale.common.io import InputError
+
+        raise InputError(f"the haystack has {len(hay)} tokens, fewer than the longest length {max(lengths)}")
+    run = ProbeRun("passkey", loaded, s, lengths, metric="passkey retrieved (every digit the argmax)",
+                   column="window length L")
+    from ropescale.common.io import InputError
+
+    try:
+        if s.keys == "single":
+            run_single(loaded, hay, s, run, lengths)
+        else:
+            run_multi(loaded, hay, s, run, lengths, REGISTRY[RopeSpec.from_record(loaded.rope).method].by_length)
+    except ValueError as e:  # a window that cannot be built from these settings
+        raise InputError(f"--lengths {','.join(map(str, lengths))} --depths {','.join(map(str, s.depths))}: {e}")
+    return run.finish({"by_distance": by_distance(run.log.records()), "uniform": UNIFORM})
+
+
+def register(sub) -> None:
+    from .command import register_probe
+    from .data import load_docs
+
+    register_probe(sub, "passkey", PasskeySettings, run=passkey_probe, load=lambda s: load_docs(s.data),
+                   description="passkey: " + (__doc__ or "").split("\n\n")[0] + "\n\nDefault: one key a window in "
+                   "the noise haystack (the papers' format); --keys multi plants named keys, one a (length, depth), "
+                   "in one window. Each record keeps the per-digit loss, the key's distance and the no-key "
+                   "control (the same window without the key sentence); summary.json reads them by key distance "
+                   "against a uniform guess (ln 10) and a copier of one of K keys (ln K / 5).",
+                   help="passkey retrieval, single key (the YaRN / LongRoPE papers' format) or named keys")
