@@ -41,9 +41,9 @@ from rope_scaling.formulas import PLAIN, REGISTRY, rescale_factors  # noqa: E402
 from rope_scaling.search import factors_of  # noqa: E402
 from ropescale.common.io import write_text_atomic  # noqa: E402
 from ropescale.common.paths import DATA_DIR  # noqa: E402
+from ropescale.common.stats.lengths import effective_length  # noqa: E402
+from ropescale.common.stats.means import cell, t_interval  # noqa: E402
 from ropescale.common.stats.proportions import wilson  # noqa: E402
-from ropescale.evaluation.report.significance import t_quantile  # noqa: E402
-from ropescale.evaluation.report.uncertainty import cell, effective_length  # noqa: E402
 from ropescale.probes import passkey as pk  # noqa: E402
 
 MODEL = ROOT / "models" / "smollm2-135m"
@@ -197,17 +197,19 @@ def pct(flags: list[bool]) -> str:
 
 
 def t_cell(values: list[float], digits: int = 2, spread: bool = True) -> str:
-    """A mean over few units (windows): the 95 % t interval, and (``spread``) the units' range beside it."""
-    v = [x for x in values if not math.isnan(x)]
-    if not v:
+    """A mean over few units (windows): the 95 % t interval (the floor's), and (``spread``) the units' range."""
+    e = t_interval([x for x in values if not math.isnan(x)])
+    if e.mean is None:
         return "-"
-    m = sum(v) / len(v)
-    if len(v) < 2:
-        return f"{m:.{digits}f} (n=1)"
-    sd = math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
-    h = t_quantile(0.975, len(v) - 1) * sd / math.sqrt(len(v))
-    rng = f" (range {min(v):.{digits}f}-{max(v):.{digits}f})" if spread else ""
-    return f"{m:.{digits}f} [{m - h:.{digits}f}, {m + h:.{digits}f}]{rng}"
+    if e.lo is None:
+        return f"{e.mean:.{digits}f} (n=1)"
+    rng = f" (range {e.spread[0]:.{digits}f}-{e.spread[1]:.{digits}f})" if spread else ""
+    return f"{e.mean:.{digits}f} [{e.lo:.{digits}f}, {e.hi:.{digits}f}]{rng}"
+
+
+def cost_text(r: dict) -> str:
+    """A row's in-window cost over windows; the unscaled row is the reference (0 by construction)."""
+    return "0 (the reference)" if r["row"] == PLAIN else t_cell(r["inwin_cost"], 3)
 
 
 def copier_loss(keys_in_input: int, digits: int = 5) -> float:
@@ -285,7 +287,7 @@ def tables(rows: list[dict], plan: Plan, ref: float | None) -> str:
          "in-window cost (nats) |", "|" + "---|" * (len(cols) + 6)]
     for r in rows:
         a.append(f"| {r['row']} | {bound(r['bound'])} | " + " | ".join(pct(r["passkey"][c]) for c in cols)
-                 + f" | {r['eff_passkey']} | {r['eff_answer']} | {r['eff_loss']} | {t_cell(r['inwin_cost'], 3)} |")
+                 + f" | {r['eff_passkey']} | {r['eff_answer']} | {r['eff_loss']} | {cost_text(r)} |")
     b = ["| row | " + " | ".join(f"answer loss {c}" for c in cols) + " |", "|" + "---|" * (len(cols) + 1)]
     for r in rows:
         b.append(f"| {r['row']} | " + " | ".join(r["answer_loss"][c].text(2) + f" (n={r['answer_loss'][c].n})"
@@ -332,7 +334,10 @@ def machine() -> dict:
             "versions": f"torch {torch.__version__}, transformers {transformers.__version__}"}
 
 
-def write_page(out: Path, plan: Plan, work: Path, argv: list[str], model_dir: Path = MODEL) -> list[dict]:
+def write_page(out: Path, plan: Plan, work: Path, argv: list[str], model_dir: Path = MODEL,
+               page_only: bool = False) -> list[dict]:
+    """The page from the results in ``work``; a --page-only re-render keeps the measurement's header (the command,
+    machine and load that made the numbers) and says when the page was re-rendered."""
     by_row = load_results(work, plan)
     rows = summarize(by_row, plan, model_dir)
     order = list(specs(plan, _state(model_dir)))
@@ -342,9 +347,13 @@ def write_page(out: Path, plan: Plan, work: Path, argv: list[str], model_dir: Pa
     res = work / "results.jsonl"
     res = res.relative_to(ROOT) if res.resolve().is_relative_to(ROOT) else res
     ordered = {name: by_row[name] for name in order if name in by_row}
-    text = header(plan, argv, rows, machine(), len(order), str(res)) + tables(rows, plan, ref) + by_distance(ordered,
-                                                                                                             plan)
-    kept = out.read_text(encoding="utf-8").split(READING, 1) if out.is_file() else []
+    old = out.read_text(encoding="utf-8") if out.is_file() else ""
+    head = header(plan, argv, rows, machine(), len(order), str(res))
+    if page_only and old.startswith("# ") and "\n\n### A." in old:
+        made = old.split("\n\n### A.", 1)[0].split(" (re-rendered by")[0].rstrip(".\n")
+        head = made + f". (re-rendered by `scripts/real_model.py --page-only` on {time.strftime('%Y-%m-%d')})\n\n"
+    text = head + tables(rows, plan, ref) + by_distance(ordered, plan)
+    kept = old.split(READING, 1) if old else []
     text += "\n" + READING + (kept[1] if len(kept) == 2 else "\n")
     write_text_atomic(out, text)
     return rows
@@ -388,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not a.page_only:
         run(plan, work, model_dir)
-    rows = write_page(out, plan, work, argv, model_dir)
+    rows = write_page(out, plan, work, argv, model_dir, page_only=a.page_only)
     if a.json:
         skip = ("passkey", "answer_loss", "buckets", "bucket_values")
         print(json.dumps([{k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in r.items() if k not in skip}

@@ -96,8 +96,10 @@ def test_memorized_model_identifies_the_suffix_after_a_full_stop(memorized, shor
     assert main(["suffix-id", "--variant", "sentence", "--model", str(model_dir), "--data", str(docs), "--out",
                  str(out), "--n", "3", "--lengths", "32", "--suffix-len", "8", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    # each cell with its bootstrap interval: all 3 items right, so [1, 1]; a 24-token prefix + 8
-    assert summary["cells"] == [{"group": "", "col": 32, "value": 1.0, "n": 3, "lo": 1.0, "hi": 1.0}]
+    # each cell a proportion with its Wilson interval: all 3 items right, so [0.4385, 1] (scipy's binomtest
+    # proportion_ci(method="wilson") for 3 of 3), never [1, 1]; a 24-token prefix + 8
+    assert summary["cells"] == [{"group": "", "col": 32, "value": 1.0, "n": 3, "lo": pytest.approx(0.43850, abs=1e-5),
+                                 "hi": 1.0, "interval": "Wilson"}]
     for r in _items(out):  # negatives overlap neither the prefix nor the gold suffix
         b = r["boundary"]
         assert all(s + 8 <= b - 24 or s >= b + 8 for s in r["negative_starts"])
