@@ -346,7 +346,7 @@ def claim_output_file(path: str | os.PathLike, what: str | None = "--out", *, ov
     """``path`` may be written as this command's output file (:func:`check_output_file`), checked before any work:
     with ``suffix`` (``.png``) it ends so; an existing file is replaced only when this tool wrote it
     (:func:`wrote`) or with ``overwrite``. The file is recorded as ours once written."""
-    path = check_output_file(path, what)
+    path = check_output_file(path)
     if suffix and path.suffix.lower() != suffix:
         raise InputError(f"{what + ': ' if what else ''}must end in {suffix} (it is written as {suffix[1:].upper()})",
                          path)
@@ -362,7 +362,7 @@ def claim_output_dir(path: str | os.PathLike, what: str | None = "--out", *, ove
     work: new, empty, or holding only what this tool wrote; else only with ``overwrite``. ``whole``: the command
     writes the directory itself (:func:`atomic_dir`: recorded beside it); else the files it writes in it are
     recorded (a report's tables)."""
-    path = check_output_dir(path, what)
+    path = check_output_dir(path)
     if path.is_dir() and not overwrite and not (whole and wrote(path)):
         foreign = foreign_entries(path)
         if foreign:
