@@ -10,8 +10,8 @@ question, answer prefix and the answer budget.
 
 Each sample is scored teacher-forced (``(tf)`` rows: the share of its references whose every token is the argmax,
 with the answer's log-probability) and by greedy generation (``(gen)`` rows: RULER's string_match_all; _part
-recorded), both a share in [0, 1], from one prefill (ropescale.probes.ruler.score). items.jsonl has one record a sample and
-way; summary.json adds the RULER average over the tasks per length and the effective lengths
+recorded), both a share in [0, 1], from one prefill (ropescale.probes.ruler.score). items.jsonl has one record a
+sample and way; summary.json adds the RULER average over the tasks per length and the effective lengths
 (ropescale.probes.ruler.tables: ``python -m ropescale.probes.ruler.tables DIR...`` writes the tables and the
 needle heatmaps of several runs).
 """
@@ -106,8 +106,9 @@ def ruler_probe(loaded, docs, settings: RulerSettings | None = None, **fields) -
     ctx = make_context(loaded.tokenizer, lang, texts)
     ways = ("tf", "gen") if s.score == "both" else (s.score,)
     by_length = REGISTRY[RopeSpec.from_record(loaded.rope).method].by_length
-    run = ProbeRun("ruler", loaded, s, lengths, metric="score (share of references): tf = references read teacher-forced, gen = "
-                   "RULER string_match_all of greedy generation", column="length L (tokens, answer budget included)")
+    metric = ("score (share of references): tf = references read teacher-forced, gen = RULER string_match_all of "
+              "greedy generation")
+    run = ProbeRun("ruler", loaded, s, lengths, metric=metric, column="length L (tokens, answer budget included)")
     todo = [p for p in plan(s, lengths) if not all(run.done(item_id(*p, w)) for w in ways)]
     eos = loaded.tokenizer.eos_token_id
     t_read = 0.0

@@ -1,9 +1,9 @@
 """The ruler probe's readings: per task and length, the RULER average, the effective lengths, the needle grid and
 its heatmaps, from the items of one or more run directories.
 
-- a cell is the mean score (items.jsonl: a share in [0, 1]; here x 100) over its n samples; its 95 % interval is Wilson's (ropescale.common.stats) when
-  every sample scores 0 or 100 (a proportion), else the percentile bootstrap over the samples
-  (ropescale.common.stats.means.cell: the bootstrap from n = 8, the t interval below);
+- a cell is the mean score (items.jsonl: a share in [0, 1]; here x 100) over its n samples; its 95 % interval is
+  Wilson's (ropescale.common.stats.proportions) when every sample scores 0 or 100 (a proportion), else the mean's
+  (ropescale.common.stats.means.cell: the percentile bootstrap from n = 8, the t interval below);
 - the average is RULER's: the mean over the tasks of each task's mean at a length (arXiv 2404.06654 Sec 4), its
   interval a stratified bootstrap (each task's samples resampled on their own);
 - the effective length: RULER's absolute rule (the longest length up to which the average stays >= 85.6, Llama-2-7B's
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ropescale.common.stats.proportions import wilson
 from ropescale.common.stats.lengths import effective_length, effective_length_relative
 from ropescale.common.stats.means import cell
+from ropescale.common.stats.proportions import wilson
 
 from .tasks import GRID
 
