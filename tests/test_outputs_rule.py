@@ -18,6 +18,7 @@ from ropescale.common.paths import CHAPTERS_JSONL, REPO_ROOT
 TINY_TOK = str(REPO_ROOT / "assets" / "tiny")
 CHAPTERS = str(CHAPTERS_JSONL)
 
+PROBES = ("suffix-id", "ppl", "perturb", "copy", "shuffle", "ruler", "passkey")  # each writes a probe run directory
 # (tool, command) -> {output flag: (kind, the other arguments)}; "{in}" is a folder of small valid inputs (inputs()).
 # kind: "file" (a file output), "png" (a plot: must end in .png), "dir" (a directory written whole or a folder of
 # tables), "run" (a run directory).
@@ -44,8 +45,7 @@ WRITES = {
                                                "--out", "{in}/newrun"])},
     ("probes", "report"): {"--out": ("dir", ["{in}/probe"]), "--plot": ("png", ["{in}/probe"])},
     ("real-model", ""): {"--out": ("dir", [])},
-    **{("probes", p): {"--out": ("run", ["--model", "tiny"])} for p in ("suffix-id", "ppl", "perturb", "copy", "ruler",
-                                                                         "shuffle")},
+    **{("probes", p): {"--out": ("run", ["--model", "tiny"])} for p in PROBES},
 }
 READS_ONLY = {("rope", "describe"), ("data", "stats")}
 # writes, but its --out goes only with --build (an hour of pretraining): its check belongs in make_tiny.py
