@@ -34,7 +34,8 @@ def check_report_to(name: str) -> None:
         raise InputError(f"--report-to must be one of {', '.join(REPORT_TO)}, got {name!r}")
     mods = _MODULES.get(name, ())
     if mods and not any(importlib.util.find_spec(m) is not None for m in mods):
-        missing = f"no {mods[0]} package is installed" if len(mods) == 1 else f"neither {' nor '.join(mods)} is installed"
+        missing = (f"no {mods[0]} package is installed" if len(mods) == 1 else
+                   f"neither {' nor '.join(mods)} is installed")
         raise InputError(f"--report-to {name}: {missing} ({_INSTALL[name]}); the loss-and-learning-rate PNG "
                          f"({CURVES_PNG}) is drawn into the run directory without it")
 

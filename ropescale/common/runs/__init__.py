@@ -77,8 +77,8 @@ from .resume import (  # noqa: F401
     check_resume_mode,
     claim_run_dir,
     open_run_dir,
-    refuse_resume,
     recorded_keys,
+    refuse_resume,
     resume_diffs,
     settings_diff,
 )
