@@ -140,6 +140,16 @@ def test_gguf_header_against_the_gguf_package(broken):
         check_gguf(broken["cut_data"])
 
 
+def test_a_whole_gguf_that_is_no_model(broken, tmp_path):
+    """A whole GGUF file whose tensors make no model transformers can build: one line, nothing written."""
+    from ropescale.common.gguf import convert
+
+    with pytest.raises(InputError) as e:
+        convert(broken["whole"], tmp_path / "out")
+    assert str(e.value).startswith(f"{broken['whole']}: a GGUF file transformers cannot read as a model (")
+    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+
+
 def _commands(model: Path, tmp: Path) -> dict:
     data = tmp / "eval.jsonl"
     data.write_text(json.dumps({"context": "some text", "summary": "a summary"}) + "\n", encoding="utf-8")

@@ -212,8 +212,12 @@ def convert(path: str | os.PathLike, out: str | os.PathLike, *, check_text: str 
     check_gguf(p)
     t0 = time.time()
     log(f"[gguf] reading {p} (de-quantising to fp32)")
-    model, tok = load_gguf(p)
-    plain = plain_copy(model)
+    try:
+        model, tok = load_gguf(p)
+        plain = plain_copy(model)
+    except (ValueError, RuntimeError, KeyError, TypeError, NotImplementedError) as e:  # a whole file, not a model
+        why = (str(e).strip().splitlines() or [""])[0][:200]
+        raise InputError(f"a GGUF file transformers cannot read as a model ({type(e).__name__}: {why})", p) from None
     record = {"gguf_file": p.name, "sha256": sha256_file(p), "bytes": p.stat().st_size,
               "transformers": version("transformers"), "gguf": version("gguf"), **(extra or {})}
     if check_text is not None:

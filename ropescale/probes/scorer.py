@@ -2,7 +2,10 @@
 
 Every probe reduces to "sum of token log-probabilities of a continuation given a prefix" (Sun et al. 2021 Sec 2.1,
 ChapterBreak Sec 2: P(s|c); Laban et al. 2021 Sec 3.1, Eq. 1: log P(S) = sum_i log P(W_i | W_<i)).
-Sequences in one batch are right-padded and masked; the model runs in fp32 under ``torch.no_grad``.
+Sequences in one batch are right-padded and masked; the model runs in fp32 under ``torch.no_grad``. The LM head runs
+on the hidden states of the scored positions only (:func:`scored_logprobs`, as training's label-only head), and
+each forward is first checked against the memory available (:func:`check_batch`,
+``ropescale.common.forward_memory``): what cannot fit is one line naming the longest length that would.
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from ropescale.common.text import split_sentences
 from .command import register_probe
 from .common import POSITIVE, ProbeRun, ProbeSettings, data_setting, probe_settings, progress, rng_for
 from .data import Doc, is_chapters_file, load_books, load_docs
-from .scorer import score_document
+from .scorer import check_batch, score_document
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,8 @@ def shuffle_probe(loaded, docs: list[Doc], settings: ShuffleSettings | None = No
     window = s.window or loaded.context
     if not blocks:
         raise InputError("--blocks: give at least one block size")
+    # every token of a window is scored; documents shorter than the window are padded
+    check_batch(loaded.model, [window] * batch_size, window, what=f"--window {window}", padded=True)
     s = dataclasses.replace(s, max_sentences=max_sentences, window=window, data=data)
     run = ProbeRun("shuffle", loaded, s, lengths or [],
                    metric="accuracy (original scores above the block-shuffled version)",

@@ -48,7 +48,7 @@ from ropescale.common.text import split_sentences
 from .command import register_probe
 from .common import POSITIVE, ProbeRun, ProbeSettings, data_setting, encode, probe_settings, progress, rng_for
 from .data import is_chapters_file, load_books, load_docs, render_chapter
-from .scorer import score_candidates
+from .scorer import check_batch, score_candidates
 
 N_NEGATIVES = 5
 HEADINGS = ("index", "full", "none")
@@ -190,8 +190,20 @@ def check_lengths(s: SuffixIdSettings) -> None:
         raise InputError(f"no length leaves room for a prefix beside the {s.suffix_len}-token candidate")
 
 
+def check_memory(loaded, s: SuffixIdSettings, candidates: int = 6) -> None:
+    """The longest length's forwards fit the memory available (one line otherwise, before any text is read): the
+    prefix encoded once with its KV cache and a copy per candidate in a batch, or (a length-dependent rope) a batch
+    of whole prefix + candidate rows."""
+    L, rows = max(s.lengths), min(s.batch_size, candidates)
+    if _reuse(loaded):
+        check_batch(loaded.model, [L], 1, kv=True, kv_copies=rows + 1, what=f"--lengths {L}")
+    else:
+        check_batch(loaded.model, [L] * rows, s.suffix_len, what=f"--lengths {L}", padded=True)
+
+
 def _start(loaded, settings, fields: dict, variant: str) -> tuple[SuffixIdSettings, ProbeRun]:
     s = _resolved(loaded, settings, fields, variant)
+    check_memory(loaded, s)  # before any text is read or the run directory is opened
     return s, ProbeRun("suffix-id", loaded, s, s.lengths, metric=METRICS[s.score],
                        column="tokens read (prefix + candidate)")
 
