@@ -48,7 +48,7 @@ class RulerSettings(ProbeSettings):
                                               "context", check=POSITIVE, metavar="L,L,...")
     tasks: list[str] = setting(list(TASKS) + [GRID], "tasks, comma-separated", check=(
         lambda t: t in TASKS or t == GRID, f"among {', '.join(list(TASKS) + [GRID])}"))
-    depths: int = setting(11, "niah_grid: needle depths, evenly from 0 to 100 %",
+    depths: int = setting(11, "niah_grid: needle depths, evenly from 0 to 1 (a share of the haystack)",
                           check=(lambda v: v >= 2, "at least 2"))
     grid_n: int = setting(0, "niah_grid: samples a depth x length cell (0: --n)", check=(lambda v: v >= 0,
                                                                                      "not be negative"))
@@ -111,13 +111,14 @@ def ruler_probe(loaded, docs, settings: RulerSettings | None = None, **fields) -
     run = ProbeRun("ruler", loaded, s, lengths, metric=metric, column="length L (tokens, answer budget included)")
     todo = [p for p in plan(s, lengths) if not all(run.done(item_id(*p, w)) for w in ways)]
     eos = loaded.tokenizer.eos_token_id
-    t_read = 0.0
+    t_read = c_read = 0.0
     for task, L, i, depth in progress(todo, "ruler"):
         sample = make_sample(ctx, task, L, i, s.seed, depth, s.max_new_tokens)
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), time.process_time()
         res = read_sample(loaded.model, sample, loaded.tokenizer, teacher="tf" in ways, generate="gen" in ways,
                           shared=s.share_prefill and not by_length, eos_id=eos)
         t_read += time.monotonic() - t0
+        c_read += time.process_time() - c0
         base = {"task": task, "col": L, "index": i, "depth": depth, "tokens": sample.total,
                 "prompt_tokens": len(sample.prompt), "budget": sample.budget, "refs": sample.refs,
                 "info": {k: v for k, v in sample.info.items() if k not in ("keys",)}}
@@ -129,8 +130,10 @@ def ruler_probe(loaded, docs, settings: RulerSettings | None = None, **fields) -
                      **base, **{k: res[k] for k in keep}})
     if todo:
         how = "shared" if s.share_prefill and not by_length else "separate"
-        print(f"[ruler] {len(todo)} samples read in {t_read:.1f} s ({how} prefill)", file=sys.stderr)
-    return run.finish(summary_extra(run.log.records(), lengths, loaded.orig_ctx) | {"read_seconds": round(t_read, 2)})
+        print(f"[ruler] {len(todo)} samples read in {t_read:.1f} s, {c_read:.1f} s of CPU ({how} prefill)",
+              file=sys.stderr)
+    return run.finish(summary_extra(run.log.records(), lengths, loaded.orig_ctx) | {"read_seconds": round(t_read, 2),
+                                                                                "read_cpu_seconds": round(c_read, 2)})
 
 
 def load_ruler(s: RulerSettings):

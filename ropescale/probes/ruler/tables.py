@@ -5,7 +5,8 @@ its heatmaps, from the items of one or more run directories.
   Wilson's (ropescale.common.stats.proportions) when every sample scores 0 or 100 (a proportion), else the mean's
   (ropescale.common.stats.means.cell: the percentile bootstrap from n = 8, the t interval below);
 - the average is RULER's: the mean over the tasks of each task's mean at a length (arXiv 2404.06654 Sec 4), its
-  interval a stratified bootstrap (each task's samples resampled on their own);
+  interval Wilson's on the pooled samples when they are all 0 or 100 with equal n a task, else a stratified
+  bootstrap (each task's samples resampled on their own);
 - the effective length: RULER's absolute rule (the longest length up to which the average stays >= 85.6, Llama-2-7B's
   4K score) and NoLiMa's relative rule (>= 0.85 x the in-window score: the average at the longest length inside the
   original context; a 3.5M or 135M model never reaches 85.6), both by
@@ -39,7 +40,12 @@ def interval(values: list[float]) -> tuple[float, float | None, float | None, st
         p = wilson(sum(v == 100.0 for v in values), len(values))
         return 100 * p.rate, 100 * p.lo, 100 * p.hi, "Wilson"
     e = cell(values)
-    return e.mean, e.lo, e.hi, "bootstrap"
+    return e.mean, clip(e.lo), clip(e.hi), e.rule
+
+
+def clip(v):
+    """An interval's end clipped to the scores' range [0, 100]."""
+    return None if v is None else min(100.0, max(0.0, v))
 
 
 def by_task(records: list[dict]) -> dict:
@@ -52,7 +58,9 @@ def by_task(records: list[dict]) -> dict:
 
 
 def averages(records: list[dict], seed: int = 0, resamples: int = 2000) -> dict:
-    """{way: {length: (average, lo, hi, tasks)}}: RULER's mean over tasks, a stratified bootstrap interval."""
+    """{way: {length: (average, lo, hi, tasks)}}: RULER's mean over tasks; its interval Wilson's on the pooled samples
+    when every sample scores 0 or 100 and the tasks have the same n (the average is then their pooled share), else
+    a stratified bootstrap."""
     cells = by_task(records)
     rng = np.random.default_rng(seed)
     out: dict = {}
@@ -61,6 +69,10 @@ def averages(records: list[dict], seed: int = 0, resamples: int = 2000) -> dict:
         for L in lengths:
             groups = [np.array(c[L]) for (t, w), c in cells.items() if w == way and L in c]
             mean = float(np.mean([g.mean() for g in groups]))
+            if len({len(g) for g in groups}) == 1 and all(set(g.tolist()) <= {0.0, 100.0} for g in groups):
+                p = wilson(int(sum((g == 100.0).sum() for g in groups)), sum(len(g) for g in groups))
+                out.setdefault(way, {})[L] = (mean, 100 * p.lo, 100 * p.hi, len(groups))
+                continue
             draws = np.mean([g[rng.integers(0, len(g), size=(resamples, len(g)))].mean(1) for g in groups], axis=0)
             lo, hi = np.percentile(draws, [2.5, 97.5])
             out.setdefault(way, {})[L] = (mean, float(lo), float(hi), len(groups))
@@ -131,6 +143,27 @@ def task_table(runs: list[tuple[str, list[dict], int]], way: str) -> str:
     return "\n".join(lines)
 
 
+def loss_table(runs: list[tuple[str, list[dict], int]]) -> str:
+    """Rows: run x task; columns: lengths; cells: the teacher-forced loss of the reference tokens (nats a token, the
+    mean over samples, its interval ropescale.common.stats.means.cell's)."""
+    lengths = sorted({r["col"] for _, recs, _ in runs for r in recs})
+    lines = ["| run | task | n | " + " | ".join(map(str, lengths)) + " |", "|" + "---|" * (3 + len(lengths))]
+    for name, recs, _ in runs:
+        by: dict = {}
+        for r in recs:
+            if r["way"] == "tf" and r["task"] != GRID and r.get("ref_loss") is not None:
+                by.setdefault(r["task"], {}).setdefault(r["col"], []).append(float(r["ref_loss"]))
+        for task, c in sorted(by.items()):
+            n = "/".join(sorted({str(len(v)) for v in c.values()}))
+            cells = []
+            for L in lengths:
+                e = cell(c[L]) if L in c else None
+                cells.append("-" if e is None else (f"{e.mean:.2f} [{max(0.0, e.lo):.2f}, {e.hi:.2f}]"
+                                                    if e.lo is not None else f"{e.mean:.2f}"))
+            lines.append(f"| {name} | {task} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def effective_table(runs: list[tuple[str, list[dict], int]], way: str) -> str:
     lines = ["| run | in-window score (at L) | RULER rule: avg >= 85.6 | NoLiMa rule: avg >= 0.85 x in-window "
              "(threshold) |", "|---|---|---|---|"]
@@ -169,9 +202,12 @@ def heatmaps(runs: list[tuple[str, list[dict], int]], way: str, png: str | Path)
 
     shown = [(name, grid_cells(recs, way)) for name, recs, _ in runs]
     shown = [(n, g) for n, g in shown if g]
-    fig, axes = plt.subplots(1, len(shown), figsize=(2.2 + 1.0 * sum(len({L for _, L in g}) for _, g in shown),
-                                                      4.2), squeeze=False)
-    for ax, (name, g) in zip(axes[0], shown):
+    cols = min(5, len(shown))
+    rows = -(-len(shown) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols + 0.6, 2.9 * rows + 0.5), squeeze=False)
+    for ax in axes.flat[len(shown):]:
+        ax.axis("off")
+    for ax, (name, g) in zip(axes.flat, shown):
         depths, lengths = sorted({d for d, _ in g}), sorted({L for _, L in g})
         acc = np.array([[100 * g[(d, L)][0] / g[(d, L)][1] if (d, L) in g else np.nan for L in lengths]
                         for d in depths])
@@ -185,7 +221,8 @@ def heatmaps(runs: list[tuple[str, list[dict], int]], way: str, png: str | Path)
         n = sorted({v[1] for v in g.values()})
         ax.set_title(f"{name}\n(n = {'/'.join(map(str, n))} a cell)", fontsize=8)
         ax.set_xlabel("length L (tokens)", fontsize=7)
-    axes[0][0].set_ylabel("needle depth (%)", fontsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("needle depth (%)", fontsize=7)
     fig.suptitle(f"needle grid: niah_single_1 accuracy (%), {way}", fontsize=9)
     fig.tight_layout()
     from ropescale.common.io import atomic_open
@@ -213,6 +250,8 @@ def load_runs(dirs: list[str]) -> list[tuple[str, list[dict], int]]:
 def page(runs, way: str, png_name: str) -> str:
     parts = [f"### Per task and the average ({way})", task_table(runs, way),
              f"### Effective length ({way})", effective_table(runs, way)]
+    if way == "tf":
+        parts += ["### Teacher-forced loss of the reference tokens (nats a token)", loss_table(runs)]
     if any(grid_cells(recs, way) for _, recs, _ in runs):
         parts += [f"### Needle grid ({way}): correct/n [Wilson 95 %] by depth x length", f"![needle grid]({png_name})"]
         parts += [grid_table(name, recs, way) for name, recs, _ in runs if grid_cells(recs, way)]
