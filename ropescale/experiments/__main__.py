@@ -1,0 +1,103 @@
+"""``python -m ropescale.experiments run|report FILE`` (``ropescale experiment ...``): run an experiment file's arms
+(resumable: a second call runs nothing and prints the table) or only report what its runs hold. The page
+(OUT/NAME.md, or --page), results.json and run.json go to the work dir; the tables to stdout, progress to stderr."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from ropescale.common.cli import cli_main
+from ropescale.common.settings import add_settings, from_args
+
+from .runner import ExperimentSettings
+
+PROG = "python -m ropescale.experiments"
+
+
+def parser(prog: str | None = None) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog or PROG, description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", metavar="{run,report}")
+    for name, what in (("run", "run the arms not complete yet, then report"), ("report", "report, running nothing")):
+        p = sub.add_parser(name, help=what, description=what)
+        p.add_argument("file", metavar="FILE", help="the experiment file (YAML, docs/experiments.md)")
+        add_settings(p, ExperimentSettings)
+    return ap
+
+
+def experiment(argv: list[str] | None = None, prog: str | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser(prog).parse_args(argv)
+    if not args.command:
+        parser(prog).print_help(sys.stderr)
+        return 2
+    st = from_args(args, ExperimentSettings)
+    return go(args.file, st, args.command == "run", f"{prog or PROG} {' '.join(map(shlex.quote, argv))}")
+
+
+main = cli_main(experiment)
+
+
+def go(file: str, st: ExperimentSettings, running: bool, command: str) -> int:
+    """Run (``running``) and report one experiment file with these settings."""
+    from ropescale.common.io import InputError, write_json_atomic, write_text_atomic
+    from ropescale.common.runs import RunDir, RunRecord, open_run_dir
+    from ropescale.common.settings import to_record
+
+    from . import collect, compare, page, runner, spec
+
+    t0 = time.time()
+    exp = spec.load(file, quick=st.quick)
+    work = runner.work_dir(exp, st)
+    arms, seeds = runner.plan(exp, st)
+    rd = RunDir(work)
+    if running:
+        open_run_dir(work, "experiment")
+        old = rd.read_meta() if rd.exists() else {}
+        rec = RunRecord("experiment", settings={"file": str(Path(file)), **to_record(st)},
+                        info={"name": exp.name, "arms": list(exp.arms), "seeds": list(seeds),
+                              "lengths": list(exp.lengths), "experiment": Path(file).read_text(encoding="utf-8")},
+                        created=old.get("created"), seconds=float(old.get("seconds") or 0.0))
+        rd.write_record(rec)
+        done = runner.run(exp, st, work)
+        rec.status, rec.seconds = "complete", rec.seconds + (time.time() - t0)
+        rec.info["ran"] = done["ran"]
+        rd.write_record(rec)
+    elif not work.is_dir():
+        raise InputError(f"no runs of this experiment in {work} (run it first, or give --out)", file)
+    data = collect.collect(exp, work, arms, seeds)
+    res = compare.results(exp, data, seeds)
+    wall = {"this": time.time() - t0, "runs": run_seconds(exp, work, arms, seeds)}
+    target = Path(st.page) if st.page else work / f"{exp.name}.md"
+    text = page.page(exp, res, command, wall, page.read_old(target))
+    write_json_atomic(work / "results.json", compare.to_json(res))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(target, text)
+    runner.say(exp, f"page {target}, results {work / 'results.json'}")
+    print(page.tables(exp, res))
+    return 0
+
+
+def run_seconds(exp, work: Path, arms, seeds) -> float:
+    """The wall time the arms' runs recorded (run.json ``seconds``, summed)."""
+    import json
+
+    from .runner import run_dir
+
+    total = 0.0
+    for a in arms:
+        for s in seeds:
+            for t in exp.lengths:
+                p = run_dir(work, a, s, t) / "run.json"
+                if p.is_file():
+                    try:
+                        total += float(json.loads(p.read_text(encoding="utf-8")).get("seconds") or 0.0)
+                    except (OSError, ValueError, TypeError):
+                        pass
+    return total
+
+
+if __name__ == "__main__":
+    sys.exit(main())

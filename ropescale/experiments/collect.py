@@ -1,0 +1,35 @@
+"""Collecting an experiment's runs: each run directory's per-sample scores (the file and field ``score:`` names),
+as {arm: {seed: {length: {sample id: score}}}}. Only what is there: a run not made yet is absent, not an error."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ropescale.common.io import InputError, read_jsonl
+
+from .runner import run_dir
+from .spec import Experiment
+
+
+def scores(path: Path, field: str, key: str) -> dict:
+    """{id (as a string): float} of one score file; a record without a finite number in ``field`` is an error
+    naming the file and line."""
+    out = {}
+    for k, rec in enumerate(read_jsonl(path, (key, field)), 1):
+        v = rec[field]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise InputError(f"record {k}: {field} is {v!r}, not a number", path)
+        out[str(rec[key])] = float(v)
+    return out
+
+
+def collect(exp: Experiment, work: Path, arms, seeds) -> dict:
+    """{arm: {seed: {length: {id: score}}}} of the runs that have their score file."""
+    out: dict = {}
+    for a in arms:
+        for s in seeds:
+            for t in exp.lengths:
+                p = run_dir(work, a, s, t) / exp.score.file
+                if p.is_file():
+                    out.setdefault(a, {}).setdefault(s, {})[t] = scores(p, exp.score.field, exp.score.id)
+    return out

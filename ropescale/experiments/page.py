@@ -1,0 +1,95 @@
+"""An experiment's page: the table of cells with their intervals (per seed, and over seeds when there are several),
+each family's comparisons with p and BH q, the command that made it, the machine and the wall time, and a reading
+section below :data:`READING` that a re-run keeps (the convention of ``scripts/real_model.py``)."""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+
+from ropescale.common.tables import markdown
+
+from .spec import Experiment
+
+READING = "<!-- reading: python -m ropescale.experiments keeps what follows this line -->"
+
+
+def machine() -> str:
+    """The machine in words: CPU count, platform, Python."""
+    return f"{os.cpu_count()} CPU cores, {platform.platform(terse=True)}, Python {platform.python_version()}"
+
+
+def test_text(sig) -> str:
+    """``+1.2 [-0.3, +2.5] p=0.25 q=0.31`` (the mean difference, its interval, p, BH q in the family)."""
+    from ropescale.common.stats.tests import p_text
+
+    if sig.statistic is None:
+        return "-"
+    ci = "" if sig.lo is None else f" [{sig.lo:+.1f}, {sig.hi:+.1f}]"
+    p = "" if sig.p is None else f" p={p_text(sig.p)}" + ("" if sig.q is None else f" q={p_text(sig.q)}")
+    return f"{sig.statistic:+.1f}{ci}{p}"
+
+
+def cells_table(exp: Experiment, part: dict) -> str:
+    cols = [f"T{t}" for t in exp.lengths]
+    rows = [[f"{exp.label(s)} ({s})", *[row[t].text() if t in row else "-" for t in exp.lengths]]
+            for s, row in part["cells"].items()]
+    est = [e for row in part["cells"].values() for e in row.values() if e.mean is not None]
+    ns = sorted({e.n for e in est})
+    rules = sorted({f"{e.rule} over {e.unit}s" for e in est})
+    note = (f"n = {'/'.join(map(str, ns)) or '-'} a cell (distinct {est[0].unit if est else 'sample'}s; a row "
+            f"averaging several arms counts a sample once); 95% interval: {', '.join(rules) or '-'}")
+    if est and est[0].unit == "seed":
+        note += "; (min-max) the seeds' cells"
+    return markdown(["row", *cols], rows) + "\n\n" + note + "."
+
+
+def family_table(exp: Experiment, name: str, tests: list) -> str:
+    cols = [f"T{t}" for t in exp.lengths]
+    by_pair: dict = {}
+    for a, b, t, sig in tests:
+        by_pair.setdefault((a, b), {})[t] = sig
+    rows = [[f"{a} - {b}", *[test_text(row[t]) if t in row else "-" for t in exp.lengths]]
+            for (a, b), row in by_pair.items()]
+    sigs = [sig for *_, sig in tests if sig.p is not None]
+    unit = sigs[0].unit if sigs else "sample"
+    min_ps = sorted({sig.min_p for sig in sigs if sig.min_p is not None})
+    resolved = sum(sig.resolved for sig in sigs)
+    kind = ("t test over the seeds' differences" if unit == "seed"
+            else "paired sign-flip permutation over the sample ids both rows have")
+    note = (f"{kind} (unit: {unit}; smallest attainable p {', '.join(f'{p:.2g}' for p in min_ps) or '-'}); "
+            f"q: Benjamini-Hochberg over this family's {len(sigs)} tests; {resolved} resolved at q < 0.05 "
+            f"({0.05 * len(sigs):.1f} of {len(sigs)} tests would reach p < 0.05 by chance).")
+    return f"Family **{name}**: a - b [95% interval] p q\n\n" + markdown(["comparison", *cols], rows) + "\n\n" + note
+
+
+def part_text(exp: Experiment, part: dict, what: str) -> str:
+    out = [f"### {what}: {exp.score.name}, mean [95% interval]\n\n" + cells_table(exp, part)]
+    out += [family_table(exp, name, tests) for name, tests in part["families"].items()]
+    return "\n\n".join(out)
+
+
+def tables(exp: Experiment, res: dict) -> str:
+    parts = []
+    if res["pooled"] is not None:
+        seeds = ", ".join(map(str, res["seeds"]))
+        parts.append(part_text(exp, res["pooled"], f"Over seeds {seeds} (the seed the unit)"))
+    for s, part in res["seeds"].items():
+        parts.append(part_text(exp, part, f"Seed {s}"))
+    return "\n\n".join(parts) if parts else "(no runs yet)"
+
+
+def page(exp: Experiment, res: dict, command: str, wall: dict, old: str | None) -> str:
+    """The page's text; ``old``: the page as it was (its reading section is kept)."""
+    head = [f"# {exp.title}", exp.about] if exp.about else [f"# {exp.title}"]
+    head.append(f"Made by `{command}` on {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; machine: "
+                f"{machine()}; wall time {wall['this']:.0f} s this call ({wall['runs']:.0f} s in the runs' "
+                f"run.json){' (quick miniature)' if exp.quick else ''}.")
+    kept = old.split(READING, 1) if old else []
+    return ("\n\n".join(head) + "\n\n" + tables(exp, res) + "\n\n" + READING
+            + (kept[1] if len(kept) == 2 else "\n"))
+
+
+def read_old(path: Path) -> str | None:
+    return path.read_text(encoding="utf-8") if path.is_file() else None

@@ -1,0 +1,295 @@
+"""An experiment file (YAML, docs/experiments.md): what it may hold, read and checked in one place.
+
+Top-level keys: ``name``, ``title``, ``about``, ``seeds``, ``lengths``, ``vars`` (values the flag lists name as
+``{key}``), ``prepare`` (files made once per seed and length before the arms: ``NAME: {out: PATH, run: [flags]}``;
+the arms name the file as ``{NAME}``), ``arms`` (``NAME: {label, run: [flags]}``, the flags of a ``ropescale``
+command: ``[eval, generate, ...]``; run once per seed and length with ``--out`` a run directory and ``--resume
+auto``), ``pools`` (rows that average arms per sample: ``NAME: {label, arms: [...]}``), ``score`` (``file``, ``field``,
+``id``, ``name``, ``make``: the command that writes the file into ``{run}`` when it is missing), ``table`` (the rows
+shown, arms or pools), ``families`` (``NAME: [[a, b], ...]``: the comparisons a - b read together, BH q per family)
+and ``quick`` (overrides of ``seeds``, ``lengths``, ``vars`` and ``arms``, a list: the miniature a test runs).
+
+Every mistake a user can make is an :class:`~ropescale.common.io.InputError` naming the file and line.
+"""
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ropescale.common.io import InputError
+
+KEYS = ("name", "title", "about", "seeds", "lengths", "vars", "prepare", "arms", "pools", "score", "table",
+        "families", "quick")
+QUICK_KEYS = ("seeds", "lengths", "vars", "arms")
+RUNTIME = ("seed", "length", "run", "out", "work")  # placeholders the runner fills in
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: its name, label and the flag list of the ``ropescale`` command it runs (placeholders unfilled)."""
+
+    name: str
+    label: str
+    run: tuple
+
+
+@dataclass(frozen=True)
+class Score:
+    """Where a run's per-sample score lives: ``file`` in the run directory, one JSON object a line with ``id`` and
+    ``field``; ``make`` writes the file when it is missing (a flag list with ``{run}``)."""
+
+    file: str = "sample_scores.jsonl"
+    field: str = "rouge_l"
+    id: str = "id"
+    name: str = "ROUGE-L"
+    make: tuple = ()
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A study: arms x seeds x lengths, the score, the rows shown and the comparison families."""
+
+    path: Path
+    name: str
+    title: str
+    about: str
+    seeds: tuple
+    lengths: tuple
+    vars: dict
+    prepare: dict  # name -> (out, run)
+    arms: dict  # name -> Arm
+    pools: dict  # name -> (label, arm names)
+    score: Score
+    table: tuple
+    families: dict  # name -> ((a, b), ...)
+    quick: bool = False
+    lines: dict = field(default_factory=dict, compare=False)
+
+    def label(self, series: str) -> str:
+        return self.pools[series][0] if series in self.pools else self.arms[series].label
+
+    def members(self, series: str) -> tuple:
+        """The arms a row averages per sample (an arm: itself)."""
+        return tuple(self.pools[series][1]) if series in self.pools else (series,)
+
+
+def _line(text: str, key: str) -> int | None:
+    for i, ln in enumerate(text.splitlines(), 1):
+        if re.match(rf"^\s*-?\s*{re.escape(str(key))}\s*:", ln):
+            return i
+    return None
+
+
+class Reader:
+    """The checks of one file: each error names the file and the line of the key it is about."""
+
+    def __init__(self, path: Path, text: str):
+        self.path, self.text = path, text
+
+    def fail(self, key, what: str):
+        raise InputError(what, self.path, _line(self.text, key) if key is not None else None)
+
+    def mapping(self, v, key) -> dict:
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            self.fail(key, f"{key}: expected a mapping of name: value")
+        return v
+
+    def ints(self, v, key) -> tuple:
+        if isinstance(v, (int, str)) and not isinstance(v, bool):
+            v = [x for x in re.split(r"[,\s]+", str(v)) if x]
+        if not isinstance(v, list) or not v:
+            self.fail(key, f"{key}: expected a non-empty list of integers")
+        try:
+            out = tuple(int(x) for x in v)
+        except (TypeError, ValueError):
+            self.fail(key, f"{key}: expected integers, got {v!r}")
+        if any(isinstance(x, bool) or x < 0 for x in v if not isinstance(x, str)):
+            self.fail(key, f"{key}: expected integers >= 0, got {v!r}")
+        return out
+
+    def flags(self, v, key) -> tuple:
+        if not isinstance(v, list) or not v or not all(isinstance(x, (str, int, float)) and not isinstance(x, bool)
+                                                        for x in v):
+            self.fail(key, f"{key}: expected a flag list of a ropescale command, e.g. [eval, generate, --model, tiny]")
+        return tuple(str(x) for x in v)
+
+    def name(self, v, key) -> str:
+        if not isinstance(v, str) or not NAME.match(v):
+            self.fail(key, f"{key}: {v!r} is not a name (letters, digits, '_', '-', '.')")
+        return v
+
+
+def placeholders(flags) -> set:
+    """The ``{name}`` fields a flag list uses."""
+    out = set()
+    for f in flags:
+        for _, name, _, _ in string.Formatter().parse(f):
+            if name:
+                out.add(name)
+    return out
+
+
+def read_yaml(p: Path) -> tuple[dict, Reader]:
+    """The file's mapping and its :class:`Reader`."""
+    import yaml
+
+    if not p.is_file():
+        raise InputError("no such experiment file", p)
+    text = p.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise InputError(f"malformed YAML: {getattr(e, 'problem', e)}", p,
+                         None if mark is None else mark.line + 1) from None
+    r = Reader(p, text)
+    if not isinstance(data, dict):
+        r.fail(None, "an experiment is a YAML mapping (name, arms, seeds, lengths, score, families, ...)")
+    for k in data:
+        if k not in KEYS:
+            r.fail(k, f"unknown key {k!r} (known: {', '.join(KEYS)})")
+    for k in ("name", "arms"):
+        if k not in data:
+            r.fail(None, f"missing key {k!r}")
+    return data, r
+
+
+def read_vars(r: Reader, data: dict, q: dict, quick: bool) -> dict:
+    variables = {str(k): v for k, v in r.mapping(data.get("vars"), "vars").items()}
+    if quick:
+        for k, v in r.mapping(q.get("vars"), "vars").items():
+            if str(k) not in variables:
+                r.fail(k, f"quick: vars: {k!r} is not one of the file's vars ({', '.join(variables)})")
+            variables[str(k)] = v
+    for k in variables:
+        if k in RUNTIME:
+            r.fail(k, f"vars: {k!r} is a name the runner fills in ({', '.join(RUNTIME)})")
+    return variables
+
+
+def read_prepare(r: Reader, data: dict) -> dict:
+    prepare = {}
+    for k, v in r.mapping(data.get("prepare"), "prepare").items():
+        r.name(k, k)
+        v = r.mapping(v, k)
+        if not isinstance(v.get("out"), str) or "run" not in v:
+            r.fail(k, f"prepare: {k}: needs out: PATH (under the work dir) and run: [flags]")
+        prepare[k] = (v["out"], r.flags(v["run"], k))
+        if "out" not in placeholders(prepare[k][1]):
+            r.fail(k, f"prepare: {k}: run: names the file it writes as {{out}}")
+    return prepare
+
+
+def read_arms(r: Reader, data: dict, q: dict, quick: bool) -> dict:
+    from ropescale.cli import TOOLS
+
+    arms = {}
+    for k, v in r.mapping(data["arms"], "arms").items():
+        r.name(k, k)
+        v = {"run": v} if isinstance(v, list) else r.mapping(v, k)
+        run = r.flags(v.get("run"), k)
+        if run[0] not in TOOLS:
+            r.fail(k, f"arm {k}: {run[0]!r} is not a ropescale command (one of {', '.join(TOOLS)})")
+        bad = [f for f in ("--out", "--resume") if f in run]
+        if bad:
+            r.fail(k, f"arm {k}: {bad[0]} is the runner's (each run's directory, continued with --resume auto)")
+        arms[k] = Arm(k, str(v.get("label", k)), run)
+    if not arms:
+        r.fail("arms", "arms: at least one arm")
+    if quick and "arms" in q:
+        keep = q["arms"]
+        if not isinstance(keep, list):
+            r.fail("arms", "quick: arms: a list of arm names")
+        for a in keep:
+            if a not in arms:
+                r.fail("arms", f"quick: arms: {a!r} is not an arm ({', '.join(arms)})")
+        arms = {k: a for k, a in arms.items() if k in keep}
+    return arms
+
+
+def read_pools(r: Reader, data: dict) -> dict:
+    pools = {}
+    for k, v in r.mapping(data.get("pools"), "pools").items():
+        r.name(k, k)
+        v = r.mapping(v, k)
+        members = v.get("arms")
+        if not isinstance(members, list) or not members:
+            r.fail(k, f"pools: {k}: needs arms: [arm, ...]")
+        if k in data["arms"]:
+            r.fail(k, f"pools: {k} is an arm's name too")
+        pools[k] = (str(v.get("label", k)), tuple(str(a) for a in members))
+    return pools
+
+
+def read_score(r: Reader, data: dict) -> Score:
+    sc = r.mapping(data.get("score"), "score")
+    unknown = sorted(set(sc) - {"file", "field", "id", "name", "make"})
+    if unknown:
+        r.fail(unknown[0], f"score: unknown key {unknown[0]!r} (known: file, field, id, name, make)")
+    return Score(**{k: (r.flags(v, "make") if k == "make" else str(v)) for k, v in sc.items()})
+
+
+def read_families(r: Reader, data: dict) -> dict:
+    families = {}
+    for fam, pairs in r.mapping(data.get("families"), "families").items():
+        if not isinstance(pairs, list) or not all(isinstance(x, list) and len(x) == 2 for x in pairs):
+            r.fail(fam, f"families: {fam}: a list of [a, b] pairs (a - b)")
+        families[str(fam)] = tuple((str(a), str(b)) for a, b in pairs)
+    return families
+
+
+def load(path: str | Path, *, quick: bool = False) -> Experiment:
+    """The experiment ``path`` describes (with ``quick``: its ``quick:`` block applied), every key checked."""
+    p = Path(path)
+    data, r = read_yaml(p)
+    q = r.mapping(data.get("quick"), "quick")
+    for k in q:
+        if k not in QUICK_KEYS:
+            r.fail(k, f"quick: unknown key {k!r} (known: {', '.join(QUICK_KEYS)})")
+    seeds = r.ints(q["seeds"] if quick and "seeds" in q else data.get("seeds", [0]), "seeds")
+    lengths = r.ints(q["lengths"] if quick and "lengths" in q else data.get("lengths", [0]), "lengths")
+    pools = read_pools(r, data)
+    arms = read_arms(r, data, q, quick)
+    table = tuple(str(x) for x in (data.get("table") or (list(pools) or list(arms))))
+    exp = Experiment(p, r.name(data["name"], "name"), str(data.get("title", data["name"])),
+                     str(data.get("about", "")).strip(), seeds, lengths, read_vars(r, data, q, quick),
+                     read_prepare(r, data), arms, pools, read_score(r, data), table, read_families(r, data), quick)
+    _check_names(r, exp, set(r.mapping(data["arms"], "arms")))
+    return exp
+
+
+def _check_names(r: Reader, exp: Experiment, all_arms: set) -> None:
+    """Every row, pool member and pair names an arm or a pool; every placeholder is known. A name that is an arm
+    of the full file but left out of a quick run is dropped, not an error."""
+    known_series = all_arms | set(exp.pools)
+    for k, (_, members) in exp.pools.items():
+        for a in members:
+            if a not in all_arms:
+                r.fail(k, f"pools: {k}: {a!r} is not an arm")
+    for s in exp.table:
+        if s not in known_series:
+            r.fail("table", f"table: {s!r} is neither an arm nor a pool")
+    for fam, pairs in exp.families.items():
+        for pair in pairs:
+            for s in pair:
+                if s not in known_series:
+                    r.fail(fam, f"families: {fam}: {s!r} is neither an arm nor a pool")
+    known = set(exp.vars) | set(exp.prepare) | set(RUNTIME)
+    for where, flags in ([(k, f) for k, (_, f) in exp.prepare.items()] + [(k, a.run) for k, a in exp.arms.items()]
+                         + [("make", exp.score.make)] + [(k, (o,)) for k, (o, _) in exp.prepare.items()]):
+        bad = sorted(placeholders(flags) - known)
+        if bad:
+            r.fail(where, f"{where}: unknown placeholder {{{bad[0]}}} (known: {', '.join(sorted(known))})")
+
+
+def fill(flags, values: dict, where: str) -> list[str]:
+    """A flag list with its placeholders filled in."""
+    try:
+        return [f.format_map(values) for f in flags]
+    except (KeyError, ValueError, IndexError) as e:
+        raise InputError(f"{where}: cannot fill in {' '.join(flags)}: {e}") from None
