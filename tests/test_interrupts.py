@@ -32,19 +32,31 @@ def test_sigterm_after_sigint_is_ignored_and_alone_still_ends(tmp_path):
             "    os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n"
             "except KeyboardInterrupt:\n"
             "    os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.2); print('unwound', flush=True)\n"
-            "    if sys.argv[1] == 'again':\n"
+            "    if sys.argv[-1] == 'again':\n"
             "        os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\n")
     env = dict(os.environ, LOCAL_RANK="0")
-    r = subprocess.run([sys.executable, "-c", code, "once"], env=env, capture_output=True, text=True, timeout=60,
-                       cwd=REPO_ROOT)
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-c", *args], env=env, capture_output=True, text=True, timeout=60,
+                              cwd=REPO_ROOT)
+
+    r = run(code, "--local_rank=0", "once")
     assert r.returncode == 0 and r.stdout == "unwound\n", (r.returncode, r.stdout, r.stderr)
-    r = subprocess.run([sys.executable, "-c", code, "again"], env=env, capture_output=True, text=True, timeout=60,
-                       cwd=REPO_ROOT)
+    r = run(code, "--local_rank=0", "again")
     assert r.returncode == 0 and r.stdout == "unwound\n", (r.returncode, r.stdout, r.stderr)  # still interrupted
     lone = "import os, signal, time; from ropescale.training.env import quiet_launcher_interrupt as q\n" \
            "q(); os.kill(os.getpid(), signal.SIGTERM); time.sleep(5); print('survived')"
-    r = subprocess.run([sys.executable, "-c", lone], env=env, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    r = run(lone, "--local_rank=0")
     assert r.returncode == -signal.SIGTERM and "survived" not in r.stdout
+
+
+def test_a_plain_run_is_not_taken_for_a_launched_one():
+    """setup_env sets LOCAL_RANK for a plain ``python finetune.py``: that alone installs nothing."""
+    from ropescale.training.env import under_launcher
+
+    assert not under_launcher(["--max-steps", "2"], {"LOCAL_RANK": "0"})
+    assert under_launcher(["--local_rank=0", "--max-steps", "2"], {})
+    assert under_launcher([], {"TORCHELASTIC_RUN_ID": "x"})
 
 
 def test_ctrl_c_under_the_launcher_says_how_to_resume(tmp_path):

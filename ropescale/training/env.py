@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import threading
 from pathlib import Path
 
@@ -69,19 +70,25 @@ def setup_env(environ: dict | None = None, cuda: bool | None = None) -> dict:
     return set_
 
 
+def under_launcher(argv: list[str] | None = None, environ=None) -> bool:
+    """Whether a launcher started this process: DeepSpeed's passes ``--local_rank=N`` to the script, torchrun sets
+    ``TORCHELASTIC_RUN_ID`` (not ``LOCAL_RANK`` alone: :func:`setup_env` sets that one for a plain run)."""
+    argv = sys.argv[1:] if argv is None else argv
+    env = os.environ if environ is None else environ
+    return any(a.startswith(("--local_rank", "--local-rank")) for a in argv) or "TORCHELASTIC_RUN_ID" in env
+
+
 def quiet_launcher_interrupt() -> bool:
-    """Under a launcher (it sets ``LOCAL_RANK``), in the main thread: the first SIGINT raises KeyboardInterrupt (the
-    run ends with its "interrupted: ..." line, as without the launcher) and a SIGTERM after it is ignored (the
-    launcher's, sent at once: see the module doc); a SIGTERM alone ends the process as before. Returns whether the
-    handlers were installed."""
-    if "LOCAL_RANK" not in os.environ or threading.current_thread() is not threading.main_thread():
+    """Under a launcher (:func:`under_launcher`), in the main thread: SIGINT raises KeyboardInterrupt as always (the
+    run ends with its "interrupted: ..." line) and a SIGTERM after it is ignored (the launcher's, sent at once: see
+    the module doc); a SIGTERM alone ends the process as before. Returns whether the handlers were installed."""
+    if not under_launcher() or threading.current_thread() is not threading.main_thread():
         return False
     interrupted: list[int] = []
 
     def on_sigint(signum, frame):
-        if not interrupted:
-            interrupted.append(signum)
-            raise KeyboardInterrupt
+        interrupted.append(signum)
+        raise KeyboardInterrupt
 
     def on_sigterm(signum, frame):
         if interrupted:
