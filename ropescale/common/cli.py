@@ -189,8 +189,10 @@ LAUNCHERS = ("deepspeed", "torchrun")  # launchers whose command line a rerun hi
 
 def launcher_command(pid: int | None = None) -> list[str] | None:
     """The launcher's command line up to the script it runs (``.venv/bin/deepspeed -q``), read from /proc, when this
-    process runs under one (a launcher sets ``LOCAL_RANK``); None otherwise."""
-    if "LOCAL_RANK" not in os.environ:
+    process runs under one (DeepSpeed's passes ``--local_rank``, torchrun sets ``TORCHELASTIC_RUN_ID``); None
+    otherwise."""
+    if not (any(a.startswith(("--local_rank", "--local-rank")) for a in sys.argv[1:])
+            or "TORCHELASTIC_RUN_ID" in os.environ):
         return None
     pid = os.getppid() if pid is None else pid
     script = os.path.basename(sys.argv[0]) if sys.argv else ""
