@@ -11,7 +11,12 @@ import torch
 from rope_scaling import RopeSpec
 from ropescale.common.io import InputError
 
-torch.set_grad_enabled(False)
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    """Forwards without autograd, for this file's tests only (a module-level switch would leak into other files)."""
+    with torch.no_grad():
+        yield
 
 
 # ---------------------------------------------------------------- the references, from the papers
