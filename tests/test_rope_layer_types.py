@@ -21,6 +21,8 @@ def _no_grad():
     """Forwards without autograd, for this file's tests only (a module-level switch would leak into other files)."""
     with torch.no_grad():
         yield
+
+
 SLIDING = {"rope_type": "default", "rope_theta": 100.0}
 FULL = {"rope_type": "default", "rope_theta": 1000.0}
 TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention"]
