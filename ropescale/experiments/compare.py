@@ -30,9 +30,9 @@ def per_id(gs: list) -> dict:
 
 
 def shown(exp: Experiment, data: dict) -> list[str]:
-    """The table's rows that have at least one run."""
+    """The table's rows whose every arm has runs."""
     return [s for s in exp.table if all(a in exp.arms for a in exp.members(s))
-            and any(a in data for a in exp.members(s))]
+            and all(a in data for a in exp.members(s))]
 
 
 def seed_results(exp: Experiment, data: dict, seed: int) -> dict:

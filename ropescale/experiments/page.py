@@ -38,10 +38,13 @@ def cells_table(exp: Experiment, part: dict) -> str:
     est = [e for row in part["cells"].values() for e in row.values() if e.mean is not None]
     ns = sorted({e.n for e in est})
     rules = sorted({f"{e.rule} over {e.unit}s" for e in est})
-    note = (f"n = {'/'.join(map(str, ns)) or '-'} a cell (distinct {est[0].unit if est else 'sample'}s; a row "
-            f"averaging several arms counts a sample once); 95% interval: {', '.join(rules) or '-'}")
     if est and est[0].unit == "seed":
-        note += "; (min-max) the seeds' cells"
+        note = (f"{'/'.join(str(x) for x in sorted({e.seeds for e in est}))} seeds a cell (the unit; n = "
+                f"{'/'.join(map(str, ns))} samples in all); 95% interval: t over the seeds' cells, (min-max) their "
+                f"range")
+    else:
+        note = (f"n = {'/'.join(map(str, ns)) or '-'} a cell (distinct samples; a row averaging several arms counts "
+                f"a sample once); 95% interval: {', '.join(rules) or '-'}")
     return markdown(["row", *cols], rows) + "\n\n" + note + "."
 
 

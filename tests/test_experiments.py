@@ -1,0 +1,212 @@
+"""Experiments (ropescale/experiments, docs/experiments.md): every experiments/*.yaml file's --quick miniature runs
+end to end (found by glob: a new file is covered on arrival) and a second call runs nothing; the readings of made-up
+runs against scipy (t intervals, t tests over seeds, the exact sign-flip p by enumeration, BH q); the file's errors
+name the file and line; the reading section survives a re-run."""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FILES = sorted((ROOT / "experiments").glob("*.yaml"))
+
+
+def test_there_are_experiment_files():
+    assert FILES, "experiments/*.yaml"
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_quick_miniature(path, tmp_path, capsys, one_thread):
+    from ropescale.experiments import __main__ as cli
+    from ropescale.experiments import spec
+    from ropescale.experiments.runner import run_dir
+
+    exp = spec.load(path, quick=True)
+    out = tmp_path / "w"
+    assert cli.main(["run", str(path), "--quick", "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    page = (out / f"{exp.name}.md").read_text(encoding="utf-8")
+    assert "| row |" in page and page.count(" [") >= 1 and "Made by `" in page  # a table with intervals
+    assert printed.out.strip() and printed.out.strip() in page  # the tables on stdout are the page's
+    assert "arm " in printed.err and "seed" in printed.err  # progress on stderr
+    record = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    assert record["kind"] == "experiment" and record["status"] == "complete" and record["settings"]["quick"] is True
+    runs = [run_dir(out, a, s, t) for a in exp.arms for s in exp.seeds for t in exp.lengths]
+    stamps = {r: (r / "run.json").stat().st_mtime_ns for r in runs}
+    assert cli.main(["run", str(path), "--quick", "--out", str(out)]) == 0  # resumable: nothing runs again
+    again = capsys.readouterr()
+    assert f"{len(runs)} complete already, 0 to run" in again.err
+    assert {r: (r / "run.json").stat().st_mtime_ns for r in runs} == stamps
+    assert again.out == printed.out
+    _check_cells_against_scipy(exp, out)
+
+
+def _check_cells_against_scipy(exp, out: Path):
+    """Each cell with 2-7 samples, every arm of its row scoring the same samples: the mean and scipy's t interval of
+    the per-sample means over the row's arms."""
+    import scipy.stats
+
+    from ropescale.experiments.collect import scores
+    from ropescale.experiments.runner import run_dir
+
+    res = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    checked = 0
+    for s in exp.seeds:
+        for series, row in res["seeds"][str(s)]["cells"].items():
+            for t in exp.lengths:
+                by_arm = [scores(run_dir(out, a, s, t) / exp.score.file, exp.score.field, exp.score.id)
+                          for a in exp.members(series)]
+                if any(set(g) != set(by_arm[0]) for g in by_arm):
+                    continue
+                x = [sum(g[i] for g in by_arm) / len(by_arm) for i in by_arm[0]]
+                c = row[f"T{t}"]
+                assert c["n"] == len(x) and math.isclose(c["mean"], sum(x) / len(x), rel_tol=1e-9, abs_tol=1e-9)
+                if 2 <= len(x) < 8 and len(set(x)) > 1:
+                    lo, hi = scipy.stats.t.interval(0.95, len(x) - 1, loc=sum(x) / len(x), scale=scipy.stats.sem(x))
+                    assert c["rule"] == "t"
+                    assert math.isclose(c["lo"], lo, rel_tol=1e-6) and math.isclose(c["hi"], hi, rel_tol=1e-6)
+                checked += 1
+    assert checked, "no cell checked"
+
+
+# ------------------------------------------------------------------------------------------------ made-up runs
+MADE_UP = """name: made_up
+title: Made-up runs
+seeds: [0, 1, 2]
+lengths: [64, 128]
+arms:
+  a: [probes, ppl, --model, tiny]
+  b: [probes, ppl, --model, tiny, --rope, ntk, --scale, 2]
+  c: [probes, ppl, --model, tiny, --rope, yarn, --scale, 2]
+pools:
+  bc: {label: "b and c", arms: [b, c]}
+score: {file: scores.jsonl, field: score}
+table: [a, b, c, bc]
+families:
+  "vs a": [[b, a], [c, a]]
+  "b - c": [[b, c]]
+"""
+
+
+def _made_up(tmp_path: Path, values) -> tuple[Path, Path]:
+    """An experiment file and a work dir holding complete runs with the scores ``values(arm, seed, length)``."""
+    from ropescale.experiments.runner import run_dir
+
+    f = tmp_path / "made_up.yaml"
+    f.write_text(MADE_UP, encoding="utf-8")
+    work = tmp_path / "work"
+    for arm in "abc":
+        for s in (0, 1, 2):
+            for t in (64, 128):
+                d = run_dir(work, arm, s, t)
+                d.mkdir(parents=True)
+                (d / "run.json").write_text(json.dumps({"kind": "probe", "status": "complete", "seconds": 1.5}))
+                (d / "scores.jsonl").write_text("".join(json.dumps({"id": i, "score": v}) + "\n"
+                                                        for i, v in enumerate(values(arm, s, t))))
+    return f, work
+
+
+def _values(arm, s, t):
+    import numpy as np
+
+    rng = np.random.default_rng(100 * s + t + ord(arm))
+    return list(np.round(rng.normal({"a": 20, "b": 30, "c": 25}[arm], 4, size=5), 3))
+
+
+def test_readings_of_made_up_runs_against_scipy(tmp_path, capsys):
+    import numpy as np
+    import scipy.stats
+
+    from ropescale.experiments import __main__ as cli
+
+    f, work = _made_up(tmp_path, _values)
+    assert cli.main(["report", str(f), "--out", str(work)]) == 0
+    res = json.loads((work / "results.json").read_text(encoding="utf-8"))
+    # a cell of 5 samples: the t interval (scipy)
+    x = _values("b", 1, 128)
+    c = res["seeds"]["1"]["cells"]["b"]["T128"]
+    lo, hi = scipy.stats.t.interval(0.95, 4, loc=np.mean(x), scale=scipy.stats.sem(x))
+    assert c["rule"] == "t" and math.isclose(c["lo"], lo, rel_tol=1e-6) and math.isclose(c["hi"], hi, rel_tol=1e-6)
+    # the pool: each prompt's mean averaged, n the distinct samples
+    c = res["seeds"]["0"]["cells"]["bc"]["T64"]
+    assert c["n"] == 5 and math.isclose(c["mean"], (np.mean(_values("b", 0, 64)) + np.mean(_values("c", 0, 64))) / 2)
+    # over seeds: the t interval over the seeds' cells
+    per_seed = [np.mean(_values("a", s, 64)) for s in range(3)]
+    c = res["pooled"]["cells"]["a"]["T64"]
+    lo, hi = scipy.stats.t.interval(0.95, 2, loc=np.mean(per_seed), scale=scipy.stats.sem(per_seed))
+    assert c["unit"] == "seed" and math.isclose(c["lo"], lo, rel_tol=1e-6) and math.isclose(c["hi"], hi, rel_tol=1e-6)
+    assert c["range"] == [min(per_seed), max(per_seed)]
+    # one seed's family: the exact two-sided sign-flip p by enumeration, BH q over the family's 4 tests (scipy)
+    fam = res["seeds"]["2"]["families"]["vs a"]
+    ps = []
+    for x in fam:
+        d = np.array(_values(x["a"], 2, x["length"])) - np.array(_values(x["b"], 2, x["length"]))
+        null = [abs(np.mean(np.array(sg) * d)) for sg in itertools.product((-1, 1), repeat=len(d))]
+        p = np.mean(np.array(null) >= abs(d.mean()) - 1e-12)
+        assert math.isclose(x["p"], p) and x["unit"] == "sample" and x["min_p"] == 2 / 2 ** 5
+        ps.append(p)
+    assert len(fam) == 4 and all(x["family"] == 4 for x in fam)
+    assert np.allclose([x["q"] for x in fam], scipy.stats.false_discovery_control(ps))
+    # over seeds: the t test of the seeds' differences (scipy's ttest_1samp), BH within the family
+    fam = res["pooled"]["families"]["vs a"]
+    ps = []
+    for x in fam:
+        diffs = [np.mean(_values(x["a"], s, x["length"])) - np.mean(_values(x["b"], s, x["length"])) for s in range(3)]
+        tt = scipy.stats.ttest_1samp(diffs, 0.0)
+        assert math.isclose(x["p"], tt.pvalue, rel_tol=1e-6) and x["unit"] == "seed"
+        ps.append(tt.pvalue)
+    assert np.allclose([x["q"] for x in fam], scipy.stats.false_discovery_control(ps))
+    assert res["pooled"]["families"]["b - c"][0]["family"] == 2  # a family of its own: 1 pair x 2 lengths
+    page = (work / "made_up.md").read_text(encoding="utf-8")
+    assert "Over seeds 0, 1, 2" in page and "q: Benjamini-Hochberg over this family's 4 tests" in page
+    assert "wall time" in page and "27 s in the runs' run.json" in page  # 18 runs x 1.5 s
+    capsys.readouterr()
+
+
+def test_the_reading_survives_a_rerun(tmp_path, capsys):
+    from ropescale.experiments import __main__ as cli
+    from ropescale.experiments.page import READING
+
+    f, work = _made_up(tmp_path, _values)
+    assert cli.main(["report", str(f), "--out", str(work)]) == 0
+    page = work / "made_up.md"
+    text = page.read_text(encoding="utf-8")
+    assert text.count(READING) == 1
+    page.write_text(text + "- b is ahead of a at both lengths.\n", encoding="utf-8")
+    assert cli.main(["report", str(f), "--out", str(work), "--only", "a,b"]) == 0
+    text = page.read_text(encoding="utf-8")
+    assert text.endswith(READING + "\n- b is ahead of a at both lengths.\n")
+    assert "| b and c (bc) |" not in text and "| b (b) |" in text  # --only: the rows it has
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("bad, where, what", [
+    ("  d: [nosuch, x]\n", 9, "'nosuch' is not a ropescale command"),
+    ("  d: [eval, generate, --out, x]\n", 9, "--out is the runner's"),
+    ("  d: [eval, generate, --data, '{nope}']\n", 9, "unknown placeholder {nope}"),
+])
+def test_file_errors_name_the_file_and_line(tmp_path, capsys, bad, where, what):
+    from ropescale.experiments import __main__ as cli
+
+    f = tmp_path / "bad.yaml"
+    lines = MADE_UP.splitlines(keepends=True)
+    f.write_text("".join(lines[:8] + [bad] + lines[8:]), encoding="utf-8")
+    assert cli.main(["report", str(f), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {f}:{where}: ") and what in err[0], err
+
+
+def test_unknown_key_and_unknown_arm(tmp_path, capsys):
+    from ropescale.experiments import __main__ as cli
+
+    f = tmp_path / "bad.yaml"
+    f.write_text(MADE_UP + "colour: blue\n", encoding="utf-8")
+    assert cli.main(["report", str(f), "--out", str(tmp_path)]) == 2
+    assert f"{f}:{MADE_UP.count(chr(10)) + 1}: unknown key 'colour'" in capsys.readouterr().err
+    good, work = _made_up(tmp_path, _values)
+    assert cli.main(["report", str(good), "--out", str(work), "--only", "z"]) == 2
+    assert "--only: 'z' is not an arm of this experiment (a, b, c)" in capsys.readouterr().err
