@@ -38,7 +38,7 @@ CONFIGS = {
     "hidden_zero": (_set("hidden_size", value=0), "hidden_size", '"hidden_size" must be a positive integer, got 0'),
     "heads_neg": (_set("num_attention_heads", value=-4), "num_attention_heads", "got -4"),
     "heads_float": (_set("num_attention_heads", value=4.0), "num_attention_heads", "got 4.0"),
-    "heads_not_dividing": (_set("num_attention_heads", value=3), "hidden_size", "not a multiple"),
+    "heads_not_dividing": (_set("num_attention_heads", value=3), "num_attention_heads", "not a multiple"),
     "layers_zero": (_set("num_hidden_layers", value=0), "num_hidden_layers", '"num_hidden_layers" must be a positive'),
     "layers_vs_types": (_set("num_hidden_layers", value=2), "num_hidden_layers", '"layer_types" lists 4 layers'),
     "vocab_zero": (_set("vocab_size", value=0), "vocab_size", '"vocab_size" must be a positive integer, got 0'),
@@ -49,9 +49,11 @@ CONFIGS = {
 }
 
 
-def _line_of(text: str, key: str) -> int:
-    """The line of ``"key":`` in a pretty-printed JSON text, found here independently (a plain line scan)."""
-    return next(i for i, ln in enumerate(text.splitlines(), 1) if ln.lstrip().startswith(f'"{key}":'))
+def _changed_line(before: str, after: str) -> int:
+    """The first line of ``after`` (a pretty-printed JSON text) that ``before`` does not hold, trailing commas
+    aside: where the edit is, found here independently of the code under test."""
+    old = {ln.strip().rstrip(",") for ln in before.splitlines()}
+    return next(i for i, ln in enumerate(after.splitlines(), 1) if ln.strip().rstrip(",") not in old)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +109,8 @@ def test_check_config_names_file_line_and_what(broken, name):
     with pytest.raises(InputError) as e:
         check_config(path)
     msg = str(e.value)
-    line = _line_of(path.read_text(encoding="utf-8"), key) if key else None
+    original = json.dumps(json.loads((ASSET_DIR / "config.json").read_text(encoding="utf-8")), indent=2)
+    line = _changed_line(original, path.read_text(encoding="utf-8")) if key else None
     where = f"{path}:{line}: " if line else f"{path}: "
     assert msg.startswith(where) and words in msg and "\n" not in msg, msg
 

@@ -149,10 +149,15 @@ def _check_safetensors(f: Path) -> None:
                          "interrupted download or copy?)", f)
 
 
-def key_line(text: str, key: str) -> int | None:
-    """The line of ``text`` (a JSON file's) where ``"key":`` first appears, or None."""
-    m = re.search(rf'"{re.escape(key)}"\s*:', text)
-    return text.count("\n", 0, m.start()) + 1 if m else None
+def key_line(text: str, key: str, value=None) -> int | None:
+    """The line of ``text`` (a JSON file's) where ``"key": value`` first appears (``value`` as JSON writes it),
+    else where ``"key":`` first does, or None."""
+    pats = [rf'"{re.escape(key)}"\s*:\s*{re.escape(json.dumps(value))}\s*[,}}\n]'] if value is not None else []
+    for pat in pats + [rf'"{re.escape(key)}"\s*:']:
+        m = re.search(pat, text)
+        if m:
+            return text.count("\n", 0, m.start()) + 1
+    return None
 
 
 def _is_int(v) -> bool:
@@ -163,37 +168,38 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def config_problem(cfg: dict) -> tuple[str, str | None] | None:
-    """(what is wrong, the key it is at) with a model config's content, or None: ``model_type`` a non-empty string;
-    the sizes of :data:`SIZE_KEYS` (where present, also in a nested ``text_config``) positive integers whose heads
-    divide (``hidden_size`` by ``num_attention_heads`` without ``head_dim``, ``num_attention_heads`` by
-    ``num_key_value_heads``); every ``rope_theta`` (top level, ``rope_parameters``, per layer type) a positive
-    number. What transformers would otherwise end in a traceback on, at load or at the first forward."""
+def config_problem(cfg: dict) -> tuple[str, str | None, object] | None:
+    """(what is wrong, the key it is at, its value) with a model config's content, or None: ``model_type`` a
+    non-empty string; the sizes of :data:`SIZE_KEYS` (where present, also in a nested ``text_config``) positive
+    integers whose heads divide (``hidden_size`` by ``num_attention_heads`` without ``head_dim``,
+    ``num_attention_heads`` by ``num_key_value_heads``), as many ``layer_types`` as layers; every ``rope_theta``
+    (top level, ``rope_parameters``, per layer type) a positive number. What transformers would otherwise end in a
+    traceback on, at load or at the first forward."""
     mt = cfg.get("model_type")
     if mt is None:
-        return "not a model config: no \"model_type\" (what transformers reads to pick the architecture)", None
+        return "not a model config: no \"model_type\" (what transformers reads to pick the architecture)", None, None
     if not isinstance(mt, str) or not mt.strip():
-        return f"\"model_type\" must be a non-empty string, got {json.dumps(mt)}", "model_type"
+        return f"\"model_type\" must be a non-empty string, got {json.dumps(mt)}", "model_type", mt
     for c in (cfg, cfg.get("text_config")):
         if not isinstance(c, dict):
             continue
         for k in SIZE_KEYS:
             v = c.get(k)
             if v is not None and not (_is_int(v) and v > 0):
-                return f"\"{k}\" must be a positive integer, got {json.dumps(v)}", k
+                return f"\"{k}\" must be a positive integer, got {json.dumps(v)}", k, v
         h, heads, kv = c.get("hidden_size"), c.get("num_attention_heads"), c.get("num_key_value_heads")
         if h and heads and c.get("head_dim") is None and h % heads:
             return (f"\"hidden_size\" {h} is not a multiple of \"num_attention_heads\" {heads} (and no "
-                    "\"head_dim\")"), "hidden_size"
+                    "\"head_dim\")"), "num_attention_heads", heads
         lt, n = c.get("layer_types"), c.get("num_hidden_layers")
         if isinstance(lt, list) and n and len(lt) != n:
-            return f"\"layer_types\" lists {len(lt)} layers, \"num_hidden_layers\" says {n}", "num_hidden_layers"
+            return f"\"layer_types\" lists {len(lt)} layers, \"num_hidden_layers\" says {n}", "num_hidden_layers", n
         if heads and kv and heads % kv:
             return (f"\"num_attention_heads\" {heads} is not a multiple of \"num_key_value_heads\" {kv}",
-                    "num_key_value_heads")
+                    "num_key_value_heads", kv)
     for where, theta in rope_thetas(cfg):
         if not (_is_number(theta) and theta > 0):
-            return f"\"rope_theta\" ({where}) must be a positive number, got {json.dumps(theta)}", "rope_theta"
+            return f"\"rope_theta\" ({where}) must be a positive number, got {json.dumps(theta)}", "rope_theta", theta
     return None
 
 
@@ -225,13 +231,13 @@ def check_config(path: str | os.PathLike) -> dict:
     if bad is None:
         bad = unknown_model_type(cfg["model_type"])
     if bad is not None:
-        msg, key = bad
-        line = key_line(path.read_text(encoding="utf-8"), key) if key else None
+        msg, key, value = bad
+        line = key_line(path.read_text(encoding="utf-8"), key, value) if key else None
         raise InputError(msg, path, line)
     return cfg
 
 
-def unknown_model_type(model_type: str) -> tuple[str, str] | None:
+def unknown_model_type(model_type: str) -> tuple[str, str, str] | None:
     """The problem with a ``model_type`` this transformers has no architecture for (its ``CONFIG_MAPPING_NAMES``),
     or None."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
@@ -242,7 +248,8 @@ def unknown_model_type(model_type: str) -> tuple[str, str] | None:
 
     near = difflib.get_close_matches(model_type, list(CONFIG_MAPPING_NAMES), n=1)
     hint = f" (did you mean {near[0]!r}?)" if near else " (a newer transformers may know it)"
-    return f"\"model_type\" {model_type!r} is not an architecture this transformers knows{hint}", "model_type"
+    return (f"\"model_type\" {model_type!r} is not an architecture this transformers knows{hint}", "model_type",
+            model_type)
 
 
 def resolve_model(name_or_path: str | os.PathLike | None) -> Path:
