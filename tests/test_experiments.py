@@ -210,3 +210,28 @@ def test_unknown_key_and_unknown_arm(tmp_path, capsys):
     good, work = _made_up(tmp_path, _values)
     assert cli.main(["report", str(good), "--out", str(work), "--only", "z"]) == 2
     assert "--only: 'z' is not an arm of this experiment (a, b, c)" in capsys.readouterr().err
+
+
+def test_a_proportion_cell_is_wilson_never_zero_width(tmp_path, capsys):
+    import scipy.stats
+
+    from ropescale.experiments import __main__ as cli
+
+    def hits(arm, s, t):  # a: 0 of 9 at T64, b: 4 of 9
+        return [0] * 9 if arm == "a" and t == 64 else [1] * 4 + [0] * 5
+
+    f, work = _made_up(tmp_path, hits)
+    f.write_text(MADE_UP.replace("field: score}", "field: score, kind: proportion}"), encoding="utf-8")
+    assert cli.main(["report", str(f), "--out", str(work)]) == 0
+    res = json.loads((work / "results.json").read_text(encoding="utf-8"))
+    for arm, t, k in (("a", 64, 0), ("b", 64, 4)):
+        c = res["seeds"]["0"]["cells"][arm][f"T{t}"]
+        ci = scipy.stats.binomtest(k, 9).proportion_ci(method="wilson")
+        assert c["rule"] == "Wilson" and c["unit"] == "trial" and c["n"] == 9
+        assert math.isclose(c["mean"], 100 * k / 9)
+        assert math.isclose(c["lo"], 100 * ci.low, abs_tol=1e-9) and math.isclose(c["hi"], 100 * ci.high, rel_tol=1e-9)
+    assert res["seeds"]["0"]["cells"]["a"]["T64"]["hi"] > 25  # 0 of 9: [0, 29.9], never [0, 0]
+    assert "| a (a) | 0.0 [0.0, 29.9] |" in (work / "made_up.md").read_text(encoding="utf-8")
+    (work / "runs/a/s0/T64/scores.jsonl").write_text('{"id": 0, "score": 0.5}\n')
+    assert cli.main(["report", str(f), "--out", str(work)]) == 2
+    assert "record 1: score is 0.5; a proportion's score is 0 or 1" in capsys.readouterr().err

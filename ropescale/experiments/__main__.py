@@ -9,35 +9,35 @@ import sys
 import time
 from pathlib import Path
 
-from ropescale.common.cli import cli_main
-from ropescale.common.settings import add_settings, from_args
+from ropescale.common.cli import Tool
+from ropescale.common.settings import add_settings, fmt, from_args, values
 
 from .runner import ExperimentSettings
 
 PROG = "python -m ropescale.experiments"
 
 
-def parser(prog: str | None = None) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=prog or PROG, description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="command", metavar="{run,report}")
-    for name, what in (("run", "run the arms not complete yet, then report"), ("report", "report, running nothing")):
+def register(name: str, what: str):
+    def reg(sub) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=what, description=what)
         p.add_argument("file", metavar="FILE", help="the experiment file (YAML, docs/experiments.md)")
         add_settings(p, ExperimentSettings)
-    return ap
+        p.set_defaults(func=lambda args: command(args, running=name == "run"))
+        return p
+
+    return reg
 
 
-def experiment(argv: list[str] | None = None, prog: str | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser(prog).parse_args(argv)
-    if not args.command:
-        parser(prog).print_help(sys.stderr)
-        return 2
+TOOL = Tool(PROG, __doc__.split("\n\n")[0], (register("run", "run the arms' runs not complete yet, then report"),
+                                              register("report", "report what the runs hold, running nothing")))
+main = TOOL.entry()
+
+
+def command(args: argparse.Namespace, *, running: bool) -> int:
     st = from_args(args, ExperimentSettings)
-    return go(args.file, st, args.command == "run", f"{prog or PROG} {' '.join(map(shlex.quote, argv))}")
-
-
-main = cli_main(experiment)
+    given = [f"{'--' + k.replace('_', '-')}" + ("" if v is True else f" {shlex.quote(fmt(v))}")
+             for k, v in values(st).items() if v not in (None, False)]
+    return go(args.file, st, running, " ".join([PROG, args.command, shlex.quote(args.file), *given]))
 
 
 def go(file: str, st: ExperimentSettings, running: bool, command: str) -> int:

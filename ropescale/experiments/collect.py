@@ -11,13 +11,18 @@ from .runner import run_dir
 from .spec import Experiment
 
 
-def scores(path: Path, field: str, key: str) -> dict:
-    """{id (as a string): float} of one score file; a record without a finite number in ``field`` is an error
-    naming the file and line."""
+def scores(path: Path, field: str, key: str, kind: str = "mean") -> dict:
+    """{id (as a string): float} of one score file (a proportion's 0 / 1 (or false / true) as 0 / 100: percent); a
+    record without a finite number in ``field``, or a proportion's score that is not 0 or 1, is an error naming
+    the file and record."""
     out = {}
     for k, rec in enumerate(read_jsonl(path, (key, field)), 1):
         v = rec[field]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if kind == "proportion":
+            if v not in (0, 1):  # True / False compare equal to 1 / 0
+                raise InputError(f"record {k}: {field} is {v!r}; a proportion's score is 0 or 1", path)
+            v = 100.0 * float(v)
+        elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise InputError(f"record {k}: {field} is {v!r}, not a number", path)
         out[str(rec[key])] = float(v)
     return out
@@ -31,5 +36,6 @@ def collect(exp: Experiment, work: Path, arms, seeds) -> dict:
             for t in exp.lengths:
                 p = run_dir(work, a, s, t) / exp.score.file
                 if p.is_file():
-                    out.setdefault(a, {}).setdefault(s, {})[t] = scores(p, exp.score.field, exp.score.id)
+                    sc = exp.score
+                    out.setdefault(a, {}).setdefault(s, {})[t] = scores(p, sc.field, sc.id, sc.kind)
     return out

@@ -4,6 +4,8 @@
 - a cell (a row at one length in one seed): :func:`~ropescale.common.stats.means.cell_of_prompts` over the row's arms
   (a sample scored by several arms counted once: n = distinct sample ids; the percentile bootstrap from 8 samples,
   the t interval below);
+- a cell of a proportion (``score: kind: proportion``, scores 0 / 1): k of n trials over the row's arms, Wilson's
+  interval (:func:`~ropescale.common.stats.proportions.wilson`; never [0, 0] for 0 of n), in percent;
 - a cell over seeds: :func:`~ropescale.common.stats.means.over_seeds` (the t interval over the seeds' cells, the seed
   the unit; the seeds' range beside it);
 - a comparison a - b (one seed): :func:`~ropescale.common.stats.tests.paired_sign_flip` over the sample ids both rows
@@ -35,6 +37,18 @@ def shown(exp: Experiment, data: dict) -> list[str]:
             and all(a in data for a in exp.members(s))]
 
 
+def proportion_cell(gs: list):
+    """k of n trials (every score of the row's arms, 0 or 100) with Wilson's interval, in percent."""
+    from ropescale.common.stats.means import Estimate
+    from ropescale.common.stats.proportions import wilson
+
+    x = [v for g in gs for v in g.values()]
+    if not x:
+        return Estimate(None, 0, rule="Wilson", unit="trial")
+    w = wilson(round(sum(x) / 100), len(x))
+    return Estimate(100 * w.rate, len(x), None, 100 * w.lo, 100 * w.hi, rule=w.rule, unit="trial")
+
+
 def seed_results(exp: Experiment, data: dict, seed: int) -> dict:
     """One seed: {"cells": {row: {length: Estimate}}, "families": {family: [(a, b, length, Significance)]}}."""
     from ropescale.common.stats.means import cell_of_prompts
@@ -47,7 +61,7 @@ def seed_results(exp: Experiment, data: dict, seed: int) -> dict:
         for t in exp.lengths:
             gs = groups(exp, data, s, seed, t)
             if gs is not None:
-                row[t] = cell_of_prompts(gs)
+                row[t] = proportion_cell(gs) if exp.score.kind == "proportion" else cell_of_prompts(gs)
         cells[s] = row
     fams = {}
     for fam, pairs in exp.families.items():

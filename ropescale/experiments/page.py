@@ -42,6 +42,9 @@ def cells_table(exp: Experiment, part: dict) -> str:
         note = (f"{'/'.join(str(x) for x in sorted({e.seeds for e in est}))} seeds a cell (the unit; n = "
                 f"{'/'.join(map(str, ns))} samples in all); 95% interval: t over the seeds' cells, (min-max) their "
                 f"range")
+    elif est and est[0].unit == "trial":
+        note = (f"n = {'/'.join(map(str, ns))} trials a cell (every score of the row's arms), percent; 95% interval: "
+                f"{', '.join(rules)}")
     else:
         note = (f"n = {'/'.join(map(str, ns)) or '-'} a cell (distinct samples; a row averaging several arms counts "
                 f"a sample once); 95% interval: {', '.join(rules) or '-'}")

@@ -4,10 +4,11 @@ Top-level keys: ``name``, ``title``, ``about``, ``seeds``, ``lengths``, ``vars``
 ``{key}``), ``prepare`` (files made once per seed and length before the arms: ``NAME: {out: PATH, run: [flags]}``;
 the arms name the file as ``{NAME}``), ``arms`` (``NAME: {label, run: [flags]}``, the flags of a ``ropescale``
 command: ``[eval, generate, ...]``; run once per seed and length with ``--out`` a run directory and ``--resume
-auto``), ``pools`` (rows that average arms per sample: ``NAME: {label, arms: [...]}``), ``score`` (``file``, ``field``,
-``id``, ``name``, ``make``: the command that writes the file into ``{run}`` when it is missing), ``table`` (the rows
-shown, arms or pools), ``families`` (``NAME: [[a, b], ...]``: the comparisons a - b read together, BH q per family)
-and ``quick`` (overrides of ``seeds``, ``lengths``, ``vars`` and ``arms``, a list: the miniature a test runs).
+auto``), ``pools`` (rows that average arms per sample: ``NAME: {label, arms: [...]}``), ``score`` (``file``,
+``field``, ``id``, ``name``, ``kind``: mean or proportion, ``make``: the command that writes the file into
+``{run}`` when it is missing), ``table`` (the rows shown, arms or pools), ``families`` (``NAME: [[a, b], ...]``:
+the comparisons a - b read together, BH q per family) and ``quick`` (overrides of ``seeds``, ``lengths``, ``vars``
+and ``arms``, a list: the miniature a test runs).
 
 Every mistake a user can make is an :class:`~ropescale.common.io.InputError` naming the file and line.
 """
@@ -22,6 +23,7 @@ from ropescale.common.io import InputError
 
 KEYS = ("name", "title", "about", "seeds", "lengths", "vars", "prepare", "arms", "pools", "score", "table",
         "families", "quick")
+KINDS = ("mean", "proportion")
 QUICK_KEYS = ("seeds", "lengths", "vars", "arms")
 RUNTIME = ("seed", "length", "run", "out", "work")  # placeholders the runner fills in
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -46,6 +48,7 @@ class Score:
     id: str = "id"
     name: str = "ROUGE-L"
     make: tuple = ()
+    kind: str = "mean"  # mean | proportion (scores 0 or 1: a cell is k of n trials, Wilson, shown in percent)
 
 
 @dataclass(frozen=True)
@@ -228,9 +231,11 @@ def read_pools(r: Reader, data: dict) -> dict:
 
 def read_score(r: Reader, data: dict) -> Score:
     sc = r.mapping(data.get("score"), "score")
-    unknown = sorted(set(sc) - {"file", "field", "id", "name", "make"})
+    unknown = sorted(set(sc) - {"file", "field", "id", "name", "make", "kind"})
     if unknown:
-        r.fail(unknown[0], f"score: unknown key {unknown[0]!r} (known: file, field, id, name, make)")
+        r.fail(unknown[0], f"score: unknown key {unknown[0]!r} (known: file, field, id, name, make, kind)")
+    if sc.get("kind", "mean") not in KINDS:
+        r.fail("kind", f"score: kind: {sc['kind']!r} is not one of {', '.join(KINDS)}")
     return Score(**{k: (r.flags(v, "make") if k == "make" else str(v)) for k, v in sc.items()})
 
 
