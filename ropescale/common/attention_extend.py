@@ -150,8 +150,8 @@ def rotate(x, delta, inv_freq):
 def attention_with_lse(q, k, v, keys, scale: float):
     """(softmax(q k^T * scale over ``keys``) v, log-sum-exp) for q (b, h, n, d), keys (b, 1|h, n, m) bool; rows with
     no key give output 0 and lse -inf. SDPA's fused kernel where torch returns the log-sum-exp (its CPU flash kernel,
-    ``aten._scaled_dot_product_flash_attention_for_cpu``, torch 2.1+; CUDA: the memory-efficient kernel), else
-    :func:`attention_with_lse_math`."""
+    ``aten._scaled_dot_product_flash_attention_for_cpu``, torch 2.1+; CUDA: the memory-efficient kernel, once it has
+    matched the written-out math on a small case), else :func:`attention_with_lse_math`."""
     import torch
 
     bias = torch.zeros(keys.shape, dtype=q.dtype, device=q.device).masked_fill(~keys, float("-inf"))
@@ -160,16 +160,53 @@ def attention_with_lse(q, k, v, keys, scale: float):
         if q.device.type == "cpu":
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False,
                                                                                   attn_mask=bias, scale=scale)
-        elif q.device.type == "cuda":
-            out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias.contiguous(), True, 0.0,
-                                                                              False, scale=scale)[:2]
-            lse = lse[..., :q.shape[2]]
+        elif q.device.type == "cuda" and _cuda_kernel_agrees(q.device, q.dtype):
+            out, lse = _cuda_efficient(q, k, v, bias, scale)
         else:
             return attention_with_lse_math(q, k, v, keys, scale)
     except (RuntimeError, AttributeError, TypeError):  # a kernel this build lacks, or one that refuses the shapes
         return attention_with_lse_math(q, k, v, keys, scale)
     some = keys.any(-1).expand(lse.shape)
     return out.nan_to_num(0.0).masked_fill(~some[..., None], 0.0), lse.float().masked_fill(~some, float("-inf"))
+
+
+def _cuda_efficient(q, k, v, bias, scale: float):
+    """(output, log-sum-exp) from CUDA's memory-efficient SDPA kernel (its lse padded to a multiple of 32 rows in
+    some releases: cut to the queries)."""
+    import torch
+
+    out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias.contiguous(), True, 0.0, False,
+                                                                      scale=scale)[:2]
+    return out, lse[..., :q.shape[2]]
+
+
+_CUDA_CHECKED: dict = {}  # (device, dtype) -> whether the fused kernel matched the written-out math once
+
+
+def _cuda_kernel_agrees(device, dtype) -> bool:
+    """Whether CUDA's fused kernel gives :func:`attention_with_lse_math`'s output and log-sum-exp on a small random
+    case with an empty row (checked once per device and dtype; a kernel that fails or disagrees is not used)."""
+    import torch
+
+    key = (str(device), dtype)
+    if key not in _CUDA_CHECKED:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        q, k, v = (torch.randn(1, 2, n, 64, generator=g).to(device, dtype) for n in (40, 72, 72))
+        keys = (torch.rand(1, 1, 40, 72, generator=g) > 0.5).to(device)
+        keys[..., 3, :] = False
+        bias = torch.zeros(keys.shape, dtype=dtype, device=device).masked_fill(~keys, float("-inf"))
+        bias = bias.expand(1, 2, 40, 72)
+        try:
+            out, lse = _cuda_efficient(q, k, v, bias, 0.125)
+            o2, l2 = attention_with_lse_math(q, k, v, keys, 0.125)
+            fin = torch.isfinite(l2)
+            tol = 1e-3 if dtype == torch.float32 else 3e-2
+            ok = bool((out.nan_to_num()[fin] - o2[fin]).abs().max() <= tol and (lse.float()[fin] - l2[fin]).abs().max()
+                      <= tol)
+        except (RuntimeError, TypeError):
+            ok = False
+        _CUDA_CHECKED[key] = ok
+    return _CUDA_CHECKED[key]
 
 
 def attention_with_lse_math(q, k, v, keys, scale: float):
