@@ -56,7 +56,8 @@ def _alive(pid: int) -> bool:
 PLAN = ["env", "prepare", "recipe-16k", "recipe-32k", "recipe-64k", "recipe-128k", "recipe-256k", "recipe-512k",
         "plan-16k", "plan-32k", "plan-64k", "plan-128k", "plan-256k", "plan-512k", "fit-2l", "fit-4l",
         "nozero-16k", "nozero-32k", "gen-L", "gen-XL", "gen-2XL", "gen-3XL", "gen-gqa-L", "gen-gqa-XL", "gen-gqa-2XL",
-        "gen-gqa-3XL", "fa2-16k"]
+        "gen-gqa-3XL", "fa2-16k", "smollm2-pi-x2", "smollm2-ntk-x2", "smollm2-yarn-x2", "smollm2-pi-x4",
+        "smollm2-ntk-x4", "smollm2-yarn-x4"]
 
 
 class DryRun:
@@ -97,7 +98,7 @@ class DryRun:
         first.stderr.close()
         st = seen["after_kill"] = _state(work)
         seen["killed_suite_alive"] = _alive(st["prepare"]["pid"])
-        seen["resumed"] = self._call(cmd + ["--json"], env, 400)
+        seen["resumed"] = self._call(cmd + ["--json"], env, 600)
         seen["child_alive"] = _alive(seen["child"])  # stopped (or finished) before the step ran again
         seen["left_running"] = [x.name for x in Path("/proc").glob("[0-9]*") if _marked(x, work)]
         seen["runs_before_again"] = {k: v.get("runs") for k, v in _state(work).items()}
@@ -140,7 +141,7 @@ class DryRun:
 
 
 @pytest.fixture(scope="module")
-def dry(tmp_path_factory):
+def dry(tmp_path_factory, smollm2):  # smollm2: the real model its smollm2-yarn-x2 step fine-tunes
     run = DryRun(tmp_path_factory.mktemp("gpu-suite") / "suite")
     yield run
     if run.thread.is_alive():  # every test that reads it waited for it: none of them ran
@@ -418,9 +419,44 @@ def test_dry_run_table_has_a_row_per_step_and_the_cnnsum_estimate(dry):
     assert md.startswith("GPU suite (DRY RUN") and "| step | what | status |" in md
     # the stand-ins read as simulated: the header counts them apart, no row calls them failed or out of memory
     head = md.splitlines()[0]
-    assert "0 failed" in head and "6 simulated" in head and rep["counts"]["simulated"] == 6  # one per group but fa2
+    # one per group but fa2, and SmolLM2's x2 PI / NTK (yarn x2 stands for them) and YaRN x4
+    assert "0 failed" in head and "9 simulated" in head and rep["counts"]["simulated"] == 9
     assert "| failed |" not in md and "OUT OF MEMORY" not in md
     assert sum(1 for line in md.splitlines() if line.startswith("| recipe-")) == 6
+
+
+def test_smollm2_full_length_steps_on_the_gpu_and_in_the_dry_run(dry):
+    """SmolLM2-135M fine-tuned at full length (bench/gpusuite/smollm2.py): on the GPU LoRA x2 at 16,384 and x4 at
+    32,768 tokens for PI, NTK and YaRN, trained on novels the real-model windows never come from; the dry run
+    fine-tunes yarn x2 for real (512 tokens, 1 step), merges it and reads the merged model and the base model with
+    YaRN x2 training-free on a held-out window's passkeys."""
+    import importlib
+
+    m = _module()
+    by = {s.name: s for s in m.plan(Path("/w"), dry=False)}
+    sm = importlib.import_module("gpusuite.smollm2")
+    real_model = sm._real_model()
+    assert not set(sm.TRAIN) & set(real_model.HELDOUT) and len(sm.TRAIN) == 3
+    for meth in ("pi", "ntk", "yarn"):
+        for scale, n in ((2, 16 * K), (4, 32 * K)):
+            s = by[f"smollm2-{meth}-x{scale}"]
+            a = list(s.args)
+            assert a[0].endswith("smollm2.py") and a[a.index("--method") + 1] == meth and "--dry-run" not in a
+            assert a[a.index("--scale") + 1] == str(scale) and s.tokens == n and s.group == f"smollm2-{meth}"
+            cfg = sm.settings(scale, dry=False)
+            assert cfg["length"] == n and cfg["global_batch"] * n == 65536 and cfg["eval_lengths"][-1] == n
+            assert m.expected_seconds(s) is not None
+    assert [s.name for s in m.select(list(by.values()), ["next1"])] == ["env", "prepare", "plan-256k", "fit-2l"]
+    steps = dry.report()["steps"]
+    r = steps["smollm2-yarn-x2"]
+    assert r["status"] == "done", r
+    res = r["result"]
+    assert res["method"] == "yarn" and res["length"] == 512 and res["train"]["steps"] == 1
+    assert res["windows"] == ["emma"] and set(res["finetuned"]["passkey"]) == {"256", "512"}
+    for side in ("finetuned", "training_free"):
+        assert 0 < res[side]["loss_in_window"] < 20 and set(res[side]["answer_loss"]) == {"256", "512"}
+    assert steps["smollm2-pi-x2"].get("simulated") and steps["smollm2-yarn-x4"].get("simulated")
+    assert steps["smollm2-pi-x4"]["status"] == "skipped"
 
 
 def test_expected_seconds_come_from_the_time_model_and_the_start_up():

@@ -197,6 +197,15 @@ def test_flags_fix_choices_and_contradictions_are_refused():
                                                                       "offload_params": False,
                                                                       "offload_optimizer": False})
 
+    # a fixed --tile-mlp N leaves the layer tiled by sequence out, a fixed --tile-attention N needs every layer
+    # recomputed (the tiled layer is the recompute)
+    c = planner.choose(QWEN15_7B, Setup(length=1048576), planner.H200, {"tile_attention": H})
+    assert c.plan.tile_attention == H and c.plan.recompute_every == 1 and c.plan.tile_mlp == 0
+    c = planner.choose(QWEN15_7B, Setup(length=16384), planner.H200, {"tile_attention": H})
+    assert c.plan.recompute_every == 1 and c.plan.tile_attention == H
+    with pytest.raises(planner.NoFit):
+        planner.choose(QWEN15_7B, Setup(length=1048576), planner.H200, {"tile_mlp": H})
+
     class S:  # TrainSettings' fields the planner reads
         offload_params = "true"
         offload_optimizer = recompute_every = checkpoint_block = gpu_checkpoints = tile_mlp = tile_attention = None

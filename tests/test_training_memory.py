@@ -463,7 +463,13 @@ if variant == "2":  # the planner's levers: blocks of 2 (layer 1 recomputed from
     from ropescale.training.planner import Plan
     plan = Plan(checkpoint_block=2, offload_checkpoints=True, gpu_checkpoints=1, tile_mlp=40, head_chunk_zero3=True)
     mp = setup(pm, argparse.Namespace(), tokens=96, cuda=False, dtype=torch.float32, ds_config=ds, plan=plan)
-install_label_only_forward(pm, 8, zero3_chunks=variant == "2")
+if variant == "3":  # the same with each layer tiled by sequence (40-token chunks: 3 a layer) instead of the MLP
+    from ropescale.training.memory import setup_memory as setup
+    from ropescale.training.planner import Plan
+    plan = Plan(checkpoint_block=2, offload_checkpoints=True, gpu_checkpoints=1, tile_attention=40,
+                head_chunk_zero3=True)
+    mp = setup(pm, argparse.Namespace(), tokens=96, cuda=False, dtype=torch.float32, ds_config=ds, plan=plan)
+install_label_only_forward(pm, 8, zero3_chunks=variant in ("2", "3"))
 opt = torch.optim.SGD([p for p in pm.parameters() if p.requires_grad], lr=0.0)
 engine, *_ = deepspeed.initialize(model=pm, optimizer=opt, config=ds)
 assert all(hasattr(p, "ds_id") for p in pm.parameters())  # all partitioned: the tiles take the ZeRO-3 branch
@@ -477,6 +483,9 @@ loss = o["loss_sum"] / o["n_tokens"]
 engine.backward(loss)
 grads = {n: safe_get_full_grad(p) for n, p in engine.module.named_parameters() if p.requires_grad}
 stats = mp.offloader.stats if variant == "2" else {}
+if variant == "3":
+    from ropescale.training.tiled_attention import STATS
+    stats = dict(mp.offloader.stats, tiled=STATS["tiled"], plain=STATS["plain"])
 torch.save({"loss": loss.detach(), "grads": grads, "stats": stats}, out)
 """
 
@@ -485,7 +494,8 @@ def test_zero3_gradients_with_offload_and_tiled_lora_mlp_match_plain(tmp_path, m
     """ZeRO-3 with every parameter partitioned and LoRA on the MLP (each tile accumulates into partitioned
     gradients that DeepSpeed reduces once, after the last tile): the full gradients (gathered from the partitions)
     equal the plain run's, with the recipe plan's checkpoint offload and with the planner's block checkpoints
-    (a partitioned layer run forward inside backward), device + host checkpoints and the head in chunks."""
+    (a partitioned layer run forward inside backward), device + host checkpoints and the head in chunks, and the
+    same with each layer tiled by sequence (ropescale.training.tiled_attention)."""
     import subprocess
     import sys
 
@@ -495,7 +505,7 @@ def test_zero3_gradients_with_offload_and_tiled_lora_mlp_match_plain(tmp_path, m
     script = tmp_path / "z3.py"
     script.write_text(ZERO3_SCRIPT)
     res = []
-    for flag in ("0", "1", "2"):
+    for flag in ("0", "1", "2", "3"):
         out = tmp_path / f"grads{flag}.pt"
         p = subprocess.run([sys.executable, str(script), str(model_dir), flag, str(out)], cwd=ROOT, env=run_env(),
                            capture_output=True, text=True, timeout=300)
@@ -507,6 +517,8 @@ def test_zero3_gradients_with_offload_and_tiled_lora_mlp_match_plain(tmp_path, m
     assert any("mlp" in n and "lora_A" in n for n in ref["grads"])
     st = res[2]["stats"]
     assert st["recomputed"] == 1 and st["offloaded"] == 1, st  # layer 1 recomputed from 0; 0 on the host
+    st = res[3]["stats"]  # the tiled layers: 3 in forward + layer 1 again from its block's input, none plain
+    assert st["tiled"] == 3 and st["plain"] == 0 and st["recomputed"] == 1 and st["offloaded"] == 1, st
     for got in res[1:]:
         assert torch.allclose(got["loss"], ref["loss"], **TOL)
         assert got["grads"].keys() == ref["grads"].keys()

@@ -16,7 +16,7 @@ RECIPE_LENGTHS = (16 * K, 32 * K, 64 * K, 128 * K, 256 * K, 512 * K)
 NOZERO_LENGTHS = (16 * K, 32 * K)
 GEN_SUBSETS = ("L", "XL", "2XL", "3XL")
 DRY_DIV = 256  # the dry run's lengths: the nominal ones / 256
-FIT_LENGTH = 512 * K  # the cut models' length (1M cannot run: one layer's recompute needs 184 GiB, docs/gpu.md)
+FIT_LENGTH = 512 * K  # the cut models' length (1M fits only with the layer tiled by sequence: ~9.6 min a 2-layer step)
 FIT_LAYERS = (2, 4)
 # the fit steps' plan, the same for both cuts so that their peaks differ by the layers alone: the weights on the GPU,
 # the optimizer offloaded, every layer recomputed, every checkpoint on the GPU, the MLP tiled, the head in chunks
@@ -27,7 +27,14 @@ NEW_FLAGS = ("--memory-plan=fit",)  # the planner's plan and the measured attent
 # --only also takes these sets (in this order): what one command of ~9 minutes should run first on a fresh machine,
 # then what a second one continues with (docs/gpu.md: the budget of one lent GPU)
 SETS = {"first": ("env", "prepare", "recipe-16k", "plan-16k", "plan-128k"),
-        "second": ("plan-32k", "plan-64k", "plan-256k", "fit-2l", "fit-4l", "plan-512k")}
+        "second": ("plan-32k", "plan-64k", "plan-256k", "fit-2l", "fit-4l", "plan-512k"),
+        # the next GPU session's two calls (docs/gpu.md): the open figures, then the real model
+        "next1": ("env", "prepare", "plan-256k", "fit-2l"),
+        "next2": ("fit-4l", "smollm2-yarn-x2", "smollm2-ntk-x2", "smollm2-pi-x2", "smollm2-yarn-x4",
+                  "smollm2-ntk-x4", "smollm2-pi-x4", "plan-512k")}
+SMOLLM2_METHODS = ("pi", "ntk", "yarn")
+SMOLLM2_SCALES = (2, 4)  # x2 at 16,384 tokens, x4 at 32,768 (SmolLM2's window: 8,192)
+SMOLLM2_S = {2: 90.0, 4: 120.0}  # expected seconds on an H200: an assumption (start-up, 20 steps, merge, reading)
 
 
 def short(n: int) -> str:
@@ -54,7 +61,8 @@ class Step:
 def plan(workdir: Path, dry: bool) -> list[Step]:
     """The steps in order (see gpu_suite's doc)."""
     return [*_setup_steps(workdir, dry), *_train_steps(workdir, dry, "recipe"), *_train_steps(workdir, dry, "plan"),
-            *_fit_steps(workdir, dry), *_nozero_steps(dry), *_gen_steps(dry), _fa2_step(dry)]
+            *_fit_steps(workdir, dry), *_nozero_steps(dry), *_gen_steps(dry), _fa2_step(dry),
+            *_smollm2_steps(workdir, dry)]
 
 
 def _scaled(n: int, dry: bool) -> int:
@@ -163,6 +171,24 @@ def _fa2_step(dry: bool) -> Step:
                 tuple(args), needs=("cuda", "flash_attn"), info={"versus": "nozero-16k"})
 
 
+def _smollm2_steps(workdir: Path, dry: bool) -> list[Step]:
+    """SmolLM2-135M fine-tuned at full length (bench/gpusuite/smollm2.py): LoRA x2 at 16,384 and x4 at 32,768
+    tokens with PI, NTK and YaRN, read on the real-model windows beside the method training-free. Each method is a
+    group of its own (x4 is skipped after x2 runs out of memory). The dry run runs yarn x2 for real (512 tokens)
+    and the others as the out-of-memory stand-in (``dry_stand_in``)."""
+    steps = []
+    for scale in SMOLLM2_SCALES:
+        for m in SMOLLM2_METHODS:
+            n = scale * 8192
+            args = (str(ROOT / "bench" / "gpusuite" / "smollm2.py"), "--method", m, "--scale", str(scale),
+                    "--workdir", str(workdir / "smollm2")) + (("--dry-run",) if dry else ())
+            steps.append(Step(f"smollm2-{m}-x{scale}", f"smollm2-{m}", f"SmolLM2-135M LoRA {m} x{scale} at "
+                              f"{short(n)}, read on the real-model windows", "finetune_real", n,
+                              n // 32 if dry else n, args, "--timeout",
+                              info={"dry_stand_in": dry and not (m == "yarn" and scale == 2)}))
+    return steps
+
+
 def toy_shape(shape: str) -> str:
     """The dry run's stand-in for a generation shape: bench_generate's toy MHA / GQA shape."""
     return "toy" if shape.endswith("gqa") else "toy-mha"
@@ -201,6 +227,8 @@ def expected_seconds(step: Step, gpu_gib: float = 139.8, host_gib: float = 125.0
     start-up above); None for steps it does not model (generation, no-ZeRO)."""
     if step.kind in ("env", "prepare"):
         return FIXED_S[step.kind]
+    if step.kind == "finetune_real":
+        return SMOLLM2_S[step.tokens // 8192]
     if step.kind != "train_path":
         return None
     from dataclasses import replace

@@ -159,7 +159,7 @@ def parse_internal(out: str, err: str) -> dict:
 
 
 PARSERS = {"env": parse_internal, "prepare": parse_internal, "train_path": parse_train_path,
-           "train_step": parse_train_step, "generate": parse_generate}
+           "train_step": parse_train_step, "generate": parse_generate, "finetune_real": parse_internal}
 
 
 # ---------------------------------------------------------------- processes
@@ -352,9 +352,13 @@ def needs_run(step: Step, rec: dict | None, ctx: Context) -> bool:
 
 def command(step: Step, ctx: Context, bound: float) -> tuple[list[str], str | None]:
     """(the command, a note): the step's own, or the out-of-memory stand-in of --fake-oom-above."""
-    if ctx.fake_oom_above is not None and step.tokens > ctx.fake_oom_above and not (
+    stand_in = ctx.fake_oom_default and step.info.get("dry_stand_in")
+    if stand_in or ctx.fake_oom_above is not None and step.tokens > ctx.fake_oom_above and not (
             ctx.fake_oom_default and step.info.get("dry_real")):
         code = FAKE_OOM.format(limit=ctx.fake_oom_above, tokens=step.tokens)
+        if stand_in:
+            return [sys.executable, "-c", code], ("fake OOM (the dry run's stand-in for a step of a kind that runs "
+                                                  "once for real; --all-lengths runs it)")
         how = "the dry run's default " if ctx.fake_oom_default else ""
         return [sys.executable, "-c", code], (f"fake OOM ({how}--fake-oom-above {ctx.fake_oom_above}"
                                               + ("; --all-lengths runs every length)" if how else ")"))

@@ -31,7 +31,8 @@ def describe(step: Step, rec: dict) -> tuple[str, str, str, str]:
     """(result, peak GPU memory, host memory, the memory model) cells of a done or failed step."""
     r = rec.get("result") or {}
     fn = {"env": _describe_env, "prepare": _describe_prepare, "train_path": _describe_train_path,
-          "train_step": _describe_train_step, "generate": _describe_generate}[step.kind]
+          "train_step": _describe_train_step, "generate": _describe_generate,
+          "finetune_real": _describe_finetune_real}[step.kind]
     return fn(r)
 
 
@@ -118,6 +119,19 @@ def _describe_generate(r: dict) -> tuple[str, str, str, str]:
             f"{_rate(b.get('samples_per_hour'), 'samples/h')} ({r.get('ratio', '-')}x); prompts {lo}-{hi} tokens, "
             f"{r.get('new_tokens', '-')} new")
     return text, f"ours {_gib(o.get('peak_gib'))}, plain {_gib(b.get('peak_gib'))}", "-", "-"
+
+
+def _describe_finetune_real(r: dict) -> tuple[str, str, str, str]:
+    t, f, z = r.get("train") or {}, r.get("finetuned") or {}, r.get("training_free") or {}
+
+    def read(x):
+        keys = ", ".join(f"{int(k) // 1024 if int(k) >= 1024 else k}{'K' if int(k) >= 1024 else ''} {v}"
+                         for k, v in (x.get("passkey") or {}).items())
+        return f"passkeys {keys}; loss in window {x.get('loss_in_window')}, past it {x.get('loss_past_window')}"
+
+    text = (f"{t.get('steps')} steps, loss {t.get('first_loss')} -> {t.get('final_loss')}, "
+            f"{_rate(t.get('tokens_per_s'))}; fine-tuned: {read(f)}; training-free: {read(z)}")
+    return text, "-", "-", "-"
 
 
 HEADER = ["step", "what", "status", "result", "peak GPU", "host", "memory model", "device", "note"]

@@ -286,8 +286,9 @@ def _candidates(base: Setup, shape: Shape, fixed: dict):
 def _tiles(o: dict, k: int):
     """(tile_mlp, tile_attention) pairs: the layer tiled by sequence only with every layer recomputed (its MLP
     then runs per chunk: no MLP tiling beside it)."""
-    yield from ((t, 0) for t in o["tile_mlp"])
-    if k == 1:
+    if 0 in o["tile_attention"]:  # not where --tile-attention N is fixed by hand
+        yield from ((t, 0) for t in o["tile_mlp"])
+    if k == 1 and 0 in o["tile_mlp"]:  # not where --tile-mlp N is fixed by hand
         yield from ((0, ta) for ta in o["tile_attention"] if ta)
 
 

@@ -15,7 +15,7 @@ from .planner import H100, H200, Choice, Machine, NoFit, choose, evaluate, recip
 # 8 H200s with Ulysses (--sequence-parallel 8, ZeRO-3 over the 8): each process its GPU and 125 GiB of host (an
 # 8-GPU node with 1,000 GiB: the one-H200 machine's host per GPU)
 H200_X8 = Machine("8 x H200 (139.8 GiB each), Ulysses over 8, 125 GiB host a GPU", int(139.8 * GIB), 125 * GIB)
-LENGTHS = (1 << 20, 1 << 21)  # the lengths asked of the planner by name (issue 53)
+LENGTHS = (1 << 20, 1 << 21)  # 1M and 2M: the lengths --reach plans by name
 
 
 @dataclass(frozen=True)

@@ -128,25 +128,7 @@ class TiledLayer(torch.autograd.Function):
         dk = torch.zeros(k.shape, dtype=torch.float32, device=dev)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=dev)
         x_grad = torch.zeros_like(x) if need_x else None
-        p_grads: list[torch.Tensor | None] = [None] * len(params)
-        n = 2 * len(starts)
-        step = 0
-
-        def run(outputs, inputs, grads):
-            """Backward of one piece: the grads of ``inputs``; the trained parameters' summed in fp32 (under
-            ZeRO-3 accumulated into them, reduced after the last piece)."""
-            nonlocal step
-            step += 1
-            if zero3:
-                compat.defer_zero3_reduce(zero3, ready=step == n)
-                torch.autograd.backward(outputs, grads)
-                return [t.grad for t in inputs]
-            got = torch.autograd.grad(outputs, list(inputs) + list(params), grads, allow_unused=True)
-            for j, gp in enumerate(got[len(inputs):]):
-                if gp is not None:
-                    gp = gp.float()
-                    p_grads[j] = gp if p_grads[j] is None else p_grads[j].add_(gp)
-            return got[:len(inputs)]
+        run = _Pieces(parts, zero3, params, 2 * len(starts))
 
         with torch.enable_grad():
             for i, s in enumerate(starts):
@@ -173,8 +155,46 @@ class TiledLayer(torch.autograd.Function):
                 got = _grads(run, (kc, vc), g, xc if need_x else None, None, None)
                 if need_x and got[0] is not None:
                     x_grad[:, s:e] += got[0]
-        p_out = [None if gp is None else gp.to(p.dtype) for gp, p in zip(p_grads, params)]
+        p_out = [None if gp is None else gp.to(p.dtype) for gp, p in zip(run.p_grads, params)]
         return (None, None, x_grad, *p_out)
+
+
+class _Pieces:
+    """The backward of :class:`TiledLayer`'s pieces (each query chunk, then each chunk's keys / values), one call
+    each: the gradients of its inputs; the trained parameters' summed over the pieces in fp32 or, under ZeRO-3,
+    accumulated into them and reduced after each one's last piece (:func:`_zero3_sides`)."""
+
+    def __init__(self, parts: LayerParts, zero3, params, n: int):
+        self.zero3, self.params, self.n, self.step = zero3, params, n, 0
+        self.sides = _zero3_sides(parts, zero3) if zero3 else None
+        self.p_grads: list[torch.Tensor | None] = [None] * len(params)
+
+    def __call__(self, outputs, inputs, grads):
+        self.step += 1
+        if self.zero3:
+            q_side, kv_side = self.sides
+            if self.step <= self.n // 2:  # a query chunk's piece
+                compat.defer_zero3_reduce(q_side, ready=self.step == self.n // 2)
+                compat.defer_zero3_reduce(kv_side, ready=False)
+            else:  # a key / value piece
+                compat.defer_zero3_reduce(kv_side, ready=self.step == self.n)
+            torch.autograd.backward(outputs, grads)
+            return [t.grad for t in inputs]
+        got = torch.autograd.grad(outputs, list(inputs) + list(self.params), grads, allow_unused=True)
+        for j, gp in enumerate(got[len(inputs):]):
+            if gp is not None:
+                gp = gp.float()
+                self.p_grads[j] = gp if self.p_grads[j] is None else self.p_grads[j].add_(gp)
+        return got[:len(inputs)]
+
+
+def _zero3_sides(parts: LayerParts, zero3: list) -> tuple[list, list]:
+    """ZeRO-3 reduces a parameter once, after its last piece: (the parameters the query pieces alone use, reduced
+    after the last query chunk; the key / value side's, the norm's included, reduced after the last key / value
+    piece)."""
+    kv_ids = {id(p) for m in (parts.layer.input_layernorm, parts.attn.k_proj, parts.attn.v_proj)
+              for p in m.parameters()}
+    return [p for p in zero3 if id(p) not in kv_ids], [p for p in zero3 if id(p) in kv_ids]
 
 
 def _all_keys_values(parts: LayerParts, x: torch.Tensor, starts: list[int], rngs: list, autocast=None):
