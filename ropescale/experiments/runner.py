@@ -68,6 +68,17 @@ def complete(run: Path, exp: Experiment) -> bool:
         return False
 
 
+def prepared(path: Path) -> bool:
+    """A prepared file is there; a prepared run directory (a fine-tune: run.json) is complete."""
+    rj = path / "run.json"
+    if path.is_dir() and rj.is_file():
+        try:
+            return json.loads(rj.read_text(encoding="utf-8")).get("status") == "complete"
+        except (OSError, ValueError):
+            return False
+    return path.exists()
+
+
 def call(argv: list[str], where: str) -> None:
     """``ropescale ARGV`` in this process (the command's own entry function; its stdout, logs, goes to stderr)."""
     from ropescale.cli import TOOLS
@@ -105,7 +116,7 @@ def run(exp: Experiment, st: ExperimentSettings, work: Path) -> dict:
         for t in exp.lengths:
             v = values(exp, work, s, t)
             for name, (_, flags) in exp.prepare.items():
-                if not Path(v[name]).exists() and any((a, s, t) in todo for a in arms):
+                if not prepared(Path(v[name])) and any((a, s, t) in todo for a in arms):
                     say(exp, f"prepare {name} (seed {s}, T{t})")
                     Path(v[name]).parent.mkdir(parents=True, exist_ok=True)
                     call(fill(flags, dict(v, out=v[name]), f"prepare {name}"), f"prepare {name}")
