@@ -60,11 +60,16 @@ def reference_attention(attn, hidden, rule, inv_freq):
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     out = torch.zeros_like(q)
+    qs, ks = {}, {}  # each token rotated once per position it is given
     for i in range(n):
         logits = torch.empty(q.shape[1], i + 1)
         for j in range(i + 1):
             pq, pk = rule(i, j)
-            logits[:, j] = (rope(q[i], pq, inv_freq) * rope(k[j], pk, inv_freq)).sum(-1) * attn.scaling
+            if (i, pq) not in qs:
+                qs[i, pq] = rope(q[i], pq, inv_freq)
+            if (j, pk) not in ks:
+                ks[j, pk] = rope(k[j], pk, inv_freq)
+            logits[:, j] = (qs[i, pq] * ks[j, pk]).sum(-1) * attn.scaling
         out[i] = torch.einsum("hj,jhd->hd", logits.softmax(-1), v[:i + 1])
     return attn.o_proj(out.reshape(1, n, -1))
 
@@ -268,3 +273,20 @@ def test_fused_kernel_and_written_out_math_agree_with_empty_rows():
     o2, l2 = attention_with_lse_math(q, k, v, keys, 0.3)
     assert (o1 - o2).abs().max() <= 1e-5 and torch.equal(torch.isinf(l1), torch.isinf(l2))
     assert (l1 - l2)[~torch.isinf(l2)].abs().max() <= 1e-5 and bool(torch.isinf(l1[0, :, 1]).all())
+
+
+def test_the_probes_load_it_and_record_it():
+    """The probes' loader (``ropescale.probes.common.load_model``, the committed tiny default) runs the method in its
+    model's forward and records it with the RoPE spec (what run.json's ``rope`` holds)."""
+    from ropescale.probes.common import load_model
+
+    lo = load_model("tiny", RopeSpec(attention_extend="dca"))
+    assert lo.model.config._attn_implementation == "ropescale_extend"
+    assert (lo.rope["attention_extend"], lo.rope["dca_chunk_size"]) == ("dca", None)
+    assert RopeSpec.from_record(lo.rope).label() == "dca"
+    # within one chunk (s = C - L = 384 - 64 = 320 tokens of the 512-token default) DCA is plain attention; past it not
+    short, long = (torch.randint(1, 100, (1, n), generator=torch.Generator().manual_seed(4)) for n in (300, 400))
+    got = [lo.model(x).logits for x in (short, long)]
+    lo.model.set_attn_implementation("sdpa")  # the same weights under transformers' own SDPA
+    assert (got[0] - lo.model(short).logits).abs().max().item() <= 1e-4
+    assert (got[1] - lo.model(long).logits).abs().max().item() > 1e-3

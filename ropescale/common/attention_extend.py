@@ -141,7 +141,8 @@ def rotate(x, delta, inv_freq):
 
     r = inv_freq.shape[0] * 2
     ang = (delta[:, None, :, None] * inv_freq.double()[None, None, None, :])
-    cos, sin = torch.cat([ang, ang], -1).cos().to(x.dtype), torch.cat([ang, ang], -1).sin().to(x.dtype)
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
     xr, rest = x[..., :r], x[..., r:]
     half = torch.cat([-xr[..., r // 2:], xr[..., :r // 2]], -1)
     return torch.cat([xr * cos + half * sin, rest], -1)
@@ -275,16 +276,26 @@ def extended_attention(module, query, key, value, attention_mask, scaling=None, 
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     qpos, kpos, mask = positions(query, key, attention_mask, kwargs.get("position_ids"))
     inv = st.inv_freq().to(query.device)
-    parts = []
+    parts, rotated = [], {}
+
+    def moved(x, which, delta):
+        """``x`` rotated by ``delta`` (skipped when it is 0 everywhere; the same shift twice rotated once)."""
+        for (w, d), y in rotated.items():
+            if w == which and d.shape == delta.shape and torch.equal(d, delta):
+                return y
+        y = x if not bool(delta.any()) else rotate(x, delta, inv)
+        rotated[(which, delta)] = y
+        return y
+
     for pq, pk, keys in st.rule.passes(qpos[:, :, None], kpos[:, None, :]):
         keys = keys[:, None]
         if mask is not None:
             keys = keys & mask[..., :key.shape[2]]
         if not bool(keys.any()):
             continue
-        dq = (pq - qpos[:, :, None].double())[..., 0]  # (b, q): queries' shift is one per row and query
-        dk = (pk - kpos[:, None, :].double())[:, 0]  # (b, kv)
-        parts.append(attention_with_lse(rotate(query, dq, inv), rotate(key, dk, inv), value, keys, scale))
+        dq = (pq - qpos[:, :, None].double()).expand(-1, -1, 1)[..., 0]  # (b, q): one shift per query
+        dk = (pk - kpos[:, None, :].double()).expand(-1, 1, -1)[:, 0]  # (b, kv): one shift per key
+        parts.append(attention_with_lse(moved(query, "q", dq), moved(key, "k", dk), value, keys, scale))
     if not parts:
         out = torch.zeros_like(query)
     else:
