@@ -37,7 +37,9 @@ def command(args: argparse.Namespace, *, running: bool) -> int:
     st = from_args(args, ExperimentSettings)
     given = [f"{'--' + k.replace('_', '-')}" + ("" if v is True else f" {shlex.quote(fmt(v))}")
              for k, v in values(st).items() if v not in (None, False)]
-    return go(args.file, st, running, " ".join([PROG, args.command, shlex.quote(args.file), *given]))
+    leaf = getattr(args, "_leaf", None)  # the subcommand's parser: its prog is the command as called
+    prog = leaf.prog if leaf is not None else f"{PROG} {args.command}"
+    return go(args.file, st, running, " ".join([prog, shlex.quote(args.file), *given]))
 
 
 def go(file: str, st: ExperimentSettings, running: bool, command: str) -> int:
