@@ -169,3 +169,13 @@ def test_the_recall_shortfall_names_max_answer_tokens(tmp_path, capsys):
     need = int(err[0].split("take up to ")[1].split()[0])
     assert need > 24 and not (tmp_path / "e.jsonl").exists()
     assert main(argv + ["--max-answer-tokens", str(need)]) == 0
+
+
+def test_plot_redraws_the_runs_own_figure_however_it_is_named(tmp_path, capsys):
+    from ropescale.cli import main
+
+    run = log_run(tmp_path / "run", [2.0, 1.9])
+    assert main(["finetune", "plot", str(run)]) == 0
+    assert main(["finetune", "plot", str(run), "--out", str(run / "train_curves.png")]) == 0  # its own: no refusal
+    assert main(["finetune", "plot", str(run), "--out", str(run / "x.png")]) == 0
+    assert main(["finetune", "plot", str(run), "--out", str(run / "x.png")]) == 0  # written by the tool: replaced

@@ -313,8 +313,11 @@ def note_output(path: str | os.PathLike) -> None:
     rec = outputs_record(path.parent)
     entry = {"dir": True} if path.is_dir() else {"sha256": sha256_file(path)}
     rec[path.name] = {**entry, "by": writer_name, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    with atomic_open(path.parent / OUTPUTS_RECORD) as f:
-        f.write(json.dumps(rec, ensure_ascii=False, indent=1, sort_keys=True) + "\n")
+    try:
+        with atomic_open(path.parent / OUTPUTS_RECORD) as f:
+            f.write(json.dumps(rec, ensure_ascii=False, indent=1, sort_keys=True) + "\n")
+    except OSError:  # the output is written; unrecorded it only counts as someone else's next time (refused)
+        pass
 
 
 def _claimed_path(path: Path) -> bool:

@@ -127,10 +127,11 @@ def cmd_plot(args) -> int:
     run = args.run or args.run_flag
     if not run:
         raise InputError("plot needs the run directory: finetune.py plot RUN")
-    if args.out:  # the user's path: replaced only when this tool wrote it (or --overwrite)
+    own = Path(run) / CURVES_PNG
+    if args.out and Path(args.out).resolve() != own.resolve():  # replaced only when this tool wrote it (or --overwrite)
         out = claim_output_file(args.out, overwrite=args.overwrite, suffix=".png")
     else:  # the run's own figure, which the fine-tune wrote
-        out = check_output_file(Path(run) / CURVES_PNG)
+        out = check_output_file(own)
     png = plot_curves(run, out)
     return print_result({"png": str(png), "steps": len(read_log(run))}, args.json, str(png))
 
