@@ -54,7 +54,7 @@ def _alive(pid: int) -> bool:
 
 
 PLAN = ["env", "prepare", "recipe-16k", "recipe-32k", "recipe-64k", "recipe-128k", "recipe-256k", "recipe-512k",
-        "plan-16k", "plan-32k", "plan-64k", "plan-128k", "plan-256k", "plan-512k", "fit-2l", "fit-4l",
+        "plan-16k", "plan-32k", "plan-64k", "plan-128k", "plan-256k", "plan-512k", "fit-2l", "fit-4l", "tiled-1m-2l",
         "nozero-16k", "nozero-32k", "gen-L", "gen-XL", "gen-2XL", "gen-3XL", "gen-gqa-L", "gen-gqa-XL", "gen-gqa-2XL",
         "gen-gqa-3XL", "fa2-16k", "smollm2-pi-x2", "smollm2-ntk-x2", "smollm2-yarn-x2", "smollm2-pi-x4",
         "smollm2-ntk-x4", "smollm2-yarn-x4"]
@@ -178,6 +178,11 @@ def test_the_plan_is_the_issue_s_on_the_gpu_and_in_the_dry_run():
         assert a[a.index("--shape") + 1] == f"7b-{layers}l" and a[a.index("--lengths") + 1] == str(512 * K)
         assert a[a.index("--steps") + 1] == "1" and "--ft-arg=--recompute-every=1" in a
         assert "--ft-arg=--offload-checkpoints=false" in a and "--ft-arg=--offload-params=false" in a
+    # the 1M step: the 2-layer cut with each layer tiled by sequence (4,096-token chunks), NTK x32
+    a = list(by["tiled-1m-2l"].args)
+    assert a[a.index("--shape") + 1] == "7b-2l" and a[a.index("--lengths") + 1] == str(1024 * K)
+    assert "--ft-arg=--tile-attention=4096" in a and "--ft-arg=--tile-mlp=0" in a and "--ft-arg=--scale=32" in a
+    assert m.expected_seconds(by["tiled-1m-2l"]) < 540  # one command: 258 s a step by the time model + start-up
     # --only's sets: the first command's steps, then the second's, each in its own order
     assert [s.name for s in m.select(real, ["first"])] == ["env", "prepare", "recipe-16k", "plan-16k", "plan-128k"]
     assert [s.name for s in m.select(real, ["second"])] == ["plan-32k", "plan-64k", "plan-256k", "fit-2l", "fit-4l",
@@ -420,7 +425,7 @@ def test_dry_run_table_has_a_row_per_step_and_the_cnnsum_estimate(dry):
     # the stand-ins read as simulated: the header counts them apart, no row calls them failed or out of memory
     head = md.splitlines()[0]
     # one per group but fa2, and SmolLM2's x2 PI / NTK (yarn x2 stands for them) and YaRN x4
-    assert "0 failed" in head and "9 simulated" in head and rep["counts"]["simulated"] == 9
+    assert "0 failed" in head and "10 simulated" in head and rep["counts"]["simulated"] == 10
     assert "| failed |" not in md and "OUT OF MEMORY" not in md
     assert sum(1 for line in md.splitlines() if line.startswith("| recipe-")) == 6
 

@@ -16,7 +16,10 @@ RECIPE_LENGTHS = (16 * K, 32 * K, 64 * K, 128 * K, 256 * K, 512 * K)
 NOZERO_LENGTHS = (16 * K, 32 * K)
 GEN_SUBSETS = ("L", "XL", "2XL", "3XL")
 DRY_DIV = 256  # the dry run's lengths: the nominal ones / 256
-FIT_LENGTH = 512 * K  # the cut models' length (1M fits only with the layer tiled by sequence: ~9.6 min a 2-layer step)
+FIT_LENGTH = 512 * K  # the cut models' length (the MLP-tiled recompute: 1M fits only with the layer tiled by sequence)
+TILED_LENGTH = 1024 * K  # tiled-1m-2l: the 7B shape cut to 2 layers, one 1M step with each layer tiled by sequence
+TILED_FLAGS = ("--memory-plan=fit", "--offload-params=false", "--offload-optimizer=true", "--recompute-every=1",
+               "--checkpoint-block=1", "--offload-checkpoints=false", "--tile-mlp=0", "--chunk-head=true")
 FIT_LAYERS = (2, 4)
 # the fit steps' plan, the same for both cuts so that their peaks differ by the layers alone: the weights on the GPU,
 # the optimizer offloaded, every layer recomputed, every checkpoint on the GPU, the MLP tiled, the head in chunks
@@ -31,7 +34,7 @@ SETS = {"first": ("env", "prepare", "recipe-16k", "plan-16k", "plan-128k"),
         # the next GPU session's two calls (docs/gpu.md): the open figures, then the real model
         "next1": ("env", "prepare", "plan-256k", "fit-2l"),
         "next2": ("fit-4l", "smollm2-yarn-x2", "smollm2-ntk-x2", "smollm2-pi-x2", "smollm2-yarn-x4",
-                  "smollm2-ntk-x4", "smollm2-pi-x4", "plan-512k")}
+                  "smollm2-ntk-x4", "smollm2-pi-x4", "tiled-1m-2l", "plan-512k")}
 SMOLLM2_METHODS = ("pi", "ntk", "yarn")
 SMOLLM2_SCALES = (2, 4)  # x2 at 16,384 tokens, x4 at 32,768 (SmolLM2's window: 8,192)
 SMOLLM2_S = {2: 90.0, 4: 120.0}  # expected seconds on an H200: an assumption (start-up, 20 steps, merge, reading)
@@ -130,6 +133,12 @@ def _fit_steps(workdir: Path, dry: bool) -> list[Step]:
                           tuple(_train_args(workdir, dry, shape, m, 1, flags)), "--timeout",
                           info={"plan": "fit", "layers": layers, "steps": 1,
                                 "dry_real": dry and layers == FIT_LAYERS[0]}))  # the dry run runs one cut for real
+    m = _scaled(TILED_LENGTH, dry)
+    flags = [*TILED_FLAGS, f"--tile-attention={m // 64 if dry else 4096}", "--scale=32"]  # NTK x32: 1M
+    steps.append(Step("tiled-1m-2l", "tiled", f"7B shape cut to 2 layers at {short(TILED_LENGTH)}, one step, each "
+                      "layer tiled by sequence (4,096-token chunks)", "train_path", TILED_LENGTH, m,
+                      tuple(_train_args(workdir, dry, f"{model_shape(dry)}-2l", m, 1, flags)), "--timeout",
+                      info={"plan": "fit", "layers": 2, "steps": 1, "tile_attention": 4096}))
     return steps
 
 
@@ -243,8 +252,9 @@ def expected_seconds(step: Step, gpu_gib: float = 139.8, host_gib: float = 125.0
     if step.info.get("plan") == "recipe":
         c = planner.evaluate(planner.recipe_plan(base, shape, cuda=True), shape, base, machine)
     elif layers:
-        fixed = planner.Plan(offload_params=False, offload_optimizer=True, recompute_every=1, tile_mlp=4096,
-                             head_chunk_zero3=True)
+        ta = step.info.get("tile_attention", 0)
+        fixed = planner.Plan(offload_params=False, offload_optimizer=True, recompute_every=1,
+                             tile_mlp=0 if ta else 4096, tile_attention=ta, head_chunk_zero3=True)
         c = planner.evaluate(fixed, shape, base, machine)
     else:
         try:

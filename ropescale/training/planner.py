@@ -24,7 +24,7 @@ The time model (seconds of one micro-step; constants below, each with where it c
   a layer tiled by sequence (``tiled_attention``) one forward of its key / value projections more.
 - attention: 2 x T^2 x (heads x head dim) FLOPs per layer per causal forward, backward counted as
   :data:`ATTN_BACKWARD` forwards (FlashAttention's backward recomputes the scores), at :data:`RATE_ATTN`
-  (:data:`RATE_ATTN_TILED` in a layer tiled by sequence).
+  (:data:`RATE_ATTN_TILED`, SDPA's FlashAttention-2 kernel, in a layer tiled by sequence).
 - offload: :data:`OFFLOAD_PARAMS_S` per micro-step with the weights offloaded, :data:`OFFLOAD_OPTIMIZER_S` per
   optimizer step with the optimizer offloaded; checkpoints to and from the host at :data:`PCIE_BYTES_S` on a side
   stream, visible only where they take longer than the step's compute.
@@ -63,10 +63,11 @@ RATE_TOKEN = 339e12
 RATE_ATTN = 609e12
 ATTN_BACKWARD = 2.5
 # RATE_ATTN_TILED: attention of a layer tiled by sequence (tiled_attention): a query chunk over the keys up to its end
-# takes SDPA's lower-right causal mask, which only the memory-efficient kernel runs. RATE_ATTN x its time against
-# cuDNN's on one causal forward + backward at 16K on the H200 (docs/gpu/suite-h200-2026-11-27-plan.json, env step:
-# cuDNN 13.07 ms, memory-efficient 55.38 ms); not measured on a tiled step (an assumption: the same ratio).
-RATE_ATTN_TILED = RATE_ATTN * 13.07 / 55.38
+# takes SDPA's lower-right causal mask, which torch (2.13, torch.nn.attention.bias.CausalBias) runs with SDPA's
+# FlashAttention-2 kernel (else the memory-efficient one), not cuDNN's. RATE_ATTN x cuDNN's time against that
+# kernel's on one causal forward + backward at 16K on the H200 (docs/gpu/suite-h200-2026-11-27-plan.json, env step:
+# cuDNN 13.07 ms, FlashAttention-2 24.449 ms); not measured on a tiled step (an assumption: the same ratio).
+RATE_ATTN_TILED = RATE_ATTN * 13.07 / 24.449
 # OFFLOAD_*: the recipe path (ZeRO-3, weights + optimizer offloaded, every layer recomputed) on one H200 at 16K,
 # 2026-11-26 (docs/gpu/suite-h200-2026-11-26.json): 16384 / 5864.7 = 2.794 s, 0.38 s more than the model above says
 # the same step takes without offload. The two offloads cannot be told apart from that one figure: each is charged
