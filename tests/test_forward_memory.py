@@ -23,10 +23,10 @@ from ropescale.common.io import InputError
 ROOT = Path(__file__).resolve().parent.parent
 
 # One forward of the scorer in a fresh process, its peak read from the RSS: glibc's mmap threshold is fixed (no
-# dynamic raise) so every tensor of 64 KiB or more is its own mapping, given back when freed, and the peak RSS over
-# the RSS before the forward is the forward's own memory.
+# dynamic raise) so every tensor of 64 KiB or more is its own mapping, given back when freed, and the peak RSS
+# (VmHWM) over the RSS before the forward is the forward's own memory.
 MEASURE = r"""
-import json, os, resource, sys
+import json, os, sys
 import torch
 torch.set_num_threads(1)
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -37,13 +37,13 @@ cfg._attn_implementation = "sdpa"
 torch.manual_seed(0)
 m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
 ids = torch.randint(1, cfg.vocab_size, (T,)).tolist()
-def rss():
-    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def status(key):  # VmRSS / VmHWM (this process's peak RSS; unlike ru_maxrss not inherited from the parent)
+    line = next(x for x in open("/proc/self/status") if x.startswith(key + ":"))
+    return int(line.split()[1]) * 1024
 score_continuations(m, [ids[:20]], [ids[20:30]])  # warm: torch's first-call allocations
-r0, pre = rss(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+r0, pre = status("VmRSS"), status("VmHWM")
 score_continuations(m, [ids[:-10]], [ids[-10:]])
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"forward": peak - r0, "before": pre - r0}))
+print(json.dumps({"forward": status("VmHWM") - r0, "before": pre - r0}))
 """
 SHAPES = {  # Qwen2 shapes (hidden, heads, kv heads, intermediate, layers, vocab): the committed tiny's, a wide vocab
     "tiny": dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=704,
