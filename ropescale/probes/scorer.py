@@ -93,6 +93,9 @@ def scored_logprobs(model, batch: list[list[int]], starts: list[int], pad_id: in
     import torch
 
     ids, mask = _padded(batch, pad_id)
+    first = next(model.parameters(), None)
+    if first is not None:  # the model's device (a stand-in without parameters: the CPU)
+        ids, mask = ids.to(first.device), mask.to(first.device)
     if not is_hf_lm(model) or any(getattr(model.config, k, None) for k in LOGIT_TRANSFORMS):  # its own head
         off = min(starts) - 1
         keep = ids.shape[1] - off
@@ -104,6 +107,7 @@ def scored_logprobs(model, batch: list[list[int]], starts: list[int], pad_id: in
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     rows = torch.cat([torch.full((len(x) - s,), i, dtype=torch.long) for i, (x, s) in enumerate(zip(batch, starts))])
     pos = torch.cat([torch.arange(s - 1, len(x) - 1) for x, s in zip(batch, starts)])
+    rows, pos = rows.to(ids.device), pos.to(ids.device)
     h = hidden[rows, pos]  # (N, H): the positions that predict a scored token
     del hidden, out
     tgt = ids[rows, pos + 1]
