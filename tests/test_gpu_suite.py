@@ -334,6 +334,16 @@ def test_the_smoke_check_fails_a_memory_path_that_changes_the_training(monkeypat
     monkeypatch.setattr(memory, "enable_tiled_mlp", wrong)
     bad = m.smoke(torch.device("cpu"))
     assert not bad["ok"] and bad["grad_cosine"] < 0.99 and bad["plain_loss"] == ok["plain_loss"]
+    assert ok["variants"]["tiled"]["ok"] and bad["variants"]["tiled"]["ok"]  # the tiled layer has no MLP tiling
+    # a tiled layer that fails on the device is a failed check (its error kept), not a crashed env step
+    from ropescale.training import tiled_attention
+
+    def broken(*a, **k):
+        raise RuntimeError("no kernel for this")
+
+    monkeypatch.setattr(tiled_attention, "enable_tiled_attention", broken)
+    bad = m.smoke(torch.device("cpu"))
+    assert not bad["ok"] and bad["variants"]["tiled"]["error"] == "RuntimeError: no kernel for this"
 
 
 def test_the_dry_run_stands_the_longer_lengths_in_as_out_of_memory_unless_all_lengths():
@@ -388,7 +398,9 @@ def test_dry_run_steps_run_the_real_benches_and_their_results_are_read(dry):
         g = steps[name]["result"]
         assert g["ours"]["samples_per_hour"] > 0 and g["baseline"]["samples_per_hour"] > 0, name
     sm = steps["env"]["result"]["smoke"]
-    assert sm["ok"] and sm["dtype"] == "bfloat16" and set(sm["variants"]) == {"recipe", "blocks", "selective"}
+    assert sm["ok"] and sm["dtype"] == "bfloat16" and set(sm["variants"]) == {"recipe", "blocks", "selective",
+                                                                              "tiled"}
+    assert sm["variants"]["tiled"]["memory_plan"]["tile_attention"] == sm["tokens"] // 8
     assert sm["variants"]["blocks"]["memory_plan"]["checkpoint_block"] == 2
 
 

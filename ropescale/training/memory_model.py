@@ -241,10 +241,14 @@ def tiled_layer_bytes(shape: Shape, s: Setup) -> tuple[dict, int]:
     whole sequence at the last chunk (2 x kv x b), the incoming and outgoing residual gradients (2 x h x b). One
     chunk of C tokens: the plain layer's recompute + backward per token (MLP not tiled) x C. An attention kernel
     that keeps no scores is assumed (SDPA's flash / memory-efficient ones, CPU's flash kernel: measured on CPU in
-    tests/test_tiled_attention.py); SDPA's math kernel would add a chunk's scores over all keys."""
+    tests/test_tiled_attention.py); SDPA's math kernel would add a chunk's scores over all keys. With GQA on CUDA a
+    chunk's keys and values are repeated per query head (up to the whole sequence at the last chunk), with their
+    gradients: 4 x q x b more a token (on CPU SDPA takes GQA as it is)."""
     h, b, kv, t = shape.hidden, s.dtype_bytes, shape.kv, s.tokens
     per = {"keys_values": 2 * kv * b, "key_value_grads": 2 * kv * 4, "chunk_key_value_grads": 2 * kv * b,
            "backward": 2 * b * h}
+    if kv != shape.q:  # GQA on CUDA: a chunk's keys and values repeated per query head, and their gradients
+        per["gqa_repeat"] = 4 * shape.q * b
     c = min(s.tile_attention, t)
     plain = layer_bytes_per_token(shape, replace(s, tile_attention=0, tile_mlp=0, sp=1))
     return per, c * sum(plain.values())

@@ -79,7 +79,14 @@ class LayerParts:
         c = xc.shape[1]
         q = self.rope(self.heads(self.attn.q_proj(self.layer.input_layernorm(xc))), s, s + c)
         e = s + c
-        kw = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
+        kw = {}
+        if k.shape[1] != q.shape[1]:  # GQA: SDPA's own on CPU; on CUDA the lower-right mask's kernel call (torch's
+            # CausalBias) takes no GQA, so the chunk's keys and values are repeated per query head
+            if q.is_cuda:
+                rep = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            else:
+                kw = {"enable_gqa": True}
         if s == 0:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, **kw)
         else:
