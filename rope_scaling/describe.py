@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 from ropescale.common.cli import Tool, add_alias, add_command, add_json
-from ropescale.common.io import InputError, read_json
+from ropescale.common.io import InputError
 
 from .args import add_rope_args, spec_from_args
 from .bounds import critical_dimension, critical_period, finetune_bound, reach
@@ -74,7 +74,9 @@ def load_config(path: str | Path) -> dict:
         p = p / "config.json"
     if not p.is_file():
         raise InputError("no such config.json", p)
-    return read_json(p, "config.json")
+    from ropescale.common.models import check_config
+
+    return check_config(p)  # a config that is not a model config is one line naming the file and the key
 
 
 def classify(orig: float, scaled: float, s: float) -> str:

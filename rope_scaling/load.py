@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ropescale.common.io import InputError, read_json
+from ropescale.common.io import InputError
 
 from .args import warn_range
 from .formulas import REGISTRY
@@ -62,7 +62,9 @@ def load_config(model_dir: str | os.PathLike, spec: RopeSpec | None = None) -> M
     if model_dir.exists():
         if not (model_dir / "config.json").is_file():
             raise InputError("not a model directory (no config.json)", model_dir)
-        read_json(model_dir / "config.json", "config.json")  # a malformed file is one line, not a traceback
+        from ropescale.common.models import check_config
+
+        check_config(model_dir / "config.json")  # malformed, or not a model config: one line, not a traceback
     config = AutoConfig.from_pretrained(str(model_dir))
     spec = spec if spec is not None else RopeSpec()
     warn_range(spec)  # past the method's published range: one line on stderr

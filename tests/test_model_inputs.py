@@ -160,10 +160,10 @@ EXTRA = {
     ("rope", "search"): ["--out", "OUT", "--evals", "2", "--scale", "2"],
     **{("probes", p): ["--out", "OUT"] for p in ("suffix-id", "ppl", "perturb", "copy", "shuffle", "ruler",
                                                   "passkey")},
+    ("rope", "describe"): [],
 }
-# describe reads config.json itself (rope_scaling.describe.load_config, not resolve_model): its GGUF files are checked
-# below; its configs once it calls ropescale.common.models.check_config
-PENDING = {("rope", "describe")}
+# every command is driven (describe reads config.json through ropescale.common.models.check_config too)
+PENDING: set = set()
 
 
 def model_commands() -> list[tuple[str, str]]:

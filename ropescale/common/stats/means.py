@@ -1,4 +1,4 @@
-"""A mean's 95 % interval, by the number and kind of its units (issue 49's rules; DESIGN.md "the statistics floor"):
+"""A mean's 95 % interval, by the number and kind of its units (DESIGN.md "the statistics floor"):
 
 - a cell of per-sample scores with n >= ``BOOTSTRAP_MIN_N`` samples: the percentile bootstrap (Efron & Tibshirani
   1993, *An Introduction to the Bootstrap*, Ch. 13) over sample ids (:mod:`.resampling`: a sample's prompts move as

@@ -1,4 +1,4 @@
-"""Many tests read together: Benjamini-Hochberg q per declared family (issue 49). A family is the set of tests one
+"""Many tests read together: Benjamini-Hochberg q per declared family. A family is the set of tests one
 reading draws from (a page's table of comparisons, the IE - IB cells of a study); a test is "resolved" only at
 q < ``ALPHA`` in its family, and the family's size is stated beside it."""
 from __future__ import annotations

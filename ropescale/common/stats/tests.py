@@ -1,4 +1,4 @@
-"""The tests behind every reading, each naming its unit and its smallest attainable p (issue 49):
+"""The tests behind every reading, each naming its unit and its smallest attainable p:
 
 - :func:`sign_flip` / :func:`paired_sign_flip`: the paired sign-flip permutation test of a mean difference (IE - IB
   per sample id; one row against another per sample id; searched factors against YaRN per window). Under "no
