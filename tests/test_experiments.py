@@ -35,7 +35,8 @@ def test_quick_miniature(path, tmp_path, capsys, one_thread):
     assert "arm " in printed.err and "seed" in printed.err  # progress on stderr
     record = json.loads((out / "run.json").read_text(encoding="utf-8"))
     assert record["kind"] == "experiment" and record["status"] == "complete" and record["settings"]["quick"] is True
-    runs = [run_dir(out, a, s, t) for a in exp.arms for s in exp.seeds for t in exp.lengths]
+    runs = [run_dir(out, a, s, t) for a, arm in exp.arms.items() if arm.reads is None
+            for s in exp.seeds for t in exp.lengths]
     stamps = {r: (r / "run.json").stat().st_mtime_ns for r in runs}
     assert cli.main(["run", str(path), "--quick", "--out", str(out)]) == 0  # resumable: nothing runs again
     again = capsys.readouterr()
@@ -58,7 +59,8 @@ def _check_cells_against_scipy(exp, out: Path):
     for s in exp.seeds:
         for series, row in res["seeds"][str(s)]["cells"].items():
             for t in exp.lengths:
-                by_arm = [scores(run_dir(out, a, s, t) / exp.score.file, exp.score.field, exp.score.id)
+                by_arm = [scores(run_dir(out, exp.arms[a].reads or a, s, t) / exp.score.file,
+                                 exp.arms[a].field or exp.score.field, exp.score.id, exp.score.kind)
                           for a in exp.members(series)]
                 if any(set(g) != set(by_arm[0]) for g in by_arm):
                     continue

@@ -69,7 +69,7 @@ def go(file: str, st: ExperimentSettings, running: bool, command: str) -> int:
         rd.write_record(rec)
     elif not work.is_dir():
         raise InputError(f"no runs of this experiment in {work} (run it first, or give --out)", file)
-    data = collect.collect(exp, work, arms, seeds)
+    data = collect.collect(exp, work, runner.readers(exp, arms), seeds)
     res = compare.results(exp, data, seeds)
     wall = {"this": time.time() - t0, "runs": run_seconds(exp, work, arms, seeds)}
     target = Path(st.page) if st.page else work / f"{exp.name}.md"

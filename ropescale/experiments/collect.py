@@ -29,13 +29,15 @@ def scores(path: Path, field: str, key: str, kind: str = "mean") -> dict:
 
 
 def collect(exp: Experiment, work: Path, arms, seeds) -> dict:
-    """{arm: {seed: {length: {id: score}}}} of the runs that have their score file."""
+    """{arm: {seed: {length: {id: score}}}} of the runs that have their score file (an arm that ``reads:``
+    another: that arm's runs, its own field)."""
     out: dict = {}
+    sc = exp.score
     for a in arms:
+        arm = exp.arms[a]
         for s in seeds:
             for t in exp.lengths:
-                p = run_dir(work, a, s, t) / exp.score.file
+                p = run_dir(work, arm.reads or a, s, t) / sc.file
                 if p.is_file():
-                    sc = exp.score
-                    out.setdefault(a, {}).setdefault(s, {})[t] = scores(p, sc.field, sc.id, sc.kind)
+                    out.setdefault(a, {}).setdefault(s, {})[t] = scores(p, arm.field or sc.field, sc.id, sc.kind)
     return out

@@ -50,7 +50,7 @@ def run_dir(work: Path, arm: str, seed: int, length: int) -> Path:
 
 def values(exp: Experiment, work: Path, seed: int, length: int) -> dict:
     """What the placeholders of one seed and length stand for: the vars, the prepared files, seed, length, work."""
-    v = {k: str(x) for k, x in exp.vars.items()}
+    v = {k: x if isinstance(x, (list, tuple)) else str(x) for k, x in exp.vars.items()}
     v.update(seed=str(seed), length=str(length), work=str(work))
     for name, (out, _) in exp.prepare.items():
         v[name] = str(work / fill([out], v, f"prepare {name}")[0])
@@ -95,7 +95,7 @@ def call(argv: list[str], where: str) -> None:
 
 
 def plan(exp: Experiment, st: ExperimentSettings) -> tuple[list[str], tuple]:
-    arms = list(exp.arms)
+    arms = [a for a in exp.arms if exp.arms[a].reads is None]
     if st.only:
         bad = [a for a in st.only if a not in exp.arms]
         if bad:
@@ -104,8 +104,14 @@ def plan(exp: Experiment, st: ExperimentSettings) -> tuple[list[str], tuple]:
     return arms, tuple(st.seeds or exp.seeds)
 
 
+def readers(exp: Experiment, arms) -> list[str]:
+    """``arms`` and the arms that read their runs (``reads:``)."""
+    return [a for a in exp.arms if a in arms or exp.arms[a].reads in arms]
+
+
 def run(exp: Experiment, st: ExperimentSettings, work: Path) -> dict:
-    """Every prepared file and every arm's runs not complete yet; returns {"ran": runs called, "seconds": ...}."""
+    """Every prepared file and every running arm's runs not complete yet; returns {"ran": runs called,
+    "seconds": ...}."""
     arms, seeds = plan(exp, st)
     todo = [(a, s, t) for a in arms for s in seeds for t in exp.lengths
             if not complete(run_dir(work, a, s, t), exp)]

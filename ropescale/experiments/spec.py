@@ -1,14 +1,15 @@
 """An experiment file (YAML, docs/experiments.md): what it may hold, read and checked in one place.
 
 Top-level keys: ``name``, ``title``, ``about``, ``seeds``, ``lengths``, ``vars`` (values the flag lists name as
-``{key}``), ``prepare`` (files made once per seed and length before the arms: ``NAME: {out: PATH, run: [flags]}``;
-the arms name the file as ``{NAME}``), ``arms`` (``NAME: {label, run: [flags]}``, the flags of a ``ropescale``
-command: ``[eval, generate, ...]``; run once per seed and length with ``--out`` a run directory and ``--resume
-auto``), ``pools`` (rows that average arms per sample: ``NAME: {label, arms: [...]}``), ``score`` (``file``,
-``field``, ``id``, ``name``, ``kind``: mean or proportion, ``make``: the command that writes the file into
-``{run}`` when it is missing), ``table`` (the rows shown, arms or pools), ``families`` (``NAME: [[a, b], ...]``:
-the comparisons a - b read together, BH q per family) and ``quick`` (overrides of ``seeds``, ``lengths``, ``vars``
-and ``arms``, a list: the miniature a test runs).
+``{key}``; a list var standing alone as ``{key}`` becomes its items), ``prepare`` (files made once per seed and
+length before the arms: ``NAME: {out: PATH, run: [flags]}``; the arms name the file as ``{NAME}``), ``arms``
+(``NAME: {label, run: [flags], field}``, the flags of a ``ropescale`` command: ``[eval, generate, ...]``; run once
+per seed and length with ``--out`` a run directory and ``--resume auto``; or ``{label, reads: ARM, field}``: another
+field of ARM's runs, running nothing), ``pools`` (rows that average arms per sample: ``NAME: {label, arms:
+[...]}``), ``score`` (``file``, ``field``, ``id``, ``name``, ``kind``: mean or proportion, ``make``: the command
+that writes the file into ``{run}`` when it is missing), ``table`` (the rows shown, arms or pools), ``families``
+(``NAME: [[a, b], ...]``: the comparisons a - b read together, BH q per family) and ``quick`` (overrides of
+``seeds``, ``lengths``, ``vars`` and ``arms``, a list: the miniature a test runs).
 
 Every mistake a user can make is an :class:`~ropescale.common.io.InputError` naming the file and line.
 """
@@ -35,7 +36,9 @@ class Arm:
 
     name: str
     label: str
-    run: tuple
+    run: tuple  # () for an arm that reads another's runs
+    reads: str | None = None  # an arm whose run directories this one reads (runs nothing), e.g. a floor
+    field: str | None = None  # the score field read (default: score: field)
 
 
 @dataclass(frozen=True)
@@ -195,13 +198,21 @@ def read_arms(r: Reader, data: dict, q: dict, quick: bool) -> dict:
     for k, v in r.mapping(data["arms"], "arms").items():
         r.name(k, k)
         v = {"run": v} if isinstance(v, list) else r.mapping(v, k)
+        unknown = sorted(set(v) - {"label", "run", "reads", "field"})
+        if unknown:
+            r.fail(k, f"arm {k}: unknown key {unknown[0]!r} (known: label, run, reads, field)")
+        if "reads" in v:
+            if "run" in v or str(v["reads"]) not in data["arms"] or "reads" in (data["arms"][v["reads"]] or {}):
+                r.fail(k, f"arm {k}: reads: names an arm that runs (and then {k} has no run:)")
+            arms[k] = Arm(k, str(v.get("label", k)), (), str(v["reads"]), v.get("field") and str(v["field"]))
+            continue
         run = r.flags(v.get("run"), k)
         if run[0] not in TOOLS:
             r.fail(k, f"arm {k}: {run[0]!r} is not a ropescale command (one of {', '.join(TOOLS)})")
         bad = [f for f in ("--out", "--resume") if f in run]
         if bad:
             r.fail(k, f"arm {k}: {bad[0]} is the runner's (each run's directory, continued with --resume auto)")
-        arms[k] = Arm(k, str(v.get("label", k)), run)
+        arms[k] = Arm(k, str(v.get("label", k)), run, None, v.get("field") and str(v["field"]))
     if not arms:
         r.fail("arms", "arms: at least one arm")
     if quick and "arms" in q:
@@ -264,6 +275,9 @@ def load(path: str | Path, *, quick: bool = False) -> Experiment:
     exp = Experiment(p, r.name(data["name"], "name"), str(data.get("title", data["name"])),
                      str(data.get("about", "")).strip(), seeds, lengths, read_vars(r, data, q, quick),
                      read_prepare(r, data), arms, pools, read_score(r, data), table, read_families(r, data), quick)
+    for k in exp.prepare:
+        if k in exp.vars:
+            r.fail(k, f"prepare: {k!r} is a var's name too")
     _check_names(r, exp, set(r.mapping(data["arms"], "arms")))
     return exp
 
@@ -293,8 +307,16 @@ def _check_names(r: Reader, exp: Experiment, all_arms: set) -> None:
 
 
 def fill(flags, values: dict, where: str) -> list[str]:
-    """A flag list with its placeholders filled in."""
+    """A flag list with its placeholders filled in; an element that is just ``{name}`` of a list var becomes the
+    list's items (``finetune_args: [--max-steps, 2]``: none for an empty list)."""
+    out = []
     try:
-        return [f.format_map(values) for f in flags]
+        for f in flags:
+            whole = f[1:-1] if f.startswith("{") and f.endswith("}") else None
+            if whole in values and isinstance(values[whole], (list, tuple)):
+                out += [str(x) for x in values[whole]]
+            else:
+                out.append(f.format_map({k: v for k, v in values.items() if not isinstance(v, (list, tuple))}))
     except (KeyError, ValueError, IndexError) as e:
-        raise InputError(f"{where}: cannot fill in {' '.join(flags)}: {e}") from None
+        raise InputError(f"{where}: cannot fill in {' '.join(flags)}: {e} (a list var stands alone)") from None
+    return out
