@@ -183,6 +183,10 @@ def test_the_reading_survives_a_rerun(tmp_path, capsys):
     text = page.read_text(encoding="utf-8")
     assert text.endswith(READING + "\n- b is ahead of a at both lengths.\n")
     assert "| b and c (bc) |" not in text and "| b (b) |" in text  # --only: the rows it has
+    assert cli.main(["report", str(f), "--out", str(work), "--seeds", "0,2"]) == 0
+    text = page.read_text(encoding="utf-8")
+    assert "### Over seeds 0, 2 (the seed the unit)" in text and "### Seed 1" not in text
+    assert "2 seeds a cell (the unit; n = 10 samples in all)" in text
     capsys.readouterr()
 
 
