@@ -164,7 +164,8 @@ def sub(mode: str, *args) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq", type=int, default=2048, help="packed sample length (tokens), default %(default)s")
     ap.add_argument("--steps", type=int, default=4, help="timed training steps per variant, default %(default)s")
     ap.add_argument("--json", action="store_true")

@@ -270,7 +270,8 @@ class _NoTok:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument("--shape", default=None, choices=("tiny", "7b", "7b-gqa", "toy", "toy-mha"),
                     help="tiny (the tiny default, real weights; default on CPU) or 7b (random weights; default "

@@ -57,7 +57,8 @@ def baseline_fixed_blocks(lengths, block: int) -> tuple[int, int]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=9000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--target", choices=tuple(TARGETS), default="16k")

@@ -61,7 +61,8 @@ def bench_pair(base_model, scaled_model, ids, repeats: int, warmup: int) -> dict
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench/bench_rope_forward.py", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="bench/bench_rope_forward.py",
+                                 description=__doc__.split("\n\n")[0])
     add_rope_args(ap)
     ap.add_argument("--arch", default="qwen2", choices=["qwen2", "llama", "mistral"])
     ap.add_argument("--hidden", type=int, default=256)

@@ -63,7 +63,8 @@ def chapter_pairs(n: int = 1000, chars: int = 500, seed: int = 0) -> list[tuple[
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=400, help="real pairs to time (default 400 of 1,690)")
     args = ap.parse_args()
 

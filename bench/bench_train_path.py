@@ -331,7 +331,8 @@ def fmt_row(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="7b", help="model shape (default %(default)s)")
     ap.add_argument("--lengths", type=int, nargs="+", default=None,
                     help="tokens per sample (default 16384 32768 65536 131072 262144; toy: 256 512)")

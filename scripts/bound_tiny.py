@@ -259,7 +259,8 @@ def markdown(rec: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/bound", help="where everything goes (default runs/bound)")
     ap.add_argument("--seeds", default="0", help="comma-separated seeds (data, fine-tune, eval passages)")
     ap.add_argument("--samples", type=int, default=16, help="eval samples per length (default 16)")

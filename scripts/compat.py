@@ -118,7 +118,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="make compat", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="make compat", description=__doc__.split("\n\n")[0],
                                 epilog="arguments after -- go to pytest (default: the whole suite)")
     p.add_argument("--side", choices=("newest", "lowest", "both"), default="both")
     p.add_argument("--pin", action="append", default=[], metavar="PKG==VER",

@@ -58,7 +58,8 @@ from ropescale.demo import FREE, METHODS, run_demo  # noqa: E402
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/demo", help="where everything goes (default runs/demo)")
     ap.add_argument("--model", default="tiny", help="'tiny' (default) or an HF model directory")
     ap.add_argument("--methods", default=",".join(METHODS),

@@ -165,7 +165,8 @@ def ie_ib_over_seeds(tables: dict[int, dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/demo", help="the demo's --out (default runs/demo)")
     ap.add_argument("--json", action="store_true", help="print the tables as JSON")
     args = ap.parse_args(argv)

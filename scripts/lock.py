@@ -59,7 +59,7 @@ def render(vers: dict[str, str], date: str) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="make lock", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="make lock", description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="print the difference only; exit 1 if the lock would change")
     p.add_argument("--keep-venv", action="store_true", help="keep .cache/lock/venv afterwards")
     a = p.parse_args(argv)

@@ -218,7 +218,8 @@ def ppl_and_copy_4k(out: Path, seeds, common: list, demo: str, n: int) -> tuple[
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/probes", help="where the probe runs go (default runs/probes)")
     ap.add_argument("--demo", default="runs/demo", help="the demo's output (its fine-tuned models)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per 'before' cell (default 3)")

@@ -369,7 +369,7 @@ def outputs(quick: bool, out: str | None, work: str | None) -> tuple[Path, Path]
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="scripts/real_model.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="scripts/real_model.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="2 windows of 512 tokens, the specs' original context 256 "
                                                         "(seconds: the code path, not a measurement)")
     p.add_argument("--windows", type=int, help="windows (default 3; --quick 2)")

@@ -210,7 +210,7 @@ def table(rows: list[dict], sweep=SWEEP) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/search_tiny",
                     help="directory of the search runs and results.json (default: runs/search_tiny)")
     ap.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (search and window draw)")

@@ -30,6 +30,8 @@ stamp=$VENV/.ropescale-setup-ok
 req_hash=$( (cat pyproject.toml requirements.txt requirements-deepspeed.txt $LOCK scripts/setup.sh; echo "$MODE") \
   | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$req_hash" ]; then
+  # the venv's .pth (DS_ACCELERATOR, the launcher's Ctrl-C) is the package's: rewritten however old the venv
+  $VENV/bin/python -c "from ropescale.training.env import write_accelerator_pth as w; w()"
   echo "[setup] .venv is up to date" >&2; exit 0
 fi
 [ -f $LOCK ] || { echo "[setup] $LOCK is missing (make lock writes it)" >&2; exit 1; }

@@ -162,7 +162,8 @@ def over_seeds(recs: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/demo", help="the demo's --out (default runs/demo)")
     ap.add_argument("--seeds", default="0", help="comma-separated demo seeds (default 0)")
     ap.add_argument("--samples", type=int, default=16, help="eval samples per length (the demo's, default 16)")

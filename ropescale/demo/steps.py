@@ -326,10 +326,10 @@ def reports(d: Demo) -> None:
         "model, RoPE method, scale, training length), Table 2 (IE/IB averages, MSE), exact recall per mark, failure "
         "modes, Fig. 3; the F.1 (baseline prompt) runs in a report of their own")
     show(["python", "eval_summ.py", "report", str(d.gen), "--out", str(d.report), "--plot", str(d.fig)])
-    make_report([d.gen], out_dir=d.report, plot=d.fig)
+    make_report([d.gen], out_dir=d.report, plot=d.fig, overwrite=True)  # the demo's own runs/demo
     if d.baseline_prompts:
         show(["python", "eval_summ.py", "report", str(d.gen_f1), "--out", str(d.report / "baseline_prompts")])
-        make_report([d.gen_f1], out_dir=d.report / "baseline_prompts")
+        make_report([d.gen_f1], out_dir=d.report / "baseline_prompts", overwrite=True)
     for view in ("extrapolation", "recall"):
         p = d.report / f"{view}.md"
         if p.is_file():  # recall.md: the exact recall per mark, where the report writes it

@@ -24,8 +24,8 @@ import dataclasses
 import sys
 
 from ropescale.common import prompts as _prompts
-from ropescale.common.cli import add_command, add_json, add_resume, doc_sections, print_result
-from ropescale.common.io import InputError, check_output_dir
+from ropescale.common.cli import add_command, add_json, add_overwrite, add_resume, doc_sections, print_result
+from ropescale.common.io import InputError, check_output_dir, claim_output_dir
 from ropescale.common.settings import add_settings, from_args
 
 from .data import find_release_files, load_samples
@@ -39,7 +39,7 @@ def _log_default(m: str) -> None:
 
 
 def run(settings: GenerateSettings, *, metric: str = "cnnsum", with_runs=(), plot=None, report_out=None,
-        buckets=None, log=None, resume: str = "auto") -> dict:
+        buckets=None, log=None, resume: str = "auto", overwrite: bool = False) -> dict:
     """Generate (``settings``), score, and build the report (into ``report_out``, default OUT/report/, and Fig. 3
     into ``plot``, default OUT/fig3.png). Returns {"generate": ..., "score": scores.json summary, "report": the
     tables as markdown, "report_dir", "plot"}."""
@@ -50,12 +50,13 @@ def run(settings: GenerateSettings, *, metric: str = "cnnsum", with_runs=(), plo
     out = check_output_dir(settings.out) if settings.out is not None else None
     report_out = report_out or (out / "report" if out is not None else None)
     plot = plot or (out / "fig3.png" if out is not None else None)
-    check_report_out(report_out, plot)
+    check_report_out(report_out, plot, overwrite=overwrite)
     gen = generate(settings, log=log, resume=resume)
     log(f"[run] scoring {gen['out']} ({metric} ROUGE-L)")
     summary = score_run(gen["out"], metric)
     log(f"[run] ROUGE-L {summary['rouge_l']:.2f} over {summary['n']} samples")
-    text = make_report([gen["out"], *with_runs], metric=metric, buckets=buckets, out_dir=report_out, plot=plot)
+    text = make_report([gen["out"], *with_runs], metric=metric, buckets=buckets, out_dir=report_out, plot=plot,
+                       overwrite=overwrite)
     return {"generate": gen, "score": summary, "report": text, "report_dir": str(report_out), "plot": str(plot)}
 
 
@@ -78,7 +79,7 @@ def parse_prompts(spec) -> list[str]:
 
 
 def run_matrix(settings: GenerateSettings, *, data_dir, prompts=DEFAULT_PROMPTS, metric: str = "cnnsum",
-               with_runs=(), buckets=None, log=None, resume: str = "auto") -> dict:
+               with_runs=(), buckets=None, log=None, resume: str = "auto", overwrite: bool = False) -> dict:
     """The paper's evaluation of one model: every release file of ``data_dir`` x every prompt into
     ``OUT/<subset>_<prompt>/`` (OUT = ``settings.out``), scored, then the report in ``OUT/report/`` and Fig. 3 in
     ``OUT/fig3.png`` (see the module doc). ``settings`` without data / prompt / subset (each cell sets them).
@@ -99,9 +100,9 @@ def run_matrix(settings: GenerateSettings, *, data_dir, prompts=DEFAULT_PROMPTS,
         raise InputError("--data-files / --data-split do not go with --data-dir")
     if settings.out is None:
         raise InputError("run --data-dir needs --out DIR")
-    out = check_output_dir(settings.out)
+    out = claim_output_dir(settings.out, "--out", whole=False, overwrite=overwrite)
     report_dir, plot = out / "report", out / "fig3.png"
-    check_report_out(report_dir, plot)
+    check_report_out(report_dir, plot, overwrite=overwrite)
     files, missing = find_release_files(data_dir)
     for path in files.values():  # every file read (and its records' subset checked) before the first run
         samples = load_samples(path, settings.limit)
@@ -129,7 +130,8 @@ def run_matrix(settings: GenerateSettings, *, data_dir, prompts=DEFAULT_PROMPTS,
                 dirs.append(str(d))
     finally:
         backends.clear()
-    text = make_report([*dirs, *with_runs], metric=metric, buckets=buckets, out_dir=report_dir, plot=plot)
+    text = make_report([*dirs, *with_runs], metric=metric, buckets=buckets, out_dir=report_dir, plot=plot,
+                       overwrite=overwrite)
     return {"runs": results, "skipped": missing, "report": text, "report_dir": str(report_dir), "plot": str(plot)}
 
 
@@ -148,7 +150,8 @@ def cmd_run(args) -> int:
             raise InputError("give --prompts (or one --prompt), not both")
         prompts = args.prompts if args.prompts is not None else (settings.prompt or ",".join(DEFAULT_PROMPTS))
         res = run_matrix(dataclasses.replace(settings, prompt=None), data_dir=args.data_dir, prompts=prompts,
-                         metric=args.metric, with_runs=args.with_runs, buckets=buckets, resume=args.resume)
+                         metric=args.metric, with_runs=args.with_runs, buckets=buckets, resume=args.resume,
+                         overwrite=args.overwrite)
         return print_result({k: res[k] for k in ("runs", "skipped", "report_dir", "plot")}, args.json, res["report"])
     if settings.data is None:
         raise InputError("run needs --data FILE (one run) or --data-dir DIR (the whole matrix)")
@@ -157,7 +160,7 @@ def cmd_run(args) -> int:
     if args.prompts is not None:
         raise InputError("--prompts goes with --data-dir; with --data give one --prompt")
     res = run(settings, metric=args.metric, with_runs=args.with_runs, plot=args.plot, report_out=args.report_out,
-              buckets=buckets, resume=args.resume)
+              buckets=buckets, resume=args.resume, overwrite=args.overwrite)
     return print_result({k: res[k] for k in ("generate", "score", "report_dir", "plot")}, args.json, res["report"])
 
 
@@ -169,6 +172,7 @@ def register(subparsers) -> None:
                     **doc_sections(__doc__, 3, more="docs/usage.md (run)"))
     add_settings(p, GenerateSettings)
     add_resume(p, "auto")
+    add_overwrite(p, "--out / --plot / --report-out")
     report = p.add_argument_group("advanced: the report")
     p.add_argument("--data-dir", metavar="DIR",
                    help="the paper's matrix: the CNNSum release files in DIR x --prompts, into OUT/<subset>_<prompt>/")

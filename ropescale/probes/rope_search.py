@@ -218,11 +218,12 @@ def prepare(s: SearchRunSettings, log):
     the windows. Returns (loaded, rope state, windows, target length)."""
     from rope_scaling.hf import rope_state
     from ropescale.common.io import check_output_dir
+    from ropescale.common.runs import claim_run_dir
 
     from .common import load_model, set_threads
     from .data import load_docs
 
-    check_output_dir(s.out)
+    claim_run_dir(check_output_dir(s.out), KIND)  # a foreign --out is refused before the model loads
     set_threads(s.threads)
     docs = load_docs(s.data, s.tail_chapters)
     loaded = load_model(s.model, RopeSpec())
