@@ -54,8 +54,7 @@ def _assert_same(a, b):
         assert gb[n] is not None and torch.allclose(ga[n], gb[n], **TOL), (n, (ga[n] - gb[n]).abs().max())
 
 
-@pytest.mark.parametrize("arch,lora,chunk,T", [("qwen2", False, 16, 48), ("llama", False, 13, 40),
-                                               ("qwen2", True, 16, 40), ("llama", True, 7, 48)])
+@pytest.mark.parametrize("arch,lora,chunk,T", [("qwen2", False, 13, 40), ("llama", True, 7, 48)])
 def test_tiled_layer_matches_plain_checkpointing(make_tiny_model, arch, lora, chunk, T):
     ids, labels = _batch(1000, T=T)
     ref = _step(_plain(make_tiny_model, arch, lora), ids, labels)
@@ -69,8 +68,7 @@ def test_tiled_layer_matches_plain_checkpointing(make_tiny_model, arch, lora, ch
         assert torch.allclose(model(ids).logits, _plain(make_tiny_model, arch, lora)(ids).logits, **TOL)
 
 
-PLANS = {"tiled": dict(tile_attention=16),
-         "tiled-host": dict(tile_attention=16, offload_checkpoints=True),
+PLANS = {"tiled-host": dict(tile_attention=16, offload_checkpoints=True),
          "tiled-block-2-host": dict(tile_attention=16, checkpoint_block=2, offload_checkpoints=True),
          "tiled-block-2-split": dict(tile_attention=24, checkpoint_block=2, offload_checkpoints=True,
                                      gpu_checkpoints=1)}
