@@ -298,7 +298,8 @@ def test_shuffling_a_repeated_pattern_lowers_likelihood(tmp_path):
                       out=tmp_path / "s")
     assert {c["group"]: c["value"] for c in s["cells"]} == {"k=1": 1.0, "k=2": 1.0, "k=3": 1.0}
     # one column bucket, groups k=1..3: the report shows the block sizes as columns
-    assert "| oracle | none | 4 | 1.000 [1.000, 1.000] | 1.000 [1.000, 1.000] | 1.000 [1.000, 1.000] |" in render(
+    # each cell a proportion, 4 of 4: Wilson's interval [0.510, 1] (scipy's binomtest proportion_ci), never [1, 1]
+    assert "| oracle | none | 4 | 1.000 [0.510, 1.000] | 1.000 [0.510, 1.000] | 1.000 [0.510, 1.000] |" in render(
         load_runs([tmp_path / "s"]), "md")
     recs = [json.loads(x) for x in (tmp_path / "s" / "items.jsonl").read_text().splitlines()]
     assert len(recs) == 12 and all(r["ll_original"] > r["ll_shuffled"] and r["tokens"] == 168 for r in recs)
@@ -370,17 +371,18 @@ def test_run_dir_resume_report_and_plot(tmp_path):
     (d3 / "items.jsonl").write_text(json.dumps({"id": "a", "group": "copy", "col": 0, "value": 9.0}) + "\n")
     runs = load_runs([tmp_path])
     md = render(runs, "md")
-    # a path: its last two parts, as eval_summ's; n per cell, and the interval of a cell of 2 items: the 2.5 and
-    # 97.5 % quantiles of the resampled means (1, 1.5 or 2) are 1 and 2
-    assert "| x/m2 | pi x2 | N=200 | copy | 1-2 | 1.500 [1.000, 2.000] | 4.000 |" in md
+    # a path: its last two parts, as eval_summ's; n per cell, and the interval of a cell of 2 items: the t interval
+    # (no percentile bootstrap below 8 items), 1.5 +- 12.706 x 0.5 = [-4.853, 7.853] (scipy's ttest_1samp)
+    assert "| x/m2 | pi x2 | N=200 | copy | 1-2 | 1.500 [-4.853, 7.853] | 4.000 |" in md
     assert "| x/m2 (third) | pi x2 | N=200 | copy | 1 | 9.000 | – |" in md
     assert "| oracle | none | N=200 | no-copy |" in md
     js = json.loads(render(runs, "json"))
     row = next(r for r in js[0]["rows"] if r[0] == "x/m2")
     assert row == ["x/m2", "pi x2", "N=200", "copy", 1.5, 4.0] and js[0]["header"][-2:] == ["0", "96"]
-    assert "copy,x/m2,pi x2,N=200,copy,1.5,2,1.0,2.0,4.0,1,," in render(runs, "csv")
+    assert "copy,x/m2,pi x2,N=200,copy,1.5,2,-4.85310236808" in render(runs, "csv")
     i = next(i for i, r in enumerate(js[0]["rows"]) if r[0] == "x/m2")
-    assert js[0]["n"][i][-2:] == [2, 1] and js[0]["ci"][i][-2:] == [[1.0, 2.0], None]
+    assert js[0]["n"][i][-2:] == [2, 1] and js[0]["ci"][i][-1] is None
+    assert js[0]["ci"][i][-2] == pytest.approx([-4.853102368, 7.853102368])
     png = plot(runs, tmp_path / "r.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -144,8 +144,13 @@ def test_report_outputs_of_the_wrong_kind_and_modes(model_dir, docs, tmp_path, c
     capsys.readouterr()
     assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "tables2")]) == 0  # --out DIR
     capsys.readouterr()
-    assert sorted(p.name for p in (tmp_path / "tables2").iterdir()) == ["ppl.csv", "ppl.json", "ppl.md"]
+    # the tables, and the record of what this tool wrote there (the one output rule: a re-run may replace them)
+    assert sorted(p.name for p in (tmp_path / "tables2").iterdir()) == [".ropescale-outputs.json", "ppl.csv",
+                                                                        "ppl.json", "ppl.md"]
     for p in (tmp_path / "t.md", tmp_path / "p.png", tmp_path / "tables2" / "ppl.md"):
         assert stat.S_IMODE(os.stat(p).st_mode) == 0o644, p
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    from ropescale.common.io import OUTPUTS_RECORD
+
+    # no temp file left behind: only the record of what this tool wrote
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".") and p.name != OUTPUTS_RECORD]

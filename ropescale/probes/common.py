@@ -147,10 +147,12 @@ class ProbeRun:
     """A probe's run directory: meta, resumable item log, summary. Creating one only checks ``out`` (a directory
     or nothing; an existing run must have the same settings); the directory and run.json are written with the
     first result (:meth:`add`) or at :meth:`finish`, so a run that fails before its first result leaves nothing.
-    ``settings``: the probe's settings as resolved (defaults that depend on the model filled in)."""
+    ``settings``: the probe's settings as resolved (defaults that depend on the model filled in). ``cell_kind``: what
+    the probe's cells are, recorded for the report's intervals: ``"proportion"`` (0/1 items: Wilson's interval),
+    ``"mean"`` (per-item numbers: ``stats.means.cell``), None (an older run: decided from the items)."""
 
     def __init__(self, probe: str, loaded: Loaded, settings: ProbeSettings, lengths: list[int], *, metric: str = "",
-                 column: str = ""):
+                 column: str = "", cell_kind: str | None = None):
         self.t_start = time.time()
         out, old = open_run_dir(settings.out, "probe")  # a file, or another kind of run's directory: refused
         when_interrupted(f"the items so far are kept; to continue, run the same command again: {rerun_command()}")
@@ -161,13 +163,13 @@ class ProbeRun:
         self.rec = RunRecord("probe", model=model, model_id=loaded.model_id, rope=loaded.rope, context=loaded.context,
                              train=loaded.train, data=settings.data, settings=settings_record(settings),
                              info={"probe": probe, "lengths": lengths, "metric": metric, "column": column,
-                                   "orig_ctx": loaded.orig_ctx}, seconds=self.before)
+                                   "cell_kind": cell_kind, "orig_ctx": loaded.orig_ctx}, seconds=self.before)
         if old is not None:
             check_resume(old, settings, rope=RopeSpec.from_record(loaded.rope), model_id=loaded.model_id,
                          also=[("probe", old.get("probe"), probe)], hint="use a new --out")
             self.rec.created = old.get("created", now())
         self.meta = {"probe": probe, "metric": metric, "column": column, "model": model, "rope": loaded.rope,
-                     "scale": loaded.scale}
+                     "scale": loaded.scale, "cell_kind": cell_kind}
         self.log = self.dir.log(ITEMS)
         self._started = False
 
@@ -190,7 +192,7 @@ class ProbeRun:
         summary = summarize(self.log.records())
         summary.update({"probe": self.meta["probe"], "metric": self.meta["metric"],
                         "column": self.meta["column"], "model": self.meta["model"], "rope": self.meta["rope"],
-                        "scale": self.meta["scale"]})
+                        "scale": self.meta["scale"], "cell_kind": self.meta["cell_kind"]})
         if extra:
             summary.update(extra)
         self.dir.write_json(SUMMARY, summary)

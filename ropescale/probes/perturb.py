@@ -110,7 +110,7 @@ def perturb_probe(loaded, docs, settings: PerturbSettings | None = None, **field
     s = dataclasses.replace(s, length=length, distances=distances, data=data_name(docs) or s.data)
     run = ProbeRun("perturb", loaded, s, [length],
                    metric="loss change (perturbed - intact, nats/token) on the target span",
-                   column="distance d = n - m of the perturbed part from the target (tokens)")
+                   column="distance d = n - m of the perturbed part from the target (tokens)", cell_kind="mean")
     doc_ids, spans = target_spans(loaded, docs, n=n, n_prefix=n_prefix, target_len=target_len, seed=seed,
                                   desc="perturb")
     for t, prefix, target in spans:

@@ -44,7 +44,7 @@ def ppl_probe(loaded, docs, settings: PplSettings | None = None, **fields) -> di
     check_batch(loaded.model, [max(lengths)] * rows, target_len, what=f"--lengths {max(lengths)}")
     s = dataclasses.replace(s, lengths=lengths, data=data_name(docs) or s.data)
     run = ProbeRun("ppl", loaded, s, lengths, metric="loss (nats/token) on the target span",
-                   column="input length N (prefix + target)")
+                   column="input length N (prefix + target)", cell_kind="mean")
     doc_ids = tokenize_docs(loaded.tokenizer, docs)
     targets = sample_targets(doc_ids, docs, n, max(lengths) - target_len, target_len, seed)
     todo = []

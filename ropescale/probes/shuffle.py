@@ -92,7 +92,7 @@ def shuffle_probe(loaded, docs: list[Doc], settings: ShuffleSettings | None = No
     s = dataclasses.replace(s, max_sentences=max_sentences, window=window, data=data)
     run = ProbeRun("shuffle", loaded, s, lengths or [],
                    metric="accuracy (original scores above the block-shuffled version)",
-                   column="document length budget (tokens)" if lengths else "block size k")
+                   column="document length budget (tokens)" if lengths else "block size k", cell_kind="proportion")
     tok = loaded.tokenizer
     cols = lengths or ["all"]
     # choose documents: in a seeded order, those that give >= 2 blocks of the largest k at every length

@@ -205,7 +205,7 @@ def _start(loaded, settings, fields: dict, variant: str) -> tuple[SuffixIdSettin
     s = _resolved(loaded, settings, fields, variant)
     check_memory(loaded, s)  # before any text is read or the run directory is opened
     return s, ProbeRun("suffix-id", loaded, s, s.lengths, metric=METRICS[s.score],
-                       column="tokens read (prefix + candidate)")
+                       column="tokens read (prefix + candidate)", cell_kind="proportion")
 
 
 def _longest_prefix(s: SuffixIdSettings) -> int:

@@ -188,10 +188,10 @@ def load_probe_runs(paths: list[str]) -> list[dict]:
             s = summarize(items)
         else:
             continue
+        for k in ("probe", "model", "rope", "metric", "column", "cell_kind"):
+            s.setdefault(k, meta.get(k))
         if items is not None:
             with_intervals(s, items)
-        for k in ("probe", "model", "rope", "metric", "column"):
-            s.setdefault(k, meta.get(k))
         s["run_dir"] = str(rd.path)
         s["setting"] = probe_variant(meta)
         setting = Setting.of_run(meta, RopeSpec.from_record(meta.rope, meta.meta_path), variant=s["setting"])

@@ -6,8 +6,8 @@ One table per probe: rows = settings (``ropescale.common.tables.Setting``: the m
 spec, the model's training record -- the same rows and labels as eval_summ's report --, the probe's own variant:
 input length N, suffix-id variant / heading / score) x the probe's group (block size k, perturbation kind, copy /
 no-copy), columns = the probe's length bucket (prefix length, input length, distance), cells = the probe's metric
-(accuracy or loss, the mean over items, with its n and 95 % percentile bootstrap interval over the items,
-``stats.means.cell``, in every format: markdown ``mean [lo, hi]`` and an n column, CSV ``<col>_n, <col>_lo,
+(accuracy or loss, the mean over items, with its n and 95 % interval over the items: :func:`with_intervals`,
+in every format: markdown ``mean [lo, hi]`` and an n column, CSV ``<col>_n, <col>_lo,
 <col>_hi``, JSON ``n`` and ``ci``; a cell of one item has no interval). Two runs of the same setting are
 told apart by their run directory's name. A probe with a single column bucket and several groups (the shuffle
 test without ``--lengths``) shows the groups (k=1..5) as columns. Printed as markdown (default), CSV or JSON;
@@ -58,7 +58,9 @@ def with_intervals(summary: dict, records: list[dict], resamples: int | None = N
     """``summary`` (a probe run's cells) with each cell's 95 % interval over its items (``records``: items.jsonl,
     {id, group, col, value}) as ``lo`` / ``hi`` and its rule as ``interval``: a cell of 0/1 items (an accuracy) is
     a proportion, Wilson's interval (``stats.proportions.wilson``: never [0, 0] for 0 of n); any other cell a mean
-    (``stats.means.cell``: the bootstrap from 8 items, the t interval below)."""
+    (``stats.means.cell``: the bootstrap from 8 items, the t interval below). The kind is the probe's own
+    (``cell_kind`` in its summary: a loss that happens to be 1.0 is a mean); only an older run is judged by its
+    items."""
     from ropescale.common.stats.means import cell
     from ropescale.common.stats.proportions import wilson
     from ropescale.common.stats.resampling import RESAMPLES
@@ -66,9 +68,12 @@ def with_intervals(summary: dict, records: list[dict], resamples: int | None = N
     by: dict = {}
     for r in records:
         by.setdefault((r.get("group", ""), r["col"]), {})[r["id"]] = float(r["value"])
+    # declared by the probe (ProbeRun); an older run: a loss is a mean, else decided from its items
+    kind = summary.get("cell_kind") or ("mean" if str(summary.get("metric") or "").startswith("loss") else None)
     for c in summary.get("cells", []):
         vals = by.get((c.get("group", ""), c["col"]), {})
-        if vals and all(v in (0.0, 1.0) for v in vals.values()):
+        zero_one = bool(vals) and all(v in (0.0, 1.0) for v in vals.values())
+        if zero_one and kind != "mean":
             w = wilson(int(sum(vals.values())), len(vals))
             c["lo"], c["hi"], c["interval"] = w.lo, w.hi, w.rule
         else:
@@ -129,8 +134,9 @@ def _pivot(cells: dict[tuple, dict]) -> dict[tuple, dict]:
 
 
 _cell = number(3, "–")
-NOTE = ("Cells: the mean over n items [95% percentile bootstrap interval over the items]; n: items per cell (a range "
-        "when the cells differ).")
+NOTE = ("Cells: the mean over n items [95% interval over the items: Wilson's for an accuracy (0/1 items), the "
+        "percentile bootstrap for a mean from 8 items, Student's t below]; n: items per cell (a range when the cells "
+        "differ).")
 
 
 def _md_cell(v, iv) -> str:
