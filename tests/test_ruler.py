@@ -177,8 +177,8 @@ def test_too_short_length_is_one_line(en):
 def test_teacher_forced_and_generated_against_transformers(make_tiny_model, tiny_tokenizer, one_thread):
     import torch
 
-    from ropescale.probes.scorer import score_continuations
     from ropescale.probes.ruler.base import Sample
+    from ropescale.probes.scorer import score_continuations
 
     model, _ = make_tiny_model(orig_ctx=64, save=False)
     model.eval()
@@ -239,3 +239,20 @@ def test_probes_ruler_on_the_tiny_default(tmp_path, capsys, one_thread):
     assert tables([str(out), "--out", str(tmp_path / "page")]) == 0
     page = (tmp_path / "page.md").read_text()
     assert "**average**" in page and "Needle grid" in page and Path(tmp_path / "page-gen.png").stat().st_size > 1000
+
+
+def test_average_interval_t_below_8_and_none_for_one():
+    from scipy import stats
+
+    from ropescale.probes.ruler.tables import averages
+
+    recs = [{"task": t, "way": "gen", "col": 512, "value": v}
+            for t, vals in {"a": [1, 0.5, 0.75], "b": [0, 0.25, 0]}.items() for v in vals]
+    mean, lo, hi, tasks = averages(recs)["gen"][512]
+    a, b = [100, 50, 75], [0, 25, 0]
+    se = math.sqrt(stats.tvar(a) / 3 + stats.tvar(b) / 3) / 2  # the variance of a mean of two task means
+    half = stats.t.ppf(0.975, 2) * se
+    assert mean == pytest.approx((75 + 25 / 3) / 2)
+    assert (lo, hi) == (pytest.approx(max(0.0, mean - half)), pytest.approx(min(100.0, mean + half)))
+    one = averages([{"task": "a", "way": "tf", "col": 512, "value": 0.5}])["tf"][512]
+    assert one[1] is None and one[2] is None  # n = 1: no interval

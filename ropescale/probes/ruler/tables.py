@@ -5,8 +5,8 @@ its heatmaps, from the items of one or more run directories.
   Wilson's (ropescale.common.stats.proportions) when every sample scores 0 or 100 (a proportion), else the mean's
   (ropescale.common.stats.means.cell: the percentile bootstrap from n = 8, the t interval below);
 - the average is RULER's: the mean over the tasks of each task's mean at a length (arXiv 2404.06654 Sec 4), its
-  interval Wilson's on the pooled samples when they are all 0 or 100 with equal n a task, else a stratified
-  bootstrap (each task's samples resampled on their own);
+  interval Wilson's on the pooled samples when they are all 0 or 100 with equal n a task, else the t interval
+  (n < 8 a task; none for n = 1) or a stratified bootstrap (each task's samples resampled on their own);
 - the effective length: RULER's absolute rule (the longest length up to which the average stays >= 85.6, Llama-2-7B's
   4K score) and NoLiMa's relative rule (>= 0.85 x the in-window score: the average at the longest length inside the
   original context; a 3.5M or 135M model never reaches 85.6), both by
@@ -19,11 +19,13 @@ heatmaps).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from ropescale.common.stats.distributions import t_quantile
 from ropescale.common.stats.lengths import effective_length, effective_length_relative
 from ropescale.common.stats.means import cell
 from ropescale.common.stats.proportions import wilson
@@ -60,7 +62,7 @@ def by_task(records: list[dict]) -> dict:
 def averages(records: list[dict], seed: int = 0, resamples: int = 2000) -> dict:
     """{way: {length: (average, lo, hi, tasks)}}: RULER's mean over tasks; its interval Wilson's on the pooled samples
     when every sample scores 0 or 100 and the tasks have the same n (the average is then their pooled share), else
-    a stratified bootstrap."""
+    the t interval (a task's n below 8; none below 2) or a stratified bootstrap."""
     cells = by_task(records)
     rng = np.random.default_rng(seed)
     out: dict = {}
@@ -72,6 +74,15 @@ def averages(records: list[dict], seed: int = 0, resamples: int = 2000) -> dict:
             if len({len(g) for g in groups}) == 1 and all(set(g.tolist()) <= {0.0, 100.0} for g in groups):
                 p = wilson(int(sum((g == 100.0).sum() for g in groups)), sum(len(g) for g in groups))
                 out.setdefault(way, {})[L] = (mean, 100 * p.lo, 100 * p.hi, len(groups))
+                continue
+            small = min(len(g) for g in groups)
+            if small < 2:  # no spread within a task to measure: no interval
+                out.setdefault(way, {})[L] = (mean, None, None, len(groups))
+                continue
+            if small < 8:  # the t interval of a mean of task means: var = sum_t s_t^2 / n_t / T^2, df = min n - 1
+                se = math.sqrt(sum(g.var(ddof=1) / len(g) for g in groups)) / len(groups)
+                half = t_quantile(0.975, small - 1) * se
+                out.setdefault(way, {})[L] = (mean, clip(mean - half), clip(mean + half), len(groups))
                 continue
             draws = np.mean([g[rng.integers(0, len(g), size=(resamples, len(g)))].mean(1) for g in groups], axis=0)
             lo, hi = np.percentile(draws, [2.5, 97.5])
@@ -121,7 +132,7 @@ def summary_extra(records: list[dict], lengths: list[int], orig_ctx: int) -> dic
 
 # ---------------------------------------------------------------- the page
 def fmt(mean, lo, hi) -> str:
-    return f"{mean:.1f} [{lo:.1f}, {hi:.1f}]" if lo is not None else f"{mean:.1f}"
+    return f"{mean:.1f} [{lo:.1f}, {hi:.1f}]" if lo is not None else f"{mean:.1f} (no interval)"
 
 
 def task_table(runs: list[tuple[str, list[dict], int]], way: str) -> str:
