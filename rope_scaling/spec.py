@@ -232,7 +232,7 @@ class RopeSpec:
     attention_extend: str = setting("none", "a training-free attention-level method on top of the RoPE: self_extend "
                                             "(Jin et al. 2024; --grp-attn-n, --grp-attn-w) or dca (An et al. 2024; "
                                             "--dca-chunk-size, --dca-local-size); docs/rope_methods.md",
-                                    choices=ATTENTION_METHODS, metavar="METHOD", group=GROUP)
+                                    choices=ATTENTION_METHODS, metavar="METHOD", group=MORE)
     grp_attn_n: int | None = setting(None, "Self-Extend's group size G (llama.cpp's name): keys W or more tokens "
                                            "back are seen at positions // G", metavar="G", group=MORE)
     grp_attn_w: int | None = setting(None, "Self-Extend's neighbour window W (a multiple of G): the nearest W keys "

@@ -27,8 +27,7 @@ LoRA fine-tuning with RoPE scaling on packed long samples (CNNSum Sec 5 / App. B
   deepspeed finetune.py --model /path/Qwen1.5-7B --data PACKED --deepspeed ds_configs/zero3_offload.json \\
       --rope ntk --scale 8                            # the paper's run
   python finetune.py --recipe recipes/qwen1.5-7b_ntk-x8_16k.yaml --model /path/Qwen1.5-7B --data PACKED
-  python finetune.py merge --run runs/train/tiny-ntk-x8 --out models/tiny-ntk-x8
-  python finetune.py plot runs/train/tiny-ntk-x8         # its loss and learning rate per step, as a PNG
+  python finetune.py merge --run runs/train/tiny-ntk-x8 --out models/tiny-ntk-x8    # plot RUN: its curves (PNG)
 """
 
 TRAIN_DESCRIPTION = """\
@@ -54,7 +53,7 @@ def register_train(sub) -> None:
                     **doc_sections(TRAIN_DESCRIPTION, 1, more="docs/usage.md (finetune)"))
     add_resume(p, "never", checkpoint=True)
     p.add_argument("--overwrite", action="store_true",
-                   help="start the run over when --out already holds one (its checkpoints are deleted)")
+                   help="start over: the run in --out and its checkpoints are deleted")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     add_json(p, "a summary (run directory, steps, seconds)")
     add_train_args(p)
