@@ -140,11 +140,14 @@ def test_cwe_counts(en, L, freq):
     assert all(counts[w] == freq[0] for w in s.refs)
     assert all(c == freq[1] for w, c in counts.items() if w not in s.refs)
     assert s.total <= L
+    # each word's teacher-forced span is that word's own tokens (Qwen2 writes "1. shout" as '1', '.', ' shout')
+    assert [en.tokenizer.decode(s.answer[a:b]).strip() for a, b in s.spans] == s.refs
 
 
 def test_cwe_lowers_its_count_where_none_fit(zh):
     s = make_sample(zh, "cwe", 512, 0, 0)
     assert s.total <= 512 and 2 <= s.info["freq_cw"] <= 6
+    assert [zh.tokenizer.decode(s.answer[a:b]).strip() for a, b in s.spans] == s.refs
 
 
 def test_fwe_zipf_counts(en):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ropescale.common.io import InputError
 
-from .base import Context, Sample, answer_tokens, fit
+from .base import Context, Sample, fit
 from .templates import CWE
 
 
@@ -27,16 +27,28 @@ def counts_for(length: int) -> tuple[int, int]:
     return (6, 1) if length < 4096 else (30, 3)
 
 
+def cwe_answer(ctx: Context, words: list[str]) -> tuple[list[int], list]:
+    """The teacher-forced answer " 1. w1 2. w2 ...": each number and each word (with its leading space) tokenized
+    apart, so each word's span is its own tokens whatever the tokenizer (a word never shares a token with its
+    number)."""
+    ids: list[int] = []
+    spans = []
+    for i, w in enumerate(words):
+        ids += ctx.encode(f" {i + 1}.")
+        a = len(ids)
+        ids += ctx.encode(f" {w}")
+        spans.append((a, len(ids)))
+    return ids, spans
+
+
 def cwe_sample(ctx: Context, cfg: CweConfig, task: str, length: int, index: int, seed: int,
               budget: int = 0) -> Sample:
     rng = random.Random(f"{seed}|{task}|{length}|{index}")
     order = rng.sample(ctx.words, len(ctx.words))
     common = order[:cfg.num_cw]
     t = CWE[ctx.lang]
-    answer_text = [t["item"].format(i=i + 1, word=w) for i, w in enumerate(common)]
-    answer, spans = answer_tokens(ctx, answer_text, " ", t["item_sep"], "")
+    answer, spans = cwe_answer(ctx, common)
     refs = common
-    spans = [(a + len(ctx.encode(f"{i + 1}. ")), b) for i, (a, b) in enumerate(spans)]  # the word, not its number
     freq_cw, freq_ucw = counts_for(length)
     shuffle_seed = rng.random()
 

@@ -55,6 +55,8 @@ def teacher_result(sample: Sample, logp, arg) -> dict:
     argmax ``arg``."""
     import torch
 
+    if any(b <= a for a, b in sample.spans):
+        raise ValueError(f"{sample.task}: a reference with no tokens in the answer (spans {sample.spans})")
     tgt = torch.tensor(sample.answer)
     lp = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
     hit = arg == tgt
