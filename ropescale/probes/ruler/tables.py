@@ -81,6 +81,9 @@ def averages(records: list[dict], seed: int = 0, resamples: int = 2000) -> dict:
                 continue
             if small < 8:  # the t interval of a mean of task means: var = sum_t s_t^2 / n_t / T^2, df = min n - 1
                 se = math.sqrt(sum(g.var(ddof=1) / len(g) for g in groups)) / len(groups)
+                if se == 0:  # every task's samples agree: the spread is not measured, no interval
+                    out.setdefault(way, {})[L] = (mean, None, None, len(groups))
+                    continue
                 half = t_quantile(0.975, small - 1) * se
                 out.setdefault(way, {})[L] = (mean, clip(mean - half), clip(mean + half), len(groups))
                 continue
