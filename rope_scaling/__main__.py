@@ -1,6 +1,6 @@
 """``python -m rope_scaling describe|search ...`` (see ``python -m rope_scaling COMMAND --help``).
 
-An entry point, on the front-door floor with ``ropescale.cli``, which wires the tool (``ropescale.cli.rope_tool``):
+An entry point, on the front-door floor with ``ropescale.cli``; the tool is wired by ``ropescale.commands.rope_tool``:
 ``describe`` is this package's, ``search`` a stage's (``ropescale.probes.rope_search``: the probes' data, model
 loading and scorer). Nothing else in this package imports a stage.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from ropescale.cli import rope_tool
+from ropescale.commands import rope_tool
 
 TOOL = rope_tool()
 main = TOOL.entry()

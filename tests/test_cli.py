@@ -282,7 +282,8 @@ LAYERS = (("ropescale", "ropescale.common"),  # the floor: files, settings, reco
           ("rope_scaling",),
           ("data_concat",),
           ("ropescale.training", "ropescale.evaluation", "ropescale.probes", "ropescale.tiny"),  # stages, builder
-          ("ropescale.demo",),  # the end-to-end demo (scripts/demo.py): runs the stages in order, as a user would
+          ("ropescale.demo", "ropescale.commands"),  # the end-to-end demo (scripts/demo.py); the stages' tools by name
+          ("ropescale.experiments",),  # a study file's arms: the stages' commands, by name
           ("ropescale.cli", "ropescale.__main__", "rope_scaling.__main__"))  # the front door: only dispatches
 
 

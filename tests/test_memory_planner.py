@@ -145,7 +145,7 @@ def test_h100_512k_does_not_fit():
 
 
 def test_reach_of_each_family():
-    """The longest sample each family fits (``planner --reach``): the recipe's plan 304K on the H200, every
+    """The longest sample each family fits (``planner_cli --reach``): the recipe's plan 304K on the H200, every
     checkpoint on the GPU then the host 448K, blocks of 2 608K; without the layer tiled by sequence nothing
     reaches 1M (one layer's recompute), with it 1,040K (H100: 336K and 624K)."""
     from ropescale.training import reach
@@ -370,7 +370,7 @@ def test_finetune_refuses_a_plan_that_cannot_fit_before_loading(ft_data, capsys)
 
 
 def test_the_command_line(capsys):
-    from ropescale.training.planner import main
+    from ropescale.training.planner_cli import main
 
     assert main(["--plan", "16384", "--json"]) == 0
     rec = json.loads(capsys.readouterr().out)

@@ -81,7 +81,7 @@ def prepared(path: Path) -> bool:
 
 def call(argv: list[str], where: str) -> None:
     """``ropescale ARGV`` in this process (the command's own entry function; its stdout, logs, goes to stderr)."""
-    from ropescale.cli import TOOLS
+    from ropescale.commands import TOOLS
 
     tool, rest = argv[0], argv[1:]
     print("  $ ropescale " + " ".join(argv), file=sys.stderr, flush=True)

@@ -192,7 +192,7 @@ def read_prepare(r: Reader, data: dict) -> dict:
 
 
 def read_arms(r: Reader, data: dict, q: dict, quick: bool) -> dict:
-    from ropescale.cli import TOOLS
+    from ropescale.commands import TOOLS
 
     arms = {}
     for k, v in r.mapping(data["arms"], "arms").items():

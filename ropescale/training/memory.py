@@ -51,7 +51,13 @@ from ropescale.common.host import available_host_bytes  # torch-free home; check
 from ropescale.common.io import InputError
 
 from .memory_model import AUTO_MIN_TOKENS, HOST_HEADROOM, Activations, gib, layer_roles, ordinal  # their home
-from .tiled_mlp import _replay_context, decoder_mlps, enable_tiled_mlp  # noqa: F401  (the tiled MLP's home)
+from .tiled_mlp import (  # noqa: F401  (the tiled MLP's home)
+    _replay_context,
+    checkpointed_layers,
+    decoder_mlps,
+    enable_tiled_mlp,
+    innermost_layers,
+)
 
 PAGE_BYTES = 32 << 20  # pinned host pages of the checkpoint pool
 DS_OFFLOAD_BYTES_PER_PARAM = 16  # DeepSpeed's offloaded optimizer: fp32 master + Adam m, v + fp32 grad per param
@@ -398,20 +404,6 @@ class CheckpointOffloader:
         return x
 
 
-def checkpointed_layers(model) -> list:
-    """Modules of ``model`` (PEFT / DeepSpeed wrappers looked through) that transformers checkpoints: those with a
-    true ``gradient_checkpointing`` attribute (the decoder layers, and in older transformers the decoder)."""
-    from .loss import causal_lm_of
-
-    return compat.checkpointed_modules(causal_lm_of(model))
-
-
-def _innermost(modules: list) -> list:
-    """The decoder layers among checkpointed modules: those holding no other one (5.x flags the decoder too)."""
-    ids = {id(m) for m in modules}
-    return [m for m in modules if not any(id(c) in ids for c in m.modules() if c is not m)]
-
-
 def enable_checkpoint_offload(model, offloader: CheckpointOffloader | None = None, roles=None) -> CheckpointOffloader:
     """Route every checkpointed layer of ``model`` (gradient checkpointing already enabled, e.g. by
     :func:`ropescale.training.model.add_lora`) through ``offloader``: each layer as ``roles`` says
@@ -424,7 +416,7 @@ def enable_checkpoint_offload(model, offloader: CheckpointOffloader | None = Non
     if roles is None:
         roles = [("host", 0)] * len(layers)
     else:
-        layers = _innermost(layers)
+        layers = innermost_layers(layers)
     if len(roles) != len(layers):
         raise InputError(f"the memory plan is for {len(roles)} checkpointed layers, the model has {len(layers)} "
                          "(a transformers release that checkpoints the whole decoder?)")
@@ -571,7 +563,7 @@ def setup_memory(model, args, *, tokens: int, cuda: bool, dtype: torch.dtype, ds
                                                                    pin=cuda), roles)
         mp.offloader = off if hosted else None
     elif mp.count("none"):  # selective recompute alone: the other layers are checkpointed as transformers does
-        for m, (role, _) in zip(_innermost(checkpointed_layers(model)), roles):
+        for m, (role, _) in zip(innermost_layers(checkpointed_layers(model)), roles):
             if role == "none":
                 compat.set_layer_checkpointing(m, False)
     if plan.tile_mlp:

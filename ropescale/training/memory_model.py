@@ -29,7 +29,7 @@ communication buckets, biases and other small tensors.
 
 ``python -m ropescale.training.memory_model --table`` prints the README's table (the longest context per GPU
 count); ``--check`` compares the model with the H100 measurements of :data:`H100_MEASURED`. The memory planner
-(which plan fits a device, ``python -m ropescale.training.planner``) is built on :func:`estimate`.
+(which plan fits a device, ``python -m ropescale.training.planner_cli``) is built on :func:`estimate`.
 """
 from __future__ import annotations
 

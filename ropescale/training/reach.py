@@ -1,5 +1,5 @@
 """How long a sample the memory planner fits, and what binds where it fits none (``python -m
-ropescale.training.planner --reach``): the longest sample each family of plans fits on one H200 and one H100 (125
+ropescale.training.planner_cli --reach``): the longest sample each family of plans fits on one H200 and one H100 (125
 GiB of host each), then 1M and 2M tokens on one H200 and on 8 H200s with Ulysses sequence parallelism, each with the
 plan and its numbers or, where no plan fits, the term of the memory model that binds: the largest part of the
 closest plan's peak (or of its host memory). A model, not a measurement.

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from ropescale.common import compat
 from ropescale.common.io import InputError
 
-from .tiled_mlp import _autocast_state, _replay_context
+from .tiled_mlp import _autocast_state, _replay_context, checkpointed_layers, innermost_layers
 
 STATS = {"tiled": 0, "plain": 0}  # calls run tiled / handed to the plain checkpoint (why: STATS["why"])
 PLAIN_KERNELS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")  # the attention a layer may replace
@@ -315,11 +315,9 @@ def enable_tiled_attention(model, chunk: int, roles=None, offloader=None) -> int
     """Recompute every checkpointed decoder layer of ``model`` by ``chunk``-token sequence chunks (module doc),
     its input stored as ``roles`` say (``memory_model.layer_roles``) through ``offloader`` where one is given.
     Returns the number of layers changed."""
-    from .memory import _innermost, checkpointed_layers
-
     if chunk <= 0:
         raise InputError(f"--tile-attention must be a number of tokens > 0, not {chunk}")
-    layers = _innermost(checkpointed_layers(model))
+    layers = innermost_layers(checkpointed_layers(model))
     if not layers:
         raise InputError("--tile-attention: the model has no gradient-checkpointed layer (enable gradient "
                          "checkpointing first)")

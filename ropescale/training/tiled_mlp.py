@@ -153,3 +153,17 @@ def enable_tiled_mlp(model, chunk: int) -> int:
             mlp._ropescale_own_forward = mlp.__dict__.get("forward")  # None: the class's forward
             mlp.forward = _tiled_forward(mlp, mlp.forward, int(chunk))
     return len(mlps)
+
+
+def checkpointed_layers(model) -> list:
+    """Modules of ``model`` (PEFT / DeepSpeed wrappers looked through) that transformers checkpoints: those with a
+    true ``gradient_checkpointing`` attribute (the decoder layers, and in older transformers the decoder)."""
+    from .loss import causal_lm_of
+
+    return compat.checkpointed_modules(causal_lm_of(model))
+
+
+def innermost_layers(modules: list) -> list:
+    """The decoder layers among checkpointed modules: those holding no other one (5.x flags the decoder too)."""
+    ids = {id(m) for m in modules}
+    return [m for m in modules if not any(id(c) in ids for c in m.modules() if c is not m)]
