@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from ropescale.common.cli import Tool
+from ropescale.common.cli import Tool, add_overwrite
 from ropescale.common.settings import add_settings, fmt, from_args, values
 
 from .runner import ExperimentSettings
@@ -22,6 +22,7 @@ def register(name: str, what: str):
         p = sub.add_parser(name, help=what, description=what)
         p.add_argument("file", metavar="FILE", help="the experiment file (YAML, docs/experiments.md)")
         add_settings(p, ExperimentSettings)
+        add_overwrite(p, "--page")
         p.set_defaults(func=lambda args: command(args, running=name == "run"))
         return p
 
@@ -39,13 +40,30 @@ def command(args: argparse.Namespace, *, running: bool) -> int:
              for k, v in values(st).items() if v not in (None, False)]
     leaf = getattr(args, "_leaf", None)  # the subcommand's parser: its prog is the command as called
     prog = leaf.prog if leaf is not None else f"{PROG} {args.command}"
-    return go(args.file, st, running, " ".join([prog, shlex.quote(args.file), *given]))
+    return go(args.file, st, running, " ".join([prog, shlex.quote(args.file), *given]), overwrite=args.overwrite)
 
 
-def go(file: str, st: ExperimentSettings, running: bool, command: str) -> int:
+def page_target(target: Path, overwrite: bool) -> Path:
+    """The page's path, checked before any run (the one output rule): new, this tool's own output, a page an
+    experiment wrote (its reading marker: re-made with its reading kept), or anything with ``overwrite``."""
+    from ropescale.common.io import claim_output_file
+
+    from .page import READING
+
+    ours = target.is_file() and READING in target.read_text(encoding="utf-8", errors="replace")
+    return claim_output_file(target, "--page", overwrite=overwrite or ours)
+
+
+def go(file: str, st: ExperimentSettings, running: bool, command: str, overwrite: bool = False) -> int:
     """Run (``running``) and report one experiment file with these settings."""
-    from ropescale.common.io import InputError, write_json_atomic, write_text_atomic
-    from ropescale.common.runs import RunDir, RunRecord, open_run_dir
+    from ropescale.common.io import (
+        InputError,
+        claim_output_file,
+        foreign_entries,
+        write_json_atomic,
+        write_text_atomic,
+    )
+    from ropescale.common.runs import RunDir, RunRecord, claim_run_dir, open_run_dir
     from ropescale.common.settings import to_record
 
     from . import collect, compare, page, runner, spec
@@ -55,6 +73,7 @@ def go(file: str, st: ExperimentSettings, running: bool, command: str) -> int:
     work = runner.work_dir(exp, st)
     arms, seeds = runner.plan(exp, st)
     rd = RunDir(work)
+    target = page_target(Path(st.page) if st.page else work / f"{exp.name}.md", overwrite)
     if running:
         open_run_dir(work, "experiment")
         old = rd.read_meta() if rd.exists() else {}
@@ -69,12 +88,16 @@ def go(file: str, st: ExperimentSettings, running: bool, command: str) -> int:
         rd.write_record(rec)
     elif not work.is_dir():
         raise InputError(f"no runs of this experiment in {work} (run it first, or give --out)", file)
+    else:  # a directory of other things (or another kind's run) is refused; its page may carry a reading edited in
+        foreign = [e for e in foreign_entries(work) if e != target.name or target.parent != work]
+        if foreign or (work / "run.json").is_file():
+            claim_run_dir(work, "experiment")
     data = collect.collect(exp, work, runner.readers(exp, arms), seeds)
     res = compare.results(exp, data, seeds)
     wall = {"this": time.time() - t0, "runs": run_seconds(exp, work, arms, seeds)}
-    target = Path(st.page) if st.page else work / f"{exp.name}.md"
     text = page.page(exp, res, command, wall, page.read_old(target))
-    write_json_atomic(work / "results.json", compare.to_json(res))
+    # the work directory is this experiment's (checked above): its results file is its own, recorded as written
+    write_json_atomic(claim_output_file(work / "results.json", None, overwrite=True), compare.to_json(res))
     target.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(target, text)
     runner.say(exp, f"page {target}, results {work / 'results.json'}")
