@@ -146,7 +146,8 @@ def test_setup_installs_the_lock_torch_first_then_deepspeed_then_the_project(tmp
     # done: a second run does nothing; a changed lock makes it run again
     log.unlink()
     r = _run_setup(repo, log)
-    assert "up to date" in r.stderr and not log.exists()
+    # (it installs nothing; the venv's .pth is rewritten by the package's own call, however old the venv)
+    assert "up to date" in r.stderr and (not log.exists() or not _installs(log))
     with open(repo / "requirements.lock", "a") as f:
         f.write("# touched\n")
     r = _run_setup(repo, log)

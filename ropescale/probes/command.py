@@ -25,10 +25,11 @@ def book_docs(s: ProbeSettings):
 
 
 def register_probe(sub, name: str, cls, *, help: str, description: str, run: Callable,
-                   load: Callable[[ProbeSettings], object] = book_docs) -> argparse.ArgumentParser:
+                   load: Callable[[ProbeSettings], object] = book_docs, more: str | None = None
+                   ) -> argparse.ArgumentParser:
     """A probe's subcommand: ``load(settings)`` reads its data (default: :func:`book_docs`),
-    ``run(loaded, data, settings)`` returns the summary."""
-    ap = add_command(sub, name, help=help, **doc_sections(description, 2, more=f"docs/probes.md ({name})"))
+    ``run(loaded, data, settings)`` returns the summary; ``more``: the page --help points to."""
+    ap = add_command(sub, name, help=help, **doc_sections(description, 2, more=more or f"docs/probes.md ({name})"))
     add_settings(ap, cls)
     add_resume(ap, "auto")
     add_json(ap, "the summary")

@@ -149,6 +149,7 @@ class ProbeRun:
     first result (:meth:`add`) or at :meth:`finish`, so a run that fails before its first result leaves nothing.
     ``settings``: the probe's settings as resolved (defaults that depend on the model filled in). ``cell_kind``: what
     the probe's cells are, recorded for the report's intervals: ``"proportion"`` (0/1 items: Wilson's interval),
+    ``"share"`` (per-item shares in [0, 1], e.g. RULER's string_match_all: the mean's interval, kept within [0, 1]),
     ``"mean"`` (per-item numbers: ``stats.means.cell``), None (an older run: decided from the items)."""
 
     def __init__(self, probe: str, loaded: Loaded, settings: ProbeSettings, lengths: list[int], *, metric: str = "",

@@ -369,7 +369,7 @@ def passkey_probe(loaded, docs, settings: PasskeySettings | None = None, **field
 
         raise InputError(f"the haystack has {len(hay)} tokens, fewer than the longest length {max(lengths)}")
     run = ProbeRun("passkey", loaded, s, lengths, metric="passkey retrieved (every digit the argmax)",
-                   column="window length L")
+                   column="window length L", cell_kind="proportion")
     from ropescale.common.io import InputError
 
     try:
@@ -386,7 +386,8 @@ def register(sub) -> None:
     from .command import register_probe
     from .data import load_docs
 
-    register_probe(sub, "passkey", PasskeySettings, run=passkey_probe, load=lambda s: load_docs(s.data),
+    register_probe(sub, "passkey", PasskeySettings, more="docs/ruler.md", run=passkey_probe,
+                   load=lambda s: load_docs(s.data),
                    description="passkey: " + (__doc__ or "").split("\n\n")[0] + "\n\nDefault: one key a window in "
                    "the noise haystack (the papers' format); --keys multi plants named keys, one a (length, depth), "
                    "in one window. Each record keeps the per-digit loss, the key's distance and the no-key "

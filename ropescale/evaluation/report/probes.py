@@ -79,6 +79,8 @@ def with_intervals(summary: dict, records: list[dict], resamples: int | None = N
         else:
             e = cell(vals, resamples=resamples or RESAMPLES)
             c["lo"], c["hi"], c["interval"] = e.lo, e.hi, e.rule
+            if kind in ("share", "proportion") and e.lo is not None:  # a share's mean lies in [0, 1]
+                c["lo"], c["hi"] = max(0.0, e.lo), min(1.0, e.hi)
     return summary
 
 

@@ -108,7 +108,8 @@ def ruler_probe(loaded, docs, settings: RulerSettings | None = None, **fields) -
     by_length = REGISTRY[RopeSpec.from_record(loaded.rope).method].by_length
     metric = ("score (share of references): tf = references read teacher-forced, gen = RULER string_match_all of "
               "greedy generation")
-    run = ProbeRun("ruler", loaded, s, lengths, metric=metric, column="length L (tokens, answer budget included)")
+    run = ProbeRun("ruler", loaded, s, lengths, metric=metric, column="length L (tokens, answer budget included)",
+                   cell_kind="share")
     todo = [p for p in plan(s, lengths) if not all(run.done(item_id(*p, w)) for w in ways)]
     eos = loaded.tokenizer.eos_token_id
     t_read = c_read = 0.0
@@ -142,6 +143,6 @@ def load_ruler(s: RulerSettings):
 
 
 def register(sub) -> None:
-    register_probe(sub, "ruler", RulerSettings, description=__doc__, load=load_ruler,
+    register_probe(sub, "ruler", RulerSettings, more="docs/ruler.md", description=__doc__, load=load_ruler,
                    help="RULER's synthetic tasks and the needle depth x length grid (Hsieh et al. 2024)",
                    run=ruler_probe)
