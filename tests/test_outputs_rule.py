@@ -45,15 +45,14 @@ WRITES = {
                                                "--out", "{in}/newrun"])},
     ("probes", "report"): {"--out": ("dir", ["{in}/probe"]), "--plot": ("png", ["{in}/probe"])},
     ("real-model", ""): {"--out": ("dir", [])},
+    ("make-tiny", ""): {"--out": ("dir", ["--build"])},  # refused before the hour of pretraining starts
     **{("probes", p): {"--out": ("run", ["--model", "tiny"])} for p in PROBES},
     **{("experiment", c): {"--out": ("run", ["experiments/table2.yaml", "--quick"]),
                            "--page": ("file", ["experiments/table2.yaml", "--quick", "--out", "{in}/exp"])}
        for c in ("run", "report")},
 }
 READS_ONLY = {("rope", "describe"), ("data", "stats")}
-# writes, but its --out goes only with --build (an hour of pretraining): its check belongs in make_tiny.py
-# (claim_output_dir before build_tiny)
-NOT_DRIVEN = {("make-tiny", ""): "--out only with --build (an hour); the check is make_tiny.py's"}
+NOT_DRIVEN: dict = {}
 OUTPUT_DESTS = {"out", "plot", "report_out", "pred", "page"}
 PROGRESS = re.compile(r"^\[[\w-]+\] |\d+%\|")  # "[stage] ..." progress lines and tqdm bars, aside from the error
 

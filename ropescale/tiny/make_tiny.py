@@ -10,8 +10,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ropescale.common.cli import Tool, add_command
-from ropescale.common.io import InputError
+from ropescale.common.cli import Tool, add_command, add_overwrite
+from ropescale.common.io import InputError, claim_output_dir
 from ropescale.common.models import ASSET_DIR, ASSET_JSON, MODEL_FILE, asset_info
 
 from .build import DEFAULT_SPEC, build_tiny, built
@@ -29,6 +29,7 @@ def register(sub) -> None:
     p.add_argument("--eval-every", type=int, default=0, help="with --build: log the copy effect every N steps")
     p.add_argument("--update-asset", action="store_true",
                    help="with --build of the default spec: replace assets/tiny with the new build")
+    add_overwrite(p)
     p.set_defaults(func=cmd_make_tiny)
 
 
@@ -36,6 +37,10 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
     spec = DEFAULT_SPEC if args.steps == DEFAULT_SPEC.steps else replace(DEFAULT_SPEC, steps=args.steps)
     if args.update_asset and (spec != DEFAULT_SPEC or not args.build):
         raise InputError("--update-asset goes with --build of the default spec")
+    if args.out is not None:  # the one output rule, before an hour of pretraining
+        if not args.build:
+            raise InputError("--out goes with --build (without it make-tiny writes nothing)")
+        claim_output_dir(args.out, "--out", overwrite=args.overwrite)
     before = asset_info()  # what the committed asset was, to say whether a rebuild reproduced it
     if args.build:
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON result: libraries log there
