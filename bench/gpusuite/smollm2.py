@@ -66,23 +66,10 @@ def run(cmd: list[str], what: str, timeout: float) -> subprocess.CompletedProces
 
 
 def read(model, ids: list[int], device: str, chunk: int = 1024):
-    """(next-token loss, argmax) per position on ``device`` (``ropescale.probes.passkey.forward_read``'s reading,
-    the LM head over chunks)."""
-    import torch
-    import torch.nn.functional as F
+    """(next-token loss, argmax) per position, the model on ``device``: the passkey probe's reading."""
+    from ropescale.probes.passkey import forward_read
 
-    x = torch.tensor([ids], device=device)
-    with torch.no_grad():
-        hidden = model.get_decoder()(input_ids=x).last_hidden_state[0]
-        head = model.get_output_embeddings()
-        nll = torch.full((len(ids),), float("nan"))
-        arg = torch.full((len(ids),), -1, dtype=torch.long)
-        for a in range(0, len(ids) - 1, chunk):
-            b = min(a + chunk, len(ids) - 1)
-            logits = head(hidden[a:b]).float()
-            nll[a + 1:b + 1] = F.cross_entropy(logits, x[0, a + 1:b + 1], reduction="none").cpu()
-            arg[a + 1:b + 1] = logits.argmax(-1).cpu()
-    return nll, arg
+    return forward_read(model, ids, chunk, device=device)
 
 
 def summarise(windows, reads, cfg: dict) -> dict:

@@ -171,14 +171,14 @@ def novel_windows(tokenizer, texts: dict[str, str], n: int, lengths, depths, see
 
 
 # ---------------------------------------------------------------- reading a window
-def forward_read(model, ids: list[int], chunk: int = BUCKET):
+def forward_read(model, ids: list[int], chunk: int = BUCKET, device: str | None = None):
     """(per-position next-token loss, per-position argmax) of ``model`` on ``ids``: position p holds the loss of
     token p given tokens < p (p = 0: nan). The LM head runs on ``chunk`` positions at a time (a 16K x 49K logits
-    tensor would take 3 GB)."""
+    tensor would take 3 GB); the input goes to ``device`` (default: the CPU), the results come back to the CPU."""
     import torch
     import torch.nn.functional as F
 
-    x = torch.tensor([ids])
+    x = torch.tensor([ids], device=device)
     with torch.no_grad():
         hidden = model.get_decoder()(input_ids=x).last_hidden_state[0]
         head = model.get_output_embeddings()
@@ -187,8 +187,8 @@ def forward_read(model, ids: list[int], chunk: int = BUCKET):
         for a in range(0, len(ids) - 1, chunk):
             b = min(a + chunk, len(ids) - 1)
             logits = head(hidden[a:b]).float()
-            nll[a + 1:b + 1] = F.cross_entropy(logits, x[0, a + 1:b + 1], reduction="none")
-            arg[a + 1:b + 1] = logits.argmax(-1)
+            nll[a + 1:b + 1] = F.cross_entropy(logits, x[0, a + 1:b + 1], reduction="none").cpu()
+            arg[a + 1:b + 1] = logits.argmax(-1).cpu()
     return nll, arg
 
 
