@@ -41,7 +41,8 @@ def test_references():
 
 def test_functions_real_model_imports_are_kept():
     for name, params in {"novel_windows": ["tokenizer", "texts", "n", "lengths", "depths", "seed"],
-                         "forward_read": ["model", "ids", "chunk", "device"], "key_results": ["window", "arg", "nll", "length"],
+                         "forward_read": ["model", "ids", "chunk", "device"],
+                         "key_results": ["window", "arg", "nll", "length"],
                          "bucket_losses": ["window", "nll", "upto", "bucket"]}.items():
         assert list(inspect.signature(getattr(pk, name)).parameters) == params
     assert pk.Window.__dataclass_fields__.keys() >= {"source", "start", "ids", "hay", "keys"}
