@@ -424,7 +424,10 @@ with compat.zero3_gathered([p], modifier_rank=0):
 with compat.zero3_gathered([p], modifier_rank=None):
     out["kept"] = float(p.sum())
 out["plain"] = [compat.is_zero3_param(torch.nn.Parameter(torch.ones(3))), compat.param_numel(torch.ones(3))]
-print(json.dumps(out))
+print(json.dumps(out), flush=True)
+# the gloo group torn down before the interpreter exits: left to exit, its threads can abort the process
+# ("terminate called without an active exception", exit -6) after the result is printed
+torch.distributed.destroy_process_group()
 """
 
 
