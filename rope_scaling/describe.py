@@ -296,7 +296,8 @@ def trained_length_of(args: argparse.Namespace) -> float | None:
     (:func:`ropescale.common.runs.trained_distance`), else None."""
     if args.trained_length is not None or args.config is None or not Path(args.config).is_dir():
         return args.trained_length
-    from ropescale.common.runs import TRAIN_JSON, read_train_record, trained_distance
+    from ropescale.common.runs.identity import TRAIN_JSON, trained_distance
+    from ropescale.common.runs.record import read_train_record
 
     return trained_distance(read_train_record(args.config), Path(args.config) / TRAIN_JSON)
 

@@ -184,7 +184,7 @@ def grid_row(run_dirs: list[Path]) -> dict:
 
 def measure(d: "demo.Demo", windows: int) -> dict:
     from rope_scaling import RopeSpec
-    from ropescale.common.runs import read_train_record
+    from ropescale.common.runs.record import read_train_record
     from ropescale.probes.data import load_docs, tiny_heldout_file
     from ropescale.probes.rope_search import draw_windows
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ropescale.common.runs import RunDir
+from ropescale.common.runs.record import RunDir
 from ropescale.evaluation.cli import main
 
 

@@ -83,7 +83,7 @@ def _generate(model_dir, eval_file, out):
 
 
 def _run_dir(d: Path, preds: list[dict]) -> Path:
-    from ropescale.common.runs import RunDir
+    from ropescale.common.runs.record import RunDir
 
     RunDir(d).write_meta({"kind": "generate", "model": "m", "prompt": "ie"})
     (d / "predictions.jsonl").write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in preds),
@@ -182,7 +182,8 @@ def _holder(d: Path, env=None) -> subprocess.Popen:
 
 def test_a_second_writer_is_refused_naming_the_holder_and_the_lock_dies_with_it(model_dir, eval_file, tmp_path,
                                                                                  capsys):
-    from ropescale.common.runs import LOCK_FILE, open_run_dir, release_run_dirs
+    from ropescale.common.runs.locks import LOCK_FILE, release_run_dirs
+    from ropescale.common.runs.resume import open_run_dir
     from ropescale.evaluation.cli import main
 
     out = tmp_path / "run"
@@ -205,7 +206,8 @@ def test_a_second_writer_is_refused_naming_the_holder_and_the_lock_dies_with_it(
 
 
 def test_ranks_of_one_job_share_it_and_a_refused_run_leaves_nothing(tmp_path, monkeypatch):
-    from ropescale.common.runs import open_run_dir, release_run_dirs
+    from ropescale.common.runs.locks import release_run_dirs
+    from ropescale.common.runs.resume import open_run_dir
 
     out = tmp_path / "a" / "run"
     p = _holder(out, env={**os.environ, "RANK": "0"})
@@ -324,7 +326,7 @@ time.sleep(120)
 
 
 def test_a_killed_finetune_reads_stopped_not_running(tmp_path, capsys):
-    from ropescale.common.runs import RunMeta
+    from ropescale.common.runs.record import RunMeta
     from ropescale.training.cli import main
 
     out = tmp_path / "run"

@@ -19,7 +19,7 @@ from ropescale.common.io import (
     write_jsonl_atomic,
     write_text_atomic,
 )
-from ropescale.common.runs import RecordLog, RunDir, find_run_dirs
+from ropescale.common.runs.record import RecordLog, RunDir, find_run_dirs
 
 
 @pytest.fixture

@@ -180,7 +180,7 @@ def test_run_dir_rules(tmp_path):
     """A run directory: a new path, an empty directory and one of only scaffolding are fine; a non-empty directory
     holding no run is refused; another kind's run is refused (as before)."""
     from ropescale.common.io import InputError
-    from ropescale.common.runs import claim_run_dir
+    from ropescale.common.runs.resume import claim_run_dir
 
     assert claim_run_dir(tmp_path / "new", "generate") is None
     (tmp_path / "empty").mkdir()

@@ -18,7 +18,7 @@ import torch
 
 from ropescale.common.chapters import chapter_index, chinese_numeral
 from ropescale.common.io import InputError
-from ropescale.common.runs import summarize
+from ropescale.common.runs.record import summarize
 from ropescale.common.text import split_sentences
 from ropescale.evaluation.report.intake import load_probe_runs as load_runs
 from ropescale.evaluation.report.probes import plot_probes as plot

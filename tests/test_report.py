@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ropescale.common.runs import RunDir, RunRecord, TrainLength
+from ropescale.common.runs.identity import TrainLength
+from ropescale.common.runs.record import RunDir, RunRecord
 from ropescale.evaluation import score as SC
 from ropescale.evaluation.cli import main as cli
 from ropescale.evaluation.report.intake import build_report, read_scores_csv

@@ -122,7 +122,7 @@ def test_generate_and_probes_refuse_another_kind_of_run(env, tmp_path):
 
 # ---------------------------------------------------------------- 27.2 a model's identity; merge keeps its word
 def test_model_id_is_content_not_place(make_tiny_model, tmp_path):
-    from ropescale.common.runs import model_id
+    from ropescale.common.runs.identity import model_id
 
     _, a = make_tiny_model(orig_ctx=64, seed=1)
     _, b = make_tiny_model(orig_ctx=64, seed=2)  # the same config and shapes, other weights

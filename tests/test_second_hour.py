@@ -70,7 +70,7 @@ def _parsers():
 
 
 def test_every_stage_that_writes_a_run_takes_resume_auto_and_never_in_the_same_words():
-    from ropescale.common.runs import RESUME_HELP
+    from ropescale.common.runs.resume import RESUME_HELP
 
     defaults = {}
     for name, p in _parsers().items():
@@ -101,7 +101,7 @@ def test_generate_and_run_resume_auto_continue_and_never_refuses(model_dir, eval
 
 
 def test_probes_resume_never_refuses_before_the_model_loads(tmp_path, capsys, no_model_load):
-    from ropescale.common.runs import RunDir
+    from ropescale.common.runs.record import RunDir
     from ropescale.probes.cli import main
 
     out = tmp_path / "ppl"
@@ -115,7 +115,8 @@ def test_probes_resume_never_refuses_before_the_model_loads(tmp_path, capsys, no
 
 def test_finetune_resume_auto_starts_a_run_where_there_is_none_and_never_refuses_one(model_dir, tmp_path):
     from rope_scaling import RopeSpec
-    from ropescale.common.runs import RunDir, release_run_dirs
+    from ropescale.common.runs.locks import release_run_dirs
+    from ropescale.common.runs.record import RunDir
     from ropescale.common.settings import make
     from ropescale.training.config import TrainSettings
     from ropescale.training.run import plan_run

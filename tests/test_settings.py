@@ -11,7 +11,7 @@ import pytest
 
 from rope_scaling import RopeSpec
 from ropescale.common.io import InputError
-from ropescale.common.runs import settings_diff as diff
+from ropescale.common.runs.resume import settings_diff as diff
 from ropescale.common.settings import (
     add_arguments,
     build,

@@ -49,7 +49,7 @@ class Suite:
                 raise InputError(f"{self.path} is {what} record: use another --workdir "
                                  f"({'without' if self.data.get('dry_run') else 'with'} --dry-run here)")
         else:
-            from ropescale.common.runs import now
+            from ropescale.common.runs.record import now
 
             self.data = {"format": FORMAT, "version": 1, "dry_run": dry, "created": now(), "steps": {}}
 
@@ -66,7 +66,7 @@ class Suite:
 
     def save(self) -> None:
         from ropescale.common.io import write_json_atomic
-        from ropescale.common.runs import now
+        from ropescale.common.runs.record import now
 
         self.data["updated"] = now()
         write_json_atomic(self.path, self.data)
@@ -370,7 +370,7 @@ def command(step: Step, ctx: Context, bound: float) -> tuple[list[str], str | No
 
 def execute(step: Step, suite: Suite, ctx: Context, bound: float, limited: bool) -> dict | None:
     """Run one step and record its outcome; None when the invocation's own budget cut it off (it runs again)."""
-    from ropescale.common.runs import now
+    from ropescale.common.runs.record import now
 
     prev = suite.steps.get(step.name) or {}
     cmd, note = command(step, ctx, bound)
@@ -420,7 +420,7 @@ def execute(step: Step, suite: Suite, ctx: Context, bound: float, limited: bool)
 
 def run_plan(suite: Suite, steps: list[Step], full: list[Step], ctx: Context) -> str:
     """Run what is left of ``steps``: 'complete', 'budget' (--max-seconds ran out) or 'unusable' (env)."""
-    from ropescale.common.runs import now
+    from ropescale.common.runs.record import now
 
     for step in steps:
         rec = suite.steps.get(step.name)

@@ -167,7 +167,7 @@ def cli_main(fn: Callable[[list[str] | None], int | None]) -> Callable[[list[str
             print(f"interrupted{': ' + _on_interrupt[0] if _on_interrupt else ''}", file=sys.stderr)
             return 130
         finally:
-            runs = sys.modules.get("ropescale.common.runs")  # (not imported for a --help)
+            runs = sys.modules.get("ropescale.common.runs.locks")  # (not imported for a --help)
             if runs is not None:
                 runs.release_run_dirs()  # the command is over: its run directories are free again
 
@@ -437,7 +437,7 @@ def add_resume(p: argparse.ArgumentParser, default: str, *, checkpoint: bool = F
     """``--resume {auto,never}`` (a fine-tune also takes a CHECKPOINT directory), the same words in every stage that
     writes a run directory (``ropescale.common.runs.RESUME_HELP``); ``default``: what the stage does without the
     flag. A bare ``--resume`` is ``auto``."""
-    from .runs import RESUME_HELP, RESUME_MODES
+    from .runs.resume import RESUME_HELP, RESUME_MODES
 
     def mode(v: str) -> str:
         if v in RESUME_MODES or checkpoint:

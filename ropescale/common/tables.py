@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from .runs import TrainLength
+from .runs.identity import TrainLength
 
 FORMATS = ("markdown", "csv", "json")
 _NO_JSON = object()
@@ -131,7 +131,7 @@ class Setting:
     @classmethod
     def of_run(cls, meta, rope, *, variant: str = "", tag: str = "") -> "Setting":
         """The setting of a run (a runs.RunMeta) whose rope the caller read (``RopeSpec.from_record``)."""
-        from .runs import train_key
+        from .runs.identity import train_key
 
         train = meta.train
         key = train_key(train)

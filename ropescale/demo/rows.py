@@ -38,7 +38,7 @@ def row_bound(model: str, spec=None, train_record: dict | None = None) -> dict:
     is plain RoPE at one base (``Method.one_base``: none, ntk, abf); else None. Values in tokens, None for unbounded."""
     from rope_scaling import bounds as F
     from rope_scaling.load import load_config
-    from ropescale.common.runs import trained_distance
+    from ropescale.common.runs.identity import trained_distance
 
     mc = load_config(model, spec)
     st = mc.state
@@ -109,7 +109,8 @@ def table_row(d: Demo, r: Row, st: dict | None, cols: list[str], base_1x: float 
     under no prompt effect, and every sample's score per column and prompt (``samples``: {column: {"IE": {id:
     score}, "IB": ...}})."""
     from rope_scaling import RopeSpec
-    from ropescale.common.runs import TrainLength, read_train_record
+    from ropescale.common.runs.identity import TrainLength
+    from ropescale.common.runs.record import read_train_record
     from ropescale.common.stats.lengths import retention
     from ropescale.common.stats.tests import mse_sign_flip, paired_sign_flip
 

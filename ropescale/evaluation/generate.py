@@ -61,17 +61,11 @@ from ropescale.common.cli import (
 )
 from ropescale.common.io import InputError
 from ropescale.common.models import MODEL_HELP, is_tiny
-from ropescale.common.runs import (
-    RunDir,
-    RunRecord,
-    check_resume,
-    model_ref,
-    open_run_dir,
-    read_train_record,
-    run_dir_scope,
-    settings_record,
-)
-from ropescale.common.runs import model_id as model_id_of
+from ropescale.common.runs.identity import model_id as model_id_of
+from ropescale.common.runs.identity import model_ref
+from ropescale.common.runs.locks import run_dir_scope
+from ropescale.common.runs.record import RunDir, RunRecord, read_train_record, settings_record
+from ropescale.common.runs.resume import check_resume, open_run_dir
 from ropescale.common.settings import add_settings, from_args, nested, require, setting
 
 from .backends import BackendSettings, Item, make_backend

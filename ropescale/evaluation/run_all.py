@@ -85,7 +85,7 @@ def run_matrix(settings: GenerateSettings, *, data_dir, prompts=DEFAULT_PROMPTS,
     ``OUT/fig3.png`` (see the module doc). ``settings`` without data / prompt / subset (each cell sets them).
     Returns {"runs": {name: {"generate", "score"}}, "skipped": [subsets], "report": markdown, "report_dir",
     "plot"}."""
-    from ropescale.common.runs import check_resume_mode, claim_run_dir
+    from ropescale.common.runs.resume import check_resume_mode, claim_run_dir
 
     from .report.cli import check_report_out, make_report
     from .score import score_run

@@ -33,7 +33,7 @@ from ropescale.common.io import (
 from ropescale.common.prompts import prompt_kind
 from ropescale.common.recall import mark_recall, marks_only
 from ropescale.common.rouge import DEFAULT_METRIC, METRICS, check_metric, rouge_l
-from ropescale.common.runs import RunDir, RunMeta, now
+from ropescale.common.runs.record import RunDir, RunMeta, now
 
 from . import failure_modes
 

@@ -63,7 +63,8 @@ def go(file: str, st: ExperimentSettings, running: bool, command: str, overwrite
         write_json_atomic,
         write_text_atomic,
     )
-    from ropescale.common.runs import RunDir, RunRecord, claim_run_dir, open_run_dir
+    from ropescale.common.runs.record import RunDir, RunRecord
+    from ropescale.common.runs.resume import claim_run_dir, open_run_dir
     from ropescale.common.settings import to_record
 
     from . import collect, compare, page, runner, spec

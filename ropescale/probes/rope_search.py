@@ -149,15 +149,9 @@ class SearchRun:
     """The run directory of one search (see module doc): checked before any work, written each generation."""
 
     def __init__(self, s: SearchRunSettings, loaded, windows: list[Window], *, resume: str):
-        from ropescale.common.runs import (
-            RunDir,
-            RunRecord,
-            check_resume,
-            check_resume_mode,
-            model_ref,
-            open_run_dir,
-            settings_record,
-        )
+        from ropescale.common.runs.identity import model_ref
+        from ropescale.common.runs.record import RunDir, RunRecord, settings_record
+        from ropescale.common.runs.resume import check_resume, check_resume_mode, open_run_dir
 
         out, old = open_run_dir(s.out, KIND)
         check_resume_mode(old, resume, hint="; --budget / --evals may change")
@@ -218,7 +212,7 @@ def prepare(s: SearchRunSettings, log):
     the windows. Returns (loaded, rope state, windows, target length)."""
     from rope_scaling.hf import rope_state
     from ropescale.common.io import check_output_dir
-    from ropescale.common.runs import claim_run_dir
+    from ropescale.common.runs.resume import claim_run_dir
 
     from .common import load_model, set_threads
     from .data import load_docs

@@ -33,20 +33,10 @@ from rope_scaling import RopeSpec
 from rope_scaling.load import ModelConfig
 from ropescale.common.cli import dtype_name, rerun_command, when_interrupted
 from ropescale.common.io import InputError, read_json
-from ropescale.common.runs import (
-    RunDir,
-    RunMeta,
-    RunRecord,
-    check_resume,
-    length_of,
-    model_id,
-    model_ref,
-    open_run_dir,
-    read_train_record,
-    refuse_resume,
-    run_dir_scope,
-    settings_record,
-)
+from ropescale.common.runs.identity import length_of, model_id, model_ref
+from ropescale.common.runs.locks import run_dir_scope
+from ropescale.common.runs.record import RunDir, RunMeta, RunRecord, read_train_record, settings_record
+from ropescale.common.runs.resume import check_resume, open_run_dir, refuse_resume
 from ropescale.common.settings import check, fmt, from_record
 
 from . import env, sequence_parallel

@@ -28,7 +28,8 @@ import torch
 
 from ropescale.common import compat
 from ropescale.common.io import InputError, atomic_dir, check_output_dir, write_json_atomic
-from ropescale.common.runs import TRAIN_JSON, RunMeta
+from ropescale.common.runs.identity import TRAIN_JSON
+from ropescale.common.runs.record import RunMeta
 
 ADAPTER_FILE = "adapter_model.safetensors"
 TRAINED_FILE = "trained_tensors.safetensors"

@@ -249,7 +249,7 @@ def heatmaps(runs: list[tuple[str, list[dict], int]], way: str, png: str | Path)
 def load_runs(dirs: list[str]) -> list[tuple[str, list[dict], int]]:
     """(name, items, original context) of each ruler run directory."""
     from ropescale.common.io import InputError, read_json
-    from ropescale.common.runs import ITEMS, RUN_JSON, RecordLog
+    from ropescale.common.runs.record import ITEMS, RUN_JSON, RecordLog
 
     out = []
     for d in map(Path, dirs):
