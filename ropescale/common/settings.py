@@ -258,7 +258,8 @@ def spec_by_key(cls) -> dict[str, Spec]:
     return {s.key: s for s in specs(cls)}
 
 
-def _nested_fields(cls) -> dict[str, type]:
+def nested_fields(cls) -> dict[str, type]:
+    """The fields of a settings dataclass that hold a nested settings dataclass (``metadata["nested"]``), by name."""
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.metadata.get("nested")}
 
@@ -460,7 +461,7 @@ def build(cls, values: dict[str, Any] | None = None):
     no value is :class:`MissingSettings` naming its flag."""
     values = dict(values or {})
     kw: dict[str, Any] = {}
-    for name, sub in _nested_fields(cls).items():
+    for name, sub in nested_fields(cls).items():
         keys = {s.key for s in specs(sub)}
         kw[name] = build(sub, {k: values.pop(k) for k in list(values) if k in keys})
     by_key = spec_by_key(cls)
@@ -480,7 +481,7 @@ def make(cls, base=None, **kw):
     -- flat keys, or a nested field given whole (None: its defaults), over ``base`` (an instance) or the
     defaults. An unknown key is a TypeError."""
     vals = values(base) if base is not None else {}
-    for name, sub in _nested_fields(cls).items():
+    for name, sub in nested_fields(cls).items():
         if name in kw and (kw[name] is None or isinstance(kw[name], sub)):
             inst = kw.pop(name) or sub()
             vals.update({s.key: value_of(inst, s) for s in specs(sub)})
@@ -544,11 +545,11 @@ def from_record(cls, record: dict | None, *, where=None, without: Iterable[str] 
     the rope it ran with, not the one asked for)."""
     record = dict(record or {})
     flat: dict[str, Any] = {}
-    skipped = {s.key for name in without for s in specs(_nested_fields(cls)[name])}
+    skipped = {s.key for name in without for s in specs(nested_fields(cls)[name])}
     for name in without:
         record.pop(name, None)
     record = {k: v for k, v in record.items() if k not in skipped}
-    for name, sub in _nested_fields(cls).items():
+    for name, sub in nested_fields(cls).items():
         rec = record.get(name)
         if isinstance(rec, dict):
             record.pop(name)

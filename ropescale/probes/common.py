@@ -31,20 +31,18 @@ from rope_scaling import RopeSpec
 from ropescale.common.cli import rerun_command, when_interrupted
 from ropescale.common.models import MODEL_HELP
 from ropescale.common.paths import CHAPTERS_JSONL
-from ropescale.common.runs import (
+from ropescale.common.runs.identity import model_id, model_ref
+from ropescale.common.runs.record import (
     ITEMS,
     SUMMARY,
     RunDir,
     RunRecord,
-    check_resume,
-    model_id,
-    model_ref,
     now,
-    open_run_dir,
     read_train_record,
     settings_record,
     summarize,
 )
+from ropescale.common.runs.resume import check_resume, open_run_dir
 from ropescale.common.settings import check, make, nested, setting
 
 
@@ -59,8 +57,8 @@ class Loaded:
     scale: float
     orig_ctx: int
     context: int  # the context the (scaled) config is meant for
-    model_id: str | None = None  # ropescale.common.runs.model_id of the directory
-    train: dict | None = None  # the model's training record (ropescale.common.runs.read_train_record)
+    model_id: str | None = None  # ropescale.common.runs.identity.model_id of the directory
+    train: dict | None = None  # the model's training record (ropescale.common.runs.record.read_train_record)
 
     @property
     def pad_id(self) -> int:

@@ -1,7 +1,31 @@
 """The run record and the run directory: ``run.json`` (:class:`RunRecord`, read one way by :class:`RunMeta`),
 the append-only record logs (:class:`RecordLog`), the directory (:class:`RunDir`), a probe run's cells
-(:func:`summarize`), the training record a model directory carries (:func:`read_train_record`). The package doc
-says what a run directory holds."""
+(:func:`summarize`), the training record a model directory carries (:func:`read_train_record`).
+
+A run directory holds:
+- ``run.json``: the run's record (:class:`RunRecord`), written atomically, with the same field names in every
+  stage: ``kind`` ("finetune", "generate", "probe"), ``model`` (the model directory used: ``tiny`` for the
+  embedded default, else its absolute path), ``model_id`` (``identity.model_id``: what the model *is*, so a model
+  replaced at the same path is noticed), ``rope`` (the full RoPE spec the model ran with, read back with
+  ``rope_scaling.RopeSpec.from_record``), ``context`` (the RoPE-extended context), ``train`` (the training record
+  of the model: :func:`read_train_record`; for a finetune run the record of the training it does), ``data`` (the
+  data read), ``settings`` (the stage's settings as resolved, flat as in a recipe:
+  ``ropescale.common.settings.to_record``, without model, data and rope, which are above), ``info`` (what the
+  stage adds: counts, data stats, the probe's name and variants...), ``status``, ``seconds`` (wall time of the
+  whole run, summed over its parts when resumed), ``created``, ``updated``, ``versions``. :class:`RunMeta` is the
+  one reader, older layouts included (flat settings at the top level, ``args``, ``model_dir`` / ``model_path``,
+  ``extended_context``, an integer ``train_length``).
+- one or more append-only JSONL record files (``predictions.jsonl`` for generation, ``items.jsonl`` for probes):
+  one JSON object a line, each with a unique ``id``. A record is appended with one ``write`` + ``fsync``, so a
+  kill -9 loses at most the record in flight; a torn last line is cut off when the log is reopened. Resuming
+  skips ids already present and never duplicates one.
+- ``summary.json`` / ``scores.json``: derived numbers, written atomically.
+
+Whose directory it is, ``--resume`` and the one resume check are ``resume``'s; one writer at a time is ``locks``'s.
+A model directory made by ``finetune.py merge`` carries its training record in ``ropescale_train.json``
+(``identity.TRAIN_JSON``): the run's id, the checkpoint step, the RoPE spec, the data and its length (mean, min,
+max: the paper's "Train Len." is the mean), the steps, the base model and its id. Every run that reads the model
+records it as ``train``."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,7 +40,7 @@ from typing import Any, Iterable, Iterator
 from ropescale import __version__  # the project's version
 
 from ..io import InputError, read_json, write_json_atomic
-from ..settings import _nested_fields, to_record
+from ..settings import nested_fields, to_record
 from .identity import TRAIN_JSON, TrainLength
 from .locks import run_dir_holder
 
@@ -404,7 +428,7 @@ def find_run_dirs(paths: Iterable[str | os.PathLike]) -> Iterator[RunDir]:
 def settings_record(settings) -> dict:
     """A stage's settings as run.json's ``settings``: flat, as in a recipe (``settings.to_record``), without the
     rope, model and data (record fields of their own: the rope is the one the model ran with)."""
-    rec = to_record(settings, without=tuple(n for n in ("rope",) if n in _nested_fields(type(settings))))
+    rec = to_record(settings, without=tuple(n for n in ("rope",) if n in nested_fields(type(settings))))
     for k in ("model", "data"):
         rec.pop(k, None)
     return rec

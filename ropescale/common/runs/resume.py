@@ -1,7 +1,10 @@
 """Whose directory, and the one resume check: a directory holding a run record belongs to that run
 (:func:`claim_run_dir`), ``--resume auto|never`` says the same in every stage (:data:`RESUME_HELP`,
 :func:`check_resume_mode`), :func:`open_run_dir` checks an output directory before any work and takes its lock,
-and :func:`check_resume` refuses to continue a run with other settings, rope or model (one line, the diff)."""
+and :func:`check_resume` refuses to continue a run with other settings, rope or model (one line, the diff).
+``auto`` continues the run --out holds or starts one where there is none, ``never`` starts only a new run; without
+the flag generate, run and the probes continue (auto), a fine-tune and a factor search refuse (never: they say how to
+continue)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..io import InputError, check_output_dir, foreign_entries
-from ..settings import _nested_fields, fmt, from_record, specs, value_of
+from ..settings import fmt, from_record, nested_fields, specs, value_of
 from .locks import lock_run_dir
 from .record import RUN_JSON, RunMeta
 
@@ -87,7 +90,7 @@ def resume_diffs(old: RunMeta, settings, *, rope=None, model_id: str | None = No
     if model_id is not None and old.model_id is not None and model_id != old.model_id:
         diffs.append(f"model_id {old.model_id} -> {model_id} (not the model this run read)")
     cls = type(settings)
-    without = tuple(n for n in ("rope",) if n in _nested_fields(cls))
+    without = tuple(n for n in ("rope",) if n in nested_fields(cls))
     was = from_record(cls, old.settings, where=old.meta_path, without=without)
     diffs += settings_diff(was, settings, only=recorded_keys(cls, old.settings))
     diffs += [f"{k} {fmt(a)} -> {fmt(b)}" for k, a, b in also if a != b]

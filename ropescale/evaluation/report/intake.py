@@ -19,7 +19,8 @@ from rope_scaling.formulas import PLAIN, owners
 from ropescale.common.io import InputError
 from ropescale.common.prompts import prompt_kind
 from ropescale.common.rouge import DEFAULT_METRIC, check_metric
-from ropescale.common.runs import ITEMS, SUMMARY, RunMeta, TrainLength, find_run_dirs, summarize
+from ropescale.common.runs.identity import TrainLength
+from ropescale.common.runs.record import ITEMS, SUMMARY, RunMeta, find_run_dirs, summarize
 from ropescale.common.subsets import get as get_subset
 from ropescale.common.tables import Setting
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rope_scaling import RopeSpec
-from ropescale.common.runs import column_key
+from ropescale.common.runs.record import column_key
 from ropescale.common.tables import Setting, Table, number, setting_labels, tables_text, write_tables
 
 from .plot import fit_text, save_png
