@@ -129,7 +129,7 @@ def window_loss(loaded, windows: list[Window], batch_size: int) -> float:
 
 def candidate_fitness(loaded, state, scale: float, windows: list[Window], batch_size: int, log):
     """fitness(factors): the windows' loss with the candidate's frequencies in every rotary module (no reload)."""
-    from ropescale.common import compat
+    from ropescale.common.compat import rope as compat
 
     count = [0]
 
