@@ -133,6 +133,23 @@ def test_prefill_and_cached_decoding_equal_the_full_matrix_reference(spec, rule,
     assert (torch.stack(steps) - want[25:]).abs().max().item() <= 1e-5
 
 
+@pytest.mark.parametrize("spec,rule", [CASES[0], CASES[2]], ids=["se-4-8", "dca-12-4"])
+def test_static_cache_and_chunked_prefill_equal_the_reference(spec, rule, tmp_path):
+    """The cache the hf backend decodes with (a static one: its unfilled slots are masked keys) and a prefill in
+    chunks through it: every position's logits equal the full-matrix reference (<= 1e-5)."""
+    from transformers import StaticCache
+
+    ids = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(5))
+    plain = tiny(tmp_path)
+    model, _ = loaded(tmp_path, spec)
+    want = reference_logits(plain, ids, rule)[0]
+    cache, got = StaticCache(config=model.config, max_cache_len=48), []
+    for a, b in ((0, 17), (17, 30), *((t, t + 1) for t in range(30, 40))):  # two chunks, then one token a step
+        o = model(ids[:, a:b], past_key_values=cache, use_cache=True, cache_position=torch.arange(a, b))
+        got.append(o.logits[0])
+    assert (torch.cat(got) - want).abs().max().item() <= 1e-5
+
+
 def test_left_padded_batches_equal_each_row_alone(tmp_path):
     """Key positions come from the mask: a left-padded row equals the same row alone (transformers' generate)."""
     tiny(tmp_path)

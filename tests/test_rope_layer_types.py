@@ -94,7 +94,8 @@ def test_logits_equal_transformers_own_model(spec, full, sliding, gemma):
     assert (lp - want_lp).abs().max().item() <= 1e-5
 
 
-def test_generation_routes_to_generate_and_equals_transformers(gemma):
+@pytest.mark.parametrize("spec,full,sliding", CASES[:2], ids=["unscaled", "yarn-full"])
+def test_generation_routes_to_generate_and_equals_transformers(spec, full, sliding, gemma):
     from types import SimpleNamespace
 
     from ropescale.evaluation.backends import BackendSettings
@@ -102,8 +103,8 @@ def test_generation_routes_to_generate_and_equals_transformers(gemma):
     from ropescale.evaluation.backends.hf import HFBackend
 
     model, path = gemma
-    mine, mc = ours(path, RopeSpec("yarn", 4))
-    ref = theirs(model, YARN4)
+    mine, mc = ours(path, spec)
+    ref = theirs(model, full, sliding)
     logs = []
     be = HFBackend(path, mc.config, SimpleNamespace(pad_token_id=0, eos_token_id=63), BackendSettings(), model=mine,
                    log=logs.append)
