@@ -425,3 +425,39 @@ def test_suffix_id_judge_by_logprob_and_by_pmi():
     assert by_pmi["pmi"] == [20.0, 1.0, 1.0] and by_pmi["prior_logprobs"] == prior
     tie = judge([-3.0, -3.0, -9.0], None)
     assert tie["value"] == 0.0 and tie["gold_rank"] == 1
+
+
+# ---------------------------------------------------------------- each probe declares its variants
+def test_a_probe_records_its_variant_and_the_report_reads_the_record(tmp_path):
+    docs, tok = _docs(_random_docs(2, 400, 400, seed=3))
+    lo = oracle(400, window=64, tokenizer=tok)
+    copy_probe(lo, docs, length=200, distances=[0, 96], n=1, target_len=24, seed=0, out=tmp_path / "c")
+    perturb_probe(lo, docs, length=160, distances=[0], kinds=["shuffle"], seeds=1, n=1, target_len=8, seed=0,
+                  out=tmp_path / "p")
+    info = {d: json.loads((tmp_path / d / "run.json").read_text())["info"] for d in ("c", "p")}
+    assert info["c"]["variant_label"] == "N=200" and info["p"]["variant_label"] == "N=160"
+    # the fields recorded before the variant keep their values
+    assert {k: info["c"][k] for k in ("probe", "lengths", "cell_kind")} == \
+        {"probe": "copy", "lengths": [200], "cell_kind": "mean"}
+    # the report labels a row by what the run recorded, not by the probe's name: a recorded label wins
+    meta = json.loads((tmp_path / "c" / "run.json").read_text())
+    meta["info"]["variant_label"] = "hand-set"
+    (tmp_path / "c" / "run.json").write_text(json.dumps(meta))
+    labels = {Path(s["run_dir"]).name: s["setting"] for s in load_runs([tmp_path])}
+    assert labels == {"c": "hand-set", "p": "N=160"}
+
+
+def test_older_records_are_read_by_the_probes_own_variant_reader(tmp_path):
+    from ropescale.common.runs.record import RunMeta
+    from ropescale.evaluation.report.intake import PROBE_VARIANTS, probe_variant
+
+    assert {"copy", "perturb", "suffix-id"} <= set(PROBE_VARIANTS)
+
+    def old(probe, **flat):  # the older layout: settings and info flat at the top level, no variant label
+        return RunMeta(tmp_path, {"kind": "probe", "probe": probe, "model": "m", **flat})
+
+    assert probe_variant(old("perturb", lengths=[512])) == "N=512"
+    assert probe_variant(old("suffix-id", variant="sentence", heading="full", score="pmi")) == "sentence full pmi"
+    assert probe_variant(old("suffix-id", variant="chapter", heading="none", score="logprob")) == "none"
+    assert probe_variant(old("suffix-id", variant="chapter", heading="index", score="logprob")) == ""
+    assert probe_variant(old("ppl", lengths=[64, 128])) == ""  # a probe without a reader has one variant

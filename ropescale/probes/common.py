@@ -6,8 +6,8 @@ come from them (``ropescale.common.settings``).
 
 A probe run directory has the same shape as generation's (ropescale.common.runs): ``run.json`` (the run record:
 kind "probe", model, model_id, rope spec, context, the model's training record, data, the settings as resolved;
-``info``: the probe's name, lengths, metric and column), ``items.jsonl`` (one record per scored item, each with
-``id``, ``group``, ``col`` and ``value``: the report's row group, column bucket and cell metric) and
+``info``: the probe's name, lengths, metric, column and variant label), ``items.jsonl`` (one record per scored item,
+each with ``id``, ``group``, ``col`` and ``value``: the report's row group, column bucket and cell metric) and
 ``summary.json`` (the cells: mean value and count per group x column). Re-running into the same directory with the
 same settings and model resumes (``--resume auto``, the default; ``--resume never`` refuses it): items already in
 ``items.jsonl`` are skipped; a directory holding another run
@@ -36,6 +36,7 @@ from ropescale.common.runs.record import (
     ITEMS,
     SUMMARY,
     RunDir,
+    RunMeta,
     RunRecord,
     now,
     read_train_record,
@@ -148,10 +149,12 @@ class ProbeRun:
     ``settings``: the probe's settings as resolved (defaults that depend on the model filled in). ``cell_kind``: what
     the probe's cells are, recorded for the report's intervals: ``"proportion"`` (0/1 items: Wilson's interval),
     ``"share"`` (per-item shares in [0, 1], e.g. RULER's string_match_all: the mean's interval, kept within [0, 1]),
-    ``"mean"`` (per-item numbers: ``stats.means.cell``), None (an older run: decided from the items)."""
+    ``"mean"`` (per-item numbers: ``stats.means.cell``), None (an older run: decided from the items). ``variant``:
+    the probe's variant reader (what tells apart its runs beyond the model, its RoPE spec and training, read from the
+    run record); its answer is recorded as ``info.variant_label`` (empty without one), the report's row label."""
 
     def __init__(self, probe: str, loaded: Loaded, settings: ProbeSettings, lengths: list[int], *, metric: str = "",
-                 column: str = "", cell_kind: str | None = None):
+                 column: str = "", cell_kind: str | None = None, variant: Callable[[RunMeta], str] | None = None):
         self.t_start = time.time()
         out, old = open_run_dir(settings.out, "probe")  # a file, or another kind of run's directory: refused
         when_interrupted(f"the items so far are kept; to continue, run the same command again: {rerun_command()}")
@@ -163,6 +166,7 @@ class ProbeRun:
                              train=loaded.train, data=settings.data, settings=settings_record(settings),
                              info={"probe": probe, "lengths": lengths, "metric": metric, "column": column,
                                    "cell_kind": cell_kind, "orig_ctx": loaded.orig_ctx}, seconds=self.before)
+        self.rec.info["variant_label"] = variant(RunMeta(self.dir.path, self.rec.to_json())) if variant else ""
         if old is not None:
             check_resume(old, settings, rope=RopeSpec.from_record(loaded.rope), model_id=loaded.model_id,
                          also=[("probe", old.get("probe"), probe)], hint="use a new --out")

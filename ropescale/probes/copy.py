@@ -14,7 +14,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from ropescale.common.io import InputError
+from ropescale.common.runs.record import RunMeta
 from ropescale.common.settings import setting
+from ropescale.evaluation.report.intake import declare_variant
 
 from .command import register_probe
 from .common import NOT_NEGATIVE, POSITIVE, ProbeRun, ProbeSettings, probe_settings
@@ -32,6 +34,13 @@ class CopySettings(ProbeSettings):
                                           metavar="D,D,...")
     target_len: int = setting(128, "target span tokens k", check=POSITIVE)
     tail_chapters: int = setting(0, "chapters data: keep each book's last N chapters", check=NOT_NEGATIVE)
+
+
+@declare_variant("copy")
+def variant(meta: RunMeta) -> str:
+    """What tells apart copy runs beyond the model, its RoPE spec and training: the input length N."""
+    lengths = meta.get("lengths")
+    return f"N={lengths[0]}" if lengths else ""
 
 
 def paste(prefix: list[int], target: list[int], d: int) -> list[int]:
@@ -57,7 +66,7 @@ def copy_probe(loaded, docs, settings: CopySettings | None = None, **fields) -> 
     check_batch(loaded.model, [length] * min(batch_size, len(distances) + 1), target_len, what=f"--length {length}")
     s = dataclasses.replace(s, length=length, distances=distances, data=data_name(docs) or s.data)
     run = ProbeRun("copy", loaded, s, [length], metric="loss (nats/token) on the target span",
-                   column="distance d of the pasted copy (tokens)", cell_kind="mean")
+                   column="distance d of the pasted copy (tokens)", cell_kind="mean", variant=variant)
     _, spans = target_spans(loaded, docs, n=n, n_prefix=n_prefix, target_len=target_len, seed=seed, desc="copy")
     for t, prefix, target in spans:
         todo = [d for d in distances if not run.done(f"{t.key}:copy:d{d}")]

@@ -22,7 +22,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from ropescale.common.io import InputError
+from ropescale.common.runs.record import RunMeta
 from ropescale.common.settings import setting
+from ropescale.evaluation.report.intake import declare_variant
 
 from .command import register_probe
 from .common import NOT_NEGATIVE, POSITIVE, ProbeRun, ProbeSettings, data_setting, probe_settings, rng_for
@@ -45,6 +47,13 @@ class PerturbSettings(ProbeSettings):
     target_len: int = setting(DEFAULT_TARGET_LEN, "target span tokens k (Sun et al. 2021 Sec 2.2's k = 10 for the "
                                                   "token-level experiments of Sec 3 and 4)", check=POSITIVE)
     tail_chapters: int = setting(0, "chapters data: keep each book's last N chapters", check=NOT_NEGATIVE)
+
+
+@declare_variant("perturb")
+def variant(meta: RunMeta) -> str:
+    """What tells apart perturb runs beyond the model, its RoPE spec and training: the input length N."""
+    lengths = meta.get("lengths")
+    return f"N={lengths[0]}" if lengths else ""
 
 
 def perturb_prefix(prefix: list[int], m: int, kind: str, rng, *, target: list[int] | None = None,
@@ -110,7 +119,8 @@ def perturb_probe(loaded, docs, settings: PerturbSettings | None = None, **field
     s = dataclasses.replace(s, length=length, distances=distances, data=data_name(docs) or s.data)
     run = ProbeRun("perturb", loaded, s, [length],
                    metric="loss change (perturbed - intact, nats/token) on the target span",
-                   column="distance d = n - m of the perturbed part from the target (tokens)", cell_kind="mean")
+                   column="distance d = n - m of the perturbed part from the target (tokens)", cell_kind="mean",
+                   variant=variant)
     doc_ids, spans = target_spans(loaded, docs, n=n, n_prefix=n_prefix, target_len=target_len, seed=seed,
                                   desc="perturb")
     for t, prefix, target in spans:

@@ -42,8 +42,10 @@ from dataclasses import dataclass
 
 from ropescale.common.chapters import Chapter, chapter_index
 from ropescale.common.io import InputError
+from ropescale.common.runs.record import RunMeta
 from ropescale.common.settings import setting
 from ropescale.common.text import split_sentences
+from ropescale.evaluation.report.intake import declare_variant
 
 from .command import register_probe
 from .common import POSITIVE, ProbeRun, ProbeSettings, data_setting, encode, probe_settings, progress, rng_for
@@ -71,6 +73,14 @@ class SuffixIdSettings(ProbeSettings):
     suffix_len: int = setting(128, "candidate suffix tokens", check=POSITIVE)
     score: str = setting("logprob", "what picks the candidate: logprob = log P(s|prefix) (the papers'); pmi = "
                                     "log P(s|prefix) - log P(s|document start) (see above)", choices=SCORES)
+
+
+@declare_variant("suffix-id")
+def variant(meta: RunMeta) -> str:
+    """What tells apart suffix-id runs beyond the model, its RoPE spec and training: its variant, heading mode and
+    score, each named only when it is not the default."""
+    st, default = meta.settings, {f.name: f.default for f in dataclasses.fields(SuffixIdSettings)}
+    return " ".join(str(st[k]) for k in ("variant", "heading", "score") if st.get(k) and st[k] != default[k])
 
 
 def default_suffix_lengths(orig_ctx: int, suffix_len: int = 0) -> list[int]:
@@ -205,7 +215,7 @@ def _start(loaded, settings, fields: dict, variant: str) -> tuple[SuffixIdSettin
     s = _resolved(loaded, settings, fields, variant)
     check_memory(loaded, s)  # before any text is read or the run directory is opened
     return s, ProbeRun("suffix-id", loaded, s, s.lengths, metric=METRICS[s.score],
-                       column="tokens read (prefix + candidate)", cell_kind="proportion")
+                       column="tokens read (prefix + candidate)", cell_kind="proportion", variant=variant)
 
 
 def _longest_prefix(s: SuffixIdSettings) -> int:

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from rope_scaling import RopeSpec
 from rope_scaling.formulas import PLAIN, owners
@@ -205,19 +205,30 @@ def load_probe_runs(paths: list[str]) -> list[dict]:
     return out
 
 
+ProbeVariant = Callable[[RunMeta], str]
+PROBE_VARIANTS: dict[str, ProbeVariant] = {}  # probe name -> its variant reader, declared by the probe's module
+
+
+def declare_variant(probe: str) -> Callable[[ProbeVariant], ProbeVariant]:
+    """A probe module's variant reader (``@declare_variant("copy")``): from a run's record, what tells apart runs
+    of the probe beyond the model, its RoPE spec and training (empty for the defaults). A run records the answer in
+    run.json (``info.variant_label``); the reader answers for a run.json written before that field."""
+
+    def put(reader: ProbeVariant) -> ProbeVariant:
+        PROBE_VARIANTS[probe] = reader
+        return reader
+
+    return put
+
+
 def probe_variant(meta: RunMeta) -> str:
-    """What tells apart runs of one probe beyond the model and its RoPE spec and training: the input length N of
-    copy / perturb, the suffix-id variant, heading mode and score (empty for the defaults)."""
-    st = meta.settings
-    if meta.get("probe") in ("copy", "perturb") and meta.get("lengths"):
-        return f"N={meta.get('lengths')[0]}"
-    if meta.get("probe") == "suffix-id":
-        parts = [p for p in (st.get("variant"), st.get("heading"), st.get("score"))
-                 if p and p not in ("chapter", "index", "logprob")]
-        return " ".join(parts)
-    return ""
-
-
+    """A probe run's variant: the label its run.json records, else (an older run.json) the probe's own reader
+    (:data:`PROBE_VARIANTS`); a probe that declares none has one variant."""
+    recorded = meta.info.get("variant_label") if meta.new_layout else None
+    if isinstance(recorded, str):
+        return recorded
+    reader = PROBE_VARIANTS.get(str(meta.get("probe")))
+    return reader(meta) if reader is not None else ""
 
 
 def build_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.PathLike] = (),
