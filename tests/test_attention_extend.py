@@ -134,6 +134,19 @@ def test_prefill_and_cached_decoding_equal_the_full_matrix_reference(spec, rule,
 
 
 @pytest.mark.parametrize("spec,rule", [CASES[0], CASES[2]], ids=["se-4-8", "dca-12-4"])
+def test_query_blocks_over_their_key_spans_equal_the_reference(spec, rule, tmp_path, monkeypatch):
+    """Long inputs run a pass by blocks of query rows, each over the keys its rows see: blocks of 7 rows (spans cut
+    by the causal edge, Self-Extend's band and DCA's chunks; a block with no key in a pass) give the reference."""
+    from ropescale.common import attention_extend
+
+    monkeypatch.setattr(attention_extend, "BLOCK", 7)
+    ids = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(6))
+    plain = tiny(tmp_path)
+    model, _ = loaded(tmp_path, spec)
+    assert (model(ids).logits[0] - reference_logits(plain, ids, rule)[0]).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("spec,rule", [CASES[0], CASES[2]], ids=["se-4-8", "dca-12-4"])
 def test_static_cache_and_chunked_prefill_equal_the_reference(spec, rule, tmp_path):
     """The cache the hf backend decodes with (a static one: its unfilled slots are masked keys) and a prefill in
     chunks through it: every position's logits equal the full-matrix reference (<= 1e-5)."""

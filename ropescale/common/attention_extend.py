@@ -3,7 +3,7 @@
 Both keep the model's RoPE frequencies and change which *positions* a query and a key are rotated to, per pair of
 tokens: the attention of query i over keys j is split into passes, each with its own query / key positions and its
 own set of keys, and the passes are merged by their log-sum-exp (one softmax over all keys, as FlashAttention's
-split-KV merge and both authors' flash code do):
+split-KV merge and both authors' flash code do; each pass by blocks of query rows over the span of keys they see):
 
 - ``self_extend`` (Jin et al. 2024, "LLM Maybe LongLM", arXiv 2401.01325, Eq. 3-4; datamllab/LongLM
   ``self_extend_patch/Llama.py``; llama.cpp ``--grp-attn-n G --grp-attn-w W``): neighbour pass for i - j < W with
@@ -210,6 +210,31 @@ def _cuda_kernel_agrees(device, dtype) -> bool:
     return _CUDA_CHECKED[key]
 
 
+BLOCK = 2048  # query rows a block: each block attends to the span of keys its rows see in the pass
+
+
+def blocked(q, k, v, keys, scale: float):
+    """:func:`attention_with_lse` by blocks of :data:`BLOCK` query rows, each over the span of keys [first, last]
+    that its rows see in this pass (the same numbers: a key outside the span is masked for every row of the block),
+    so a pass skips what its key set leaves out (the causal upper triangle, Self-Extend's band, DCA's chunks)."""
+    import torch
+
+    outs, lses = [], []
+    for s in range(0, q.shape[2], BLOCK):
+        ks = keys[:, :, s:s + BLOCK]
+        cols = ks.any(0).any(0).any(0).nonzero()
+        if not len(cols):  # no key for any row of the block: output 0, log-sum-exp -inf
+            n = ks.shape[2]
+            outs.append(q.new_zeros(q.shape[0], q.shape[1], n, v.shape[-1]))
+            lses.append(torch.full((q.shape[0], q.shape[1], n), float("-inf"), device=q.device))
+            continue
+        lo, hi = int(cols[0]), int(cols[-1]) + 1
+        o, lse = attention_with_lse(q[:, :, s:s + BLOCK], k[:, :, lo:hi], v[:, :, lo:hi], ks[..., lo:hi], scale)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs, 2), torch.cat(lses, 2)
+
+
 def attention_with_lse_math(q, k, v, keys, scale: float):
     """:func:`attention_with_lse` written out (SDPA's math): queries in blocks of 1024 rows, so memory stays
     O(1024 x m) a head."""
@@ -295,7 +320,7 @@ def extended_attention(module, query, key, value, attention_mask, scaling=None, 
             continue
         dq = (pq - qpos[:, :, None].double()).expand(-1, -1, 1)[..., 0]  # (b, q): one shift per query
         dk = (pk - kpos[:, None, :].double()).expand(-1, 1, -1)[:, 0]  # (b, kv): one shift per key
-        parts.append(attention_with_lse(moved(query, "q", dq), moved(key, "k", dk), value, keys, scale))
+        parts.append(blocked(moved(query, "q", dq), moved(key, "k", dk), value, keys, scale))
     if not parts:
         out = torch.zeros_like(query)
     else:
