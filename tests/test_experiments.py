@@ -23,7 +23,7 @@ def test_there_are_experiment_files():
 def test_quick_miniature(path, tmp_path, capsys, one_thread):
     from ropescale.experiments import __main__ as cli
     from ropescale.experiments import spec
-    from ropescale.experiments.runner import run_dir
+    from ropescale.experiments.runner import lengths_of, run_dir
 
     exp = spec.load(path, quick=True)
     out = tmp_path / "w"
@@ -36,7 +36,7 @@ def test_quick_miniature(path, tmp_path, capsys, one_thread):
     record = json.loads((out / "run.json").read_text(encoding="utf-8"))
     assert record["kind"] == "experiment" and record["status"] == "complete" and record["settings"]["quick"] is True
     runs = [run_dir(out, a, s, t) for a, arm in exp.arms.items() if arm.reads is None
-            for s in exp.seeds for t in exp.lengths]
+            for s in exp.seeds for t in lengths_of(exp, a)]
     stamps = {r: (r / "run.json").stat().st_mtime_ns for r in runs}
     assert cli.main(["run", str(path), "--quick", "--out", str(out)]) == 0  # resumable: nothing runs again
     again = capsys.readouterr()
@@ -56,11 +56,14 @@ def _check_cells_against_scipy(exp, out: Path):
 
     res = json.loads((out / "results.json").read_text(encoding="utf-8"))
     checked = 0
+    sc = exp.score
     for s in exp.seeds:
-        for series, row in res["seeds"][str(s)]["cells"].items():
+        for series, row in res["scores"][sc.key]["seeds"][str(s)]["cells"].items():
+            if not all(exp.arms[a].per_length for a in exp.members(series)) or sc.length:
+                continue
             for t in exp.lengths:
-                by_arm = [scores(run_dir(out, exp.arms[a].reads or a, s, t) / exp.score.file,
-                                 exp.arms[a].field or exp.score.field, exp.score.id, exp.score.kind)
+                by_arm = [scores(run_dir(out, exp.arms[a].reads or a, s, t) / sc.file,
+                                 exp.arms[a].field_of(sc), sc.id, sc.kind)
                           for a in exp.members(series)]
                 if any(set(g) != set(by_arm[0]) for g in by_arm):
                     continue
@@ -81,9 +84,9 @@ title: Made-up runs
 seeds: [0, 1, 2]
 lengths: [64, 128]
 arms:
-  a: [probes, ppl, --model, tiny]
-  b: [probes, ppl, --model, tiny, --rope, ntk, --scale, 2]
-  c: [probes, ppl, --model, tiny, --rope, yarn, --scale, 2]
+  a: [probes, ppl, --model, tiny, --lengths, "{length}"]
+  b: [probes, ppl, --model, tiny, --lengths, "{length}", --rope, ntk, --scale, 2]
+  c: [probes, ppl, --model, tiny, --lengths, "{length}", --rope, yarn, --scale, 2]
 pools:
   bc: {label: "b and c", arms: [b, c]}
 score: {file: scores.jsonl, field: score}
@@ -127,7 +130,7 @@ def test_readings_of_made_up_runs_against_scipy(tmp_path, capsys):
 
     f, work = _made_up(tmp_path, _values)
     assert cli.main(["report", str(f), "--out", str(work)]) == 0
-    res = json.loads((work / "results.json").read_text(encoding="utf-8"))
+    res = json.loads((work / "results.json").read_text(encoding="utf-8"))["scores"]["score"]
     # a cell of 5 samples: the t interval (scipy)
     x = _values("b", 1, 128)
     c = res["seeds"]["1"]["cells"]["b"]["T128"]
@@ -229,7 +232,7 @@ def test_a_proportion_cell_is_wilson_never_zero_width(tmp_path, capsys):
     f, work = _made_up(tmp_path, hits)
     f.write_text(MADE_UP.replace("field: score}", "field: score, kind: proportion}"), encoding="utf-8")
     assert cli.main(["report", str(f), "--out", str(work)]) == 0
-    res = json.loads((work / "results.json").read_text(encoding="utf-8"))
+    res = json.loads((work / "results.json").read_text(encoding="utf-8"))["scores"]["score"]
     for arm, t, k in (("a", 64, 0), ("b", 64, 4)):
         c = res["seeds"]["0"]["cells"][arm][f"T{t}"]
         ci = scipy.stats.binomtest(k, 9).proportion_ci(method="wilson")
@@ -241,3 +244,155 @@ def test_a_proportion_cell_is_wilson_never_zero_width(tmp_path, capsys):
     (work / "runs/a/s0/T64/scores.jsonl").write_text('{"id": 0, "score": 0.5}\n')
     assert cli.main(["report", str(f), "--out", str(work)]) == 2
     assert "record 1: score is 0.5; a proportion's score is 0 or 1" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ several scores
+SEVERAL = """name: several
+title: Several scores
+seeds: [0, 1]
+lengths: [64, 128]
+scores:
+  rouge: {name: ROUGE-L, file: scores.jsonl, field: rouge}
+  exact: {name: exact recall, file: scores.jsonl, field: exact, kind: proportion}
+  loss: {name: loss by position, file: loss.jsonl, field: loss, id: window, length: bucket, unit: window,
+         column: "pos "}
+arms:
+  a: {run: [eval, generate, --max-new-tokens, "{length}"], scores: [rouge, exact], facts: {coverage: train.coverage}}
+  b: {run: [eval, generate, --max-new-tokens, "{length}", --rope, ntk], scores: [rouge, exact]}
+  pa: {run: [probes, ppl, --model, tiny], scores: [loss], label: "position loss, base"}
+  pb: {run: [probes, ppl, --model, tiny, --rope, ntk, --scale, 2], scores: [loss]}
+table: [a, b, pa, pb]
+families:
+  "a - b": [[a, b]]
+  "exact a - b": {score: exact, pairs: [[a, b]]}
+  "rise": {score: loss, rows: [pa, pb], baseline: [0, 256]}
+"""
+BUCKETS = (0, 128, 256, 384)
+
+
+def _loss(arm, s, w, k):
+    import numpy as np
+
+    rng = np.random.default_rng(1000 * s + 10 * w + k + (7 if arm == "pb" else 0))
+    return float(np.round(2.0 + (0.3 * k if arm == "pb" else 0.05 * k) + rng.normal(0, 0.2), 4))
+
+
+def _several(tmp_path: Path) -> tuple[Path, Path]:
+    """Runs of two per-length eval arms (ROUGE-L and exact recall in one file) and two probe arms run once a seed
+    whose records carry their bucket (4 windows x 4 buckets)."""
+    from ropescale.experiments.runner import run_dir
+
+    f = tmp_path / "several.yaml"
+    f.write_text(SEVERAL, encoding="utf-8")
+    work = tmp_path / "work"
+    for s in (0, 1):
+        for arm in ("a", "b"):
+            for t in (64, 128):
+                d = run_dir(work, arm, s, t)
+                d.mkdir(parents=True)
+                (d / "run.json").write_text(json.dumps({"status": "complete", "seconds": 1.0,
+                                                        "train": {"coverage": 0.5 + s / 4}}))
+                vals = _values(arm, s, t)
+                (d / "scores.jsonl").write_text("".join(json.dumps({"id": i, "rouge": v, "exact": int(v > 25)}) + "\n"
+                                                        for i, v in enumerate(vals)))
+        for arm in ("pa", "pb"):
+            d = run_dir(work, arm, s, None)
+            d.mkdir(parents=True)
+            (d / "run.json").write_text(json.dumps({"status": "complete", "seconds": 2.0}))
+            (d / "loss.jsonl").write_text("".join(
+                json.dumps({"window": f"w{w}", "bucket": b, "loss": _loss(arm, s, w, k)}) + "\n"
+                for w in range(4) for k, b in enumerate(BUCKETS)))
+    return f, work
+
+
+def test_several_scores_per_seed_arms_units_facts_and_baselines(tmp_path, capsys):
+    import numpy as np
+    import scipy.stats
+
+    from ropescale.experiments import __main__ as cli
+    from ropescale.experiments import spec
+
+    f, work = _several(tmp_path)
+    exp = spec.load(f)
+    assert exp.arms["a"].per_length and not exp.arms["pa"].per_length
+    assert cli.main(["report", str(f), "--out", str(work)]) == 0
+    res = json.loads((work / "results.json").read_text(encoding="utf-8"))
+    assert list(res["scores"]) == ["rouge", "exact", "loss"]
+    rouge, exact, loss = (res["scores"][k] for k in ("rouge", "exact", "loss"))
+    assert set(rouge["seeds"]["0"]["cells"]) == {"a", "b"} and set(loss["seeds"]["0"]["cells"]) == {"pa", "pb"}
+    # a proportion read from the same file: k of n with Wilson's interval (scipy)
+    k = sum(v > 25 for v in _values("b", 1, 64))
+    ci = scipy.stats.binomtest(k, 5).proportion_ci(method="wilson")
+    c = exact["seeds"]["1"]["cells"]["b"]["T64"]
+    assert c["unit"] == "trial" and math.isclose(c["lo"], 100 * ci.low, abs_tol=1e-9)
+    # the per-seed arm: columns are the records' buckets, the window the unit of cells and tests
+    x = [_loss("pb", 0, w, 2) for w in range(4)]
+    c = loss["seeds"]["0"]["cells"]["pb"]["pos 256"]
+    lo, hi = scipy.stats.t.interval(0.95, 3, loc=np.mean(x), scale=scipy.stats.sem(x))
+    assert c["unit"] == "window" and c["n"] == 4 and math.isclose(c["lo"], lo, rel_tol=1e-6)
+    # each row against its own mean over buckets 0 and 128 on the same windows: the exact sign-flip p, BH over
+    # the family's 2 rows x 4 buckets (scipy), the unit and smallest p 2 / 2^4 named
+    fam = loss["seeds"]["0"]["families"]["rise"]
+    assert len(fam) == 8 and {x["b"] for x in fam} == {"pa[0:256]", "pb[0:256]"}
+    ps = []
+    for x in fam:
+        arm, kb = x["a"], BUCKETS.index(x["length"])
+        d = np.array([_loss(arm, 0, w, kb) - (_loss(arm, 0, w, 0) + _loss(arm, 0, w, 1)) / 2 for w in range(4)])
+        null = [abs(np.mean(np.array(sg) * d)) for sg in itertools.product((-1, 1), repeat=4)]
+        assert math.isclose(x["p"], np.mean(np.array(null) >= abs(d.mean()) - 1e-12))
+        assert math.isclose(x["statistic"], d.mean()) and x["unit"] == "window" and x["min_p"] == 2 / 16
+        ps.append(x["p"])
+    assert np.allclose([x["q"] for x in fam], scipy.stats.false_discovery_control(ps))
+    # over the two seeds: the t test of the seeds' rises (scipy)
+    x = next(x for x in loss["pooled"]["families"]["rise"] if x["a"] == "pb" and x["length"] == 384)
+    rises = [np.mean([_loss("pb", s, w, 3) - (_loss("pb", s, w, 0) + _loss("pb", s, w, 1)) / 2 for w in range(4)])
+             for s in (0, 1)]
+    assert x["unit"] == "seed" and math.isclose(x["p"], scipy.stats.ttest_1samp(rises, 0).pvalue, rel_tol=1e-6)
+    # one family a score: the exact family reads its own tests
+    assert set(exact["seeds"]["0"]["families"]) == {"exact a - b"} and "rise" not in rouge["seeds"]["0"]["families"]
+    # a row's facts from its arms' run.json, beside the cells
+    assert res["facts"] == {"a": {"coverage": [0.5, 0.75]}}
+    page = (work / "several.md").read_text(encoding="utf-8")
+    assert "| row | T64 | T128 | coverage |" in page and "| 0.5 / 0.75 |" in page
+    assert "| row | pos 0 | pos 128 | pos 256 | pos 384 |" in page
+    assert "unit: window; smallest attainable p 0.12" in page and "pb - pb[0:256]" in page
+    assert "### Seed 0: exact recall, mean [95% interval]" in page
+    capsys.readouterr()
+
+
+def test_a_per_seed_arm_runs_once_a_seed(tmp_path, capsys, monkeypatch):
+    """The runner calls an arm that names no {length} once a seed (its run directory WORK/runs/ARM/sSEED), and
+    one that names a prepared file made per length once per length."""
+    from ropescale.experiments import __main__ as cli
+    from ropescale.experiments import runner
+
+    f = tmp_path / "x.yaml"
+    f.write_text("""name: x
+seeds: [0]
+lengths: [64, 128]
+prepare:
+  data: {out: "d_T{length}.txt", run: [data, recall, --out, "{out}"]}
+scores:
+  s: {file: s.jsonl, field: v, length: at}
+arms:
+  once: [probes, ppl]
+  each: [probes, ppl, --data, "{data}"]
+""", encoding="utf-8")
+    calls = []
+
+    def fake(argv, where):
+        calls.append(argv)
+        out = Path(argv[argv.index("--out") + 1])
+        if argv[0] == "data":
+            out.write_text("x")
+            return
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "run.json").write_text('{"status": "complete"}')
+        (out / "s.jsonl").write_text('{"id": 0, "v": 1.0, "at": 64}\n{"id": 0, "v": 2.0, "at": 128}\n')
+
+    monkeypatch.setattr(runner, "call", fake)
+    assert cli.main(["run", str(f), "--out", str(tmp_path / "w")]) == 0
+    arms = [c for c in calls if c[0] == "probes"]
+    assert len(arms) == 3 and sum("--data" in c for c in arms) == 2
+    assert (tmp_path / "w/runs/once/s0/s.jsonl").is_file() and (tmp_path / "w/runs/each/s0/T128/s.jsonl").is_file()
+    assert "3 runs, 0 complete already, 3 to run" in capsys.readouterr().err

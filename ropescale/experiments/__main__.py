@@ -94,11 +94,11 @@ def go(file: str, st: ExperimentSettings, running: bool, command: str, overwrite
         if foreign or (work / "run.json").is_file():
             claim_run_dir(work, "experiment")
     data = collect.collect(exp, work, runner.readers(exp, arms), seeds)
-    res = compare.results(exp, data, seeds)
+    res = compare.results(exp, data, seeds, collect.facts(exp, work, runner.readers(exp, arms), seeds))
     wall = {"this": time.time() - t0, "runs": run_seconds(exp, work, arms, seeds)}
     text = page.page(exp, res, command, wall, page.read_old(target))
     # the work directory is this experiment's (checked above): its results file is its own, recorded as written
-    write_json_atomic(claim_output_file(work / "results.json", None, overwrite=True), compare.to_json(res))
+    write_json_atomic(claim_output_file(work / "results.json", None, overwrite=True), compare.to_json(exp, res))
     target.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(target, text)
     runner.say(exp, f"page {target}, results {work / 'results.json'}")
@@ -110,12 +110,12 @@ def run_seconds(exp, work: Path, arms, seeds) -> float:
     """The wall time the arms' runs recorded (run.json ``seconds``, summed)."""
     import json
 
-    from .runner import run_dir
+    from .runner import lengths_of, run_dir
 
     total = 0.0
     for a in arms:
         for s in seeds:
-            for t in exp.lengths:
+            for t in lengths_of(exp, a):
                 p = run_dir(work, a, s, t) / "run.json"
                 if p.is_file():
                     try:

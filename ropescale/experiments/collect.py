@@ -1,5 +1,7 @@
-"""Collecting an experiment's runs: each run directory's per-sample scores (the file and field ``score:`` names),
-as {arm: {seed: {length: {sample id: score}}}}. Only what is there: a run not made yet is absent, not an error."""
+"""Collecting an experiment's runs: each run directory's per-sample scores (the file and field each score names),
+as {score: {arm: {seed: {length: {sample id: score}}}}} (a score with ``length:``: each record at the length its
+field holds), and the row facts of the arms' run.json. Only what is there: a run not made yet is absent, not an
+error."""
 from __future__ import annotations
 
 import math
@@ -7,37 +9,92 @@ from pathlib import Path
 
 from ropescale.common.io import InputError, read_jsonl
 
-from .runner import run_dir
-from .spec import Experiment
+from .runner import lengths_of, run_dir
+from .spec import Experiment, Score
 
 
-def scores(path: Path, field: str, key: str, kind: str = "mean") -> dict:
-    """{id (as a string): float} of one score file (a proportion's 0 / 1 (or false / true) as 0 / 100: percent); a
-    record without a finite number in ``field``, or a proportion's score that is not 0 or 1, is an error naming
-    the file and record."""
-    out = {}
-    for k, rec in enumerate(read_jsonl(path, (key, field)), 1):
-        v = rec[field]
-        if kind == "proportion":
-            if v not in (0, 1):  # True / False compare equal to 1 / 0
-                raise InputError(f"record {k}: {field} is {v!r}; a proportion's score is 0 or 1", path)
-            v = 100.0 * float(v)
-        elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise InputError(f"record {k}: {field} is {v!r}, not a number", path)
-        out[str(rec[key])] = float(v)
+def number(v, kind: str, where: str, path: Path) -> float:
+    """A record's score as a float (a proportion's 0 / 1, or false / true, as 0 / 100: percent); else an error
+    naming the file and record."""
+    if kind == "proportion":
+        if v not in (0, 1):  # True / False compare equal to 1 / 0
+            raise InputError(f"{where} is {v!r}; a proportion's score is 0 or 1", path)
+        return 100.0 * float(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise InputError(f"{where} is {v!r}, not a number", path)
+    return float(v)
+
+
+def scores(path: Path, field: str, key: str, kind: str = "mean", length: str | None = None) -> dict:
+    """{id (as a string): float} of one score file; with ``length`` (a record field): {length: {id: float}}.
+    A record without a finite number in ``field`` (or an integer ``length``), or a proportion's score that is not
+    0 or 1, is an error naming the file and record."""
+    out: dict = {}
+    for k, rec in enumerate(read_jsonl(path, (key, field) + ((length,) if length else ())), 1):
+        v = number(rec[field], kind, f"record {k}: {field}", path)
+        if length is None:
+            out[str(rec[key])] = v
+            continue
+        t = rec[length]
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise InputError(f"record {k}: {length} is {t!r}, not an integer length", path)
+        out.setdefault(t, {})[str(rec[key])] = v
+    return out
+
+
+def collect_score(exp: Experiment, sc: Score, work: Path, arms, seeds) -> dict:
+    """{arm: {seed: {length: {id: score}}}} of one score, from the runs that have its file (an arm that
+    ``reads:`` another: that arm's runs, its own field)."""
+    out: dict = {}
+    for a in arms:
+        arm = exp.arms[a]
+        if not arm.has(sc.key):
+            continue
+        for s in seeds:
+            for t in lengths_of(exp, a):
+                p = run_dir(work, arm.reads or a, s, t) / sc.file
+                if not p.is_file():
+                    continue
+                got = scores(p, arm.field_of(sc), sc.id, sc.kind, sc.length)
+                by = out.setdefault(a, {}).setdefault(s, {})
+                if sc.length is None:
+                    by[t if t is not None else 0] = got
+                else:
+                    for length, ids in got.items():
+                        by.setdefault(length, {}).update(ids)
     return out
 
 
 def collect(exp: Experiment, work: Path, arms, seeds) -> dict:
-    """{arm: {seed: {length: {id: score}}}} of the runs that have their score file (an arm that ``reads:``
-    another: that arm's runs, its own field)."""
+    """{score: {arm: {seed: {length: {id: score}}}}} of every score."""
+    return {k: collect_score(exp, sc, work, arms, seeds) for k, sc in exp.scores.items()}
+
+
+def dotted(record: dict, key: str):
+    """``record["train"]["coverage"]`` for ``train.coverage``; None where a part is missing."""
+    v = record
+    for part in key.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+    return v
+
+
+def facts(exp: Experiment, work: Path, arms, seeds) -> dict:
+    """{arm: {fact: [distinct values over its runs' run.json, in run order]}} of the arms with ``facts:``."""
+    import json
+
     out: dict = {}
-    sc = exp.score
     for a in arms:
         arm = exp.arms[a]
-        for s in seeds:
-            for t in exp.lengths:
-                p = run_dir(work, arm.reads or a, s, t) / sc.file
-                if p.is_file():
-                    out.setdefault(a, {}).setdefault(s, {})[t] = scores(p, arm.field or sc.field, sc.id, sc.kind)
+        for name, key in arm.facts.items():
+            seen = out.setdefault(a, {}).setdefault(name, [])
+            for s in seeds:
+                for t in lengths_of(exp, a):
+                    p = run_dir(work, arm.reads or a, s, t) / "run.json"
+                    if p.is_file():
+                        try:
+                            v = dotted(json.loads(p.read_text(encoding="utf-8")), key)
+                        except (OSError, ValueError) as e:
+                            raise InputError(f"unreadable run record: {e}", p) from None
+                        if v is not None and v not in seen:
+                            seen.append(v)
     return out

@@ -11,16 +11,24 @@
 - a comparison a - b (one seed): :func:`~ropescale.common.stats.tests.paired_sign_flip` over the sample ids both rows
   have (each id's mean over a row's arms), its interval the mean difference's; over seeds:
   :func:`~ropescale.common.stats.tests.t_over_seeds` of the seeds' differences;
-- each declared family's tests (its pairs x lengths) get their Benjamini-Hochberg q
+- a row against its own baseline (a family's ``baseline: [lo, hi]``): each id's score at a length minus its mean
+  over the lengths lo <= L < hi of the same row, the same paired tests;
+- every cell and test names its unit (the score's ``unit``: sample, window, bucket; a proportion's cell: trial), a
+  test its smallest attainable p (2 / 2^n for the sign-flip over n units);
+- each score is read on its own (its cells, its families); each declared family's tests (its pairs x lengths) get
+  their Benjamini-Hochberg q
   (:func:`~ropescale.common.stats.multiplicity.family`); a test is resolved only at q < 0.05.
 """
 from __future__ import annotations
 
-from .spec import Experiment
+from dataclasses import replace
+
+from .spec import Experiment, Family, Score
 
 
 def groups(exp: Experiment, data: dict, series: str, seed: int, length: int) -> list | None:
-    """The per-sample scores of a row's arms in one seed and length; None unless every arm of it has them."""
+    """The per-sample scores of a row's arms in one seed and length (``data``: one score's); None unless every
+    arm of it has them."""
     out = [data.get(a, {}).get(seed, {}).get(length) for a in exp.members(series)]
     return None if any(g is None for g in out) else out
 
@@ -31,10 +39,17 @@ def per_id(gs: list) -> dict:
     return {i: sum(g[i] for g in gs if i in g) / sum(1 for g in gs if i in g) for i in ids}
 
 
-def shown(exp: Experiment, data: dict) -> list[str]:
-    """The table's rows whose every arm has runs."""
-    return [s for s in exp.table if all(a in exp.arms for a in exp.members(s))
-            and all(a in data for a in exp.members(s))]
+def shown(exp: Experiment, sc: Score, data: dict) -> list[str]:
+    """The score's rows whose every arm has runs."""
+    return [s for s in exp.rows_of(sc) if all(a in exp.arms and a in data for a in exp.members(s))]
+
+
+def columns(exp: Experiment, sc: Score, data: dict) -> list[int]:
+    """The lengths a score's table shows: the experiment's, or (a score whose records carry their length) every
+    length its shown rows' runs hold."""
+    if sc.length is None and all(exp.arms[a].per_length for s in shown(exp, sc, data) for a in exp.members(s)):
+        return list(exp.lengths)
+    return sorted({t for s in shown(exp, sc, data) for a in exp.members(s) for by in data[a].values() for t in by})
 
 
 def proportion_cell(gs: list):
@@ -49,78 +64,119 @@ def proportion_cell(gs: list):
     return Estimate(100 * w.rate, len(x), None, 100 * w.lo, 100 * w.hi, rule=w.rule, unit="trial")
 
 
-def seed_results(exp: Experiment, data: dict, seed: int) -> dict:
-    """One seed: {"cells": {row: {length: Estimate}}, "families": {family: [(a, b, length, Significance)]}}."""
+def seed_cell(sc: Score, gs: list):
+    """One seed's cell: a proportion's Wilson, else :func:`~ropescale.common.stats.means.cell_of_prompts`, its
+    unit the score's."""
     from ropescale.common.stats.means import cell_of_prompts
+
+    return proportion_cell(gs) if sc.kind == "proportion" else replace(cell_of_prompts(gs), unit=sc.unit)
+
+
+def sides(exp: Experiment, data: dict, fam: Family, item: tuple, seed: int, t: int, cols: list) -> tuple | None:
+    """({id: a}, {id: b}) of one comparison at one seed and length: two rows' per-id means, or a row and its own
+    mean over the baseline's lengths (the ids that have every one of them); None when a side has no runs."""
+    a, b = item
+    ga = groups(exp, data, a, seed, t)
+    if ga is None:
+        return None
+    if fam.baseline is None:
+        gb = groups(exp, data, b, seed, t)
+        return None if gb is None else (per_id(ga), per_id(gb))
+    lo, hi = fam.baseline
+    ref = [g for c in cols if lo <= c < hi and (g := groups(exp, data, a, seed, c)) is not None]
+    if not ref:
+        return None
+    maps = [per_id(g) for g in ref]
+    ids = [i for i in maps[0] if all(i in m for m in maps)]
+    return per_id(ga), {i: sum(m[i] for m in maps) / len(maps) for i in ids}
+
+
+def part(exp: Experiment, sc: Score, data: dict, cell, test) -> dict:
+    """{"cells": {row: {length: cell(row, length)}}, "families": {family: [(a, b, length, Significance)]}} of one
+    score; ``cell`` / ``test`` give None where there is nothing to read."""
     from ropescale.common.stats.multiplicity import family
+
+    cols = columns(exp, sc, data)
+    cells = {s: {t: e for t in cols if (e := cell(s, t)) is not None} for s in shown(exp, sc, data)}
+    fams = {}
+    for name, fam in exp.families.items():
+        if fam.score != sc.key:
+            continue
+        tests = {(a, b, t): sig for a, b in fam.items() for t in cols
+                 if (sig := test(fam, (a, b), t, cols)) is not None}
+        if tests:
+            fams[name] = [(a, b, t, sig) for (a, b, t), sig in family(tests).items()]
+    return {"cells": cells, "families": fams, "columns": cols}
+
+
+def seed_results(exp: Experiment, sc: Score, data: dict, seed: int) -> dict:
+    """One seed: cells by :func:`seed_cell`, comparisons by the paired sign-flip over the ids both sides have."""
     from ropescale.common.stats.tests import paired_sign_flip
 
-    cells = {}
-    for s in shown(exp, data):
-        row = {}
-        for t in exp.lengths:
-            gs = groups(exp, data, s, seed, t)
-            if gs is not None:
-                row[t] = proportion_cell(gs) if exp.score.kind == "proportion" else cell_of_prompts(gs)
-        cells[s] = row
-    fams = {}
-    for fam, pairs in exp.families.items():
-        tests = {}
-        for a, b in pairs:
-            for t in exp.lengths:
-                ga, gb = groups(exp, data, a, seed, t), groups(exp, data, b, seed, t)
-                if ga is not None and gb is not None:
-                    tests[a, b, t] = paired_sign_flip(per_id(ga), per_id(gb))
-        if tests:
-            fams[fam] = [(a, b, t, sig) for (a, b, t), sig in family(tests).items()]
-    return {"cells": cells, "families": fams}
+    def cell(s, t):
+        gs = groups(exp, data, s, seed, t)
+        return None if gs is None else seed_cell(sc, gs)
+
+    def test(fam, item, t, cols):
+        two = sides(exp, data, fam, item, seed, t, cols)
+        return None if two is None else paired_sign_flip(*two, unit=sc.unit)
+
+    return part(exp, sc, data, cell, test)
 
 
-def pooled_results(exp: Experiment, data: dict, seeds) -> dict:
-    """Over the seeds that have the cell: the same shape as :func:`seed_results`, cells by the t over seeds,
-    comparisons by the t test of the seeds' differences (unit: seed)."""
+def pooled_results(exp: Experiment, sc: Score, data: dict, seeds) -> dict:
+    """Over the seeds that have the cell: cells by the t over seeds, comparisons by the t test of the seeds'
+    differences (unit: seed)."""
     from ropescale.common.stats.means import over_seeds
-    from ropescale.common.stats.multiplicity import family
     from ropescale.common.stats.tests import paired_sign_flip, t_over_seeds
 
-    cells = {}
-    for s in shown(exp, data):
-        row = {}
-        for t in exp.lengths:
-            by_seed = {sd: gs for sd in seeds if (gs := groups(exp, data, s, sd, t)) is not None}
-            if by_seed:
-                row[t] = over_seeds(by_seed)
-        cells[s] = row
-    fams = {}
-    for fam, pairs in exp.families.items():
-        tests = {}
-        for a, b in pairs:
-            for t in exp.lengths:
-                diffs = []
-                for sd in seeds:
-                    ga, gb = groups(exp, data, a, sd, t), groups(exp, data, b, sd, t)
-                    if ga is not None and gb is not None:
-                        diffs.append(paired_sign_flip(per_id(ga), per_id(gb)).statistic)
-                if len(diffs) >= 2:
-                    tests[a, b, t] = t_over_seeds(diffs)
-        if tests:
-            fams[fam] = [(a, b, t, sig) for (a, b, t), sig in family(tests).items()]
-    return {"cells": cells, "families": fams}
+    def cell(s, t):
+        by_seed = {sd: gs for sd in seeds if (gs := groups(exp, data, s, sd, t)) is not None}
+        return over_seeds(by_seed) if by_seed else None
+
+    def test(fam, item, t, cols):
+        diffs = [paired_sign_flip(*two).statistic for sd in seeds
+                 if (two := sides(exp, data, fam, item, sd, t, cols)) is not None]
+        return t_over_seeds(diffs) if len(diffs) >= 2 else None
+
+    return part(exp, sc, data, cell, test)
 
 
-def results(exp: Experiment, data: dict, seeds) -> dict:
-    """{"seeds": {seed: seed_results}, "pooled": pooled_results or None (one seed)}."""
-    have = [s for s in seeds if any(s in by for by in data.values())]
-    return {"seeds": {s: seed_results(exp, data, s) for s in have},
-            "pooled": pooled_results(exp, data, have) if len(have) > 1 else None}
+def results(exp: Experiment, data: dict, seeds, facts: dict | None = None) -> dict:
+    """{"scores": {score: {"seeds": {seed: part}, "pooled": part or None (one seed)}}, "facts": {row: {fact:
+    [values]}}} (``data``: :func:`.collect.collect`'s, ``facts``: :func:`.collect.facts`')."""
+    out = {}
+    for k, sc in exp.scores.items():
+        d = data.get(k, {})
+        have = [s for s in seeds if any(s in by for by in d.values())]
+        out[k] = {"seeds": {s: seed_results(exp, sc, d, s) for s in have},
+                  "pooled": pooled_results(exp, sc, d, have) if len(have) > 1 else None}
+    return {"scores": out, "facts": row_facts(exp, facts or {})}
 
 
-def to_json(res: dict) -> dict:
-    """The results as plain JSON (results.json)."""
-    def part(r):
-        return {"cells": {s: {f"T{t}": e.to_dict() for t, e in row.items()} for s, row in r["cells"].items()},
+def row_facts(exp: Experiment, facts: dict) -> dict:
+    """{row: {fact: [values of its arms' runs]}} of every row (an arm or a pool) whose arms have facts."""
+    out: dict = {}
+    for s in dict.fromkeys([*exp.table, *(x for sc in exp.scores.values() for x in sc.table)]):
+        for a in exp.members(s):
+            for name, vals in facts.get(a, {}).items():
+                seen = out.setdefault(s, {}).setdefault(name, [])
+                seen += [v for v in vals if v not in seen]
+    return out
+
+
+def to_json(exp: Experiment, res: dict) -> dict:
+    """The results as plain JSON (results.json): per score its name, kind, unit and columns, its cells and tests
+    (each with its rule, unit, n, smallest attainable p and BH q), and the rows' facts."""
+    def part_json(sc: Score, r):
+        return {"cells": {s: {f"{sc.column}{t}": e.to_dict() for t, e in row.items()} for s, row in r["cells"].items()},
                 "families": {f: [{"a": a, "b": b, "length": t, **sig.to_dict()} for a, b, t, sig in tests]
                              for f, tests in r["families"].items()}}
 
-    return {"seeds": {str(s): part(r) for s, r in res["seeds"].items()},
-            "pooled": None if res["pooled"] is None else part(res["pooled"])}
+    out = {}
+    for k, r in res["scores"].items():
+        sc = exp.scores[k]
+        out[k] = {"name": sc.name, "kind": sc.kind, "unit": sc.unit,
+                  "seeds": {str(s): part_json(sc, x) for s, x in r["seeds"].items()},
+                  "pooled": None if r["pooled"] is None else part_json(sc, r["pooled"])}
+    return {"scores": out, "facts": res["facts"]}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ropescale.common.tables import markdown
 
-from .spec import Experiment
+from .spec import Experiment, Score
 
 READING = "<!-- reading: python -m ropescale.experiments keeps what follows this line -->"
 
@@ -31,58 +31,70 @@ def test_text(sig) -> str:
     return f"{sig.statistic:+.1f}{ci}{p}"
 
 
-def cells_table(exp: Experiment, part: dict) -> str:
-    cols = [f"T{t}" for t in exp.lengths]
-    rows = [[f"{exp.label(s)} ({s})", *[row[t].text() if t in row else "-" for t in exp.lengths]]
-            for s, row in part["cells"].items()]
+def fact_text(vals: list) -> str:
+    return " / ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in vals) or "-"
+
+
+def cells_table(exp: Experiment, sc: Score, part: dict, facts: dict) -> str:
+    cols = part["columns"]
+    names = list(dict.fromkeys(n for s in part["cells"] for n in facts.get(s, {})))
+    rows = [[f"{exp.label(s)} ({s})", *[row[t].text() if t in row else "-" for t in cols],
+             *[fact_text(facts.get(s, {}).get(n, [])) for n in names]] for s, row in part["cells"].items()]
     est = [e for row in part["cells"].values() for e in row.values() if e.mean is not None]
     ns = sorted({e.n for e in est})
     rules = sorted({f"{e.rule} over {e.unit}s" for e in est})
     if est and est[0].unit == "seed":
         note = (f"{'/'.join(str(x) for x in sorted({e.seeds for e in est}))} seeds a cell (the unit; n = "
-                f"{'/'.join(map(str, ns))} samples in all); 95% interval: t over the seeds' cells, (min-max) their "
+                f"{'/'.join(map(str, ns))} {sc.unit}s in all); 95% interval: t over the seeds' cells, (min-max) their "
                 f"range")
     elif est and est[0].unit == "trial":
         note = (f"n = {'/'.join(map(str, ns))} trials a cell (every score of the row's arms), percent; 95% interval: "
                 f"{', '.join(rules)}")
     else:
-        note = (f"n = {'/'.join(map(str, ns)) or '-'} a cell (distinct samples; a row averaging several arms counts "
-                f"a sample once); 95% interval: {', '.join(rules) or '-'}")
-    return markdown(["row", *cols], rows) + "\n\n" + note + "."
+        note = (f"n = {'/'.join(map(str, ns)) or '-'} a cell (distinct {sc.unit}s; a row averaging several arms "
+                f"counts a {sc.unit} once); 95% interval: {', '.join(rules) or '-'}")
+    if names:
+        note += f"; beside the cells: {', '.join(names)} (the arms' run.json)"
+    return markdown(["row", *[f"{sc.column}{t}" for t in cols], *names], rows) + "\n\n" + note + "."
 
 
-def family_table(exp: Experiment, name: str, tests: list) -> str:
-    cols = [f"T{t}" for t in exp.lengths]
+def family_table(exp: Experiment, sc: Score, name: str, tests: list, cols: list) -> str:
     by_pair: dict = {}
     for a, b, t, sig in tests:
         by_pair.setdefault((a, b), {})[t] = sig
-    rows = [[f"{a} - {b}", *[test_text(row[t]) if t in row else "-" for t in exp.lengths]]
-            for (a, b), row in by_pair.items()]
+    rows = [[f"{a} - {b}", *[test_text(row[t]) if t in row else "-" for t in cols]] for (a, b), row in by_pair.items()]
     sigs = [sig for *_, sig in tests if sig.p is not None]
-    unit = sigs[0].unit if sigs else "sample"
+    unit = sigs[0].unit if sigs else sc.unit
     min_ps = sorted({sig.min_p for sig in sigs if sig.min_p is not None})
     resolved = sum(sig.resolved for sig in sigs)
     kind = ("t test over the seeds' differences" if unit == "seed"
-            else "paired sign-flip permutation over the sample ids both rows have")
+            else f"paired sign-flip permutation over the {unit}s both sides have")
+    fam = exp.families[name]
+    base = "" if fam.baseline is None else (f"; ROW[{fam.baseline[0]}:{fam.baseline[1]}]: the row's own mean over "
+                                            f"{sc.column}{fam.baseline[0]} <= L < {sc.column}{fam.baseline[1]}, "
+                                            f"the same {sc.unit}s")
     note = (f"{kind} (unit: {unit}; smallest attainable p {', '.join(f'{p:.2g}' for p in min_ps) or '-'}); "
             f"q: Benjamini-Hochberg over this family's {len(sigs)} tests; {resolved} resolved at q < 0.05 "
-            f"({0.05 * len(sigs):.1f} of {len(sigs)} tests would reach p < 0.05 by chance).")
-    return f"Family **{name}**: a - b [95% interval] p q\n\n" + markdown(["comparison", *cols], rows) + "\n\n" + note
+            f"({0.05 * len(sigs):.1f} of {len(sigs)} tests would reach p < 0.05 by chance){base}.")
+    return (f"Family **{name}** ({sc.name}): a - b [95% interval] p q\n\n"
+            + markdown(["comparison", *[f"{sc.column}{t}" for t in cols]], rows) + "\n\n" + note)
 
 
-def part_text(exp: Experiment, part: dict, what: str) -> str:
-    out = [f"### {what}: {exp.score.name}, mean [95% interval]\n\n" + cells_table(exp, part)]
-    out += [family_table(exp, name, tests) for name, tests in part["families"].items()]
+def part_text(exp: Experiment, sc: Score, part: dict, what: str, facts: dict) -> str:
+    out = [f"### {what}: {sc.name}, mean [95% interval]\n\n" + cells_table(exp, sc, part, facts)]
+    out += [family_table(exp, sc, name, tests, part["columns"]) for name, tests in part["families"].items()]
     return "\n\n".join(out)
 
 
 def tables(exp: Experiment, res: dict) -> str:
     parts = []
-    if res["pooled"] is not None:
-        seeds = ", ".join(map(str, res["seeds"]))
-        parts.append(part_text(exp, res["pooled"], f"Over seeds {seeds} (the seed the unit)"))
-    for s, part in res["seeds"].items():
-        parts.append(part_text(exp, part, f"Seed {s}"))
+    for k, r in res["scores"].items():
+        sc = exp.scores[k]
+        if r["pooled"] is not None:
+            seeds = ", ".join(map(str, r["seeds"]))
+            parts.append(part_text(exp, sc, r["pooled"], f"Over seeds {seeds} (the seed the unit)", res["facts"]))
+        for s, x in r["seeds"].items():
+            parts.append(part_text(exp, sc, x, f"Seed {s}", res["facts"]))
     return "\n\n".join(parts) if parts else "(no runs yet)"
 
 

@@ -44,23 +44,43 @@ def work_dir(exp: Experiment, st: ExperimentSettings) -> Path:
     return Path(st.out) if st.out else REPO_ROOT / "runs" / "experiments" / (exp.name + ("-quick" if exp.quick else ""))
 
 
-def run_dir(work: Path, arm: str, seed: int, length: int) -> Path:
-    return work / "runs" / arm / f"s{seed}" / f"T{length}"
+def run_dir(work: Path, arm: str, seed: int, length: int | None) -> Path:
+    """WORK/runs/ARM/sSEED/TLENGTH; an arm run once per seed (``length`` None): WORK/runs/ARM/sSEED."""
+    d = work / "runs" / arm / f"s{seed}"
+    return d if length is None else d / f"T{length}"
 
 
-def values(exp: Experiment, work: Path, seed: int, length: int) -> dict:
-    """What the placeholders of one seed and length stand for: the vars, the prepared files, seed, length, work."""
+def lengths_of(exp: Experiment, arm: str) -> tuple:
+    """The lengths an arm runs at: the experiment's, or (None,) for an arm run once per seed."""
+    return exp.lengths if exp.arms[arm].per_length else (None,)
+
+
+def prepare_of(exp: Experiment, length: int | None) -> list[str]:
+    """The prepared files of one length (``None``: those made once per seed: their paths name no {length})."""
+    from .spec import placeholders
+
+    return [k for k, (out, _) in exp.prepare.items() if length is not None or "length" not in placeholders((out,))]
+
+
+def values(exp: Experiment, work: Path, seed: int, length: int | None) -> dict:
+    """What the placeholders of one seed and length stand for: the vars, the prepared files, seed, length, work
+    (``length`` None: an arm run once per seed, which names neither {length} nor a file made per length)."""
     v = {k: x if isinstance(x, (list, tuple)) else str(x) for k, x in exp.vars.items()}
-    v.update(seed=str(seed), length=str(length), work=str(work))
-    for name, (out, _) in exp.prepare.items():
-        v[name] = str(work / fill([out], v, f"prepare {name}")[0])
+    v.update(seed=str(seed), work=str(work), **({} if length is None else {"length": str(length)}))
+    for name in prepare_of(exp, length):
+        v[name] = str(work / fill([exp.prepare[name][0]], v, f"prepare {name}")[0])
     return v
 
 
-def complete(run: Path, exp: Experiment) -> bool:
-    """A finished run: run.json says complete and the score file is there."""
+def score_files(exp: Experiment, arm: str) -> list[str]:
+    """The score files an arm's runs hold (one per file its scores name)."""
+    return list(dict.fromkeys(sc.file for k, sc in exp.scores.items() if exp.arms[arm].has(k)))
+
+
+def complete(run: Path, exp: Experiment, arm: str) -> bool:
+    """A finished run: run.json says complete and its score files are there."""
     rj = run / "run.json"
-    if not rj.is_file() or not (run / exp.score.file).is_file():
+    if not rj.is_file() or not all((run / f).is_file() for f in score_files(exp, arm)):
         return False
     try:
         return json.loads(rj.read_text(encoding="utf-8")).get("status") == "complete"
@@ -109,34 +129,45 @@ def readers(exp: Experiment, arms) -> list[str]:
     return [a for a in exp.arms if a in arms or exp.arms[a].reads in arms]
 
 
+def make_scores(exp: Experiment, arm: str, rd: Path, v: dict) -> None:
+    """Each score file of the arm missing after its run made by its score's ``make`` (once per file)."""
+    for f in score_files(exp, arm):
+        make = next((sc.make for k, sc in exp.scores.items() if sc.file == f and exp.arms[arm].has(k) and sc.make),
+                    ())
+        if make and not (rd / f).is_file():
+            call(fill(make, v, "score make"), f"arm {arm}: score")
+        if not (rd / f).is_file():
+            raise InputError(f"arm {arm}: {rd} has no {f} after its run (score: file / make)", exp.path)
+
+
 def run(exp: Experiment, st: ExperimentSettings, work: Path) -> dict:
     """Every prepared file and every running arm's runs not complete yet; returns {"ran": runs called,
     "seconds": ...}."""
     arms, seeds = plan(exp, st)
-    todo = [(a, s, t) for a in arms for s in seeds for t in exp.lengths
-            if not complete(run_dir(work, a, s, t), exp)]
-    total = len(arms) * len(seeds) * len(exp.lengths)
-    say(exp, f"{len(arms)} arms x {len(seeds)} seeds x {len(exp.lengths)} lengths: {total} runs, "
-             f"{total - len(todo)} complete already, {len(todo)} to run")
+    every = [(a, s, t) for a in arms for s in seeds for t in lengths_of(exp, a)]
+    todo = [(a, s, t) for a, s, t in every if not complete(run_dir(work, a, s, t), exp, a)]
+    per = sorted({len(lengths_of(exp, a)) for a in arms})
+    say(exp, f"{len(arms)} arms x {len(seeds)} seeds x {'/'.join(map(str, per))} lengths: {len(every)} runs, "
+             f"{len(every) - len(todo)} complete already, {len(todo)} to run")
     for s in seeds:
-        for t in exp.lengths:
+        for t in (None, *exp.lengths):
+            if not any(x[1:] == (s, t) for x in todo):
+                continue
             v = values(exp, work, s, t)
-            for name, (_, flags) in exp.prepare.items():
-                if not prepared(Path(v[name])) and any((a, s, t) in todo for a in arms):
-                    say(exp, f"prepare {name} (seed {s}, T{t})")
+            for name in prepare_of(exp, t):
+                if not prepared(Path(v[name])):
+                    say(exp, f"prepare {name} (seed {s}{'' if t is None else f', T{t}'})")
                     Path(v[name]).parent.mkdir(parents=True, exist_ok=True)
-                    call(fill(flags, dict(v, out=v[name]), f"prepare {name}"), f"prepare {name}")
+                    call(fill(exp.prepare[name][1], dict(v, out=v[name]), f"prepare {name}"), f"prepare {name}")
     t_start, done = time.time(), 0
     for k, (a, s, t) in enumerate(todo):
         left = "" if not done else f"; about {(time.time() - t_start) / done * (len(todo) - k):.0f} s left"
-        say(exp, f"arm {a} ({arms.index(a) + 1}/{len(arms)}), seed {s}, T{t}: run {k + 1} of {len(todo)}{left}")
+        where = "every length" if t is None else f"T{t}"
+        say(exp, f"arm {a} ({arms.index(a) + 1}/{len(arms)}), seed {s}, {where}: run {k + 1} of {len(todo)}{left}")
         rd = run_dir(work, a, s, t)
         rd.parent.mkdir(parents=True, exist_ok=True)
         v = dict(values(exp, work, s, t), run=str(rd), out=str(rd))
         call(fill(exp.arms[a].run, v, f"arm {a}") + ["--out", str(rd), "--resume", "auto"], f"arm {a}")
-        if exp.score.make and not (rd / exp.score.file).is_file():
-            call(fill(exp.score.make, v, "score make"), f"arm {a}: score")
-        if not (rd / exp.score.file).is_file():
-            raise InputError(f"arm {a}: {rd} has no {exp.score.file} after its run (score: file / make)", exp.path)
+        make_scores(exp, a, rd, v)
         done += 1
     return {"ran": done, "seconds": round(time.time() - t_start, 1)}

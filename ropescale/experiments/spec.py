@@ -9,7 +9,12 @@ field of ARM's runs, running nothing), ``pools`` (rows that average arms per sam
 [...]}``), ``score`` (``file``, ``field``, ``id``, ``name``, ``kind``: mean or proportion, ``make``: the command
 that writes the file into ``{run}`` when it is missing), ``table`` (the rows shown, arms or pools), ``families``
 (``NAME: [[a, b], ...]``: the comparisons a - b read together, BH q per family) and ``quick`` (overrides of
-``seeds``, ``lengths``, ``vars`` and ``arms``, a list: the miniature a test runs).
+``seeds``, ``lengths``, ``vars`` and ``arms``, a list: the miniature a test runs). ``scores`` holds several scores
+(``NAME: {...}`` as ``score``, plus ``unit``, ``length``: the record field a length-less arm's records carry their
+length in, ``column``, ``table``); an arm names the ones it has (``scores: [...]``), a family the one it reads
+(``NAME: {score, pairs}``, or ``{score, rows, baseline: [lo, hi]}``: each row against its own mean over the lengths
+lo <= L < hi, on the same ids). An arm whose flags name no ``{length}`` (nor a prepared file that does) runs once a
+seed. ``facts: {NAME: dotted.key}`` on an arm: values of its runs' run.json shown beside its row.
 
 Every mistake a user can make is an :class:`~ropescale.common.io.InputError` naming the file and line.
 """
@@ -17,14 +22,18 @@ from __future__ import annotations
 
 import re
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
+from dataclasses import field as dc_field
 from pathlib import Path
 
 from ropescale.common.io import InputError
 
-KEYS = ("name", "title", "about", "seeds", "lengths", "vars", "prepare", "arms", "pools", "score", "table",
-        "families", "quick")
+KEYS = ("name", "title", "about", "seeds", "lengths", "vars", "prepare", "arms", "pools", "score", "scores",
+        "table", "families", "quick")
 KINDS = ("mean", "proportion")
+UNITS = ("sample", "window", "bucket")  # what one id of a score is: the paired tests' unit
+SCORE_KEYS = ("file", "field", "id", "name", "make", "kind", "unit", "length", "column", "table")
+ARM_KEYS = ("label", "run", "reads", "field", "fields", "scores", "facts")
 QUICK_KEYS = ("seeds", "lengths", "vars", "arms")
 RUNTIME = ("seed", "length", "run", "out", "work")  # placeholders the runner fills in
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -38,7 +47,17 @@ class Arm:
     label: str
     run: tuple  # () for an arm that reads another's runs
     reads: str | None = None  # an arm whose run directories this one reads (runs nothing), e.g. a floor
-    field: str | None = None  # the score field read (default: score: field)
+    field: str | None = None  # the score field read, for each of its scores (default: the score's field)
+    fields: dict = dc_field(default_factory=dict)  # score -> the field read for that score (over ``field``)
+    scores: tuple = ()  # the scores its runs have (empty: every score)
+    facts: dict = dc_field(default_factory=dict)  # fact -> a dotted key of its runs' run.json, shown beside its row
+    per_length: bool = True  # runs once per seed and length (its flags name {length}); else once per seed
+
+    def field_of(self, score: "Score") -> str:
+        return self.fields.get(score.key) or self.field or score.field
+
+    def has(self, score: str) -> bool:
+        return not self.scores or score in self.scores
 
 
 @dataclass(frozen=True)
@@ -52,6 +71,30 @@ class Score:
     name: str = "ROUGE-L"
     make: tuple = ()
     kind: str = "mean"  # mean | proportion (scores 0 or 1: a cell is k of n trials, Wilson, shown in percent)
+    unit: str = "sample"  # what one id is (sample, window, bucket): the unit of the paired tests, named on the page
+    length: str | None = None  # the record field holding the length a record is at (an arm run once per seed)
+    column: str = "T"  # a column's header: COLUMN + length (T512; "pos " for bucket starts)
+    table: tuple = ()  # the rows shown for this score (default: the experiment's table, the rows that have it)
+    key: str = "score"  # its name in ``scores:`` (``score`` for the one ``score:`` block)
+
+
+@dataclass(frozen=True)
+class Family:
+    """Comparisons read together (BH q over their tests): ``pairs`` a - b at every length, or each of ``rows``
+    against its own mean over the lengths ``baseline`` [lo, hi) on the same ids; on the score ``score``."""
+
+    name: str
+    score: str
+    pairs: tuple = ()
+    rows: tuple = ()
+    baseline: tuple | None = None
+
+    def items(self) -> list[tuple[str, str]]:
+        """(a, b) of each comparison; b of a row against its baseline is ``ROW[lo:hi]``."""
+        if self.baseline is None:
+            return list(self.pairs)
+        lo, hi = self.baseline
+        return [(r, f"{r}[{lo}:{hi}]") for r in self.rows]
 
 
 @dataclass(frozen=True)
@@ -68,11 +111,21 @@ class Experiment:
     prepare: dict  # name -> (out, run)
     arms: dict  # name -> Arm
     pools: dict  # name -> (label, arm names)
-    score: Score
+    scores: dict  # name -> Score (the first: the one ``score:`` block)
     table: tuple
-    families: dict  # name -> ((a, b), ...)
+    families: dict  # name -> Family
     quick: bool = False
-    lines: dict = field(default_factory=dict, compare=False)
+    lines: dict = dc_field(default_factory=dict, compare=False)
+
+    @property
+    def score(self) -> Score:
+        """The first score (the only one of a file with ``score:``)."""
+        return next(iter(self.scores.values()))
+
+    def rows_of(self, score: Score) -> tuple:
+        """The rows shown for a score: its ``table`` or the experiment's, those whose every arm has the score."""
+        return tuple(s for s in (score.table or self.table)
+                     if all(a not in self.arms or self.arms[a].has(score.key) for a in self.members(s)))
 
     def label(self, series: str) -> str:
         return self.pools[series][0] if series in self.pools else self.arms[series].label
@@ -178,17 +231,37 @@ def read_vars(r: Reader, data: dict, q: dict, quick: bool) -> dict:
     return variables
 
 
+def named(r: Reader, data: dict, key: str):
+    """(name, mapping) of each entry of the block ``key`` (``prepare``, ``pools``), the name checked."""
+    for k, v in r.mapping(data.get(key), key).items():
+        yield r.name(k, k), r.mapping(v, k)
+
+
 def read_prepare(r: Reader, data: dict) -> dict:
     prepare = {}
-    for k, v in r.mapping(data.get("prepare"), "prepare").items():
-        r.name(k, k)
-        v = r.mapping(v, k)
+    for k, v in named(r, data, "prepare"):
         if not isinstance(v.get("out"), str) or "run" not in v:
             r.fail(k, f"prepare: {k}: needs out: PATH (under the work dir) and run: [flags]")
         prepare[k] = (v["out"], r.flags(v["run"], k))
         if "out" not in placeholders(prepare[k][1]):
             r.fail(k, f"prepare: {k}: run: names the file it writes as {{out}}")
     return prepare
+
+
+def arm_extras(r: Reader, k: str, v: dict) -> dict:
+    """An arm's ``field``, ``fields``, ``scores`` and ``facts``, checked."""
+    out = {"field": v.get("field") and str(v["field"])}
+    fields = r.mapping(v.get("fields"), k)
+    out["fields"] = {str(a): str(b) for a, b in fields.items()}
+    scores = v.get("scores", [])
+    if not isinstance(scores, list) or not all(isinstance(x, str) for x in scores):
+        r.fail(k, f"arm {k}: scores: a list of the scores' names")
+    out["scores"] = tuple(scores)
+    facts = r.mapping(v.get("facts"), k)
+    if not all(isinstance(x, str) and x for x in facts.values()):
+        r.fail(k, f"arm {k}: facts: NAME: a dotted key of its runs' run.json (e.g. train.coverage)")
+    out["facts"] = {str(a): b for a, b in facts.items()}
+    return out
 
 
 def read_arms(r: Reader, data: dict, q: dict, quick: bool) -> dict:
@@ -198,13 +271,14 @@ def read_arms(r: Reader, data: dict, q: dict, quick: bool) -> dict:
     for k, v in r.mapping(data["arms"], "arms").items():
         r.name(k, k)
         v = {"run": v} if isinstance(v, list) else r.mapping(v, k)
-        unknown = sorted(set(v) - {"label", "run", "reads", "field"})
+        unknown = sorted(set(v) - set(ARM_KEYS))
         if unknown:
-            r.fail(k, f"arm {k}: unknown key {unknown[0]!r} (known: label, run, reads, field)")
+            r.fail(k, f"arm {k}: unknown key {unknown[0]!r} (known: {', '.join(ARM_KEYS)})")
+        extras = arm_extras(r, k, v)
         if "reads" in v:
             if "run" in v or str(v["reads"]) not in data["arms"] or "reads" in (data["arms"][v["reads"]] or {}):
                 r.fail(k, f"arm {k}: reads: names an arm that runs (and then {k} has no run:)")
-            arms[k] = Arm(k, str(v.get("label", k)), (), str(v["reads"]), v.get("field") and str(v["field"]))
+            arms[k] = Arm(k, str(v.get("label", k)), (), str(v["reads"]), **extras)
             continue
         run = r.flags(v.get("run"), k)
         if run[0] not in TOOLS:
@@ -212,7 +286,7 @@ def read_arms(r: Reader, data: dict, q: dict, quick: bool) -> dict:
         bad = [f for f in ("--out", "--resume") if f in run]
         if bad:
             r.fail(k, f"arm {k}: {bad[0]} is the runner's (each run's directory, continued with --resume auto)")
-        arms[k] = Arm(k, str(v.get("label", k)), run, None, v.get("field") and str(v["field"]))
+        arms[k] = Arm(k, str(v.get("label", k)), run, None, **extras)
     if not arms:
         r.fail("arms", "arms: at least one arm")
     if quick and "arms" in q:
@@ -228,9 +302,7 @@ def read_arms(r: Reader, data: dict, q: dict, quick: bool) -> dict:
 
 def read_pools(r: Reader, data: dict) -> dict:
     pools = {}
-    for k, v in r.mapping(data.get("pools"), "pools").items():
-        r.name(k, k)
-        v = r.mapping(v, k)
+    for k, v in named(r, data, "pools"):
         members = v.get("arms")
         if not isinstance(members, list) or not members:
             r.fail(k, f"pools: {k}: needs arms: [arm, ...]")
@@ -240,23 +312,72 @@ def read_pools(r: Reader, data: dict) -> dict:
     return pools
 
 
-def read_score(r: Reader, data: dict) -> Score:
-    sc = r.mapping(data.get("score"), "score")
-    unknown = sorted(set(sc) - {"file", "field", "id", "name", "make", "kind"})
+def read_score(r: Reader, sc: dict, key: str, where: str) -> Score:
+    unknown = sorted(set(sc) - set(SCORE_KEYS))
     if unknown:
-        r.fail(unknown[0], f"score: unknown key {unknown[0]!r} (known: file, field, id, name, make, kind)")
+        r.fail(unknown[0], f"{where}: unknown key {unknown[0]!r} (known: {', '.join(SCORE_KEYS)})")
     if sc.get("kind", "mean") not in KINDS:
-        r.fail("kind", f"score: kind: {sc['kind']!r} is not one of {', '.join(KINDS)}")
-    return Score(**{k: (r.flags(v, "make") if k == "make" else str(v)) for k, v in sc.items()})
+        r.fail("kind", f"{where}: kind: {sc['kind']!r} is not one of {', '.join(KINDS)}")
+    if sc.get("unit", "sample") not in UNITS:
+        r.fail("unit", f"{where}: unit: {sc['unit']!r} is not one of {', '.join(UNITS)}")
+    if "table" in sc and not isinstance(sc["table"], list):
+        r.fail("table", f"{where}: table: a list of rows")
+    conv = {"make": lambda v: r.flags(v, "make"), "table": lambda v: tuple(str(x) for x in v)}
+    return Score(**{k: conv.get(k, str)(v) for k, v in sc.items()}, key=key)
 
 
-def read_families(r: Reader, data: dict) -> dict:
-    families = {}
-    for fam, pairs in r.mapping(data.get("families"), "families").items():
-        if not isinstance(pairs, list) or not all(isinstance(x, list) and len(x) == 2 for x in pairs):
+def read_scores(r: Reader, data: dict) -> dict:
+    """{name: Score}: the ``scores:`` block, or the one ``score:`` (named ``score``)."""
+    if "scores" in data and "score" in data:
+        r.fail("scores", "score: or scores:, not both")
+    if "scores" not in data:
+        return {"score": read_score(r, r.mapping(data.get("score"), "score"), "score", "score")}
+    out = {}
+    for k, v in r.mapping(data["scores"], "scores").items():
+        out[r.name(k, k)] = read_score(r, r.mapping(v, k), k, f"scores: {k}")
+    if not out:
+        r.fail("scores", "scores: at least one score")
+    return out
+
+
+def read_family(r: Reader, fam: str, v, first: str) -> Family:
+    """One family: a list of [a, b] pairs (on the first score), or {score, pairs} or {score, rows, baseline}."""
+    def pairs_of(x):
+        if not isinstance(x, list) or not all(isinstance(y, list) and len(y) == 2 for y in x):
             r.fail(fam, f"families: {fam}: a list of [a, b] pairs (a - b)")
-        families[str(fam)] = tuple((str(a), str(b)) for a, b in pairs)
+        return tuple((str(a), str(b)) for a, b in x)
+
+    if isinstance(v, list):
+        return Family(fam, first, pairs_of(v))
+    v = r.mapping(v, fam)
+    unknown = sorted(set(v) - {"score", "pairs", "rows", "baseline"})
+    if unknown:
+        r.fail(fam, f"families: {fam}: unknown key {unknown[0]!r} (known: score, pairs, rows, baseline)")
+    score = str(v.get("score", first))
+    if "baseline" not in v:
+        return Family(fam, score, pairs_of(v.get("pairs")))
+    base, rows = v["baseline"], v.get("rows")
+    if (not isinstance(base, list) or len(base) != 2 or not all(isinstance(x, int) for x in base)
+            or base[0] >= base[1]):
+        r.fail(fam, f"families: {fam}: baseline: [lo, hi], the lengths lo <= L < hi a row is compared with")
+    if "pairs" in v or not isinstance(rows, list) or not rows:
+        r.fail(fam, f"families: {fam}: a baseline family names rows: [row, ...] (each against its own baseline)")
+    return Family(fam, score, rows=tuple(str(x) for x in rows), baseline=(int(base[0]), int(base[1])))
+
+
+def read_families(r: Reader, data: dict, scores: dict) -> dict:
+    families = {}
+    for fam, v in r.mapping(data.get("families"), "families").items():
+        families[str(fam)] = f = read_family(r, str(fam), v, next(iter(scores)))
+        if f.score not in scores:
+            r.fail(fam, f"families: {fam}: score: {f.score!r} is not a score ({', '.join(scores)})")
     return families
+
+
+def per_length(exp: Experiment, flags) -> bool:
+    """Whether flags name ``{length}``, or a prepared file whose path does (made once per length)."""
+    used = placeholders(flags)
+    return "length" in used or any("length" in placeholders((exp.prepare[k][0],)) for k in used & set(exp.prepare))
 
 
 def load(path: str | Path, *, quick: bool = False) -> Experiment:
@@ -271,10 +392,15 @@ def load(path: str | Path, *, quick: bool = False) -> Experiment:
     lengths = r.ints(q["lengths"] if quick and "lengths" in q else data.get("lengths", [0]), "lengths")
     pools = read_pools(r, data)
     arms = read_arms(r, data, q, quick)
+    scores = read_scores(r, data)
     table = tuple(str(x) for x in (data.get("table") or (list(pools) or list(arms))))
     exp = Experiment(p, r.name(data["name"], "name"), str(data.get("title", data["name"])),
                      str(data.get("about", "")).strip(), seeds, lengths, read_vars(r, data, q, quick),
-                     read_prepare(r, data), arms, pools, read_score(r, data), table, read_families(r, data), quick)
+                     read_prepare(r, data), arms, pools, scores, table, read_families(r, data, scores), quick)
+    for k, arm in exp.arms.items():  # an arm that reads another's runs: that arm's flags
+        v = data["arms"][arm.reads] if arm.reads else arm.run
+        flags = arm.run or r.flags(v if isinstance(v, list) else (v or {}).get("run"), arm.reads)
+        exp.arms[k] = replace(arm, per_length=per_length(exp, flags))
     for k in exp.prepare:
         if k in exp.vars:
             r.fail(k, f"prepare: {k!r} is a var's name too")
@@ -290,17 +416,25 @@ def _check_names(r: Reader, exp: Experiment, all_arms: set) -> None:
         for a in members:
             if a not in all_arms:
                 r.fail(k, f"pools: {k}: {a!r} is not an arm")
-    for s in exp.table:
+    for s in exp.table + tuple(x for sc in exp.scores.values() for x in sc.table):
         if s not in known_series:
             r.fail("table", f"table: {s!r} is neither an arm nor a pool")
-    for fam, pairs in exp.families.items():
-        for pair in pairs:
-            for s in pair:
-                if s not in known_series:
-                    r.fail(fam, f"families: {fam}: {s!r} is neither an arm nor a pool")
+    for fam, f in exp.families.items():
+        for s in [x for pair in f.pairs for x in pair] + list(f.rows):
+            if s not in known_series:
+                r.fail(fam, f"families: {fam}: {s!r} is neither an arm nor a pool")
+    for k, arm in exp.arms.items():
+        for sc in [*arm.scores, *arm.fields]:
+            if sc not in exp.scores:
+                r.fail(k, f"arm {k}: {sc!r} is not a score ({', '.join(exp.scores)})")
+    _check_placeholders(r, exp)
+
+
+def _check_placeholders(r: Reader, exp: Experiment) -> None:
     known = set(exp.vars) | set(exp.prepare) | set(RUNTIME)
     for where, flags in ([(k, f) for k, (_, f) in exp.prepare.items()] + [(k, a.run) for k, a in exp.arms.items()]
-                         + [("make", exp.score.make)] + [(k, (o,)) for k, (o, _) in exp.prepare.items()]):
+                         + [("make", sc.make) for sc in exp.scores.values()]
+                         + [(k, (o,)) for k, (o, _) in exp.prepare.items()]):
         bad = sorted(placeholders(flags) - known)
         if bad:
             r.fail(where, f"{where}: unknown placeholder {{{bad[0]}}} (known: {', '.join(sorted(known))})")
