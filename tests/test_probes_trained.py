@@ -103,6 +103,8 @@ def test_memorized_model_identifies_the_suffix_after_a_full_stop(memorized, shor
     for r in _items(out):  # negatives overlap neither the prefix nor the gold suffix
         b = r["boundary"]
         assert all(s + 8 <= b - 24 or s >= b + 8 for s in r["negative_starts"])
+    # the probe's own variant, recorded in run.json: what tells this run apart from a default (chapter) one
+    assert json.loads((out / "run.json").read_text())["info"]["variant_label"] == "sentence"
 
 
 def test_rope_flags_reach_the_model_and_run_json(make_tiny_model, short_book, tmp_path, capsys, one_thread):

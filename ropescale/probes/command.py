@@ -11,6 +11,7 @@ from typing import Callable
 
 from ropescale.common.cli import add_command, add_json, add_resume, doc_sections
 from ropescale.common.io import check_output_dir
+from ropescale.common.runs.record import ITEMS, RecordLog
 from ropescale.common.runs.resume import check_resume_mode, claim_run_dir
 from ropescale.common.settings import add_settings, from_args, given
 from ropescale.evaluation.report.probes import print_summary, with_intervals
@@ -57,7 +58,5 @@ def cmd_probe(args: argparse.Namespace) -> int:
     s = settings_from_args(args)
     data, loaded = prepare(s, lambda: args.load(s), args.resume)
     summary = args.run(loaded, data, s)
-    from ropescale.common.runs.record import ITEMS, RecordLog
-
     print_summary(with_intervals(summary, RecordLog(Path(s.out) / ITEMS).records()), args.json)
     return 0

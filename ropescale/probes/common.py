@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rope_scaling import RopeSpec
+from rope_scaling.load import load_config
+from rope_scaling.load import load_model as load_lm
 from ropescale.common.cli import rerun_command, when_interrupted
-from ropescale.common.models import MODEL_HELP
+from ropescale.common.models import MODEL_HELP, resolve_model
 from ropescale.common.paths import CHAPTERS_JSONL
 from ropescale.common.runs.identity import model_id, model_ref
 from ropescale.common.runs.record import (
@@ -76,10 +78,6 @@ def load_model(name: str | os.PathLike | None, spec=None) -> Loaded:
     rope scaling plus a scaling flag needs ``--replace``)."""
     import torch
     from transformers import AutoTokenizer
-
-    from rope_scaling.load import load_config
-    from rope_scaling.load import load_model as load_lm
-    from ropescale.common.models import resolve_model
 
     path = resolve_model(name)
     cfg = load_config(path, spec)  # read once: the spec, context and original context below all come from it

@@ -37,7 +37,7 @@ class CopySettings(ProbeSettings):
 
 
 @declare_variant("copy")
-def variant(meta: RunMeta) -> str:
+def variant_label(meta: RunMeta) -> str:
     """What tells apart copy runs beyond the model, its RoPE spec and training: the input length N."""
     lengths = meta.get("lengths")
     return f"N={lengths[0]}" if lengths else ""
@@ -66,7 +66,7 @@ def copy_probe(loaded, docs, settings: CopySettings | None = None, **fields) -> 
     check_batch(loaded.model, [length] * min(batch_size, len(distances) + 1), target_len, what=f"--length {length}")
     s = dataclasses.replace(s, length=length, distances=distances, data=data_name(docs) or s.data)
     run = ProbeRun("copy", loaded, s, [length], metric="loss (nats/token) on the target span",
-                   column="distance d of the pasted copy (tokens)", cell_kind="mean", variant=variant)
+                   column="distance d of the pasted copy (tokens)", cell_kind="mean", variant=variant_label)
     _, spans = target_spans(loaded, docs, n=n, n_prefix=n_prefix, target_len=target_len, seed=seed, desc="copy")
     for t, prefix, target in spans:
         todo = [d for d in distances if not run.done(f"{t.key}:copy:d{d}")]

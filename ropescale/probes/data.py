@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ropescale.common.chapters import Chapter, by_book, read_chapters
 from ropescale.common.io import InputError, check_input_file, read_jsonl, write_jsonl_atomic
+from ropescale.common.models import is_tiny, resolve_model
 from ropescale.common.paths import CACHE_DIR, CHAPTERS_JSONL
 
 
@@ -99,8 +100,6 @@ def tiny_heldout_file(model: str | os.PathLike) -> Path | None:
     """A chapters JSONL of the chapters a tiny build held out from its training (its ``tiny.json``
     ``heldout_chapters``, taken from the shared novels in file order; written once under the cache), or None
     when ``model`` is not a tiny build."""
-    from ropescale.common.models import is_tiny, resolve_model
-
     d = resolve_model(model) if is_tiny(model) else Path(model)
     info = d / "tiny.json"
     if not info.is_file():

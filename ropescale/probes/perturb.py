@@ -50,7 +50,7 @@ class PerturbSettings(ProbeSettings):
 
 
 @declare_variant("perturb")
-def variant(meta: RunMeta) -> str:
+def variant_label(meta: RunMeta) -> str:
     """What tells apart perturb runs beyond the model, its RoPE spec and training: the input length N."""
     lengths = meta.get("lengths")
     return f"N={lengths[0]}" if lengths else ""
@@ -120,7 +120,7 @@ def perturb_probe(loaded, docs, settings: PerturbSettings | None = None, **field
     run = ProbeRun("perturb", loaded, s, [length],
                    metric="loss change (perturbed - intact, nats/token) on the target span",
                    column="distance d = n - m of the perturbed part from the target (tokens)", cell_kind="mean",
-                   variant=variant)
+                   variant=variant_label)
     doc_ids, spans = target_spans(loaded, docs, n=n, n_prefix=n_prefix, target_len=target_len, seed=seed,
                                   desc="perturb")
     for t, prefix, target in spans:

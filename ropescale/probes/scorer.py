@@ -9,13 +9,14 @@ each forward is first checked against the memory available (:func:`check_batch`,
 """
 from __future__ import annotations
 
+import copy
 import math
 import sys
 from dataclasses import dataclass
 from typing import Sequence
 
 from ropescale.common.compat import cache_kwargs, last_logits_kwargs, output_cache
-from ropescale.common.forward_memory import HEAD_CHUNK
+from ropescale.common.forward_memory import HEAD_CHUNK, check_forward
 
 
 @dataclass
@@ -59,8 +60,6 @@ def check_batch(model, lengths: Sequence[int], scored: int, *, what: str = "", k
     head, fits this machine's memory now (``ropescale.common.forward_memory.check_forward``), or a one-line
     InputError saying the longest length that would. ``padded``: whether rows differ in length (default: whether
     ``lengths`` do). A stand-in model without a transformers config is not checked (None)."""
-    from ropescale.common.forward_memory import check_forward
-
     if not is_hf_lm(model):
         return None
     b, device = model_memory(model)
@@ -203,8 +202,6 @@ def score_candidates(model, prefix: Sequence[int], candidates: Sequence[Sequence
     :func:`score_continuations` on (prefix, cand) pairs, but the prefix is encoded once and its key/value cache
     reused for every batch of candidates (6x less work for suffix identification). ``reuse_prefix=False`` (or an
     empty prefix) scores the pairs in full; do so for dynamic NTK, whose frequencies depend on the total length."""
-    import copy
-
     import torch
 
     prefix = list(prefix)

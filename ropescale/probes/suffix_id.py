@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from rope_scaling.formulas import REGISTRY
 from ropescale.common.chapters import Chapter, chapter_index
 from ropescale.common.io import InputError
 from ropescale.common.runs.record import RunMeta
@@ -76,7 +77,7 @@ class SuffixIdSettings(ProbeSettings):
 
 
 @declare_variant("suffix-id")
-def variant(meta: RunMeta) -> str:
+def variant_label(meta: RunMeta) -> str:
     """What tells apart suffix-id runs beyond the model, its RoPE spec and training: its variant, heading mode and
     score, each named only when it is not the default."""
     st, default = meta.settings, {f.name: f.default for f in dataclasses.fields(SuffixIdSettings)}
@@ -97,8 +98,6 @@ def _reuse(loaded) -> bool:
     """Encode the shared prefix once, except under a method whose frequencies depend on the total length
     (``formulas.Method.by_length``: dynamic NTK, dynamic YaRN, LongRoPE: the prefix's keys would be rotated for its
     own length, not the prefix + candidate's)."""
-    from rope_scaling.formulas import REGISTRY
-
     m = REGISTRY.get((loaded.rope or {}).get("method") or "none")
     return m is None or not m.by_length
 
@@ -215,7 +214,7 @@ def _start(loaded, settings, fields: dict, variant: str) -> tuple[SuffixIdSettin
     s = _resolved(loaded, settings, fields, variant)
     check_memory(loaded, s)  # before any text is read or the run directory is opened
     return s, ProbeRun("suffix-id", loaded, s, s.lengths, metric=METRICS[s.score],
-                       column="tokens read (prefix + candidate)", cell_kind="proportion", variant=variant)
+                       column="tokens read (prefix + candidate)", cell_kind="proportion", variant=variant_label)
 
 
 def _longest_prefix(s: SuffixIdSettings) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import os
 import socket
 from dataclasses import dataclass
@@ -39,8 +40,6 @@ def lock_run_dir(path: str | os.PathLike, *, what: str = "--out") -> None:
     need be), released by the kernel when the process ends. Another process holding it: an InputError naming its
     pid and host. Held already by this process: nothing to do. Under a launcher only rank 0 takes it (the ranks of
     one job are one writer: rank 0 writes the run record; another job's rank 0 is refused)."""
-    import fcntl
-
     p = Path(path)
     key = os.path.abspath(p)
     if key in _held or _dist_rank() != 0:
@@ -70,8 +69,6 @@ def lock_run_dir(path: str | os.PathLike, *, what: str = "--out") -> None:
 def run_dir_holder(path: str | os.PathLike) -> tuple[bool, str | None]:
     """(whether a process holds run directory ``path`` now, the pid its lock file names: the holder's, or the last
     one's when it was killed before it could clean up). Asked with a shared lock taken and dropped at once."""
-    import fcntl
-
     lock = Path(path) / LOCK_FILE
     if os.path.abspath(path) in _held:
         return True, str(os.getpid())

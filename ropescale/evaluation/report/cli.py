@@ -13,7 +13,12 @@ from ropescale.common.cli import add_command, add_format, add_overwrite
 from ropescale.common.io import InputError, claim_output_dir, claim_output_file, write_text_atomic
 from ropescale.common.rouge import DEFAULT_METRIC, METRICS
 
+from . import __doc__ as report_doc
+from . import probes
+from .intake import build_report, load_probe_runs, save_fresh_scores
 from .model import Report, parse_buckets
+from .plot import plot_fig3, series_from_runs
+from .probes import plot_probes, render_probes, write_probe_tables
 from .render import VIEWS, Options, render, write_report
 
 TABLE_SUFFIXES = (".md", ".csv", ".json", ".txt")  # probes report --out FILE: the old spelling (one table file)
@@ -28,10 +33,8 @@ examples:
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    from . import __doc__ as doc
-
     p = add_command(subparsers, "report", help="Table 2 / Table 7 / extrapolation / failure-mode tables (+ Fig. 3 PNG)",
-                    description=doc.split("Importable:")[0], epilog=EXAMPLES)
+                    description=report_doc.split("Importable:")[0], epilog=EXAMPLES)
     p.add_argument("paths", nargs="*", metavar="RUN_DIR|FILE.csv",
                    help="run directories (or folders holding them) and/or scores CSV files")
     p.add_argument("--scores", action="append", default=[], metavar="FILE.csv",
@@ -71,8 +74,6 @@ def register(subparsers) -> argparse.ArgumentParser:
 def plot_report(rep: Report, path: str | os.PathLike, window: int = 15) -> Path:
     """The Fig. 3 PNG of the report's runs (per-sample ROUGE-L vs input length; each column's mean and interval, as
     the tables have them; a moving median only where each column has ``window`` samples)."""
-    from .plot import plot_fig3, series_from_runs
-
     if not rep.runs:
         raise InputError("--plot needs run directories (per-sample scores with input lengths)")
     return plot_fig3(series_from_runs(rep.runs, rep), path, window=window)
@@ -106,15 +107,11 @@ def make_report(sources: Iterable[Any] = (), *, scores_csv: Iterable[str | os.Pa
     if effective_threshold is not None and not math.isfinite(effective_threshold):
         raise InputError(f"--effective-threshold must be a number, got {effective_threshold}")
     check_report_out(out_dir, plot, overwrite=overwrite)
-    from .intake import build_report, save_fresh_scores  # (scoring: imported when a report is made, not for --help)
-
     rep = build_report(sources, scores_csv=scores_csv, metric=metric, buckets=buckets, resamples=resamples)
     opts = Options(intervals, effective_threshold)
     if buckets and not rep.runs:
         raise InputError("--buckets needs run directories (per-sample input lengths)")
     if plot:
-        from .plot import series_from_runs
-
         if not rep.runs:
             raise InputError("--plot needs run directories (per-sample scores with input lengths)")
         if not series_from_runs(rep.runs):
@@ -145,8 +142,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- ropescale probes report
 def register_probes(subparsers) -> argparse.ArgumentParser:
-    from . import probes
-
     p = add_command(subparsers, "report", help="extrapolation table of probe runs (markdown/csv/json) + PNG",
                     description=probes.__doc__.split("\n\n", 1)[1])
     p.add_argument("runs", nargs="+", help="probe run directories (or folders holding them)")
@@ -159,9 +154,6 @@ def register_probes(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_probes_report(args: argparse.Namespace) -> int:
-    from .intake import load_probe_runs
-    from .probes import plot_probes, render_probes, write_probe_tables
-
     one_file = args.out is not None and Path(args.out).suffix.lower() in TABLE_SUFFIXES
     if one_file:
         claim_output_file(args.out, overwrite=args.overwrite)

@@ -26,6 +26,7 @@ from ropescale.common.tables import Setting
 
 from ..score import PREDICTIONS, load_run_scores, write_run_scores
 from .model import Report, RunResult, assemble
+from .probes import with_intervals
 
 CSV_REQUIRED = ("model", "prompt", "subset", "rouge_l")
 
@@ -175,8 +176,6 @@ def load_probe_runs(paths: list[str]) -> list[dict]:
     """Summaries of the probe runs under ``paths`` (recomputed from items.jsonl when summary.json is missing,
     e.g. for an interrupted run), each with the run's meta fields (probe, model, rope, metric, column), its
     row key (``_setting``: a tables.Setting) and each cell's interval over its items (``probes.with_intervals``)."""
-    from .probes import with_intervals
-
     out, owner = [], {}
     for rd in find_run_dirs(paths):
         meta = RunMeta.read(rd.path)

@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ropescale.common.io import InputError
+from ropescale.common.stats import lengths, means
+from ropescale.common.stats import mse as mse_stats
 from ropescale.common.stats.mse import mse_ie_ib
+from ropescale.common.stats.resampling import RESAMPLES
 from ropescale.common.subsets import order_key
 from ropescale.common.tables import Setting, setting_labels
 
@@ -91,8 +94,6 @@ class Report:
         :meth:`base_of`; None without a base)}. The first column is the row's "1x": the shortest length evaluated.
         With a threshold, a row whose first column is below it has no relative effective length (85 % of a score
         that fails the task measures nothing)."""
-        from ropescale.common.stats import lengths as L
-
         cols, _ = self._columns()
         rows = []
         for s in self.series:
@@ -102,12 +103,12 @@ class Report:
                 continue
             ivs = {c: (e.lo, e.hi) for c, e in est.items()}
             first = cells[cols[0]] if cols else None
-            rel = L.effective_length_relative(cells, columns=cols, intervals=ivs)
+            rel = lengths.effective_length_relative(cells, columns=cols, intervals=ivs)
             if threshold is not None and (first is None or first < threshold):
-                rel = L.EffectiveLength(None, "undefined", None, "relative")
-            ab = None if threshold is None else L.effective_length(cells, threshold, columns=cols, intervals=ivs)
+                rel = lengths.EffectiveLength(None, "undefined", None, "relative")
+            ab = None if threshold is None else lengths.effective_length(cells, threshold, columns=cols, intervals=ivs)
             base = self.base_of(s)
-            ret = None if base is None or not cols else L.retention(first, self.estimate(base, cols[0]).mean)
+            ret = None if base is None or not cols else lengths.retention(first, self.estimate(base, cols[0]).mean)
             rows.append({"setting": s, "label": self.labels[s], "cells": cells, "estimates": est,
                          "effective": {"relative": rel, "absolute": ab}, "retention": ret})
         return cols, rows
@@ -147,41 +148,35 @@ class Report:
         key = ("estimate", s, col, kind, self.buckets is not None)
         if key in self._memo:
             return self._memo[key]
-        from ropescale.common.stats import means as U
-
         kinds = KINDS if kind is None else (kind,)
         _, samples = self._columns()
         groups = [samples[(s, k, col)] for k in kinds if (s, k, col) in samples]
         if self.buckets is None and any((s, k, col) in self.cells and (s, k, col) not in samples for k in kinds):
             vals = [v for v in (self.value(s, k, col) for k in kinds) if v is not None]  # scores CSV cells
-            est = U.Estimate(sum(vals) / len(vals), len(vals))
+            est = means.Estimate(sum(vals) / len(vals), len(vals))
         else:
-            est = U.cell_of_prompts(groups, resamples=self._resamples())
+            est = means.cell_of_prompts(groups, resamples=self._resamples())
         self._memo[key] = est
         return est
 
     def difference(self, s: Setting, col: str) -> Any:
         """IE - IB of one subset as a ``stats.means.Difference`` (paired interval, ids scored under one
         prompt only listed); a scores CSV's cell: the difference alone; None without both prompts."""
-        from ropescale.common.stats import means as U
-
         ie, ib = self.samples.get((s, "IE", col)), self.samples.get((s, "IB", col))
         if ie and ib:
-            return U.ie_minus_ib(ie, ib, resamples=self._resamples())
+            return means.ie_minus_ib(ie, ib, resamples=self._resamples())
         a, b = self.value(s, "IE", col), self.value(s, "IB", col)
-        return None if a is None or b is None else U.Difference(a - b, 2, n_pairs=1)
+        return None if a is None or b is None else means.Difference(a - b, 2, n_pairs=1)
 
     def mse(self, s: Setting) -> Any:
         """MSE(P-IE vs P-IB) of a row as a ``stats.mse.MSE``: the Table 2 value over its subsets, its noise
         floor and interval from the per-sample scores (a scores CSV's row: the MSE alone)."""
-        from ropescale.common.stats import mse as U
-
         cols = [c for c in self.columns if any((s, k, c) in self.cells for k in KINDS)]
         pairs = {c: (self.samples.get((s, "IE", c), {}), self.samples.get((s, "IB", c), {})) for c in cols}
         if cols and all(ie and ib for ie, ib in pairs.values()):
-            return U.mse_with_floor(pairs, resamples=self._resamples())
+            return mse_stats.mse_with_floor(pairs, resamples=self._resamples())
         vals = mse_ie_ib({c: self.value(s, "IE", c) for c in cols}, {c: self.value(s, "IB", c) for c in cols})
-        return U.MSE(vals, None, cells=len(cols) if vals is not None else 0)
+        return mse_stats.MSE(vals, None, cells=len(cols) if vals is not None else 0)
 
     def base_of(self, s: Setting) -> Optional[Setting]:
         """The row that is ``s``'s base model: unscaled (no RoPE method), not fine-tuned, the same prompt wording and
@@ -200,19 +195,15 @@ class Report:
     def floor(self, col: str) -> Any:
         """The recall task's marks-only floor of one subset as a ``stats.means.Estimate``: the ROUGE-L of an answer
         holding the marks alone, one value per eval sample (the runs' ``marks_only_rouge_l``); None without it."""
-        from ropescale.common.stats import means as U
-
         vals = {}
         for r in self.runs:
             for smp in r.samples:
                 sub = smp.get("subset") or r.summary.get("subset") or NO_SUBSET
                 if sub == col and isinstance(smp.get("marks_only_rouge_l"), (int, float)):
                     vals[r.sample_key(smp, sub)] = float(smp["marks_only_rouge_l"])
-        return U.cell(vals, resamples=self._resamples()) if vals else None
+        return means.cell(vals, resamples=self._resamples()) if vals else None
 
     def _resamples(self) -> int:
-        from ropescale.common.stats.resampling import RESAMPLES
-
         return RESAMPLES if self.resamples is None else self.resamples
 
     def failures(self) -> list[dict]:

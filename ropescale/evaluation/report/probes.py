@@ -17,15 +17,18 @@ per probe with a line per row.
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from rope_scaling import RopeSpec
+from ropescale.common.plot import fit_text, save_png
 from ropescale.common.runs.record import column_key
+from ropescale.common.stats.means import cell
+from ropescale.common.stats.proportions import wilson
+from ropescale.common.stats.resampling import RESAMPLES
 from ropescale.common.tables import Setting, Table, number, setting_labels, tables_text, write_tables
-
-from .plot import fit_text, save_png
 
 
 def _setting_of(summary: dict) -> Setting:
@@ -61,10 +64,6 @@ def with_intervals(summary: dict, records: list[dict], resamples: int | None = N
     (``stats.means.cell``: the bootstrap from 8 items, the t interval below). The kind is the probe's own
     (``cell_kind`` in its summary: a loss that happens to be 1.0 is a mean); only an older run is judged by its
     items."""
-    from ropescale.common.stats.means import cell
-    from ropescale.common.stats.proportions import wilson
-    from ropescale.common.stats.resampling import RESAMPLES
-
     by: dict = {}
     for r in records:
         by.setdefault((r.get("group", ""), r["col"]), {})[r["id"]] = float(r["value"])
@@ -193,8 +192,6 @@ def write_probe_tables(summaries: list[dict], out_dir: str | os.PathLike):
 def print_summary(summary: dict, as_json: bool = False) -> None:
     """Print one run's cells to stdout (its markdown table with n and intervals, or JSON): what each probe command
     prints."""
-    import json
-
     if as_json:
         print(json.dumps(summary, ensure_ascii=False))
         return
