@@ -140,12 +140,12 @@ def rotate(x, delta, inv_freq):
     import torch
 
     r = inv_freq.shape[0] * 2
-    ang = (delta[:, None, :, None] * inv_freq.double()[None, None, None, :])
+    ang = delta[:, None, :, None] * inv_freq.double()[None, None, None, :]
+    ang = torch.cat([ang, ang], -1)
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
-    cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
-    xr, rest = x[..., :r], x[..., r:]
-    half = torch.cat([-xr[..., r // 2:], xr[..., :r // 2]], -1)
-    return torch.cat([xr * cos + half * sin, rest], -1)
+    xr = x if r == x.shape[-1] else x[..., :r]
+    out = xr * cos + torch.cat([-xr[..., r // 2:], xr[..., :r // 2]], -1) * sin
+    return out if r == x.shape[-1] else torch.cat([out, x[..., r:]], -1)
 
 
 def attention_with_lse(q, k, v, keys, scale: float):
@@ -295,9 +295,9 @@ def extended_attention(module, query, key, value, attention_mask, scaling=None, 
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)
-    if key.shape[1] != query.shape[1]:  # grouped-query attention: every query head sees its key head
-        n = query.shape[1] // key.shape[1]
-        key, value = key.repeat_interleave(n, 1), value.repeat_interleave(n, 1)
+    rep = query.shape[1] // key.shape[1]  # grouped-query attention: every query head sees its key head
+    if rep > 1:
+        value = value.repeat_interleave(rep, 1)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     qpos, kpos, mask = positions(query, key, attention_mask, kwargs.get("position_ids"))
     inv = st.inv_freq().to(query.device)
@@ -308,7 +308,8 @@ def extended_attention(module, query, key, value, attention_mask, scaling=None, 
         for (w, d), y in rotated.items():
             if w == which and d.shape == delta.shape and torch.equal(d, delta):
                 return y
-        y = x if not bool(delta.any()) else rotate(x, delta, inv)
+        y = x if not bool(delta.any()) else rotate(x, delta, inv)  # keys rotated on their own heads, then repeated
+        y = y.repeat_interleave(rep, 1) if which == "k" and rep > 1 else y
         rotated[(which, delta)] = y
         return y
 
