@@ -117,12 +117,12 @@ def install_rope_rule(model, state: RopeState) -> int:
     whose frequencies this repo recomputes in every forward (``formulas.Method.per_forward``: dynamic_yarn, written
     into the config as static ``yarn`` x s, what plain transformers runs) gets them for each forward's length L
     (``formulas.frequencies``; dynamic YaRN: s = max(1, L / orig), plain RoPE up to the original context) through
-    :func:`ropescale.common.compat.install_length_rope`. Every stage loads through :func:`load_model`, so training,
+    :func:`ropescale.common.compat.rope.install_length_rope`. Every stage loads through :func:`load_model`, so training,
     generation, the probes and merge's in-process model all run it. Returns the number of rotary modules changed
     (0: transformers' module computes the spec as it is)."""
     if not REGISTRY[state.spec.method].per_forward:
         return 0
-    from ropescale.common.compat import install_length_rope
+    from ropescale.common.compat.rope import install_length_rope
 
     def rule(seq_len: int):
         f = state.frequencies(seq_len)

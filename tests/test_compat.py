@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from ropescale.common import compat
+from ropescale.common.compat import rope as rope_shims
 
 VOCAB = 64
 
@@ -210,49 +211,50 @@ def test_dynamic_ntk_rotary_internals():
     write_rope_entries(cfg, {**read_rope_entries(cfg, 10000.0, "default"), "rope_type": "dynamic", "factor": 4.0}, 16,
                        "default")
     model = random_model(cfg)
-    mods = compat.dynamic_rope_modules(model)
+    mods = rope_shims.dynamic_rope_modules(model)
     assert len(mods) == 1, changed("transformers", "the dynamic-NTK rotary module's attributes (rope_type, "
-                                   "original_inv_freq, original_max_seq_len)", "dynamic_rope_modules")
+                                   "original_inv_freq, original_max_seq_len)", "rope.dynamic_rope_modules")
     m = mods[0]
     orig = m.original_inv_freq.clone()
     ids = torch.randint(1, VOCAB, (1, 40))
     with torch.no_grad():
         model(input_ids=ids)
-    inv, seen, scaling = compat.rope_frequencies(m)
+    inv, seen, scaling = rope_shims.rope_frequencies(m)
     # the frequencies of the longest input; 5.0.x never updates max_seq_len_cached (it stays 16): harmless here
     assert seen in (16, 40) and not torch.allclose(inv, orig), \
         changed("transformers", f"the dynamic update (max_seq_len_cached {seen} / inv_freq after a long input)",
-                "rope_frequencies")
-    want_inv, want_scaling = compat.rope_frequencies_for_length(m, torch.device("cpu"), 40)
+                "rope.rope_frequencies")
+    want_inv, want_scaling = rope_shims.rope_frequencies_for_length(m, torch.device("cpu"), 40)
     assert torch.allclose(want_inv, inv) and want_scaling == scaling, \
         changed("transformers", "ROPE_INIT_FUNCTIONS[rope_type](config, device, seq_len=)",
-                "rope_frequencies_for_length")
+                "rope.rope_frequencies_for_length")
     # the undecorated forward uses the frequencies it is given, and does not update them
     x = torch.zeros(1, 3, 32)
     pos = torch.tensor([[37, 38, 39]])
     with torch.no_grad():
         cos_ref, sin_ref = m(x, pos)
-        compat.set_rope_frequencies(m, orig.clone(), 1.0)
-        raw = compat.undecorated_rope_forward(m)
+        rope_shims.set_rope_frequencies(m, orig.clone(), 1.0)
+        raw = rope_shims.undecorated_rope_forward(m)
         cos_o, _ = raw(m, x, pos)
-        compat.set_rope_frequencies(m, inv, scaling)
+        rope_shims.set_rope_frequencies(m, inv, scaling)
         cos_n, sin_n = raw(m, x, pos)
     assert not torch.allclose(cos_o, cos_ref) and torch.allclose(cos_n, cos_ref) and torch.allclose(sin_n, sin_ref), \
-        changed("transformers", "the rotary forward / its dynamic_rope_update decorator", "undecorated_rope_forward")
-    compat.reset_dynamic_rope([m])
+        changed("transformers", "the rotary forward / its dynamic_rope_update decorator",
+                "rope.undecorated_rope_forward")
+    rope_shims.reset_dynamic_rope([m])
     assert torch.equal(m.inv_freq, orig) and m.max_seq_len_cached == m.original_max_seq_len == 16
 
 
 def test_length_rule_and_longrope_rotary_internals():
-    """compat.install_length_rope (a subclass of the model's rotary class whose forward takes its frequencies from
+    """compat.rope.install_length_rope (a subclass of the model's rotary class whose forward takes its frequencies from
     the rule at max(position_ids) + 1), and the longrope module's factor sets."""
     from ropescale.common.compat import read_rope_entries, write_rope_entries
     from ropescale.tiny.build import random_model, tiny_config
 
     model = tiny()
-    mods = compat.rotary_modules(model)
+    mods = rope_shims.rotary_modules(model)
     assert len(mods) == 1, changed("transformers", "the rotary module's attributes (rope_type, inv_freq, "
-                                   "attention_scaling)", "rotary_modules")
+                                   "attention_scaling)", "rope.rotary_modules")
     m = mods[0]
     cls = type(m)
     seen = []
@@ -261,8 +263,8 @@ def test_length_rule_and_longrope_rotary_internals():
         seen.append(n)
         return [1.0 / (n * (i + 1)) for i in range(4)], 1.5  # 4 pairs: head_dim 8
 
-    assert compat.install_length_rope(model, rule) == 1 and compat.length_rope_modules(model) == [m]
-    assert isinstance(m, cls) and compat.undecorated_rope_forward(m) is inspect.unwrap(cls.forward)
+    assert rope_shims.install_length_rope(model, rule) == 1 and rope_shims.length_rope_modules(model) == [m]
+    assert isinstance(m, cls) and rope_shims.undecorated_rope_forward(m) is inspect.unwrap(cls.forward)
     x = torch.zeros(1, 3, 32)
     with torch.no_grad():
         cos, _ = m(x, torch.tensor([[4, 5, 6]]))
@@ -270,20 +272,74 @@ def test_length_rule_and_longrope_rotary_internals():
     want = torch.tensor([4.0, 5.0, 6.0])[:, None] * torch.tensor([1 / (7 * (i + 1)) for i in range(4)])[None]
     assert torch.allclose(cos[0], torch.cat([want, want], -1).cos() * 1.5, atol=1e-6) and seen == [7, 8], \
         changed("transformers", "the rotary forward (cos/sin from inv_freq and attention_scaling)",
-                "install_length_rope")
+                "rope.install_length_rope")
     cfg = tiny_config(VOCAB, "qwen2", hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64,
                       orig_ctx=16, eos_token_id=0)
     e = {**read_rope_entries(cfg, 10000.0, "default"), "rope_type": "longrope", "factor": 4.0,
          "original_max_position_embeddings": 16, "short_factor": [1.0, 1.0, 1.0, 1.0],
          "long_factor": [1.0, 2.0, 3.0, 4.0]}
     write_rope_entries(cfg, e, 64, "default")
-    lm = compat.rotary_modules_of_type(random_model(cfg), "longrope")
-    assert len(lm) == 1 and compat.longrope_original_context(lm[0]) == 16, \
+    lm = rope_shims.rotary_modules_of_type(random_model(cfg), "longrope")
+    assert len(lm) == 1 and rope_shims.longrope_original_context(lm[0]) == 16, \
         changed("transformers", "the longrope module / rope_parameters['original_max_position_embeddings']",
-                "longrope_original_context")
-    (s_inv, s_att), (l_inv, l_att) = (compat.longrope_frequencies(lm[0], "cpu", long) for long in (False, True))
+                "rope.longrope_original_context")
+    (s_inv, s_att), (l_inv, l_att) = (rope_shims.longrope_frequencies(lm[0], "cpu", long) for long in (False, True))
     assert torch.allclose(s_inv / l_inv, torch.tensor(e["long_factor"])) and s_att == l_att, \
-        changed("transformers", "ROPE_INIT_FUNCTIONS['longrope'](config, device, seq_len=)", "longrope_frequencies")
+        changed("transformers", "ROPE_INIT_FUNCTIONS['longrope'](config, device, seq_len=)",
+                "rope.longrope_frequencies")
+
+
+def rope_by_hand(pos: list[int], inv: list[float], att: float):
+    """cos, sin of RoPE at positions ``pos`` with inverse frequencies ``inv`` (Su et al. 2021, Eq. 34: angle p x
+    theta_i, each pair's angle twice, as transformers lays cos/sin out), times the attention factor ``att``."""
+    ang = torch.tensor(pos, dtype=torch.float64)[:, None] * torch.tensor(inv, dtype=torch.float64)[None]
+    ang = torch.cat([ang, ang], -1)
+    return (ang.cos() * att).float(), (ang.sin() * att).float()
+
+
+def test_one_wrapper_runs_each_rule_and_puts_the_module_back():
+    """compat.rope.wrap_rotary: a wrapped module with no rule computes what its class computes; rope_forward /
+    fixed_rope / per_row_forward (the slot decoder's) and global_length (sequence parallelism's) run inside their
+    blocks only, nested ones restore the outer one, and each gives RoPE at the frequencies it was given."""
+    model = tiny()
+    m = rope_shims.rotary_modules(model)[0]
+    inv0, att0 = m.inv_freq.clone(), m.attention_scaling
+    x, pos = torch.zeros(2, 3, 32), torch.tensor([[0, 1, 2], [7, 8, 9]])
+    with torch.no_grad():
+        ref = m(x, pos)
+        assert rope_shims.rope_rules(m) is None and rope_shims.wrap_rotary(m) is rope_shims.wrap_rotary(m)
+        got = m(x, pos)
+        assert all(torch.equal(a, b) for a, b in zip(got, ref)), \
+            changed("transformers", "the rotary forward (a subclass of its class computes another cos/sin)",
+                    "rope.wrap_rotary")
+        a = [1.0, 0.5, 0.25, 0.125]
+        b = [0.3, 0.2, 0.1, 0.05]
+        with rope_shims.fixed_rope(m, torch.tensor(a), 2.0):
+            cos, sin = m(x[:1], torch.tensor([[4, 5, 6]]))
+            want = rope_by_hand([4, 5, 6], a, 2.0)
+            assert torch.allclose(cos[0], want[0], atol=1e-6) and torch.allclose(sin[0], want[1], atol=1e-6)
+            per = rope_shims.per_row_forward(m, lambda r, n, dev: (torch.tensor([a, b][r]), 1.0 + r + n / 100))
+            with rope_shims.rope_forward(m, per):  # row 0 at length 3, row 1 at length 10
+                cos, sin = m(x, pos)
+            for r, (f, att) in enumerate(((a, 1.03), (b, 2.10))):
+                want = rope_by_hand(pos[r].tolist(), f, att)
+                assert torch.allclose(cos[r], want[0], atol=1e-6) and torch.allclose(sin[r], want[1], atol=1e-6)
+            cos, _ = m(x[:1], torch.tensor([[1, 2, 3]]))  # the outer rule again
+            assert torch.allclose(cos[0], rope_by_hand([1, 2, 3], a, 2.0)[0], atol=1e-6)
+        assert torch.equal(m.inv_freq, inv0) and m.attention_scaling == att0
+        assert all(torch.equal(a_, b_) for a_, b_ in zip(m(x, pos), ref))
+        # the whole sample's length: only on a module under install_global_length, only inside the block
+        seen = []
+        rope_shims.install_length_rope(model, lambda n: (seen.append(n), ([1.0 / n] * 4, 1.0))[1])
+        with rope_shims.global_length([m], 99):
+            m(x[:1], pos[:1])
+        assert rope_shims.install_global_length([m]) == 1
+        with rope_shims.global_length([m], 99):
+            cos, _ = m(x[:1], pos[:1])
+        after, _ = m(x[:1], pos[:1])
+        assert seen == [3, 100] and cos.shape == (1, 3, 8)  # each length's frequencies computed once
+        assert torch.allclose(cos[0], rope_by_hand([0, 1, 2], [0.01] * 4, 1.0)[0], atol=1e-6)
+        assert torch.allclose(after[0], rope_by_hand([0, 1, 2], [1 / 3] * 4, 1.0)[0], atol=1e-6)
 
 
 def test_checkpoint_function_is_called_once_per_layer():

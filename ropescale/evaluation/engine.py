@@ -24,24 +24,9 @@ masked attention), and a batch runs until its longest member is done. Here:
   during a run, so one capture serves the whole benchmark. A model whose forward cannot be captured falls back to eager
   steps, with a note on stderr; models under a length rule decode eagerly from the start (see below).
 
-Rotary rules that follow the length (each slot gets its own: :func:`slot_ropes`; these decode steps run eagerly,
-since the per-slot frequencies need the positions on the host):
-
-- dynamic NTK (``--rope dynamic_ntk``): transformers' rotary module recomputes its base from the largest position
-  of a forward pass and keeps the largest it has seen (it only shrinks back below the original context), so a
-  module that served a long sample would serve every later, shorter one with the long sample's base. Each sample
-  is therefore computed as batch-1 ``generate`` on a fresh model computes it: the module is reset before every
-  prefill, and a decode step gives every slot the frequencies of its own length (the module's own code, run once
-  per slot with that slot's frequencies), not those of the longest live slot.
-- dynamic YaRN (``--rope dynamic_yarn``, this repo's rule: ``rope_scaling.load.install_rope_rule``): YaRN at s =
-  max(1, L / orig) for the current length L, per slot in a decode step (the prefill's forward at the prompt's).
-- LongRoPE (``--rope longrope``): one factor set per sample, chosen at its prefill: the long factors when prompt +
-  max new tokens > the original context, else the short ones (:func:`longrope_long`). transformers switches per
-  forward on the batch's largest position, which would give slots at different lengths one set, and a sample whose
-  prompt fits the original context but whose generation passes it keys cached with short factors under queries
-  with long ones (transformers avoids this only in Phi-3's ``prepare_inputs_for_generation``, by prefilling again
-  at the crossing). Long factors from the prefill cost nothing extra and are what vLLM serves (its long factors
-  for every token once max_model_len > orig).
+Rotary rules that follow the length (dynamic NTK, dynamic YaRN, LongRoPE) give each slot its own frequencies
+(:mod:`ropescale.evaluation.rope_rules`: :func:`~ropescale.evaluation.rope_rules.slot_ropes`); those decode steps run
+eagerly, since the per-slot frequencies need the positions on the host.
 
 Greedy outputs equal plain batch-1 ``model.generate`` in fp32 (token for token: tests on CPU with Qwen2 / Llama
 GQA models, refills and shifts; ``bench/bench_generate.py --device cuda --toy --dtype float32`` on CUDA with the
@@ -56,12 +41,12 @@ import contextlib
 import sys
 from typing import Callable, Sequence
 
-from rope_scaling.formulas import REGISTRY
 from ropescale.common import compat
-from ropescale.common.compat import dynamic_rope_modules
+from ropescale.common.compat.rope import rope_forward
+
+from .rope_rules import slot_ropes
 
 SYNC_EVERY = 16  # decode steps between host syncs (finished slots are noticed at these points)
-LONGROPE_TYPE = REGISTRY["longrope"].reads  # transformers' rope_type of a LongRoPE rotary module (short/long factors)
 
 
 def cut_at_eos(ids: Sequence[int], eos_ids: set[int]) -> list[int]:
@@ -100,152 +85,6 @@ def slot_bytes_per_token(config, dtype) -> int:
     kv = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return 2 * config.num_hidden_layers * kv * head_dim * (torch.finfo(dtype).bits // 8)
-
-
-def reset_dynamic_rope(model, modules=None) -> None:
-    """Put the model's dynamic-NTK rotary modules (or ``modules``) back in their freshly loaded state
-    (:func:`ropescale.common.compat.reset_dynamic_rope`)."""
-    compat.reset_dynamic_rope(dynamic_rope_modules(model) if modules is None else modules)
-
-
-class _SlotRope:
-    """How one rotary module gives every slot its own frequencies during a decode step: per slot, the frequencies
-    of that sample alone (:meth:`slot`), then the module's undecorated forward on that slot's row. A subclass per
-    rule: :meth:`prefill` puts the module in the sample's state for its prefill, :meth:`take` stores what the slot
-    keeps."""
-
-    def __init__(self, module):
-        self.m = module
-        self.raw = compat.undecorated_rope_forward(module)
-        self.state: dict = {}  # slot -> what the rule keeps for it
-
-    @contextlib.contextmanager
-    def prefill(self, n: int, total: int):
-        """Around the prefill of a sample of ``n`` prompt tokens and at most ``total`` tokens in all."""
-        yield
-
-    def take(self, row: int) -> None:
-        """After the prefill of slot ``row``."""
-
-    def slot(self, row: int, seq_len: int, device):
-        """(inv_freq, attention_scaling) of slot ``row`` at ``seq_len`` tokens."""
-        raise NotImplementedError
-
-    def forward(self, x, position_ids):
-        import torch
-
-        m = self.m
-        saved = compat.rope_frequencies(m)
-        cos, sin = [], []
-        try:
-            for r, p in enumerate(position_ids[:, -1].tolist()):
-                compat.set_rope_frequencies(m, *self.slot(r, int(p) + 1, x.device))
-                c, s_ = self.raw(m, x[r:r + 1], position_ids[r:r + 1])
-                cos.append(c)
-                sin.append(s_)
-        finally:
-            compat.set_rope_frequencies(m, saved[0], saved[2])
-        return torch.cat(cos), torch.cat(sin)
-
-
-class _SlotDynamicNTK(_SlotRope):
-    """Dynamic NTK (transformers' ``dynamic``): each sample from a fresh module (reset before its prefill), and in
-    a decode step the slot's frequencies updated as transformers' dynamic update would for that sample alone (grow
-    when the position passes what the slot has seen)."""
-
-    @contextlib.contextmanager
-    def prefill(self, n: int, total: int):
-        compat.reset_dynamic_rope([self.m])
-        yield
-
-    def take(self, row: int) -> None:
-        self.state[row] = compat.rope_frequencies(self.m)  # [inv_freq, seen (max seq len), attention_scaling]
-
-    def slot(self, row: int, seq_len: int, device):
-        st = self.state[row]
-        if seq_len > st[1]:  # transformers: grow to the current length
-            st[0], st[2] = compat.rope_frequencies_for_length(self.m, device, seq_len)
-            st[1] = seq_len
-        return st[0], st[2]
-
-
-class _SlotLengthRule(_SlotRope):
-    """A rule of this repo's own that follows the length (dynamic YaRN: ``rope_scaling.load.install_rope_rule``):
-    the prefill's forward computes it at the prompt's length; a decode step at each slot's own length."""
-
-    def slot(self, row: int, seq_len: int, device):
-        return compat.length_rope_frequencies(self.m, seq_len, device)
-
-
-class _SlotLongRope(_SlotRope):
-    """LongRoPE (transformers' ``longrope``): one factor set per sample, for its prefill and every decode step:
-    the long factors when the prompt plus the generation budget can pass the original context, else the short ones
-    (:func:`longrope_long`). transformers would switch per forward on the batch's largest position: a batch of
-    slots at different lengths would share one set, and a sample crossing the original context while it decodes
-    would attend with long-factor queries to keys cached with short factors."""
-
-    @contextlib.contextmanager
-    def prefill(self, n: int, total: int):
-        self.current = compat.longrope_frequencies(self.m, next(self.m.buffers()).device,
-                                                   longrope_long(self.m, total))
-        with fixed_rope(self.m, *self.current):
-            yield
-
-    def take(self, row: int) -> None:
-        self.state[row] = self.current
-
-    def slot(self, row: int, seq_len: int, device):
-        return self.state[row]
-
-
-def longrope_modules(model) -> list:
-    """The model's rotary modules of transformers' LongRoPE type (:data:`LONGROPE_TYPE`)."""
-    return compat.rotary_modules_of_type(model, LONGROPE_TYPE)
-
-
-def longrope_long(module, total: int) -> bool:
-    """Whether a sample of at most ``total`` tokens (prompt + generation budget) runs with a ``longrope`` module's
-    long factors: past its original context (:func:`ropescale.common.compat.longrope_original_context`)."""
-    return int(total) > compat.longrope_original_context(module)
-
-
-@contextlib.contextmanager
-def fixed_rope(module, inv_freq, attention_scaling):
-    """Inside: the rotary ``module`` computes cos/sin from ``inv_freq`` and ``attention_scaling`` in every forward,
-    whatever the length (its undecorated forward as an instance attribute)."""
-    raw = compat.undecorated_rope_forward(module)
-    saved = compat.rope_frequencies(module)
-
-    def forward(x, position_ids, *args, **kwargs):
-        return raw(module, x, position_ids, *args, **kwargs)
-
-    compat.set_rope_frequencies(module, inv_freq, attention_scaling)
-    module.forward = forward
-    try:
-        yield
-    finally:
-        del module.forward
-        compat.set_rope_frequencies(module, saved[0], saved[2])
-
-
-@contextlib.contextmanager
-def longrope_for(model, total: int):
-    """Inside: every ``longrope`` module of ``model`` uses one factor set, the one a sample of at most ``total``
-    tokens takes (:func:`longrope_long`), in every forward: what a padded ``generate`` batch needs (its samples all
-    on one side of the original context: :func:`longrope_groups`)."""
-    with contextlib.ExitStack() as stack:
-        for m in longrope_modules(model):
-            inv, att = compat.longrope_frequencies(m, next(m.buffers()).device, longrope_long(m, total))
-            stack.enter_context(fixed_rope(m, inv, att))
-        yield
-
-
-def slot_ropes(model) -> list[_SlotRope]:
-    """The per-slot rule of every rotary module of ``model`` whose frequencies depend on the length."""
-    out: list[_SlotRope] = [_SlotDynamicNTK(m) for m in dynamic_rope_modules(model)]
-    out += [_SlotLengthRule(m) for m in compat.length_rope_modules(model)]
-    out += [_SlotLongRope(m) for m in longrope_modules(model)]
-    return out
 
 
 class SlotCache(compat.DuckCache):
@@ -426,15 +265,13 @@ class DecodeStep:
         """The step (what the CUDA graph captures): forward, EOS suppressed below ``min_new``, argmax, then the
         cache column, mask, positions and counts moved on."""
         b = self.buf
-        for d in self.dynamic:  # per-slot dynamic NTK frequencies (an instance attribute shadows the class forward)
-            d.m.forward = d.forward
-        try:  # the attention is read by every layer as it runs (and as it is captured)
-            with compat.using_attention(self.model.config, ATTN_NAME):
-                out = self.model(input_ids=b.tok, position_ids=b.pos, attention_mask=b.mask,
-                                 **compat.cache_kwargs(b.cache), use_cache=True)
-        finally:
-            for d in self.dynamic:
-                del d.m.forward
+        with contextlib.ExitStack() as stack:
+            for d in self.dynamic:  # per-slot frequencies (rope_rules.slot_ropes)
+                stack.enter_context(rope_forward(d.m, d.forward))
+            # the attention is read by every layer as it runs (and as it is captured)
+            stack.enter_context(compat.using_attention(self.model.config, ATTN_NAME))
+            out = self.model(input_ids=b.tok, position_ids=b.pos, attention_mask=b.mask,
+                             **compat.cache_kwargs(b.cache), use_cache=True)
         logits = out.logits[:, -1, :].float()
         if self.min_new > 0:
             logits = logits.masked_fill((b.gen < self.min_new).unsqueeze(1) & b.eos_mask, float("-inf"))

@@ -40,6 +40,7 @@ import math
 from dataclasses import dataclass
 
 from data_concat.packed import IGNORE_INDEX
+from ropescale.common.compat.rope import global_length, install_global_length, rotary_embedding_modules
 from ropescale.common.io import InputError
 
 from .positions import PAD_SEGMENT
@@ -142,55 +143,22 @@ def register_attention(model, layout: Layout, micro_batch: int):
     return mpu
 
 
-def rotary_modules(model) -> list:
-    """The rotary-embedding modules of a transformers model (``*RotaryEmbedding``: one, or one per layer type)."""
-    return [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
-
-
 def install_global_rope(model) -> int:
-    """transformers 5.24 (rotary modules named ``*RotaryEmbedding``, ``forward(x, position_ids)`` returning cos, sin
-    of shape (..., T, head_dim), length-dependent rules updated from ``max(position_ids) + 1``): let each rotary
-    module of ``model`` rotate a shard as part of the whole sample: inside
-    :func:`global_rope_length` (``max_position`` = the sample's last position), its positions are extended by one
-    column holding ``max_position`` (and pads past it clamped to it) before the module's own forward runs, and that
-    column is dropped from the result. A rule that reads the length from the positions (transformers'
-    ``dynamic_rope_update``: ``max(position_ids) + 1`` for dynamic NTK and longrope) then sees the whole sample's
-    length on every rank; for the other rules cos/sin are functions of each position alone, unchanged. Returns the
-    number of modules."""
-    import torch
-
-    mods = rotary_modules(model)
-    for m in mods:
-        if "_ropescale_max_position" in m.__dict__:
-            continue
-        own = m.forward
-
-        def forward(x, position_ids, *args, _own=own, _m=m, **kwargs):
-            top = _m._ropescale_max_position
-            if top is None or position_ids is None:
-                return _own(x, position_ids, *args, **kwargs)
-            col = position_ids.new_full((*position_ids.shape[:-1], 1), int(top))
-            cos, sin = _own(x, torch.cat([position_ids.clamp(max=int(top)), col], dim=-1), *args, **kwargs)
-            return cos[..., :-1, :], sin[..., :-1, :]
-
-        m._ropescale_max_position = None
-        m.forward = forward
-    return len(mods)
+    """Let each rotary module of ``model`` (one, or one per layer type: ``compat.rope.rotary_embedding_modules``)
+    rotate a shard as part of the whole sample: inside :func:`global_rope_length` (``max_position`` = the sample's
+    last position) a rule that reads the length from the positions (transformers' ``dynamic_rope_update``:
+    ``max(position_ids) + 1`` for dynamic NTK and longrope; this repo's dynamic YaRN) sees the whole sample's length
+    on every rank (``compat.rope.install_global_length``); for the other rules cos/sin are functions of each
+    position alone, unchanged. Returns the number of modules."""
+    return install_global_length(rotary_embedding_modules(model))
 
 
 @contextlib.contextmanager
 def global_rope_length(model, max_position):
     """Inside: the rotary modules installed by :func:`install_global_rope` take ``max_position`` as the sample's
     last position (None: as the positions they are given)."""
-    mods = [m for m in rotary_modules(model) if "_ropescale_max_position" in m.__dict__]
-    top = None if max_position is None else int(max_position)
-    for m in mods:
-        m._ropescale_max_position = top
-    try:
+    with global_length(rotary_embedding_modules(model), max_position):
         yield
-    finally:
-        for m in mods:
-            m._ropescale_max_position = None
 
 
 def setup_model(model, layout: Layout, micro_batch: int, varlen: bool = False):

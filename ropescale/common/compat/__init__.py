@@ -44,17 +44,17 @@ transformers
 - the KV-cache protocol (engine.SlotCache, engine._prefill_writer): attention layers call
   ``past_key_values.update(key, value, layer_idx, ...)`` (5.24 passes ``kwargs=``, earlier ``cache_kwargs``) and
   attend to what it returns; ``DynamicCache(config=)``: :class:`DuckCache`, :func:`writer_cache`
-- dynamic-NTK rotary internals (engine._PerSlotDynamicRope, reset_dynamic_rope): ``rope_type``, ``inv_freq``,
-  ``original_inv_freq``, ``original_max_seq_len``, ``max_seq_len_cached``, ``attention_scaling``, the
-  ``dynamic_rope_update`` decorator on ``forward``, ``ROPE_INIT_FUNCTIONS[rope_type](config, device, seq_len=)``:
-  :func:`dynamic_rope_modules`, :func:`reset_dynamic_rope`, :func:`rope_frequencies`, :func:`set_rope_frequencies`,
-  :func:`rope_frequencies_for_length`, :func:`undecorated_rope_forward`
-- the same rotary modules under this repo's own rules (rope_scaling/load.py: dynamic YaRN in every forward;
-  engine.py: LongRoPE's short/long choice per slot; rope_scaling/search.py: candidate frequencies): their class
-  and its undecorated forward, ``ROPE_INIT_FUNCTIONS[rope_type]`` and the config's
-  ``rope_parameters["original_max_position_embeddings"]``: :func:`rotary_modules`, :func:`install_length_rope`,
-  :func:`length_rope_modules`, :func:`length_rope_frequencies`, :func:`rotary_modules_of_type`,
-  :func:`longrope_original_context`, :func:`longrope_frequencies`
+- rotary modules, in :mod:`ropescale.common.compat.rope` (import them from there): the dynamic-NTK internals
+  (``rope_type``, ``inv_freq``, ``original_inv_freq``, ``original_max_seq_len``, ``max_seq_len_cached``,
+  ``attention_scaling``, the ``dynamic_rope_update`` decorator on ``forward``, which reads the length as
+  ``max(position_ids) + 1``, ``ROPE_INIT_FUNCTIONS[rope_type](config, device, seq_len=)``, the config's
+  ``rope_parameters["original_max_position_embeddings"]``), and the one wrapper that installs this repo's rules on
+  a module's class: per sequence (rope_scaling/load.py: dynamic YaRN in every forward; probes/rope_search.py:
+  candidate frequencies), the whole sample's length for a shard (training/sequence_parallel.py), per decode slot
+  or with fixed frequencies (evaluation/rope_rules.py: dynamic NTK per slot, LongRoPE's factor set per sample):
+  :func:`~ropescale.common.compat.rope.wrap_rotary`, ``install_length_rope``, ``install_global_length``,
+  ``rope_forward``, ``per_row_forward``, ``fixed_rope``, with ``dynamic_rope_modules``, ``reset_dynamic_rope``,
+  ``rope_frequencies``, ``rope_frequencies_for_length``, ``undecorated_rope_forward``, ``longrope_frequencies``
 - gradient checkpointing: checkpointed layers carry ``gradient_checkpointing = True`` and call
   ``self._gradient_checkpointing_func(fn, *args)`` (training/memory.py): :func:`checkpointed_modules`,
   :func:`set_checkpoint_function`
@@ -98,23 +98,6 @@ import contextlib
 import functools
 import inspect
 import re
-
-# the rotary modules' shims live in compat/rope.py (this package's docstring lists them with the others)
-from .rope import (  # noqa: F401  (re-exported: callers use ropescale.common.compat.NAME)
-    dynamic_rope_modules,
-    install_length_rope,
-    length_rope_frequencies,
-    length_rope_modules,
-    longrope_frequencies,
-    longrope_original_context,
-    reset_dynamic_rope,
-    rope_frequencies,
-    rope_frequencies_for_length,
-    rotary_modules,
-    rotary_modules_of_type,
-    set_rope_frequencies,
-    undecorated_rope_forward,
-)
 
 
 def version(dist: str) -> tuple[int, ...]:

@@ -1,9 +1,14 @@
-"""transformers' rotary modules: the dynamic-NTK internals and the same modules under this repo's own rules (dynamic
-YaRN, LongRoPE's short/long choice per slot, candidate frequencies). Part of :mod:`ropescale.common.compat`, whose
-docstring lists every shim with the versions it was written against; import them from there."""
+"""transformers' rotary modules: the dynamic-NTK internals, and the one wrapper that installs this repo's rules on
+them (:func:`wrap_rotary`): per sequence (dynamic YaRN, LongRoPE search candidates: :func:`install_length_rope`), the
+whole sample's length for a shard (sequence parallelism: :func:`install_global_length`), per decode slot or with
+fixed frequencies (the slot decoder: :func:`rope_forward`). The shims of :mod:`ropescale.common.compat` that touch
+rotary modules; that package's docstring lists them with the versions they were written against."""
 from __future__ import annotations
 
+import contextlib
 import inspect
+from dataclasses import dataclass, field
+from typing import Callable
 
 
 # ================================================================ transformers: dynamic-NTK rotary modules
@@ -51,60 +56,113 @@ def rope_frequencies_for_length(m, device, seq_len: int):
 
 def undecorated_rope_forward(m):
     """The rotary module's forward without ``dynamic_rope_update`` (called as ``fn(module, x, position_ids)``): the
-    cos/sin of the frequencies the module holds. For a module under :func:`install_length_rope`, its model class's
-    forward, not the length rule's."""
+    cos/sin of the frequencies the module holds. For a module under :func:`wrap_rotary`, its model class's forward,
+    not the wrapper's."""
     return getattr(type(m), "_ropescale_raw", None) or inspect.unwrap(type(m).forward)
 
 
-# ================================================================ transformers: rotary modules under this repo's rules
-# The same rotary modules (4.48+ and 5.x): ``forward(x, position_ids) -> (cos, sin)`` computed from the ``inv_freq``
-# buffer and ``attention_scaling`` they hold, under ``dynamic_rope_update``, which changes them only for rope types
-# containing "dynamic" and for "longrope" (short factors while max(position_ids) + 1 <= the original context, long
-# past it, for the whole batch).
+# ================================================================ transformers: one wrapper for this repo's rules
+# The same rotary modules (4.48+ and 5.x): ``forward(x, position_ids, *rest) -> (cos, sin)`` computed from the
+# ``inv_freq`` buffer and ``attention_scaling`` they hold, under ``dynamic_rope_update``, which changes them only for
+# rope types containing "dynamic" and for "longrope" (short factors while max(position_ids) + 1 <= the original
+# context, long past it, for the whole batch), reading the length as max(position_ids) + 1.
 def rotary_modules(model) -> list:
     """The model's rotary-embedding modules: an ``inv_freq`` buffer, ``attention_scaling`` and a ``rope_type``."""
     return [m for m in model.modules() if isinstance(getattr(m, "rope_type", None), str)
             and hasattr(m, "inv_freq") and hasattr(m, "attention_scaling")]
 
 
-_LENGTH_CLASSES: dict = {}  # a model's rotary class -> its subclass under a length rule (one per class)
+def rotary_embedding_modules(model) -> list:
+    """Every rotary-embedding module of a model by its class name (``*RotaryEmbedding``): one, or one for all layer
+    types (Gemma 3's per-layer-type module keeps ``{type}_inv_freq`` and a dict of rope types, which
+    :func:`rotary_modules` leaves out)."""
+    return [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
 
 
-def _length_class(cls):
-    """``cls`` with a forward that first takes its frequencies from the module's length rule at L = max(position_ids)
-    + 1 (this forward's length), then runs ``cls``'s own forward without ``dynamic_rope_update``."""
-    if cls not in _LENGTH_CLASSES:
-        raw = inspect.unwrap(cls.forward)
+@dataclass
+class RopeRules:
+    """What this repo's wrapper of one rotary module runs (:func:`wrap_rotary`), first match wins:
 
-        def forward(self, x, position_ids, *args, **kwargs):
+    - ``forward``: a forward of the caller's in place of everything below (the slot decoder's per-slot and fixed
+      frequencies: :func:`rope_forward`, :func:`per_row_forward`, :func:`fixed_rope`);
+    - ``top``: the last position of the whole sample (sequence parallelism: a shard's rule sees the whole length,
+      :func:`global_length`), read only where ``global_length`` was installed;
+    - ``length``: per sequence, ``rule(L) -> (inv_freq, attention factor)`` at L = max(position_ids) + 1
+      (:func:`install_length_rope`);
+    - else the model class's own forward."""
+
+    length: Callable | None = None
+    cache: dict = field(default_factory=dict)  # (length, device) -> the length rule's frequencies there
+    global_length: bool = False
+    top: int | None = None
+    forward: Callable | None = None
+
+
+RULES_ATTR = "_ropescale_rope"  # the instance attribute holding a wrapped module's RopeRules
+_WRAPPED: dict = {}  # a model's rotary class -> its wrapped subclass (one per class)
+
+
+def _wrapped_class(cls):
+    """``cls`` with a forward that runs the module's :class:`RopeRules`; ``_ropescale_raw`` keeps ``cls``'s own
+    forward without ``dynamic_rope_update`` (:func:`undecorated_rope_forward`)."""
+    if cls not in _WRAPPED:
+        raw, own = inspect.unwrap(cls.forward), cls.forward
+
+        def by_length(self, r, x, position_ids, *args, **kwargs):
+            if r.length is None:
+                return own(self, x, position_ids, *args, **kwargs)
             inv, att = length_rope_frequencies(self, int(position_ids.max()) + 1, x.device)
             set_rope_frequencies(self, inv, att)
             return raw(self, x, position_ids, *args, **kwargs)
 
-        _LENGTH_CLASSES[cls] = type(f"LengthRule{cls.__name__}", (cls,),
-                                    {"forward": forward, "_ropescale_raw": raw, "__module__": cls.__module__})
-    return _LENGTH_CLASSES[cls]
+        def forward(self, x, position_ids, *args, **kwargs):
+            r = self.__dict__[RULES_ATTR]
+            if r.forward is not None:
+                return r.forward(x, position_ids, *args, **kwargs)
+            if r.global_length and r.top is not None and position_ids is not None:
+                import torch
+
+                col = position_ids.new_full((*position_ids.shape[:-1], 1), r.top)
+                cos, sin = by_length(self, r, x, torch.cat([position_ids.clamp(max=r.top), col], dim=-1), *args,
+                                     **kwargs)
+                return cos[..., :-1, :], sin[..., :-1, :]
+            return by_length(self, r, x, position_ids, *args, **kwargs)
+
+        _WRAPPED[cls] = type(cls.__name__, (cls,), {"forward": forward, "_ropescale_raw": raw,
+                                                    "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    return _WRAPPED[cls]
+
+
+def wrap_rotary(m) -> RopeRules:
+    """Put rotary module ``m`` under this repo's wrapper (once: its class swapped for a subclass of it, so
+    ``isinstance`` and its own forward stay) and return its :class:`RopeRules`, empty at first (the module then
+    computes what its class computes)."""
+    if type(m) not in _WRAPPED.values():
+        m.__class__ = _wrapped_class(type(m))
+        setattr(m, RULES_ATTR, RopeRules())
+    return m.__dict__[RULES_ATTR]
+
+
+def rope_rules(m) -> RopeRules | None:
+    """The :class:`RopeRules` of a wrapped rotary module, None when it runs as loaded."""
+    return m.__dict__.get(RULES_ATTR)
 
 
 def install_length_rope(model, rule) -> int:
     """Let every rotary module of ``model`` compute its frequencies in every forward from that forward's length L =
     max(position_ids) + 1: ``rule(L) -> (inv_freq: d/2 floats, attention factor)`` (e.g. dynamic YaRN, which no
-    transformers rope type computes). The module's class is swapped for a subclass of it (:func:`_length_class`):
-    an instance attribute (the slot decoder's per-slot forward, sequence parallelism's global length) still
-    shadows it, and its model class's own forward stays reachable (:func:`undecorated_rope_forward`). Each
-    length's frequencies are computed once per device. Returns the number of modules."""
+    transformers rope type computes), through :func:`wrap_rotary`. Each length's frequencies are computed once per
+    device. Returns the number of modules."""
     mods = rotary_modules(model)
     for m in mods:
-        if type(m) not in _LENGTH_CLASSES.values():
-            m.__class__ = _length_class(type(m))
-        m._ropescale_length_rule = rule
-        m._ropescale_length_cache = {}
+        r = wrap_rotary(m)
+        r.length, r.cache = rule, {}
     return len(mods)
 
 
 def length_rope_modules(model) -> list:
     """The rotary modules of ``model`` under :func:`install_length_rope`."""
-    return [m for m in model.modules() if getattr(m, "_ropescale_length_rule", None) is not None]
+    return [m for m in model.modules() if getattr(rope_rules(m), "length", None) is not None]
 
 
 def length_rope_frequencies(m, seq_len: int, device):
@@ -112,14 +170,93 @@ def length_rope_frequencies(m, seq_len: int, device):
     for a sequence of ``seq_len`` tokens."""
     import torch
 
-    cache = m._ropescale_length_cache
+    r = rope_rules(m)
     key = (int(seq_len), str(device))
-    if key not in cache:
-        if len(cache) >= 4096:
-            cache.clear()
-        inv, att = m._ropescale_length_rule(int(seq_len))
-        cache[key] = (torch.tensor([float(v) for v in inv], dtype=torch.float32, device=device), float(att))
-    return cache[key]
+    if key not in r.cache:
+        if len(r.cache) >= 4096:
+            r.cache.clear()
+        inv, att = r.length(int(seq_len))
+        r.cache[key] = (torch.tensor([float(v) for v in inv], dtype=torch.float32, device=device), float(att))
+    return r.cache[key]
+
+
+def install_global_length(modules) -> int:
+    """Let rotary ``modules`` rotate a part of a sample as part of the whole (inside :func:`global_length`): their
+    positions are extended by one column holding the sample's last position (pads past it clamped to it) before the
+    module's rule runs, and that column is dropped from the result, so a rule that reads the length from the
+    positions (``dynamic_rope_update``: dynamic NTK, longrope; :func:`install_length_rope`) sees the whole
+    sample's; cos/sin of the other rules are functions of each position alone, unchanged. Returns the count."""
+    for m in modules:
+        wrap_rotary(m).global_length = True
+    return len(modules)
+
+
+@contextlib.contextmanager
+def global_length(modules, max_position):
+    """Inside: the ``modules`` under :func:`install_global_length` take ``max_position`` as the sample's last
+    position (None: as the positions they are given)."""
+    rules = [r for r in map(rope_rules, modules) if r is not None and r.global_length]
+    top = None if max_position is None else int(max_position)
+    for r in rules:
+        r.top = top
+    try:
+        yield
+    finally:
+        for r in rules:
+            r.top = None
+
+
+@contextlib.contextmanager
+def rope_forward(m, forward):
+    """Inside: rotary module ``m`` runs ``forward(x, position_ids, *rest) -> (cos, sin)`` in place of its own."""
+    r = wrap_rotary(m)
+    saved, r.forward = r.forward, forward
+    try:
+        yield
+    finally:
+        r.forward = saved
+
+
+def per_row_forward(m, frequencies):
+    """A forward for :func:`rope_forward`: row r of a batch rotates with ``frequencies(r, L, device) -> (inv_freq,
+    attention_scaling)`` at L = its last position + 1 (the module's undecorated forward on that row alone), the
+    module's own frequencies put back after."""
+    raw = undecorated_rope_forward(m)
+
+    def forward(x, position_ids, *args, **kwargs):
+        import torch
+
+        saved = rope_frequencies(m)
+        cos, sin = [], []
+        try:
+            for row, p in enumerate(position_ids[:, -1].tolist()):
+                set_rope_frequencies(m, *frequencies(row, int(p) + 1, x.device))
+                c, s_ = raw(m, x[row:row + 1], position_ids[row:row + 1], *args, **kwargs)
+                cos.append(c)
+                sin.append(s_)
+        finally:
+            set_rope_frequencies(m, saved[0], saved[2])
+        return torch.cat(cos), torch.cat(sin)
+
+    return forward
+
+
+@contextlib.contextmanager
+def fixed_rope(m, inv_freq, attention_scaling):
+    """Inside: rotary module ``m`` computes cos/sin from ``inv_freq`` and ``attention_scaling`` in every forward,
+    whatever the length (its undecorated forward, :func:`rope_forward`)."""
+    raw = undecorated_rope_forward(m)
+    saved = rope_frequencies(m)
+
+    def forward(x, position_ids, *args, **kwargs):
+        return raw(m, x, position_ids, *args, **kwargs)
+
+    set_rope_frequencies(m, inv_freq, attention_scaling)
+    try:
+        with rope_forward(m, forward):
+            yield
+    finally:
+        set_rope_frequencies(m, saved[0], saved[2])
 
 
 def rotary_modules_of_type(model, rope_type: str) -> list:

@@ -24,11 +24,11 @@ token for token on tiny random Qwen2 / Llama models on CPU, for every cache; on 
 random-weight logits an argmax flips after a few tokens.
 
 With dynamic NTK, transformers' rotary module keeps the largest base it has computed; every prefill (slots) or
-batch (static / dynamic) starts from the original base again (:func:`ropescale.evaluation.engine.reset_dynamic_rope`),
-and the slot decoder gives each slot its own frequencies, so each sample is decoded as batch-1 ``generate`` on a fresh
-model decodes it. (A padded batch of ``generate`` still shares one base: the longest row's; so does dynamic YaRN's
-length.) LongRoPE: each sample keeps one factor set from its prefill on, long when prompt + max new tokens passes the
-original context (:mod:`ropescale.evaluation.engine`); padded batches never mix the two (:func:`longrope_groups`).
+batch (static / dynamic) starts from the original base again, and the slot decoder gives each slot its own
+frequencies, so each sample is decoded as batch-1 ``generate`` on a fresh model decodes it. (A padded batch of
+``generate`` still shares one base: the longest row's; so does dynamic YaRN's length.) LongRoPE: each sample keeps one
+factor set from its prefill on, long when prompt + max new tokens passes the original context; padded batches never
+mix the two. Those rules, and LongRoPE's choice in one place: :mod:`ropescale.evaluation.rope_rules`.
 """
 from __future__ import annotations
 
@@ -41,16 +41,8 @@ from ropescale.common import compat
 from ropescale.common.cli import torch_dtype
 from ropescale.common.io import InputError
 
-from ..engine import (
-    SlotDecoder,
-    cut_at_eos,
-    longrope_for,
-    longrope_long,
-    longrope_modules,
-    reset_dynamic_rope,
-    slot_bytes_per_token,
-    supported,
-)
+from ..engine import SlotDecoder, cut_at_eos, slot_bytes_per_token, supported
+from ..rope_rules import longrope_for, longrope_groups, reset_dynamic_ntk
 from .base import Backend, BackendJob, Item, OnDone, eos_ids_of
 
 if TYPE_CHECKING:
@@ -289,7 +281,7 @@ class PaddedDecoding:
                               pad_token_id=be.pad, use_cache=True,
                               cache_implementation="static" if be.cache == "static" else None,
                               disable_compile=not be.compile)
-        reset_dynamic_rope(be.model)  # dynamic NTK: start each batch from the original base, not the last one's
+        reset_dynamic_ntk(be.model)  # dynamic NTK: start each batch from the original base, not the last one's
         # longrope: one factor set for the whole batch (its samples are on one side: :meth:`run`), every step
         with torch.inference_mode(), longrope_for(be.model, longest + max_new_tokens):
             out = be.model.generate(input_ids=ids.to(be.device), attention_mask=mask.to(be.device),
@@ -326,16 +318,3 @@ class PaddedDecoding:
                 continue
             for it, o in zip(batch, outs):
                 on_done(it, o)
-
-
-def longrope_groups(model, items: Sequence[Item], max_new_tokens: int) -> list[list[Item]]:
-    """``items`` split by the LongRoPE factor set each sample takes (``engine.longrope_long``: prompt + max new
-    tokens past the original context or not), so that a padded batch never mixes them; one group for other
-    models."""
-    mods = longrope_modules(model)
-    if not mods:
-        return [list(items)]
-    groups: dict[bool, list[Item]] = {}
-    for it in items:
-        groups.setdefault(longrope_long(mods[0], len(it.input_ids) + max_new_tokens), []).append(it)
-    return [groups[k] for k in sorted(groups)]
