@@ -13,8 +13,8 @@ Beside the methods: the per-pair rescale factors theta_i / theta'_i a spec impli
 LongRoPE search's start). The angle bounds of a scaled rope are ``rope_scaling.bounds``.
 
 A new method is its functions and one :data:`REGISTRY` entry here (docs/extending.md): ``RopeSpec`` takes its name,
-``--rope`` offers it, ``hf.apply_rope`` writes it, ``describe`` explains it, the vllm backend serves or refuses the HF
-type it writes, and ``tests/test_rope_registry.py`` covers it on arrival. No torch, no transformers: plain math and
+``--rope`` offers it, ``hf.apply_rope`` writes it, ``describe`` explains it, a serving backend serves or refuses the
+HF type it writes, and ``tests/test_rope_registry.py`` covers it on arrival. No torch, no transformers: plain math and
 dicts, so ``describe``, the HF adapter and the tests' expectations can all be checked against it.
 """
 from __future__ import annotations
@@ -130,9 +130,10 @@ def _dynamic_yarn(d: int, base: float, spec: RopeSpec, seq_len: int | None) -> F
 
     ``--scale`` is the extension the setting is meant for (the extended context orig x s), not a floor: at L <=
     orig this is plain RoPE. Written into a config as the static ``yarn`` entry at factor s (HF has no dynamic
-    YaRN), which is what plain transformers and vLLM then run: the same frequencies at the extended context, YaRN x s
-    (not the dynamic ones) below it; this repo reads the ``ropescale_rope`` record back as dynamic_yarn and must
-    recompute the frequencies per forward from the current length (its own rotary hook: ``Method.per_forward``)."""
+    YaRN), which is what plain transformers (any reader of HF entries) then runs: the same frequencies at the
+    extended context, YaRN x s (not the dynamic ones) below it; this repo reads the ``ropescale_rope`` record back as
+    dynamic_yarn and must recompute the frequencies per forward from the current length (its own rotary hook:
+    ``Method.per_forward``)."""
     s = _dynamic_yarn_scale(spec, spec.orig_ctx, seq_len)
     return Freqs(yarn_inv_freq(d, base, s, spec.orig_ctx, spec.yarn_alpha, spec.yarn_beta), yarn_attention_factor(s),
                  base)
@@ -229,7 +230,7 @@ def _llama3_hf(spec: RopeSpec, b: float, d: int) -> tuple[dict, int]:
 
 
 def _dynamic_yarn_hf(spec: RopeSpec, b: float, d: int) -> tuple[dict, int]:
-    # HF has no dynamic YaRN: plain transformers / vLLM run static YaRN at the full factor (equal at orig x s); this
+    # HF has no dynamic YaRN: a reader of HF entries runs static YaRN at the full factor (equal at orig x s); this
     # repo reads its ropescale_rope record back as dynamic_yarn
     return {"rope_type": "yarn", "rope_theta": b, "factor": spec.scale, "original_max_position_embeddings":
             spec.orig_ctx, "beta_fast": spec.yarn_beta, "beta_slow": spec.yarn_alpha}, _extended(spec)

@@ -113,7 +113,7 @@ def test_dynamic_ntk_is_refused_on_vllm(base_dir):
     from ropescale.evaluation.backends.vllm import vllm_settings
 
     config, overrides = scaled(base_dir, method="dynamic_ntk", scale=4.0)
-    with pytest.raises(InputError, match=r"dynamic NTK.*static NTK base.*--backend hf"):
+    with pytest.raises(InputError, match=r"dynamic_ntk x4.*follow the current length.*static NTK base.*--backend hf"):
         vllm_settings(config, overrides, need=10, want=10)  # even when it would fit
 
 
@@ -125,7 +125,7 @@ def test_generate_refuses_before_looking_for_vllm(base_dir, chapters, tmp_path, 
     data = tmp_path / "cnnsum_L_16k.jsonl"
     data.write_text(json.dumps({"context": chapters[0]["text"][:100], "summary": "x"}, ensure_ascii=False) + "\n",
                     encoding="utf-8")
-    for method, says in (("dynamic_ntk", "dynamic NTK"), ("dynamic_yarn", "dynamic_yarn")):
+    for method, says in (("dynamic_ntk", "static NTK base"), ("dynamic_yarn", "dynamic_yarn")):
         rc = main(["generate", "--model", str(base_dir), "--data", str(data), "--prompt", "ie", "--out",
                    str(tmp_path / "o"), "--backend", "vllm", "--rope", method, "--scale", "4"])
         err = capsys.readouterr().err.strip().splitlines()

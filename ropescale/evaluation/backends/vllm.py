@@ -168,9 +168,11 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None, 
     ``original_max_position_embeddings x factor`` for yarn. An attention-level method (``--attention-extend``) goes
     to :func:`attention_settings` (DCA as vLLM's ``dual_chunk_attention_config`` where it is supported: ``dca``,
     default :func:`vllm_dca`). What each method needs, or why vLLM cannot serve it, is
-    its registry row's vLLM rule (``rope_scaling.formulas.Method.vllm``: caches raised to cover max_model_len, YaRN
+    the rule of the HF rope type its registry row writes (:data:`RULES`: caches raised to cover max_model_len, YaRN
     capped to its cache with its attention factor in both spellings, LongRoPE on one side of the original context
-    and past it only from vllm 0.11.1 on; dynamic NTK and dynamic YaRN refused); a method without one is refused.
+    and past it only from vllm 0.11.1 on); a type without one is refused, and so is a row whose frequencies this
+    repo recomputes per forward (``Method.per_forward``: dynamic YaRN) or follow the length where vLLM's rope of
+    that type does not (``Method.by_length`` outside :data:`BY_LENGTH`: dynamic NTK).
     """
     cfg = config if isinstance(config, dict) else config.to_dict()
     key, e = rope_entries(cfg)  # the one reader of HF rope entries (4.x and 5.x layouts)
@@ -185,8 +187,10 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None, 
         raise InputError(f"--backend vllm cannot run {st.spec.method}: the config's entries say static {t} "
                          f"x{st.spec.scale:g}, which vLLM would serve at every length (this repo recomputes the "
                          f"frequencies from the current length); use --backend hf")
-    if t in REFUSED:
-        raise InputError(f"--backend vllm cannot run {st.spec.label()} ({t!r} entries): {REFUSED[t]}; use --backend hf")
+    if method.by_length and t not in BY_LENGTH:  # transformers follows the length, vLLM's rope of that name does not
+        raise InputError(f"--backend vllm cannot run {st.spec.label()} ({t!r} entries): its frequencies follow the "
+                         f"current length ({method.help}), vLLM's {t!r} rope is "
+                         f"{STATIC.get(t, 'one set of frequencies for every length')}; use --backend hf")
     if t not in RULES:
         raise InputError(f"--backend vllm: rope {st.spec.label()} is not served by vLLM here; use --backend hf")
     return RULES[t](VllmJob(cfg, key, e, st, dict(overrides), int(need), int(need if short is None else short),
@@ -321,6 +325,8 @@ def _vllm_longrope(job: VllmJob) -> tuple[dict, int]:
 # the rule of each HF rope type a registry row writes (rope_scaling.formulas: Method.hf); a type without one is refused
 RULES = {"default": _vllm_cached, "linear": _vllm_linear, "llama3": _vllm_cached, "yarn": _vllm_yarn,
          "longrope": _vllm_longrope}
-# types vLLM reads under the same name as something else than transformers
-REFUSED = {"dynamic": "transformers' dynamic NTK recomputes the base from the current length, vLLM's 'dynamic' "
-                      "rope is a static NTK base for the full factor"}
+# the HF types of rows whose frequencies follow the length (Method.by_length) that vLLM serves: its rule picks one
+# set for the run and refuses what would need another; every other by_length row is refused
+BY_LENGTH = ("longrope",)
+# what vLLM computes for such a type (the reason a refusal gives)
+STATIC = {"dynamic": "a static NTK base for the full factor"}
