@@ -118,7 +118,7 @@ def _record(cfg, entries: dict) -> dict | None:
     return rec
 
 
-def _from_entries(cfg, e: dict) -> RopeSpec:
+def spec_from_entries(cfg, e: dict) -> RopeSpec:
     """A spec from HF rope entries alone (configs not written here, e.g. a model's native scaling): the registry
     method that reads the entry's rope_type (``formulas.hf_readers``; a type that needs a factor and names none is
     an InputError there)."""
@@ -167,7 +167,7 @@ def rope_state(cfg) -> RopeState:
         o = rec["original"]
         return RopeState(RopeSpec.from_dict(rec["spec"]), float(o["base"]), int(o["orig_ctx"]),
                          int(o["max_position_embeddings"]), d)
-    spec = _from_entries(cfg, e)
+    spec = spec_from_entries(cfg, e)
     check_model(spec, d)  # a config's longrope lists must hold one factor per rotary pair
     max_pos = _get(cfg, "max_position_embeddings")
     if not max_pos:

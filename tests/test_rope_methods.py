@@ -22,7 +22,7 @@ from rope_scaling import InputError, RopeSpec, add_rope_args, apply_rope, read_r
 from rope_scaling.bounds import critical_dimension, critical_period, finetune_bound, reach
 from rope_scaling.describe import main as describe_main
 from rope_scaling.formulas import frequencies, hf_entries, rescale_factors
-from rope_scaling.hf import _from_entries, plan_rope, rope_entries, rope_state
+from rope_scaling.hf import plan_rope, rope_entries, rope_state, spec_from_entries
 from rope_scaling.spec import LongRopeFactors, read_longrope_factors
 
 
@@ -318,7 +318,7 @@ def test_written_entries_read_back_as_the_same_spec():
                  RopeSpec("llama3", 4, orig_ctx=8192, llama3_low=2, llama3_high=8)):
         entries, max_pos = hf_entries(spec, 10000.0, 128)
         cfg = {"rope_parameters": entries, "max_position_embeddings": max_pos, "head_dim": 128}
-        assert _from_entries(cfg, rope_entries(cfg)[1]).same_rope(spec) and max_pos == spec.orig_ctx * spec.scale
+        assert spec_from_entries(cfg, rope_entries(cfg)[1]).same_rope(spec) and max_pos == spec.orig_ctx * spec.scale
 
 
 def test_a_record_is_trusted_only_while_the_factors_match():

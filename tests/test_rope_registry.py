@@ -10,7 +10,7 @@ import pytest
 
 from rope_scaling import RopeSpec
 from rope_scaling.formulas import REGISTRY, hf_entries, hf_readers
-from rope_scaling.hf import _from_entries, rope_entries
+from rope_scaling.hf import rope_entries, spec_from_entries
 
 
 def test_every_hf_type_has_exactly_one_reader_and_it_is_the_writer():
@@ -33,7 +33,7 @@ def test_every_hf_type_has_exactly_one_reader_and_it_is_the_writer():
 def test_written_entries_read_back_as_the_same_spec(spec):
     entries, max_pos = hf_entries(spec, 10000.0, 128)
     cfg = {"rope_parameters": entries, "max_position_embeddings": max_pos, "head_dim": 128}
-    assert _from_entries(cfg, rope_entries(cfg)[1]).same_rope(spec)
+    assert spec_from_entries(cfg, rope_entries(cfg)[1]).same_rope(spec)
 
 
 def test_linear_entries_alone_take_max_positions_as_the_original_context():
@@ -41,7 +41,7 @@ def test_linear_entries_alone_take_max_positions_as_the_original_context():
     entries, max_pos = hf_entries(RopeSpec("pi", 4, orig_ctx=4096), 10000.0, 128)
     assert max_pos == 16384
     cfg = {"rope_parameters": entries, "max_position_embeddings": 4096, "head_dim": 128}
-    assert _from_entries(cfg, rope_entries(cfg)[1]) == RopeSpec("pi", 4, orig_ctx=4096)
+    assert spec_from_entries(cfg, rope_entries(cfg)[1]) == RopeSpec("pi", 4, orig_ctx=4096)
 
 
 def test_rope_entries_says_where_the_rope_lives_in_both_layouts():
