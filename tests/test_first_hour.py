@@ -165,7 +165,7 @@ def test_a_resumed_generate_and_scores_into_a_read_only_run(freeze, model_dir, e
 # ---------------------------------------------------------------- 3. one writer per run directory
 HOLD = """
 import sys, time
-from ropescale.common.runs import open_run_dir
+from ropescale.common.runs.resume import open_run_dir
 open_run_dir(sys.argv[1], "generate")
 print("held", flush=True)
 time.sleep(120)
@@ -317,7 +317,8 @@ def test_a_busy_port_in_a_job_of_ranks_is_one_line(held_port, tmp_path):
 # ---------------------------------------------------------------- 6. rough edges
 WRITE_RUNNING = """
 import sys, time
-from ropescale.common.runs import RunDir, RunRecord, open_run_dir
+from ropescale.common.runs.record import RunDir, RunRecord
+from ropescale.common.runs.resume import open_run_dir
 open_run_dir(sys.argv[1], "finetune")
 RunDir(sys.argv[1]).write_record(RunRecord("finetune", settings={}, train={}))  # status: running
 print("held", flush=True)
