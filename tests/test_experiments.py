@@ -361,8 +361,8 @@ def test_several_scores_per_seed_arms_units_facts_and_baselines(tmp_path, capsys
 
 
 def test_a_per_seed_arm_runs_once_a_seed(tmp_path, capsys, monkeypatch):
-    """The runner calls an arm that names no {length} once a seed (its run directory WORK/runs/ARM/sSEED), and
-    one that names a prepared file made per length once per length."""
+    """The runner calls an arm that names no {length} once a seed (its run directory WORK/runs/ARM/sSEED), one
+    that names a prepared file made per length once per length, one with lengths: at those only."""
     from ropescale.experiments import __main__ as cli
     from ropescale.experiments import runner
 
@@ -377,6 +377,7 @@ scores:
 arms:
   once: [probes, ppl]
   each: [probes, ppl, --data, "{data}"]
+  first: {run: [probes, copy, --data, "{data}"], lengths: [64]}
 """, encoding="utf-8")
     calls = []
 
@@ -393,6 +394,7 @@ arms:
     monkeypatch.setattr(runner, "call", fake)
     assert cli.main(["run", str(f), "--out", str(tmp_path / "w")]) == 0
     arms = [c for c in calls if c[0] == "probes"]
-    assert len(arms) == 3 and sum("--data" in c for c in arms) == 2
+    assert len(arms) == 4 and sum(c[1] == "ppl" and "--data" in c for c in arms) == 2
     assert (tmp_path / "w/runs/once/s0/s.jsonl").is_file() and (tmp_path / "w/runs/each/s0/T128/s.jsonl").is_file()
-    assert "3 runs, 0 complete already, 3 to run" in capsys.readouterr().err
+    assert [Path(c[c.index("--data") + 1]).name for c in arms if c[1] == "copy"] == ["d_T64.txt"]  # lengths: [64]
+    assert "4 runs, 0 complete already, 4 to run" in capsys.readouterr().err

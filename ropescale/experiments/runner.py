@@ -51,8 +51,10 @@ def run_dir(work: Path, arm: str, seed: int, length: int | None) -> Path:
 
 
 def lengths_of(exp: Experiment, arm: str) -> tuple:
-    """The lengths an arm runs at: the experiment's, or (None,) for an arm run once per seed."""
-    return exp.lengths if exp.arms[arm].per_length else (None,)
+    """The lengths an arm runs at: the experiment's (those its ``lengths:`` names), or (None,) for an arm run once
+    per seed."""
+    a = exp.arms[arm]
+    return tuple(t for t in exp.lengths if not a.lengths or t in a.lengths) if a.per_length else (None,)
 
 
 def prepare_of(exp: Experiment, length: int | None) -> list[str]:

@@ -33,7 +33,7 @@ KEYS = ("name", "title", "about", "seeds", "lengths", "vars", "prepare", "arms",
 KINDS = ("mean", "proportion")
 UNITS = ("sample", "window", "bucket")  # what one id of a score is: the paired tests' unit
 SCORE_KEYS = ("file", "field", "id", "name", "make", "kind", "unit", "length", "column", "table")
-ARM_KEYS = ("label", "run", "reads", "field", "fields", "scores", "facts")
+ARM_KEYS = ("label", "run", "reads", "field", "fields", "scores", "facts", "lengths")
 QUICK_KEYS = ("seeds", "lengths", "vars", "arms")
 RUNTIME = ("seed", "length", "run", "out", "work")  # placeholders the runner fills in
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -49,9 +49,10 @@ class Arm:
     reads: str | None = None  # an arm whose run directories this one reads (runs nothing), e.g. a floor
     field: str | None = None  # the score field read, for each of its scores (default: the score's field)
     fields: dict = dc_field(default_factory=dict)  # score -> the field read for that score (over ``field``)
-    scores: tuple = ()  # the scores its runs have (empty: every score)
+    scores: tuple = ()  # the scores its runs have (the file's: the first score when it names none)
     facts: dict = dc_field(default_factory=dict)  # fact -> a dotted key of its runs' run.json, shown beside its row
     per_length: bool = True  # runs once per seed and length (its flags name {length}); else once per seed
+    lengths: tuple = ()  # the experiment's lengths it runs at (empty: every one)
 
     def field_of(self, score: "Score") -> str:
         return self.fields.get(score.key) or self.field or score.field
@@ -261,6 +262,7 @@ def arm_extras(r: Reader, k: str, v: dict) -> dict:
     if not all(isinstance(x, str) and x for x in facts.values()):
         r.fail(k, f"arm {k}: facts: NAME: a dotted key of its runs' run.json (e.g. train.coverage)")
     out["facts"] = {str(a): b for a, b in facts.items()}
+    out["lengths"] = r.ints(v["lengths"], k) if "lengths" in v else ()
     return out
 
 
@@ -400,7 +402,7 @@ def load(path: str | Path, *, quick: bool = False) -> Experiment:
     for k, arm in exp.arms.items():  # an arm that reads another's runs: that arm's flags
         v = data["arms"][arm.reads] if arm.reads else arm.run
         flags = arm.run or r.flags(v if isinstance(v, list) else (v or {}).get("run"), arm.reads)
-        exp.arms[k] = replace(arm, per_length=per_length(exp, flags))
+        exp.arms[k] = replace(arm, per_length=per_length(exp, flags), scores=arm.scores or (next(iter(scores)),))
     for k in exp.prepare:
         if k in exp.vars:
             r.fail(k, f"prepare: {k!r} is a var's name too")
