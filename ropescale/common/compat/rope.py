@@ -86,14 +86,14 @@ class RopeRules:
     - ``forward``: a forward of the caller's in place of everything below (the slot decoder's per-slot and fixed
       frequencies: :func:`rope_forward`, :func:`per_row_forward`, :func:`fixed_rope`);
     - ``top``: the last position of the whole sample (sequence parallelism: a shard's rule sees the whole length,
-      :func:`global_length`), read only where ``global_length`` was installed;
+      :func:`global_length`), read only where ``whole_sample`` (:func:`install_global_length`);
     - ``length``: per sequence, ``rule(L) -> (inv_freq, attention factor)`` at L = max(position_ids) + 1
       (:func:`install_length_rope`);
     - else the model class's own forward."""
 
     length: Callable | None = None
     cache: dict = field(default_factory=dict)  # (length, device) -> the length rule's frequencies there
-    global_length: bool = False
+    whole_sample: bool = False
     top: int | None = None
     forward: Callable | None = None
 
@@ -119,7 +119,7 @@ def _wrapped_class(cls):
             r = self.__dict__[RULES_ATTR]
             if r.forward is not None:
                 return r.forward(x, position_ids, *args, **kwargs)
-            if r.global_length and r.top is not None and position_ids is not None:
+            if r.whole_sample and r.top is not None and position_ids is not None:
                 import torch
 
                 col = position_ids.new_full((*position_ids.shape[:-1], 1), r.top)
@@ -187,7 +187,7 @@ def install_global_length(modules) -> int:
     positions (``dynamic_rope_update``: dynamic NTK, longrope; :func:`install_length_rope`) sees the whole
     sample's; cos/sin of the other rules are functions of each position alone, unchanged. Returns the count."""
     for m in modules:
-        wrap_rotary(m).global_length = True
+        wrap_rotary(m).whole_sample = True
     return len(modules)
 
 
@@ -195,7 +195,7 @@ def install_global_length(modules) -> int:
 def global_length(modules, max_position):
     """Inside: the ``modules`` under :func:`install_global_length` take ``max_position`` as the sample's last
     position (None: as the positions they are given)."""
-    rules = [r for r in map(rope_rules, modules) if r is not None and r.global_length]
+    rules = [r for r in map(rope_rules, modules) if r is not None and r.whole_sample]
     top = None if max_position is None else int(max_position)
     for r in rules:
         r.top = top
