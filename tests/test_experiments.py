@@ -395,6 +395,7 @@ arms:
     assert cli.main(["run", str(f), "--out", str(tmp_path / "w")]) == 0
     arms = [c for c in calls if c[0] == "probes"]
     assert len(arms) == 4 and sum(c[1] == "ppl" and "--data" in c for c in arms) == 2
+    assert sum(c[0] == "data" for c in calls) == 2  # the prepared file of each length, made once
     assert (tmp_path / "w/runs/once/s0/s.jsonl").is_file() and (tmp_path / "w/runs/each/s0/T128/s.jsonl").is_file()
     assert [Path(c[c.index("--data") + 1]).name for c in arms if c[1] == "copy"] == ["d_T64.txt"]  # lengths: [64]
     assert "4 runs, 0 complete already, 4 to run" in capsys.readouterr().err

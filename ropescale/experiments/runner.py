@@ -131,6 +131,20 @@ def readers(exp: Experiment, arms) -> list[str]:
     return [a for a in exp.arms if a in arms or exp.arms[a].reads in arms]
 
 
+def needs(exp: Experiment, arms) -> set:
+    """The prepared files these arms' flags name, with the ones those are made from."""
+    from .spec import placeholders
+
+    todo = [n for a in arms for n in placeholders(exp.arms[a].run) if n in exp.prepare]
+    out: set = set()
+    while todo:
+        n = todo.pop()
+        if n not in out:
+            out.add(n)
+            todo += [m for m in placeholders(exp.prepare[n][1]) if m in exp.prepare]
+    return out
+
+
 def make_scores(exp: Experiment, arm: str, rd: Path, v: dict) -> None:
     """Each score file of the arm missing after its run made by its score's ``make`` (once per file)."""
     for f in score_files(exp, arm):
@@ -153,10 +167,12 @@ def run(exp: Experiment, st: ExperimentSettings, work: Path) -> dict:
              f"{len(every) - len(todo)} complete already, {len(todo)} to run")
     for s in seeds:
         for t in (None, *exp.lengths):
-            if not any(x[1:] == (s, t) for x in todo):
+            here = [a for a, s2, t2 in todo if (s2, t2) == (s, t)]
+            if not here:
                 continue
+            need = needs(exp, here)
             v = values(exp, work, s, t)
-            for name in prepare_of(exp, t):
+            for name in [k for k in prepare_of(exp, t) if k in need]:
                 if not prepared(Path(v[name])):
                     say(exp, f"prepare {name} (seed {s}{'' if t is None else f', T{t}'})")
                     Path(v[name]).parent.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,9 @@
-"""position-loss: the next-token loss at every position of held-out windows, averaged per bucket of positions (the
-loss-by-position curve of Press et al. 2022, ALiBi, arXiv 2108.12409, Fig. 1, and of the YaRN paper, arXiv
-2309.00071, Fig. 4: where a rope's loss leaves its in-window level).
+"""position-loss: the next-token loss at every position of held-out windows, averaged per bucket of positions: where
+a rope's loss leaves its in-window level (docs/demo.md, "The bound, tested"; experiments/bound.yaml).
 
 ``--n`` windows of ``--window`` tokens are drawn from the documents (default: with ``--model tiny``, the chapters its
-build held out; a real model: ``--data`` a documents file or a directory of ``.txt`` files), the same seeded draw as
+build held out; ``--heldout-of tiny`` for a model fine-tuned from it; a real model: ``--data`` a documents file or
+a directory of ``.txt`` files), the same seeded draw as
 the factor search's windows. Position p's loss is -log P(token p | tokens < p) (nats; position 0 is never predicted);
 bucket k averages the positions k*B <= p < (k+1)*B (``--bucket`` B; bucket 0 has B - 1). One forward a window serves
 every bucket for a rope whose frequencies do not depend on the length; a rope that follows the length (dynamic NTK,
@@ -24,7 +24,7 @@ from ropescale.common.io import InputError
 from ropescale.common.settings import setting
 
 from .common import POSITIVE, ProbeRun, ProbeSettings, probe_settings, progress
-from .data import Doc, data_name, load_docs
+from .data import Doc, data_name, load_docs, tiny_heldout_file
 
 
 @dataclass(frozen=True)
@@ -35,11 +35,18 @@ class PositionLossSettings(ProbeSettings):
                                  check=POSITIVE, metavar="B")
     tail_chapters: int = setting(0, "chapters data: keep only each book's last N chapters",
                                  check=(lambda v: v >= 0, "not be negative"))
+    heldout_of: str | None = setting(None, "read the chapters this tiny build held out (e.g. tiny, for a model "
+                                           "fine-tuned from it); over --data", metavar="MODEL")
 
 
 def load_corpus(s: PositionLossSettings) -> list[Doc]:
     """``--data``: a documents or chapters file (``probes.data.load_docs``), or a directory whose ``*.txt`` files
-    are one document each (sorted by name)."""
+    are one document each (sorted by name); ``--heldout-of MODEL``: the chapters that tiny build held out."""
+    if s.heldout_of:
+        held = tiny_heldout_file(s.heldout_of)
+        if held is None:
+            raise InputError(f"--heldout-of {s.heldout_of}: not a tiny build (no tiny.json naming held-out chapters)")
+        return load_docs(held, s.tail_chapters)
     p = Path(s.data)
     if not p.is_dir():
         return load_docs(p, s.tail_chapters)
