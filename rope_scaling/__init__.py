@@ -7,7 +7,8 @@ Hugging Face configs.
 refused unless ``--replace``); ``plan_rope`` says what it will do, for reports.
 
 - ``formulas``: one registry row per method (``REGISTRY``): its inv_freq / attention-factor formula, its HF entries,
-  its checks, its own fields, its runtime rule, how vLLM serves it, what describe adds, its help line.
+  its checks, its own fields, its runtime rule, what describe adds, its help line (how vLLM serves the HF type it
+  writes is the vllm backend's).
 - ``bounds``: the angle bounds of a scaled rope (``reach``, ``finetune_bound``, Liu et al.'s critical dimension).
 - ``spec``: ``RopeSpec``, the setting; its fields are the ``--rope/--scale/--rope-base/--orig-ctx/--yarn-*``
   flags, recipe keys and run.json record of every stage (``args`` adds them to a parser).
