@@ -266,6 +266,7 @@ families:
   "a - b": [[a, b]]
   "exact a - b": {score: exact, pairs: [[a, b]]}
   "rise": {score: loss, rows: [pa, pb], baseline: [0, 256]}
+  "MSE": {score: rouge, mse: [[a, b]]}
 """
 BUCKETS = (0, 128, 256, 384)
 
@@ -350,6 +351,16 @@ def test_several_scores_per_seed_arms_units_facts_and_baselines(tmp_path, capsys
     assert x["unit"] == "seed" and math.isclose(x["p"], scipy.stats.ttest_1samp(rises, 0).pvalue, rel_tol=1e-6)
     # one family a score: the exact family reads its own tests
     assert set(exact["seeds"]["0"]["families"]) == {"exact a - b"} and "rise" not in rouge["seeds"]["0"]["families"]
+    # a row's MSE(P-IE vs P-IB) over its lengths, one test a seed: the exact p over every sample's label flip
+    # (2^10 sign vectors, by enumeration), P(MSE >= 5) under that null
+    (x,) = rouge["seeds"]["1"]["families"]["MSE"]
+    d = [np.array(_values("a", 1, t)) - np.array(_values("b", 1, t)) for t in (64, 128)]
+    obs = np.mean([di.mean() ** 2 for di in d])
+    null = np.array([np.mean([(np.array(sg[5 * k:5 * k + 5]) * di).mean() ** 2 for k, di in enumerate(d)])
+                     for sg in itertools.product((-1, 1), repeat=10)])
+    assert math.isclose(x["statistic"], obs) and math.isclose(x["p"], np.mean(null >= obs - 1e-9))
+    assert math.isclose(x["p_red"], np.mean(null >= 5.0)) and x["length"] is None
+    assert "MSE" not in rouge["pooled"]["families"]
     # a row's facts from its arms' run.json, beside the cells
     assert res["facts"] == {"a": {"coverage": [0.5, 0.75]}}
     page = (work / "several.md").read_text(encoding="utf-8")
@@ -357,6 +368,7 @@ def test_several_scores_per_seed_arms_units_facts_and_baselines(tmp_path, capsys
     assert "| row | pos 0 | pos 128 | pos 256 | pos 384 |" in page
     assert "unit: window; smallest attainable p 0.12" in page and "pb - pb[0:256]" in page
     assert "### Seed 0: exact recall, mean [95% interval]" in page
+    assert "| row | MSE | null mean | p | q | P(MSE >= 5) |" in page and "| a vs b |" in page
     capsys.readouterr()
 
 

@@ -11,6 +11,8 @@
 - a comparison a - b (one seed): :func:`~ropescale.common.stats.tests.paired_sign_flip` over the sample ids both rows
   have (each id's mean over a row's arms), its interval the mean difference's; over seeds:
   :func:`~ropescale.common.stats.tests.t_over_seeds` of the seeds' differences;
+- a row's MSE(P-IE vs P-IB) (a family's ``mse:`` pairs): one test a row and seed over its lengths,
+  :func:`~ropescale.common.stats.tests.mse_sign_flip` (its p, P(MSE >= 5) under no prompt effect);
 - a row against its own baseline (a family's ``baseline: [lo, hi]``): each id's score at a length minus its mean
   over the lengths lo <= L < hi of the same row, the same paired tests;
 - every cell and test names its unit (the score's ``unit``: sample, window, bucket; a proportion's cell: trial), a
@@ -102,7 +104,8 @@ def part(exp: Experiment, sc: Score, data: dict, cell, test) -> dict:
     for name, fam in exp.families.items():
         if fam.score != sc.key:
             continue
-        tests = {(a, b, t): sig for a, b in fam.items() for t in cols
+        at = [None] if fam.mse else cols  # an MSE test reads every length at once
+        tests = {(a, b, t): sig for a, b in fam.items() for t in at
                  if (sig := test(fam, (a, b), t, cols)) is not None}
         if tests:
             fams[name] = [(a, b, t, sig) for (a, b, t), sig in family(tests).items()]
@@ -118,10 +121,23 @@ def seed_results(exp: Experiment, sc: Score, data: dict, seed: int) -> dict:
         return None if gs is None else seed_cell(sc, gs)
 
     def test(fam, item, t, cols):
+        if fam.mse:
+            return mse_test(exp, data, item, seed, cols)
         two = sides(exp, data, fam, item, seed, t, cols)
         return None if two is None else paired_sign_flip(*two, unit=sc.unit)
 
     return part(exp, sc, data, cell, test)
+
+
+def mse_test(exp: Experiment, data: dict, item: tuple, seed: int, cols: list):
+    """A row's MSE(P-IE vs P-IB) over the lengths both its arms have, with its sign-flip permutation p and
+    P(MSE >= 5) under no prompt effect (:func:`~ropescale.common.stats.tests.mse_sign_flip`, CNNSum Table 2);
+    None without a length."""
+    from ropescale.common.stats.tests import mse_sign_flip
+
+    cells = {t: (per_id(ga), per_id(gb)) for t in cols if (ga := groups(exp, data, item[0], seed, t)) is not None
+             and (gb := groups(exp, data, item[1], seed, t)) is not None}
+    return mse_sign_flip(cells) if cells else None
 
 
 def pooled_results(exp: Experiment, sc: Score, data: dict, seeds) -> dict:
@@ -135,6 +151,8 @@ def pooled_results(exp: Experiment, sc: Score, data: dict, seeds) -> dict:
         return over_seeds(by_seed) if by_seed else None
 
     def test(fam, item, t, cols):
+        if fam.mse:  # a row's MSE is read per seed (its p a seed's); over seeds nothing is tested
+            return None
         diffs = [paired_sign_flip(*two).statistic for sd in seeds
                  if (two := sides(exp, data, fam, item, sd, t, cols)) is not None]
         return t_over_seeds(diffs) if len(diffs) >= 2 else None

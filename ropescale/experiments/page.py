@@ -58,7 +58,26 @@ def cells_table(exp: Experiment, sc: Score, part: dict, facts: dict) -> str:
     return markdown(["row", *[f"{sc.column}{t}" for t in cols], *names], rows) + "\n\n" + note + "."
 
 
+def mse_table(exp: Experiment, sc: Score, name: str, tests: list) -> str:
+    """A family of MSE(P-IE vs P-IB) tests: a row a test, over its lengths."""
+    from ropescale.common.stats.tests import p_text
+
+    rows = [[f"{a} vs {b}", "-" if sig.statistic is None else f"{sig.statistic:.2f}",
+             "-" if "null_mean" not in sig.extra else f"{sig.extra['null_mean']:.2f}", p_text(sig.p), p_text(sig.q),
+             "-" if "p_red" not in sig.extra else f"{sig.extra['p_red']:.2f}"] for a, b, _, sig in tests]
+    sigs = [sig for *_, sig in tests if sig.p is not None]
+    note = (f"MSE: the mean over a row's lengths of (mean IE - mean IB)^2 (CNNSum Table 2); p: the IE / IB labels of "
+            f"every {sc.unit} flipped at random (MSE sign-flip permutation; smallest attainable p "
+            f"{', '.join(sorted({f'{s.min_p:.2g}' for s in sigs if s.min_p is not None})) or '-'}); null mean: the "
+            f"MSE expected with no prompt effect; P(MSE >= 5): the chance such a row reaches the paper's red mark; q: "
+            f"Benjamini-Hochberg over this family's {len(sigs)} tests.")
+    return (f"Family **{name}** ({sc.name}): MSE(P-IE vs P-IB)\n\n"
+            + markdown(["row", "MSE", "null mean", "p", "q", "P(MSE >= 5)"], rows) + "\n\n" + note)
+
+
 def family_table(exp: Experiment, sc: Score, name: str, tests: list, cols: list) -> str:
+    if exp.families[name].mse:
+        return mse_table(exp, sc, name, tests)
     by_pair: dict = {}
     for a, b, t, sig in tests:
         by_pair.setdefault((a, b), {})[t] = sig

@@ -11,10 +11,12 @@ that writes the file into ``{run}`` when it is missing), ``table`` (the rows sho
 (``NAME: [[a, b], ...]``: the comparisons a - b read together, BH q per family) and ``quick`` (overrides of
 ``seeds``, ``lengths``, ``vars`` and ``arms``, a list: the miniature a test runs). ``scores`` holds several scores
 (``NAME: {...}`` as ``score``, plus ``unit``, ``length``: the record field a length-less arm's records carry their
-length in, ``column``, ``table``); an arm names the ones it has (``scores: [...]``), a family the one it reads
-(``NAME: {score, pairs}``, or ``{score, rows, baseline: [lo, hi]}``: each row against its own mean over the lengths
-lo <= L < hi, on the same ids). An arm whose flags name no ``{length}`` (nor a prepared file that does) runs once a
-seed. ``facts: {NAME: dotted.key}`` on an arm: values of its runs' run.json shown beside its row.
+length in, ``column``, ``table``); an arm names the ones it has (``scores: [...]``, default the first), a family
+the one it reads (``NAME: {score, pairs}``; ``{score, rows, baseline: [lo, hi]}``: each row against its own mean
+over the lengths lo <= L < hi, on the same ids; ``{score, mse: [[IE, IB], ...]}``: a row's MSE(P-IE vs P-IB) over
+its lengths). An arm whose flags name no ``{length}`` (nor a prepared file that does) runs once a seed; ``lengths:
+[...]`` on an arm: the lengths it runs at; ``facts: {NAME: dotted.key}``: values of its runs' run.json shown beside
+its row.
 
 Every mistake a user can make is an :class:`~ropescale.common.io.InputError` naming the file and line.
 """
@@ -89,6 +91,7 @@ class Family:
     pairs: tuple = ()
     rows: tuple = ()
     baseline: tuple | None = None
+    mse: bool = False  # pairs: (IE, IB) of a row: one MSE(P-IE vs P-IB) test a pair over every length
 
     def items(self) -> list[tuple[str, str]]:
         """(a, b) of each comparison; b of a row against its baseline is ``ROW[lo:hi]``."""
@@ -352,10 +355,14 @@ def read_family(r: Reader, fam: str, v, first: str) -> Family:
     if isinstance(v, list):
         return Family(fam, first, pairs_of(v))
     v = r.mapping(v, fam)
-    unknown = sorted(set(v) - {"score", "pairs", "rows", "baseline"})
+    unknown = sorted(set(v) - {"score", "pairs", "rows", "baseline", "mse"})
     if unknown:
-        r.fail(fam, f"families: {fam}: unknown key {unknown[0]!r} (known: score, pairs, rows, baseline)")
+        r.fail(fam, f"families: {fam}: unknown key {unknown[0]!r} (known: score, pairs, rows, baseline, mse)")
     score = str(v.get("score", first))
+    if "mse" in v:
+        if "pairs" in v or "baseline" in v:
+            r.fail(fam, f"families: {fam}: mse: [[IE arm, IB arm], ...] stands alone (no pairs, no baseline)")
+        return Family(fam, score, pairs_of(v["mse"]), mse=True)
     if "baseline" not in v:
         return Family(fam, score, pairs_of(v.get("pairs")))
     base, rows = v["baseline"], v.get("rows")
