@@ -15,8 +15,10 @@ RoPE, dynamic YaRN at 16,384 is YaRN x2: ``formulas.frequencies`` decides, pair 
 ``docs/real_model/results.jsonl`` (``--work``) as each (window, row) finishes: a re-run resumes (``--windows N``
 extends a run: window i is the same whatever N), and the page is written from what is there.
 
-Cost (fp32, 2 cores, no other load): a 16,384-token forward ~113 s, so 8 of them plus LongRoPE's two shorter ones,
-~16 min a window: 3 windows ~50 min. x4 (32,768 tokens) does not fit: a forward there would take ~6 min
+The last two rows are the attention-level methods on the model's own RoPE (``--attention-extend``; settings:
+:func:`attention_rows`), read the same way. Cost (fp32, 2 cores, no other load): a 16,384-token forward ~113 s, so 8
+of them plus LongRoPE's two shorter ones, ~16 min a window: 3 windows ~50 min; Self-Extend and DCA pay about twice a
+plain forward each (their attention passes). x4 (32,768 tokens) does not fit: a forward there would take ~6 min
 (113 s x ~3.1 per doubling, as from 8K to 16K), ~2.5 h for the same rows.
 """
 from __future__ import annotations
@@ -91,7 +93,20 @@ def specs(plan: Plan, state) -> dict[str, RopeSpec]:
             "pi": RopeSpec("pi", s, orig_ctx=o), "ntk": RopeSpec("ntk", s, orig_ctx=o),
             "dynamic_ntk": RopeSpec("dynamic_ntk", s, orig_ctx=o), "llama3": RopeSpec("llama3", s, orig_ctx=o),
             "longrope (YaRN's factors)": RopeSpec("longrope", s, orig_ctx=o, longrope_factors=lr),
-            f"abf (base {ABF_BASE:.0e})": RopeSpec("abf", rope_base=ABF_BASE, orig_ctx=o)}
+            f"abf (base {ABF_BASE:.0e})": RopeSpec("abf", rope_base=ABF_BASE, orig_ctx=o), **attention_rows(plan)}
+
+
+def attention_rows(plan: Plan) -> dict[str, RopeSpec]:
+    """Self-Extend and DCA on the plain RoPE for orig -> orig x scale. Self-Extend: W = orig / 4 (inside the authors'
+    neighbour range, 1/8-3/8 of the window) and the smallest power-of-two G dividing W whose reach (orig - W) G + W
+    covers the length (datamllab/LongLM README Sec 4: the smallest group that covers it first); 8K -> 16K: G = 4,
+    W = 2,048 (G = 2 never covers 2x: (L - W) 2 + W < 2L). DCA: the authors' sizes (C = 3/4, L = 1/8 of orig)."""
+    o, total = plan.orig, plan.total
+    w = o // 4
+    g = next(g for g in (2 ** k for k in range(1, 20)) if w % g == 0 and (o - w) * g + w >= total)
+    se = RopeSpec(attention_extend="self_extend", grp_attn_n=g, grp_attn_w=w, orig_ctx=o)
+    dca = RopeSpec(attention_extend="dca", dca_chunk_size=o * 3 // 4, dca_local_size=o // 8, orig_ctx=o)
+    return {se.label(): se, dca.label(): dca}
 
 
 def signature(state, seq_len: int | None) -> tuple:
@@ -114,7 +129,7 @@ def read_row(model_dir: Path, name: str, spec: RopeSpec, w: pk.Window, cache: di
     need = sorted(plan.lengths) if by_length else [plan.total]
     got, log, model = {}, {}, None
     for L in need:
-        sig = signature(st, L if by_length else None)
+        sig = signature(st, L if by_length else None) + (spec.attention_label(),)  # an attention method: its own
         hit = cache.get((sig, "all")) or cache.get((sig, L))
         if hit is None:
             model = model or load_model(model_dir, mc.config, dtype=torch.float32, attn="sdpa", state=st).eval()
@@ -258,7 +273,8 @@ def summarize(by_row: dict, plan: Plan, model_dir: Path) -> list[dict]:
         bucket_values = [[r["buckets"][b] for r in recs if not math.isnan(r["buckets"][b])] for b in range(nb)]
         buckets = [cell(v) for v in bucket_values]  # the means the effective length reads
         cost = [inwin(r) - base[r["window"]] for r in recs if r["window"] in base]
-        bound = describe(cfg, spec, seq_len=plan.total)["reach"]
+        d = describe(cfg, spec, seq_len=plan.total)
+        bound = d["attention_extend"]["max_context"] if "attention_extend" in d else d["reach"]
         eff_pk = effective_length({c: sum(acc[c]) / len(acc[c]) if acc[c] else None for c in cols}, PASS,
                                   columns=cols)
         eff_ans = effective_length({c: -ans[c].mean for c in cols}, -GUESS, columns=cols)

@@ -30,7 +30,7 @@ def test_the_page_has_every_row_with_n_and_intervals(quick):
     text = quick["text"]
     assert "scripts/real_model.py --quick" in text and "load average" in text
     names = ["none", "yarn", "dynamic_yarn", "pi", "ntk", "dynamic_ntk", "llama3", "longrope (YaRN's factors)",
-             "abf (base 1e+06)"]
+             "abf (base 1e+06)", "self_extend G=4 W=64", "dca C=192 L=32"]
     table_a = text.split("### A.")[1].split("### B.")[0]
     for n in names:
         line = next(ln for ln in table_a.splitlines() if ln.startswith(f"| {n} |"))
@@ -72,6 +72,24 @@ def test_equal_frequencies_reuse_a_forward_and_a_rerun_resumes(quick, smollm2):
     assert script.main(["--quick", "--out", str(quick["page"]), "--work", str(quick["work"]),
                         "--model", str(smollm2)]) == 0
     assert len((quick["work"] / "results.jsonl").read_text().splitlines()) == n
+
+
+def test_the_attention_rows_run_their_own_forward_and_equal_plain_attention_where_the_papers_say(quick):
+    """Self-Extend (G, W) and DCA (C, L) keep the model's RoPE, so a cache keyed by the frequencies alone would hand
+    them the unscaled row's forward: each runs its own. Where the papers' position rules change nothing -- DCA within
+    its first chunk of s = C - L = 160 positions (Sec 3: intra-chunk positions are the true ones) -- the loss equals
+    the unscaled row's (bucket 0: positions 1-127); past it, and for Self-Extend past W = 64, it does not. Settings:
+    W = orig / 4, G the smallest power of two dividing W whose reach (orig - W) G + W covers 2x (LongLM's rule)."""
+    assert list(script.attention_rows(script.QUICK)) == ["self_extend G=4 W=64", "dca C=192 L=32"]
+    assert list(script.attention_rows(script.Plan())) == ["self_extend G=4 W=2048", "dca C=6144 L=1024"]
+    assert (8192 - 2048) * 2 + 2048 < 16384 <= (8192 - 2048) * 4 + 2048  # G = 2 does not cover 16K, G = 4 does
+    by = {(r["row"], r["window"]): r for r in quick["rows"]}
+    for w in (0, 1):
+        none, se, dca = by[("none", w)], by[("self_extend G=4 W=64", w)], by[("dca C=192 L=32", w)]
+        assert all("seconds" in f for r in (se, dca) for f in r["forwards"].values())  # never "reused"
+        assert dca["buckets"][0] == pytest.approx(none["buckets"][0], abs=1e-4)
+        assert abs(dca["buckets"][3] - none["buckets"][3]) > 1e-3
+        assert abs(se["buckets"][0] - none["buckets"][0]) > 1e-4 and abs(se["buckets"][3] - none["buckets"][3]) > 1e-3
 
 
 def test_a_quick_run_never_writes_the_committed_page():
