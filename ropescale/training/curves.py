@@ -89,7 +89,7 @@ def loss_limits(losses: list[float]) -> tuple[float, float]:
 def plot_curves(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
     """Draw the loss and the learning rate per logged step of a run (:func:`read_log`) into ``out`` (default
     RUN/train_curves.png), atomically; returns the path."""
-    from ropescale.evaluation.report.plot import save_png
+    from ropescale.common.plot import save_png
 
     fig = curves_figure(read_log(run_dir), Path(run_dir).resolve().name)
     return save_png(fig, Path(out) if out is not None else Path(run_dir) / CURVES_PNG)
@@ -102,7 +102,7 @@ def curves_figure(recs: list[dict], name: str):
     matplotlib.use("Agg", force=True)
     from matplotlib.figure import Figure
 
-    from ropescale.evaluation.report.plot import fit_text
+    from ropescale.common.plot import fit_text
 
     steps = [r["step"] for r in recs]
     fig = Figure(figsize=(10.0, 3.8), dpi=110)

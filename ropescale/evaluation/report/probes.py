@@ -23,13 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rope_scaling import RopeSpec
+from ropescale.common.plot import fit_text, save_png
 from ropescale.common.runs.record import column_key
 from ropescale.common.stats.means import cell
 from ropescale.common.stats.proportions import wilson
 from ropescale.common.stats.resampling import RESAMPLES
 from ropescale.common.tables import Setting, Table, number, setting_labels, tables_text, write_tables
-
-from .plot import fit_text, save_png
 
 
 def _setting_of(summary: dict) -> Setting:
