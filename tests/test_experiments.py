@@ -384,11 +384,12 @@ seeds: [0]
 lengths: [64, 128]
 prepare:
   data: {out: "d_T{length}.txt", run: [data, recall, --out, "{out}"]}
+  ft: {out: "ft", run: [finetune, --out, "{out}"]}
 scores:
   s: {file: s.jsonl, field: v, length: at}
 arms:
   once: [probes, ppl]
-  each: [probes, ppl, --data, "{data}"]
+  each: [probes, ppl, --data, "{data}", --model, "{ft}"]
   first: {run: [probes, copy, --data, "{data}"], lengths: [64]}
 """, encoding="utf-8")
     calls = []
@@ -399,6 +400,10 @@ arms:
         if argv[0] == "data":
             out.write_text("x")
             return
+        if argv[0] == "finetune":  # a fine-tune's run.json says done when it finished
+            out.mkdir(parents=True)
+            (out / "run.json").write_text('{"status": "done"}')
+            return
         out.mkdir(parents=True, exist_ok=True)
         (out / "run.json").write_text('{"status": "complete"}')
         (out / "s.jsonl").write_text('{"id": 0, "v": 1.0, "at": 64}\n{"id": 0, "v": 2.0, "at": 128}\n')
@@ -408,6 +413,7 @@ arms:
     arms = [c for c in calls if c[0] == "probes"]
     assert len(arms) == 4 and sum(c[1] == "ppl" and "--data" in c for c in arms) == 2
     assert sum(c[0] == "data" for c in calls) == 2  # the prepared file of each length, made once
+    assert sum(c[0] == "finetune" for c in calls) == 1  # a prepared run directory: made once, for both lengths
     assert (tmp_path / "w/runs/once/s0/s.jsonl").is_file() and (tmp_path / "w/runs/each/s0/T128/s.jsonl").is_file()
     assert [Path(c[c.index("--data") + 1]).name for c in arms if c[1] == "copy"] == ["d_T64.txt"]  # lengths: [64]
     assert "4 runs, 0 complete already, 4 to run" in capsys.readouterr().err

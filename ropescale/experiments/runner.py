@@ -18,6 +18,7 @@ from ropescale.common.settings import setting
 from .spec import Experiment, fill
 
 T0 = time.time()
+FINISHED = ("complete", "done")  # a run.json's status when its run finished (generate, probes; a fine-tune: done)
 
 
 @dataclass
@@ -85,17 +86,17 @@ def complete(run: Path, exp: Experiment, arm: str) -> bool:
     if not rj.is_file() or not all((run / f).is_file() for f in score_files(exp, arm)):
         return False
     try:
-        return json.loads(rj.read_text(encoding="utf-8")).get("status") == "complete"
+        return json.loads(rj.read_text(encoding="utf-8")).get("status") in FINISHED
     except (OSError, ValueError):
         return False
 
 
 def prepared(path: Path) -> bool:
-    """A prepared file is there; a prepared run directory (a fine-tune: run.json) is complete."""
+    """A prepared file is there; a prepared run directory (a fine-tune: run.json) is finished."""
     rj = path / "run.json"
     if path.is_dir() and rj.is_file():
         try:
-            return json.loads(rj.read_text(encoding="utf-8")).get("status") == "complete"
+            return json.loads(rj.read_text(encoding="utf-8")).get("status") in FINISHED
         except (OSError, ValueError):
             return False
     return path.exists()
