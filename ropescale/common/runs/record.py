@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import importlib.metadata as md
 import json
 import os
 import platform
@@ -52,6 +51,8 @@ SUMMARY = "summary.json"  # a probe run's cells (summarize)
 
 def versions() -> dict[str, str]:
     """Versions of the packages that shape results (for run.json)."""
+    import importlib.metadata as md  # (it loads email and zipfile: only when a run is recorded, never for --help)
+
     out = {"python": platform.python_version()}
     for name in ("torch", "transformers", "peft", "deepspeed", "vllm", "jieba", "ropescale"):
         try:
