@@ -2,7 +2,7 @@
 """eval_summ.py — generate, score and report CNNSum-style summarization runs. See `python eval_summ.py -h`."""
 import sys
 
-from ropescale.common.cli import prepare_process
+from ropescale.common.process import prepare_process
 
 prepare_process()  # before torch is imported: the CUDA allocator setting, quiet libraries
 

@@ -2,12 +2,9 @@
 ropescale/training/."""
 import sys
 
-from ropescale.training.env import setup_env
+from ropescale.common.process import prepare_process, setup_env
 
 setup_env()  # before torch / DeepSpeed are imported: CPU accelerator, rendezvous defaults
-
-from ropescale.common.cli import prepare_process  # noqa: E402
-
 prepare_process()
 
 from ropescale.training.cli import main  # noqa: E402

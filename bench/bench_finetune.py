@@ -26,11 +26,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from ropescale.common.cli import prepare_process  # noqa: E402
+from ropescale.common.process import prepare_process  # noqa: E402
 
 prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 
-from ropescale.training.env import setup_env  # noqa: E402
+from ropescale.common.process import setup_env  # noqa: E402
 
 setup_env()
 

@@ -28,8 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from ropescale.common.cli import add_dtype, prepare_process  # noqa: E402
-from ropescale.training.memory_model import QWEN15_7B, QWEN15_7B_ROPE  # noqa: E402
+from ropescale.common.cli import add_dtype  # noqa: E402
+from ropescale.common.process import prepare_process  # noqa: E402
+from ropescale.training.memory.estimate import QWEN15_7B, QWEN15_7B_ROPE  # noqa: E402
 
 prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 

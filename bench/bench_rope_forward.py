@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from ropescale.common.cli import prepare_process
+from ropescale.common.process import prepare_process
 
 prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 

@@ -42,7 +42,7 @@ import threading
 import time
 from pathlib import Path
 
-from ropescale.training.memory_model import QWEN15_7B, QWEN15_7B_ROPE
+from ropescale.training.memory.estimate import QWEN15_7B, QWEN15_7B_ROPE
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,7 +73,7 @@ def write_model(shape: str, out: Path) -> Path:
     marker = out / "bench_model.json"
     if marker.is_file() and json.loads(marker.read_text()).get("shape") == shape:
         return out
-    from ropescale.common.cli import prepare_process
+    from ropescale.common.process import prepare_process
 
     prepare_process()
     import torch
@@ -205,7 +205,7 @@ def run_group(cmd: list[str], env: dict, timeout: float) -> tuple[int, str, str]
 
 
 def finetune_cmd(a, model_dir: Path, data: Path, run_dir: Path) -> list[str]:
-    from ropescale.training.env import free_port
+    from ropescale.common.process import free_port
 
     args = ["finetune.py", "--recipe", str(a.recipe), "--model", str(model_dir), "--data", str(data),
             "--output-dir", str(run_dir), "--max-steps", str(a.steps), "--global-batch", "1", "--save-steps",

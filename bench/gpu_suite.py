@@ -73,27 +73,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its package beside it, also where it is loaded by path
 
-from gpusuite.plan import SETS, Step, expected_seconds, plan, select, short  # noqa: F401
-from gpusuite.runner import (  # noqa: F401
-    FINAL,
+from gpusuite.plan import SETS, expected_seconds, plan, select, short
+from gpusuite.runner import (
     MIN_START_SECONDS,
-    STATE,
     Context,
     Interrupted,
     Suite,
-    _on_signal,
-    error_line,
     gpu_name,
     log,
-    memory_kind,
-    missing_packages,
-    parse_train_path,
-    parse_train_step,
+    on_signal,
     preflight,
     run_plan,
     stop_leftovers,
 )
-from gpusuite.steps import run_env_step, run_prepare_step, smoke  # noqa: F401
+from gpusuite.steps import run_env_step, run_prepare_step
 from gpusuite.table import cnnsum_counts, markdown, report
 
 TABLE_MD = "suite.md"
@@ -127,7 +120,7 @@ def parse_args(argv):
                     help=f"with --dry-run: every length runs for real (minutes), instead of the lengths above "
                          f"{short(DRY_FAKE_OOM_ABOVE)} ending as the --fake-oom-above {DRY_FAKE_OOM_ABOVE} stand-in")
     ap.add_argument("--estimate", action="store_true", help="run nothing: each step's expected seconds on one GPU "
-                    "of --gpu-gib (the time model of ropescale/training/planner.py and the measured start-up; "
+                    "of --gpu-gib (the time model of ropescale/training/memory/plan.py and the measured start-up; "
                     "with --only, those steps and their sum)")
     ap.add_argument("--gpu-gib", type=float, default=139.8, help="with --estimate: the GPU's memory (default "
                     "%(default)s, an H200)")
@@ -202,7 +195,7 @@ def main(argv=None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
     if a._step:
-        from ropescale.common.cli import prepare_process
+        from ropescale.common.process import prepare_process
 
         prepare_process()  # as every entry point, before torch: the CUDA allocator setting, quiet libraries
         workdir = Path(a.workdir).resolve()
@@ -250,7 +243,7 @@ def _main(a, workdir: Path) -> int:
         ctx = Context(workdir, a.dry_run, device, a.step_seconds, a.max_seconds, a.fake_oom_above,
                       a.fake_oom_default, gpu_gib=gpu_gib(device))
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, _on_signal)
+            signal.signal(sig, on_signal)
         try:
             how = run_plan(suite, steps, full, ctx)
         except Interrupted as e:

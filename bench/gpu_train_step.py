@@ -30,8 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from ropescale.common.cli import prepare_process  # noqa: E402
-from ropescale.training.memory_model import QWEN15_7B, QWEN15_7B_ROPE  # noqa: E402
+from ropescale.common.process import prepare_process  # noqa: E402
+from ropescale.training.memory.estimate import QWEN15_7B, QWEN15_7B_ROPE  # noqa: E402
 
 prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 
@@ -131,7 +131,8 @@ def build_peft(variant: str, cfg, device: str, dtype, attn: str, mixed: bool, se
     checkpointing, fp32 trained tensors under mixed precision, and for ours finetune.py's memory settings."""
     from transformers import set_seed
 
-    from ropescale.training.model import add_lora, fp32_master, setup_memory
+    from ropescale.training.memory.install import setup_memory
+    from ropescale.training.model import add_lora, fp32_master
 
     set_seed(0)
     model = make_model(cfg, device, dtype, attn)

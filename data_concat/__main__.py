@@ -1,7 +1,7 @@
 """python -m data_concat {pack,stats,pairs,sample,recall} ..."""
 import sys
 
-from ropescale.common.cli import prepare_process
+from ropescale.common.process import prepare_process
 
 prepare_process()
 

@@ -48,7 +48,7 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ropescale.common.cli import prepare_process
+    from ropescale.common.process import prepare_process
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{usage()}\n\nerror: unknown tool {name!r}", file=sys.stderr)
         return 2
     if name == "finetune":  # before torch / DeepSpeed are imported (as finetune.py does)
-        from ropescale.training.env import setup_env
+        from ropescale.common.process import setup_env
 
         setup_env()
     prepare_process()

@@ -267,8 +267,8 @@ def main(argv=None) -> int:
     ap.add_argument("--windows", type=int, default=16, help="held-out windows for the loss by position (16)")
     ap.add_argument("--json", action="store_true", help="print the records as JSON")
     args = ap.parse_args(argv)
-    from ropescale.common.cli import prepare_process
     from ropescale.common.io import write_text_atomic
+    from ropescale.common.process import prepare_process
     from ropescale.common.tables import json_text
 
     prepare_process()

@@ -83,8 +83,8 @@ def main(argv=None) -> int:
                     help="seed of the fine-tunes, the training pairs, the eval passages and their marks")
     ap.add_argument("--fresh", action="store_true", help="remove earlier demo outputs first")
     args = ap.parse_args(argv)
-    from ropescale.common.cli import prepare_process
     from ropescale.common.io import InputError
+    from ropescale.common.process import prepare_process
 
     prepare_process()  # an entry point like the CLIs it calls in-process: their library warnings filtered alike
 

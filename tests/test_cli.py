@@ -31,7 +31,7 @@ def _single_tools():
     """The one-command tools: the same Tool style (issue 26.6)."""
     from rope_scaling.describe import TOOL as describe
     from ropescale.tiny.make_tiny import TOOL as make_tiny
-    from ropescale.training.memory_model import TOOL as memory_model
+    from ropescale.training.memory.estimate import TOOL as memory_model
 
     return {"make-tiny": make_tiny, "describe": describe, "memory-model": memory_model}
 
@@ -372,7 +372,7 @@ def test_every_entry_point_prepares_the_process_through_one_function():
 
 
 def test_prepare_process_sets_the_allocator_only_with_cuda():
-    from ropescale.common.cli import ALLOC_CONF, set_cuda_allocator
+    from ropescale.common.process import ALLOC_CONF, set_cuda_allocator
 
     env = {}
     assert set_cuda_allocator(env, cuda=True) == ({"PYTORCH_CUDA_ALLOC_CONF": ALLOC_CONF}, True)

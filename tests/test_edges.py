@@ -18,7 +18,7 @@ import torch
 from ft_helpers import finetune_cmd, packed, run, run_env
 
 from ropescale.common.io import InputError, read_json, read_jsonl, share_private_files
-from ropescale.training.env import free_port
+from ropescale.common.process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

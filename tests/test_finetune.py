@@ -10,7 +10,7 @@ import pytest
 import torch
 from ft_helpers import ROOT, packed, run, train_log
 
-from ropescale.training.env import free_port
+from ropescale.common.process import free_port
 
 STEPS = 3
 

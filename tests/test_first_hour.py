@@ -250,8 +250,7 @@ def test_the_launcher_prints_nothing_on_stdout_without_ds_accelerator(tmp_path):
     launcher run end to end: tests/test_edges.py, also without the variable)."""
     import sysconfig
 
-    from ropescale.common.cli import GPU_DEVICE_NODES
-    from ropescale.training.env import ACCELERATOR_PTH, accelerator_pth_text
+    from ropescale.common.process import ACCELERATOR_PTH, GPU_DEVICE_NODES, accelerator_pth_text
 
     pth = Path(sysconfig.get_paths()["purelib"]) / ACCELERATOR_PTH
     assert pth.read_text() == accelerator_pth_text(), "run make setup (scripts/setup.sh writes it)"
@@ -284,7 +283,7 @@ def held_port():
 
 
 def test_a_busy_port_alone_is_swapped_for_a_free_one(held_port):
-    from ropescale.training.env import check_master_port
+    from ropescale.common.process import check_master_port
 
     notes = []
     env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": str(held_port)}
@@ -407,6 +406,7 @@ def test_chinese_labels_are_drawn_with_glyphs_or_named_once(tmp_path, capsys):
     from matplotlib.text import Text
 
     matplotlib.use("Agg")
+    from ropescale.common.plot import font_with
     from ropescale.evaluation.report import plot
 
     drawn = {}
@@ -417,7 +417,7 @@ def test_chinese_labels_are_drawn_with_glyphs_or_named_once(tmp_path, capsys):
         return real(fig, path, dpi)
 
     series = [{"label": "千问 pi x8", "kind": "IE", "points": [(100 * i, float(i)) for i in range(20)]}]
-    font = plot.font_with(set("千问"))
+    font = font_with(set("千问"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a "Glyph ... missing from font" warning fails the test
         try:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ropescale.common import forward_memory as fm
-from ropescale.common.forward_memory import ForwardShape, check_forward, estimate_forward
+from ropescale.common.forward_memory import Shape, check_forward, estimate_forward
 from ropescale.common.io import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +69,7 @@ def test_estimate_against_the_measured_peak(name):
     kw, T = SHAPES[name], 4096
     got = _measure(T, kw)
     assert got["before"] < 0.5 * got["forward"], got  # the peak RSS was set in this forward, not while loading
-    shape = ForwardShape(layers=kw["num_hidden_layers"], hidden=kw["hidden_size"], heads=kw["num_attention_heads"],
+    shape = Shape(layers=kw["num_hidden_layers"], hidden=kw["hidden_size"], heads=kw["num_attention_heads"],
                          kv_heads=kw["num_key_value_heads"], intermediate=kw["intermediate_size"],
                          vocab=kw["vocab_size"], head_dim=kw["hidden_size"] // kw["num_attention_heads"])
     est = estimate_forward(shape, T, scored=10, dtype_bytes=4).peak
@@ -84,7 +84,7 @@ def test_estimate_against_the_measured_peak(name):
 def test_the_terms_written_out():
     """The per-token layer term is 4 x (5h + 2d + max(3f, 5q + 2kv)) in fp32; the KV cache L x 2 x kv x 4 a cached
     token; a padded batch's mask B x T x T x 5; the scored logits K x V x 8 (fp32: logits + log-softmax)."""
-    s = ForwardShape(layers=4, hidden=256, heads=4, kv_heads=2, intermediate=704, vocab=2048, head_dim=64)
+    s = Shape(layers=4, hidden=256, heads=4, kv_heads=2, intermediate=704, vocab=2048, head_dim=64)
     e = estimate_forward(s, 1000, batch=2, scored=10, kv_tokens=1000, padded=True)
     assert e.activations == 2 * 1000 * 4 * (5 * 256 + 2 * 64 + 3 * 704)
     assert e.kv == 4 * 2 * 128 * 4 * 1000
@@ -93,12 +93,12 @@ def test_the_terms_written_out():
     assert e.peak == e.kv + e.activations + e.mask
     bf16 = estimate_forward(s, 1000, scored=10, dtype_bytes=2)
     assert bf16.logits == 10 * 2048 * (2 + 4 + 4)  # the fp32 copy below fp32
-    attn = ForwardShape(layers=1, hidden=64, heads=32, kv_heads=32, intermediate=8, vocab=16, head_dim=64)
+    attn = Shape(layers=1, hidden=64, heads=32, kv_heads=32, intermediate=8, vocab=16, head_dim=64)
     assert fm.layer_bytes_per_token(attn, 4) == 4 * (5 * 64 + 2 * 64 + 5 * 2048 + 2 * 2048)  # attention decides
 
 
 def test_refusal_names_the_longest_length_that_fits():
-    s = ForwardShape(layers=4, hidden=256, heads=4, kv_heads=2, intermediate=704, vocab=2048, head_dim=64)
+    s = Shape(layers=4, hidden=256, heads=4, kv_heads=2, intermediate=704, vocab=2048, head_dim=64)
     budget = estimate_forward(s, 3000, batch=4, scored=10).peak
     assert check_forward(s, 3000, what="x", batch=4, scored=10, budget=budget).peak == budget
     with pytest.raises(InputError) as e:

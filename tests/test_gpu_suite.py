@@ -23,6 +23,11 @@ import pytest
 from ft_helpers import ROOT, run_env
 
 SUITE = ROOT / "bench" / "gpu_suite.py"
+sys.path.insert(0, str(SUITE.parent))  # the suite's package, as gpu_suite.py itself puts it there
+from gpusuite import plan as gplan  # noqa: E402
+from gpusuite import runner, table  # noqa: E402
+from gpusuite import steps as suite_steps  # noqa: E402
+
 K = 1024
 
 
@@ -157,8 +162,7 @@ def _dry_run_starts_with_the_module(request):
 
 
 def test_the_plan_is_the_issue_s_on_the_gpu_and_in_the_dry_run():
-    m = _module()
-    real, dry = m.plan(Path("/w"), dry=False), m.plan(Path("/w"), dry=True)
+    real, dry = gplan.plan(Path("/w"), dry=False), gplan.plan(Path("/w"), dry=True)
     assert [s.name for s in real] == [s.name for s in dry] == PLAN
     by = {s.name: s for s in real}
     # the recipe path: bench_train_path on the written 7B model, one length a step, NTK x16 past x8's 262,144; the
@@ -182,10 +186,10 @@ def test_the_plan_is_the_issue_s_on_the_gpu_and_in_the_dry_run():
     a = list(by["tiled-1m-2l"].args)
     assert a[a.index("--shape") + 1] == "7b-2l" and a[a.index("--lengths") + 1] == str(1024 * K)
     assert "--ft-arg=--tile-attention=4096" in a and "--ft-arg=--tile-mlp=0" in a and "--ft-arg=--scale=32" in a
-    assert m.expected_seconds(by["tiled-1m-2l"]) < 540  # one command: 258 s a step by the time model + start-up
+    assert gplan.expected_seconds(by["tiled-1m-2l"]) < 540  # one command: 258 s a step by the time model + start-up
     # --only's sets: the first command's steps, then the second's, each in its own order
-    assert [s.name for s in m.select(real, ["first"])] == ["env", "prepare", "recipe-16k", "plan-16k", "plan-128k"]
-    assert [s.name for s in m.select(real, ["second"])] == ["plan-32k", "plan-64k", "plan-256k", "fit-2l", "fit-4l",
+    assert [s.name for s in gplan.select(real, ["first"])] == ["env", "prepare", "recipe-16k", "plan-16k", "plan-128k"]
+    assert [s.name for s in gplan.select(real, ["second"])] == ["plan-32k", "plan-64k", "plan-256k", "fit-2l", "fit-4l",
                                                            "plan-512k"]
     # the no-ZeRO path against plain HF Trainer + PEFT, SDPA (FlashAttention-2 is its own step)
     for n in (16, 32):
@@ -215,8 +219,8 @@ def test_the_plan_is_the_issue_s_on_the_gpu_and_in_the_dry_run():
         a = list(dby[f"{prefix}-3XL"].args)
         assert a[a.index("--shape") + 1] == toy and a[a.index("--device") + 1] == "cpu"
     with pytest.raises(Exception, match="unknown step nope"):
-        m.select(real, ["nope"])
-    assert [s.name for s in m.select(real, ["recipe", "gen-3XL"])] == PLAN[2:8] + ["gen-3XL"]
+        gplan.select(real, ["nope"])
+    assert [s.name for s in gplan.select(real, ["recipe", "gen-3XL"])] == PLAN[2:8] + ["gen-3XL"]
 
 
 def _marked(proc: Path, work: Path) -> bool:
@@ -264,7 +268,6 @@ def test_refusals_are_one_line_with_exit_code_2(tmp_path):
 def test_missing_packages_are_named_with_their_range(monkeypatch):
     import importlib.metadata as md
 
-    m = _module()
     real = md.version
 
     def fake(name):
@@ -273,43 +276,41 @@ def test_missing_packages_are_named_with_their_range(monkeypatch):
         return "0.17.0" if name == "peft" else real(name)
 
     monkeypatch.setattr(md, "version", fake)
-    miss = m.missing_packages()
+    miss = runner.missing_packages()
     assert "deepspeed (>=0.19.3: not installed)" in miss and "peft (>=0.21: 0.17.0 installed)" in miss
     assert len(miss) == 2
 
 
 def test_cnnsum_counts_estimate_and_count(tmp_path):
-    m = _module()
     # the release files' sizes over Table 1's mean Yi lengths, scaled to the paper's 695 samples
     sizes = {"L": 12519064, "XL": 25645779, "2XL": 52682557, "3XL": 57516334}
     means = {"L": 15721, "XL": 31844, "2XL": 64303, "3XL": 128751}
     w = {k: sizes[k] / means[k] for k in sizes}
     share = {k: 695 * v / sum(w.values()) for k, v in w.items()}
-    est, _ = m.cnnsum_counts(None)
+    est, _ = table.cnnsum_counts(None)
     assert sum(est.values()) == 695 and all(abs(est[k] - share[k]) < 1 for k in est)
     for name, n in (("cnnsum_L_16k", 3), ("cnnsum_XL_32k", 2), ("cnnsum_XXL_64k", 1), ("cnnsum_XXXL_128k", 4)):
         (tmp_path / f"{name}.jsonl").write_text('{"context": "x", "summary": "y"}\n' * n + "\n")
-    got, where = m.cnnsum_counts(str(tmp_path))
+    got, where = table.cnnsum_counts(str(tmp_path))
     assert got == {"L": 3, "XL": 2, "2XL": 1, "3XL": 4} and str(tmp_path) in where
 
 
 def test_out_of_memory_and_time_outs_are_read_from_each_bench_s_output():
-    m = _module()
     oom = {"results": [{"path": "finetune", "seq": 262144, "rc": 1, "oom": True, "steps_done": 1,
                         "peak_gpu_gib": 77.9, "error": "torch.OutOfMemoryError: CUDA out of memory."}]}
-    r = m.parse_train_path(json.dumps(oom), "")
+    r = runner.parse_train_path(json.dumps(oom), "")
     assert r["oom"] == "gpu" and r["steps_done"] == 1 and r["peak_gpu_gib"] == 77.9 and not r["timed_out"]
     slow = {"results": [{"path": "finetune", "seq": 524288, "rc": 124, "error": "timed out after 480 s"}]}
-    assert m.parse_train_path(json.dumps(slow), "")["timed_out"]
+    assert runner.parse_train_path(json.dumps(slow), "")["timed_out"]
     host = {"results": [{"rc": 2, "error": "error: host memory: offloading the checkpoints ... needs 128.0 GiB"}]}
-    assert m.parse_train_path(json.dumps(host), "")["oom"] == "host"
+    assert runner.parse_train_path(json.dumps(host), "")["oom"] == "host"
     both = {"results": [{"variant": "ours", "tokens_per_s": 5587.0, "peak_mem_gib": 36.6, "oom": False},
                         {"variant": "baseline", "oom": True, "error": "CUDA out of memory"}]}
-    r = m.parse_train_step(json.dumps(both), "")
+    r = runner.parse_train_step(json.dumps(both), "")
     assert "error" not in r and r["baseline"]["oom"] and r["ours"]["tokens_per_s"] == 5587.0  # plain HF's OOM: a result
-    assert m.memory_kind("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB") == "gpu"
-    assert m.memory_kind("ValueError: shapes differ") is None
-    assert m.error_line("Traceback\n  File x\nRuntimeError: boom\nfinetune: 33%|###\n") == "RuntimeError: boom"
+    assert runner.memory_kind("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB") == "gpu"
+    assert runner.memory_kind("ValueError: shapes differ") is None
+    assert runner.error_line("Traceback\n  File x\nRuntimeError: boom\nfinetune: 33%|###\n") == "RuntimeError: boom"
 
 
 def test_the_smoke_check_fails_a_memory_path_that_changes_the_training(monkeypatch, one_thread):
@@ -317,32 +318,29 @@ def test_the_smoke_check_fails_a_memory_path_that_changes_the_training(monkeypat
     random model the loss barely moves: the gradients' cosine is what catches it)."""
     import torch
 
-    from ropescale.training import memory
+    from ropescale.training.memory import install, tiled_mlp
 
-    m = _module()
-    ok = m.smoke(torch.device("cpu"))
+    ok = suite_steps.smoke(torch.device("cpu"))
     plan = ok["memory_plan"]
     assert ok["ok"] and plan["offload_checkpoints"] and plan["tile_mlp"] == ok["tokens"] // 8
-    tile = memory.enable_tiled_mlp
+    tile = tiled_mlp.enable_tiled_mlp
 
     def wrong(model, chunk):
         n = tile(model, chunk)
-        for mlp in memory.decoder_mlps(model):
+        for mlp in tiled_mlp.decoder_mlps(model):
             mlp.forward = (lambda f: lambda x: f(x) * 1.5)(mlp.forward)
         return n
 
-    monkeypatch.setattr(memory, "enable_tiled_mlp", wrong)
-    bad = m.smoke(torch.device("cpu"))
+    monkeypatch.setattr(install, "enable_tiled_mlp", wrong)
+    bad = suite_steps.smoke(torch.device("cpu"))
     assert not bad["ok"] and bad["grad_cosine"] < 0.99 and bad["plain_loss"] == ok["plain_loss"]
     assert ok["variants"]["tiled"]["ok"] and bad["variants"]["tiled"]["ok"]  # the tiled layer has no MLP tiling
     # a tiled layer that fails on the device is a failed check (its error kept), not a crashed env step
-    from ropescale.training import tiled_attention
-
     def broken(*a, **k):
         raise RuntimeError("no kernel for this")
 
-    monkeypatch.setattr(tiled_attention, "enable_tiled_attention", broken)
-    bad = m.smoke(torch.device("cpu"))
+    monkeypatch.setattr(install, "enable_tiled_attention", broken)
+    bad = suite_steps.smoke(torch.device("cpu"))
     assert not bad["ok"] and bad["variants"]["tiled"]["error"] == "RuntimeError: no kernel for this"
 
 
@@ -449,8 +447,7 @@ def test_smollm2_full_length_steps_on_the_gpu_and_in_the_dry_run(dry):
     YaRN x2 training-free on a held-out window's passkeys."""
     import importlib
 
-    m = _module()
-    by = {s.name: s for s in m.plan(Path("/w"), dry=False)}
+    by = {s.name: s for s in gplan.plan(Path("/w"), dry=False)}
     sm = importlib.import_module("gpusuite.smollm2")
     real_model = sm._real_model()
     assert not set(sm.TRAIN) & set(real_model.HELDOUT) and len(sm.TRAIN) == 3
@@ -462,8 +459,8 @@ def test_smollm2_full_length_steps_on_the_gpu_and_in_the_dry_run(dry):
             assert a[a.index("--scale") + 1] == str(scale) and s.tokens == n and s.group == f"smollm2-{meth}"
             cfg = sm.settings(scale, dry=False)
             assert cfg["length"] == n and cfg["global_batch"] * n == 65536 and cfg["eval_lengths"][-1] == n
-            assert m.expected_seconds(s) is not None
-    assert [s.name for s in m.select(list(by.values()), ["next1"])] == ["env", "prepare", "plan-256k", "fit-2l"]
+            assert gplan.expected_seconds(s) is not None
+    assert [s.name for s in gplan.select(list(by.values()), ["next1"])] == ["env", "prepare", "plan-256k", "fit-2l"]
     steps = dry.report()["steps"]
     r = steps["smollm2-yarn-x2"]
     assert r["status"] == "done", r
@@ -477,25 +474,23 @@ def test_smollm2_full_length_steps_on_the_gpu_and_in_the_dry_run(dry):
 
 
 def test_expected_seconds_come_from_the_time_model_and_the_start_up():
-    from ropescale.training import planner
-    from ropescale.training.memory_model import QWEN15_7B, Setup
+    from ropescale.training.memory import plan as planner
+    from ropescale.training.memory.estimate import QWEN15_7B, Setup
 
-    m = _module()
-    by = {s.name: s for s in m.plan(Path("/w"), dry=False)}
+    by = {s.name: s for s in gplan.plan(Path("/w"), dry=False)}
     # measured on the H200 (docs/gpu/suite-h200-2026-11-27.json): recipe-16k 90.5 s, recipe-128k 324.6 s
-    assert m.expected_seconds(by["recipe-16k"]) == pytest.approx(90.5, rel=0.1)
-    assert m.expected_seconds(by["recipe-128k"]) == pytest.approx(324.6, rel=0.02)
+    assert gplan.expected_seconds(by["recipe-16k"]) == pytest.approx(90.5, rel=0.1)
+    assert gplan.expected_seconds(by["recipe-128k"]) == pytest.approx(324.6, rel=0.02)
     # plan-16k: the start-up (60 s, nothing pinned: weights and optimizer on the GPU) + 4 of the planner's steps
     c = planner.choose(QWEN15_7B, Setup(length=16 * K), planner.H200)
-    assert m.expected_seconds(by["plan-16k"]) == pytest.approx(60 + 4 * c.seconds["step"], abs=0.1)
-    assert m.expected_seconds(by["gen-L"]) is None and m.expected_seconds(by["env"]) == 30
+    assert gplan.expected_seconds(by["plan-16k"]) == pytest.approx(60 + 4 * c.seconds["step"], abs=0.1)
+    assert gplan.expected_seconds(by["gen-L"]) is None and gplan.expected_seconds(by["env"]) == 30
 
 
 def test_mfu_and_the_run_s_own_estimate_beside_a_measurement(tmp_path):
-    m = _module()
     from gpusuite.runner import Context, add_estimate
 
-    step = {s.name: s for s in m.plan(tmp_path, dry=False)}["recipe-16k"]
+    step = {s.name: s for s in gplan.plan(tmp_path, dry=False)}["recipe-16k"]
     ctx = Context(tmp_path, False, "NVIDIA H200, 143771 MiB", 540)
     res = add_estimate(step, {"tokens_per_s_steady": 5864.7, "memory": {"estimate_gib": {"peak": 9.9265,
                                                                                           "at": "layer"}}}, ctx)
@@ -506,10 +501,9 @@ def test_mfu_and_the_run_s_own_estimate_beside_a_measurement(tmp_path):
 
 
 def test_the_cut_models_give_the_per_layer_slope_and_constant(tmp_path):
-    m = _module()
     from gpusuite.table import fit_check
 
-    suite = m.Suite(tmp_path, dry=False)
+    suite = runner.Suite(tmp_path, dry=False)
     for n, peak, model in ((2, 104.0, 105.0), (4, 112.5, 113.76)):
         suite.steps[f"fit-{n}l"] = {"status": "done", "result": {"peak_gpu_gib": peak, "model_estimate_gib": model}}
     f = fit_check(suite)
@@ -522,12 +516,11 @@ def test_the_cut_models_give_the_per_layer_slope_and_constant(tmp_path):
 
 
 def test_a_step_expected_to_outlast_the_budget_is_not_started(tmp_path, capsys):
-    m = _module()
     from gpusuite.runner import Context, run_plan
 
-    full = m.plan(tmp_path, dry=False)
+    full = gplan.plan(tmp_path, dry=False)
     step = {s.name: s for s in full}["plan-128k"]  # ~205 s expected on an H200
-    suite = m.Suite(tmp_path, dry=False)
+    suite = runner.Suite(tmp_path, dry=False)
     ctx = Context(tmp_path, False, "NVIDIA H200, 143771 MiB", 540, max_seconds=200, gpu_gib=140.4)
     assert run_plan(suite, [step], full, ctx) == "budget"  # it would get 200 - 40 = 160 s: nothing spawned
     assert "plan-128k" not in suite.steps and "expected to take ~205 s" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """Ctrl-C under the README's launcher (``.venv/bin/deepspeed -q finetune.py ...``): SIGINT to the whole process group
 ends with the run's one "interrupted: ... --resume auto" line, naming the launcher's command, and no traceback
-(ropescale.training.env: quiet_launcher_interrupt in the training process, LAUNCHER_SIGINT in the runner's .pth)."""
+(ropescale.common.process: quiet_launcher_interrupt in the training process, LAUNCHER_SIGINT in the runner's .pth)."""
 from __future__ import annotations
 
 import os
@@ -17,7 +17,7 @@ DEEPSPEED = REPO_ROOT / ".venv" / "bin" / "deepspeed"
 
 
 def test_the_venv_runs_the_launcher_hook():
-    from ropescale.training.env import ACCELERATOR_PTH, LAUNCHER_SIGINT
+    from ropescale.common.process import ACCELERATOR_PTH, LAUNCHER_SIGINT
 
     pth = Path(sysconfig.get_paths()["purelib"]) / ACCELERATOR_PTH
     assert LAUNCHER_SIGINT in pth.read_text().splitlines(), "run make setup (scripts/setup.sh writes the .pth)"
@@ -26,7 +26,7 @@ def test_the_venv_runs_the_launcher_hook():
 def test_sigterm_after_sigint_is_ignored_and_alone_still_ends(tmp_path):
     """The launcher's SIGTERM right after Ctrl-C does not cut the interrupt short; a SIGTERM alone ends the process
     (exit -15, as without the handlers)."""
-    code = ("import os, signal, sys, time; from ropescale.training.env import quiet_launcher_interrupt as q\n"
+    code = ("import os, signal, sys, time; from ropescale.common.process import quiet_launcher_interrupt as q\n"
             "assert q()\n"
             "try:\n"
             "    os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n"
@@ -44,7 +44,7 @@ def test_sigterm_after_sigint_is_ignored_and_alone_still_ends(tmp_path):
     assert r.returncode == 0 and r.stdout == "unwound\n", (r.returncode, r.stdout, r.stderr)
     r = run(code, "--local_rank=0", "again")
     assert r.returncode == 0 and r.stdout == "unwound\n", (r.returncode, r.stdout, r.stderr)  # still interrupted
-    lone = "import os, signal, time; from ropescale.training.env import quiet_launcher_interrupt as q\n" \
+    lone = "import os, signal, time; from ropescale.common.process import quiet_launcher_interrupt as q\n" \
            "q(); os.kill(os.getpid(), signal.SIGTERM); time.sleep(5); print('survived')"
     r = run(lone, "--local_rank=0")
     assert r.returncode == -signal.SIGTERM and "survived" not in r.stdout
@@ -52,7 +52,7 @@ def test_sigterm_after_sigint_is_ignored_and_alone_still_ends(tmp_path):
 
 def test_a_plain_run_is_not_taken_for_a_launched_one():
     """setup_env sets LOCAL_RANK for a plain ``python finetune.py``: that alone installs nothing."""
-    from ropescale.training.env import under_launcher
+    from ropescale.common.process import under_launcher
 
     assert not under_launcher(["--max-steps", "2"], {"LOCAL_RANK": "0"})
     assert under_launcher(["--local_rank=0", "--max-steps", "2"], {})

@@ -1,4 +1,4 @@
-"""The memory model (ropescale.training.memory_model) against numbers derived by hand for the 7B Qwen1.5 shape, and
+"""The memory model (ropescale.training.memory.estimate) against numbers derived by hand for the 7B Qwen1.5 shape, and
 against the H100 measurements it claims to match."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from ropescale.training.memory_model import (
-    GIB,
+from ropescale.common.forward_memory import GIB
+from ropescale.training.memory.estimate import (
     H100_MEASURED,
     QWEN15_7B,
     Setup,

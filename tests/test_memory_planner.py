@@ -1,4 +1,4 @@
-"""The memory planner (ropescale.training.planner), the attention check (ropescale.training.attn_pick) and their
+"""The memory planner (ropescale.training.memory.plan), the attention check (ropescale.training.attn_pick) and their
 wiring into finetune.py: the planner's choice for the 7B Qwen1.5 shape on an H200 (139.8 GiB) and an H100 80GB
 (79.6 GiB), each with 125 GiB of host memory, at 16K, 128K, 512K and 1M, worked by hand below; the time model's
 constants solved again from the measurements they come from; MFU's FLOPs by hand; the fastest kernel picked from a
@@ -11,9 +11,10 @@ import math
 import pytest
 from ft_helpers import finetune_cmd, packed, run, train_log
 
+from ropescale.common.forward_memory import GIB
 from ropescale.common.io import InputError
-from ropescale.training import planner
-from ropescale.training.memory_model import GIB, QWEN15_7B, Setup, estimate
+from ropescale.training.memory import plan as planner
+from ropescale.training.memory.estimate import QWEN15_7B, Setup, estimate
 
 H, F, V, L = 4096, 11008, 151936, 32
 LAYER = 4 * H * H + 3 * H * F  # 202,375,168 (q, k, v, o + gate, up, down; biases left out)
@@ -145,10 +146,10 @@ def test_h100_512k_does_not_fit():
 
 
 def test_reach_of_each_family():
-    """The longest sample each family fits (``planner_cli --reach``): the recipe's plan 304K on the H200, every
-    checkpoint on the GPU then the host 448K, blocks of 2 608K; without the layer tiled by sequence nothing
-    reaches 1M (one layer's recompute), with it 1,040K (H100: 336K and 624K)."""
-    from ropescale.training import reach
+    """The longest sample each family fits (``python -m ropescale.training.memory --reach``): the recipe's plan 304K
+    on the H200, every checkpoint on the GPU then the host 448K, blocks of 2 608K; without the layer tiled by sequence
+    nothing reaches 1M (one layer's recompute), with it 1,040K (H100: 336K and 624K)."""
+    from ropescale.training.memory import reach
 
     got = {f.name: reach.reach(QWEN15_7B, planner.H200, f)[0] // 1024 for f in reach.FAMILIES}
     assert list(got.values()) == [304, 448, 608, 560, 608, 1040, 1040]
@@ -178,7 +179,7 @@ def test_1m_on_one_h200_fits_with_the_layer_tiled_by_sequence():
     # the plain recompute (MLP tiled) would need 184 GiB for one layer alone; 2M tiled needs 160 GiB of keys,
     # values and gradients alone: no placement fits that on the card, and reach names that term
     assert gib(t * TILED) == 184.0 and gib(2 * t * whole) == 160.0 > BUDGET_H200
-    from ropescale.training import reach
+    from ropescale.training.memory import reach
 
     b = reach.binding(QWEN15_7B, Setup(length=2 * t), planner.H200)
     assert not b["fits"] and b["where"] == "GPU" and b["term"].startswith("the layer tiled by sequence")
@@ -370,7 +371,7 @@ def test_finetune_refuses_a_plan_that_cannot_fit_before_loading(ft_data, capsys)
 
 
 def test_the_command_line(capsys):
-    from ropescale.training.planner_cli import main
+    from ropescale.training.memory.__main__ import main
 
     assert main(["--plan", "16384", "--json"]) == 0
     rec = json.loads(capsys.readouterr().out)

@@ -30,7 +30,8 @@ def _finetune_model(model_dir, memory: bool = False):
     from rope_scaling import RopeSpec
     from rope_scaling.load import load_config
     from ropescale.training.loss import install_label_only_forward
-    from ropescale.training.memory import enable_checkpoint_offload, enable_tiled_mlp
+    from ropescale.training.memory.offload import enable_checkpoint_offload
+    from ropescale.training.memory.tiled_mlp import enable_tiled_mlp
     from ropescale.training.model import add_lora, load_model
 
     cfg = load_config(model_dir, RopeSpec("yarn", 8))

@@ -1,4 +1,4 @@
-"""ropescale.training.tiled_attention on toy Qwen2 / Llama models in fp32: a decoder layer recomputed by sequence
+"""ropescale.training.memory.tiled_attention on toy Qwen2 / Llama models in fp32: a decoder layer recomputed by sequence
 chunks (queries over the full keys, the MLP per chunk) gives the loss and every trained gradient of the plain
 gradient-checkpointed path (to 1e-5), alone, with PEFT LoRA, with checkpoints on the host and with blocks of 2;
 under no_grad it is the plain forward; the calls it cannot take run the plain checkpoint. Its peak memory in one
@@ -8,11 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ropescale.training import memory, tiled_attention
 from ropescale.training.loss import label_only_loss
+from ropescale.training.memory import install, tiled_attention
 from ropescale.training.model import add_lora
 
 TOL = dict(rtol=1e-5, atol=1e-5)
+LORA = ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj")  # the LoRA target modules of the LoRA cases
 
 
 def _batch(vocab, B=2, T=48, seed=0):
@@ -23,20 +24,6 @@ def _batch(vocab, B=2, T=48, seed=0):
     labels[1, 20:31] = -100
     return ids, labels
 
-
-def _plain(make_tiny_model, arch, lora=False, **kw):
-    model, _ = make_tiny_model(arch=arch, save=False, **kw)
-    if lora:
-        model, _ = add_lora(model, r=4, alpha=8, dropout=0.0, gradient_checkpointing=True,
-                            targets=("q_proj", "k_proj", "v_proj", "o_proj", "up_proj"))
-        g = torch.Generator().manual_seed(1)
-        for n, p in model.named_parameters():
-            if "lora_B" in n:  # B starts at zero (A would get no gradient)
-                p.data.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    return model
 
 
 def _step(model, ids, labels):
@@ -55,17 +42,17 @@ def _assert_same(a, b):
 
 
 @pytest.mark.parametrize("arch,lora,chunk,T", [("qwen2", False, 13, 40), ("llama", True, 7, 48)])
-def test_tiled_layer_matches_plain_checkpointing(make_tiny_model, arch, lora, chunk, T):
+def test_tiled_layer_matches_plain_checkpointing(train_model, arch, lora, chunk, T):
     ids, labels = _batch(1000, T=T)
-    ref = _step(_plain(make_tiny_model, arch, lora), ids, labels)
-    model = _plain(make_tiny_model, arch, lora)
+    ref = _step(train_model(arch, lora=LORA if lora else None), ids, labels)
+    model = train_model(arch, lora=LORA if lora else None)
     assert tiled_attention.enable_tiled_attention(model, chunk) == model.config.num_hidden_layers
     before = tiled_attention.STATS["tiled"]
     got = _step(model, ids, labels)
     assert tiled_attention.STATS["tiled"] == before + model.config.num_hidden_layers
     _assert_same(got, ref)
     with torch.no_grad():  # no graph: the layers run plain (transformers checkpoints only with grad)
-        assert torch.allclose(model(ids).logits, _plain(make_tiny_model, arch, lora)(ids).logits, **TOL)
+        assert torch.allclose(model(ids).logits, train_model(arch, lora=LORA if lora else None)(ids).logits, **TOL)
 
 
 PLANS = {"tiled-host": dict(tile_attention=16, offload_checkpoints=True),
@@ -76,21 +63,21 @@ _REF: dict = {}
 
 
 @pytest.mark.parametrize("name", sorted(PLANS))
-def test_memory_plans_with_the_tiled_layer_match_plain(make_tiny_model, name):
-    """Through ``memory.setup_memory`` (what finetune runs): the tiled layer alone, with its input on the host, and
+def test_memory_plans_with_the_tiled_layer_match_plain(train_model, name):
+    """Through ``install.setup_memory`` (what finetune runs): the tiled layer alone, with its input on the host, and
     in blocks of 2 (an upper layer's input recomputed from its block's stored one by the chunked forward) give the
     plain path's loss and gradients: a 5-layer PEFT model (dropout 0: the plain path draws its masks whole)."""
     import argparse
 
-    from ropescale.training.planner import Plan
+    from ropescale.training.memory.plan import Plan
 
     ids, labels = _batch(1000, seed=4)
 
     def run(plan):
-        pm = _plain(make_tiny_model, "qwen2", lora=True, num_layers=5)
+        pm = train_model("qwen2", lora=LORA, num_layers=5)
         mp = None
         if plan is not None:
-            mp = memory.setup_memory(pm, argparse.Namespace(), tokens=96, cuda=False, dtype=torch.float32,
+            mp = install.setup_memory(pm, argparse.Namespace(), max_len=96, cuda=False, dtype=torch.float32,
                                      page_bytes=512, quiet=True, available=2**40, plan=plan)
         return _step(pm, ids, labels), mp
 
@@ -153,14 +140,14 @@ def test_tiled_layer_gradient_under_dropout_is_the_loss_slope(make_tiny_model):
     assert abs(loss_at(0.0, seed=8).item() - loss_at(0.0).item()) > 1e-4
 
 
-def test_calls_it_cannot_take_run_the_plain_checkpoint(make_tiny_model):
+def test_calls_it_cannot_take_run_the_plain_checkpoint(train_model):
     """A padding mask: the plain checkpoint runs (and gives the plain path's numbers); a short call too."""
     ids, labels = _batch(1000, T=40)
     mask = torch.ones_like(ids)
     mask[1, -5:] = 0
     labels[1, -5:] = -100
-    ref_model = _plain(make_tiny_model, "qwen2")
-    model = _plain(make_tiny_model, "qwen2")
+    ref_model = train_model("qwen2")
+    model = train_model("qwen2")
     tiled_attention.enable_tiled_attention(model, 16)
     outs = []
     for m in (ref_model, model):
@@ -182,7 +169,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import Qwen2Config
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
-from ropescale.training import tiled_attention as ta
+from ropescale.training.memory import tiled_attention as ta
 
 h, f, heads, T, C = (int(v) for v in sys.argv[1:6])
 def status(field):
@@ -223,7 +210,8 @@ def test_tiled_layer_peak_memory_on_cpu_against_the_model():
     import sys
     from dataclasses import replace
 
-    from ropescale.training.memory_model import Setup, Shape, layer_bytes_per_token, tiled_layer_bytes
+    from ropescale.common.forward_memory import Shape
+    from ropescale.training.memory.estimate import Setup, layer_bytes_per_token, tiled_layer_bytes
 
     h, f, heads, T, C = 256, 512, 4, 4096, 256
     r = subprocess.run([sys.executable, "-c", MEASURE, *map(str, (h, f, heads, T, C))], capture_output=True,

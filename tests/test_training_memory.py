@@ -1,6 +1,6 @@
 """ropescale.training.memory on toy Qwen2 / Llama models in fp32: checkpoints offloaded to host memory, the tiled MLP
 and both give the loss and every trained gradient of the plain gradient-checkpointed path (to 1e-5), on plain and PEFT
-LoRA models; the host-memory refusal; the settings' auto rules; the CUDA allocator setting (ropescale.training.env);
+LoRA models; the host-memory refusal; the settings' auto rules; the CUDA allocator setting (ropescale.common.process);
 the trainer's per-step / steady rates (ropescale.training.trainer); the ZeRO-3 path; bench/bench_train_path.py's toy
 mode. On a machine with CUDA the equality tests also run on the GPU (pinned pages, the side stream)."""
 from __future__ import annotations
@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from ropescale.common.io import InputError
-from ropescale.training import memory
 from ropescale.training.loss import label_only_loss
-from ropescale.training.model import add_lora
+from ropescale.training.memory import estimate, install, offload, tiled_mlp
 
 TOL = dict(rtol=1e-5, atol=1e-5)
+LORA = ("q_proj", "v_proj", "gate_proj", "up_proj", "down_proj")  # the LoRA target modules of the LoRA cases
 # CUDA too where there is one (pinned pages, the side stream, events): the same tests, no skips on a CPU
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -30,13 +30,6 @@ def _batch(vocab, B=2, T=48, seed=0, device="cpu"):
     labels[1, 20:31] = -100
     return ids.to(device), labels.to(device)
 
-
-def _plain(make_tiny_model, arch, seed=0, device="cpu"):
-    model, _ = make_tiny_model(arch=arch, save=False, seed=seed)
-    model.to(device)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    return model
 
 
 def _step(model, ids, labels):
@@ -58,18 +51,18 @@ def _assert_same(a, b):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize("variant", ["offload", "tile", "both"])
-def test_offload_and_tiled_mlp_match_plain_checkpointing(make_tiny_model, arch, variant, device):
+def test_offload_and_tiled_mlp_match_plain_checkpointing(train_model, arch, variant, device):
     ids, labels = _batch(1000, device=device)
-    ref_model = _plain(make_tiny_model, arch, device=device)
+    ref_model = train_model(arch, device=device)
     ref = [_step(ref_model, ids, labels), _step(ref_model, ids[:, :40], labels[:, :40])]
-    model = _plain(make_tiny_model, arch, device=device)
+    model = train_model(arch, device=device)
     off = None
     if variant in ("offload", "both"):
         # 1,000-byte pages: each 24 KiB checkpoint spans 25 pages, the last one partly
-        off = memory.enable_checkpoint_offload(model, memory.CheckpointOffloader(page_bytes=1000,
+        off = offload.enable_checkpoint_offload(model, offload.CheckpointOffloader(page_bytes=1000,
                                                                                   pin=device == "cuda"))
     if variant in ("tile", "both"):
-        assert memory.enable_tiled_mlp(model, 20) == model.config.num_hidden_layers  # 96 rows: 5 chunks, last 16
+        assert tiled_mlp.enable_tiled_mlp(model, 20) == model.config.num_hidden_layers  # 96 rows: 5 chunks, last 16
     got = _step(model, ids, labels)
     _assert_same(got, ref[0])
     if off is not None:
@@ -86,7 +79,7 @@ def test_offload_and_tiled_mlp_match_plain_checkpointing(make_tiny_model, arch, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_offloaded_checkpoints_leave_the_device(make_tiny_model, device):
+def test_offloaded_checkpoints_leave_the_device(train_model, device):
     """After the forward, no decoder layer's input is alive any more (the plain path keeps every one)."""
     ids, labels = _batch(1000, device=device)
 
@@ -102,34 +95,22 @@ def test_offloaded_checkpoints_leave_the_device(make_tiny_model, device):
             h.remove()
         return n
 
-    plain = _plain(make_tiny_model, "qwen2", device=device)
+    plain = train_model("qwen2", device=device)
     assert alive_after_forward(plain) == plain.config.num_hidden_layers
-    model = _plain(make_tiny_model, "qwen2", device=device)
-    memory.enable_checkpoint_offload(model, memory.CheckpointOffloader(page_bytes=4096, pin=device == "cuda"))
+    model = train_model("qwen2", device=device)
+    offload.enable_checkpoint_offload(model, offload.CheckpointOffloader(page_bytes=4096, pin=device == "cuda"))
     assert alive_after_forward(model) == 0
 
-
-def _lora(make_tiny_model, arch, dropout=0.0, gc_=True, device="cpu", **kw):
-    model, _ = make_tiny_model(arch=arch, save=False, **kw)
-    model.to(device)
-    pm, _ = add_lora(model, r=4, alpha=8, dropout=dropout, gradient_checkpointing=gc_,
-                     targets=("q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"))
-    g = torch.Generator().manual_seed(1)
-    for n, p in pm.named_parameters():
-        if "lora_B" in n:  # B starts at zero (A would get no gradient): give both sides the same nonzero B
-            p.data.copy_(torch.randn(p.shape, generator=g).to(device) * 0.1)
-    pm.train()
-    return pm
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
-def test_peft_lora_with_offload_and_tiled_mlp_matches_plain(make_tiny_model, arch, device):
+def test_peft_lora_with_offload_and_tiled_mlp_matches_plain(train_model, arch, device):
     ids, labels = _batch(1000, seed=2, device=device)
-    ref = _step(_lora(make_tiny_model, arch, device=device), ids, labels)
-    pm = _lora(make_tiny_model, arch, device=device)
+    ref = _step(train_model(arch, lora=LORA, device=device), ids, labels)
+    pm = train_model(arch, lora=LORA, device=device)
     args = argparse.Namespace(offload_checkpoints="true", tile_mlp=24, gradient_checkpointing=True)
-    plan = memory.setup_memory(pm, args, tokens=96, cuda=device == "cuda", dtype=torch.float32, page_bytes=512,
+    plan = install.setup_memory(pm, args, max_len=96, cuda=device == "cuda", dtype=torch.float32, page_bytes=512,
                                quiet=True, available=2**40)
     assert plan.offload_checkpoints and plan.tile_mlp == 24 and pm._ropescale_memory is plan
     got = _step(pm, ids, labels)
@@ -140,15 +121,15 @@ def test_peft_lora_with_offload_and_tiled_mlp_matches_plain(make_tiny_model, arc
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_tiled_mlp_replays_dropout(make_tiny_model, device):
+def test_tiled_mlp_replays_dropout(train_model, device):
     """With LoRA dropout on the MLP, the backward's recomputed chunks see the forward's dropout masks: the same
     gradients as the chunked MLP kept in autograd (same seed)."""
     ids, labels = _batch(1000, seed=3, device=device)
 
     def run(tile):
-        pm = _lora(make_tiny_model, "qwen2", dropout=0.3, gc_=False, device=device)
+        pm = train_model("qwen2", lora=LORA, dropout=0.3, gradient_checkpointing=False, device=device)
         if tile:
-            memory.enable_tiled_mlp(pm, 20)
+            tiled_mlp.enable_tiled_mlp(pm, 20)
         else:  # the reference: the same chunks, everything kept for backward
             for layer in pm.get_base_model().model.layers:
                 own = layer.mlp.forward
@@ -166,17 +147,17 @@ def test_tiled_mlp_off_restores_and_no_grad_is_chunked(make_tiny_model):
     x = torch.randn(2, 33, model.config.hidden_size)
     with torch.no_grad():
         ref = mlp(x)
-        memory.enable_tiled_mlp(model, 8)
-        memory.enable_tiled_mlp(model, 5)  # re-tiling starts from the MLP's own forward
+        tiled_mlp.enable_tiled_mlp(model, 8)
+        tiled_mlp.enable_tiled_mlp(model, 5)  # re-tiling starts from the MLP's own forward
         assert mlp.forward._ropescale_tiled == 5
         assert torch.allclose(mlp(x), ref, **TOL)
-        memory.enable_tiled_mlp(model, 0)
+        tiled_mlp.enable_tiled_mlp(model, 0)
         assert "forward" not in mlp.__dict__ and torch.equal(mlp(x), ref)
 
 
 # ---------------------------------------------------------------- the memory planner's activation choices
 def test_layer_roles_by_hand():
-    r = memory.layer_roles
+    r = estimate.layer_roles
     assert r(4) == [("gpu", 0)] * 4  # every layer recomputed, every input stored on the device
     assert r(4, offload=True) == [("host", 0)] * 4
     assert r(5, recompute_every=2) == [("gpu", 0), ("none", 0), ("gpu", 0), ("none", 0), ("gpu", 0)]
@@ -202,20 +183,20 @@ _PLAIN: dict = {}  # the plain path's (loss, gradients) per (device, MLP tile)
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", sorted(PLANS))
-def test_plan_paths_match_plain_checkpointing(make_tiny_model, name, device):
+def test_plan_paths_match_plain_checkpointing(train_model, name, device):
     """Selective recompute, block checkpoints (an upper layer's input recomputed from its block's stored one, with
     the forward's dropout masks) and checkpoints split between the device and the host give the plain
     gradient-checkpointed path's loss and every trained gradient: a 5-layer PEFT model, LoRA dropout 0.3 on the
     attention and the MLP."""
-    from ropescale.training.planner import Plan
+    from ropescale.training.memory.plan import Plan
 
     ids, labels = _batch(1000, seed=4, device=device)
 
     def run(plan):
-        pm = _lora(make_tiny_model, "qwen2", dropout=0.3, device=device, num_layers=5)
+        pm = train_model("qwen2", lora=LORA, dropout=0.3, device=device, num_layers=5)
         mp = None
         if plan is not None:
-            mp = memory.setup_memory(pm, argparse.Namespace(), tokens=96, cuda=device == "cuda", dtype=torch.float32,
+            mp = install.setup_memory(pm, argparse.Namespace(), max_len=96, cuda=device == "cuda", dtype=torch.float32,
                                      page_bytes=512, quiet=True, available=2**40, plan=plan)
         torch.manual_seed(123)
         return _step(pm, ids, labels), mp
@@ -244,13 +225,13 @@ def test_plan_paths_match_plain_checkpointing(make_tiny_model, name, device):
 
 def test_block_checkpoints_keep_only_the_blocks_inputs(make_tiny_model):
     """With blocks of 2 on 5 layers only the inputs of layers 0, 2 and 4 are alive after the forward."""
-    from ropescale.training.planner import Plan
+    from ropescale.training.memory.plan import Plan
 
     ids, labels = _batch(1000)
     model, _ = make_tiny_model(arch="qwen2", save=False, num_layers=5)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    memory.setup_memory(model, argparse.Namespace(), tokens=96, cuda=False, dtype=torch.float32, quiet=True,
+    install.setup_memory(model, argparse.Namespace(), max_len=96, cuda=False, dtype=torch.float32, quiet=True,
                         plan=Plan(checkpoint_block=2))
     refs = []
     hooks = [layer.register_forward_pre_hook(lambda m, a, kw: refs.append(weakref.ref(
@@ -265,59 +246,59 @@ def test_block_checkpoints_keep_only_the_blocks_inputs(make_tiny_model):
 
 # ---------------------------------------------------------------- settings and host memory
 def test_auto_rules():
-    big, small = memory.AUTO_MIN_TOKENS, memory.AUTO_MIN_TOKENS - 1
-    assert memory.resolve_offload("auto", cuda=True, gradient_checkpointing=True, tokens=big)
-    assert not memory.resolve_offload("auto", cuda=True, gradient_checkpointing=True, tokens=small)
-    assert not memory.resolve_offload("auto", cuda=False, gradient_checkpointing=True, tokens=big)
-    assert not memory.resolve_offload("auto", cuda=True, gradient_checkpointing=False, tokens=big)
-    assert memory.resolve_offload("yes", cuda=False, gradient_checkpointing=True, tokens=1)
-    assert not memory.resolve_offload(False, cuda=True, gradient_checkpointing=True, tokens=big)
+    big, small = estimate.AUTO_MIN_TOKENS, estimate.AUTO_MIN_TOKENS - 1
+    assert install.resolve_offload("auto", cuda=True, gradient_checkpointing=True, tokens=big)
+    assert not install.resolve_offload("auto", cuda=True, gradient_checkpointing=True, tokens=small)
+    assert not install.resolve_offload("auto", cuda=False, gradient_checkpointing=True, tokens=big)
+    assert not install.resolve_offload("auto", cuda=True, gradient_checkpointing=False, tokens=big)
+    assert install.resolve_offload("yes", cuda=False, gradient_checkpointing=True, tokens=1)
+    assert not install.resolve_offload(False, cuda=True, gradient_checkpointing=True, tokens=big)
     with pytest.raises(InputError, match="--offload-checkpoints must be auto, true or false"):
-        memory.parse_offload("sometimes")
+        install.parse_offload("sometimes")
     with pytest.raises(InputError, match="needs --gradient-checkpointing"):
-        memory.resolve_offload("true", cuda=True, gradient_checkpointing=False, tokens=big)
-    assert memory.resolve_tile(None, cuda=True, tokens=big, hidden=4096) == 4096
-    assert memory.resolve_tile("auto", cuda=True, tokens=small, hidden=4096) == 0
-    assert memory.resolve_tile(None, cuda=False, tokens=big, hidden=4096) == 0
-    assert memory.resolve_tile(1024, cuda=False, tokens=8, hidden=4096) == 1024
-    assert memory.resolve_tile(0, cuda=True, tokens=big, hidden=4096) == 0
+        install.resolve_offload("true", cuda=True, gradient_checkpointing=False, tokens=big)
+    assert install.resolve_tile(None, cuda=True, tokens=big, hidden=4096) == 4096
+    assert install.resolve_tile("auto", cuda=True, tokens=small, hidden=4096) == 0
+    assert install.resolve_tile(None, cuda=False, tokens=big, hidden=4096) == 0
+    assert install.resolve_tile(1024, cuda=False, tokens=8, hidden=4096) == 1024
+    assert install.resolve_tile(0, cuda=True, tokens=big, hidden=4096) == 0
 
 
 def test_host_memory_figures_for_a_7b_layer_stack():
     # Qwen1.5-7B at 256K tokens, bf16: 2 GiB a layer, 64 GiB for 32 layers (whole 32 MiB pages)
-    assert memory.checkpoint_bytes(1, 262144, 4096, 2) == 2 * 2**30
-    assert memory.pool_bytes(32, 262144, 4096, 2) == 64 * 2**30
-    assert memory.pool_bytes(2, 1000, 10, 2, page_bytes=4096) == 2 * 5 * 4096  # 20,000 bytes -> 5 pages
-    need = memory.pool_bytes(32, 262144, 4096, 2)
-    assert memory.check_host_memory(need, what="x", available=100 * 2**30) == 100 * 2**30
+    assert offload.checkpoint_bytes(1, 262144, 4096, 2) == 2 * 2**30
+    assert offload.pool_bytes(32, 262144, 4096, 2) == 64 * 2**30
+    assert offload.pool_bytes(2, 1000, 10, 2, page_bytes=4096) == 2 * 5 * 4096  # 20,000 bytes -> 5 pages
+    need = offload.pool_bytes(32, 262144, 4096, 2)
+    assert offload.check_host_memory(need, what="x", available=100 * 2**30) == 100 * 2**30
     with pytest.raises(InputError) as e:
-        memory.check_host_memory(need, what="offloading the checkpoints", available=48 * 2**30)
+        offload.check_host_memory(need, what="offloading the checkpoints", available=48 * 2**30)
     msg = str(e.value)
     assert "\n" not in msg and "64.0 GiB" in msg and "48.0 GiB" in msg and "--offload-checkpoints false" in msg
     # DeepSpeed's offloaded optimizer (631M trained params) is counted too, and each local process needs its own
-    extra = memory.ds_offload_extra({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}, 631_000_000)
+    extra = offload.ds_offload_extra({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}, 631_000_000)
     assert extra == 631_000_000 * 16
-    assert memory.ds_offload_extra({"zero_optimization": {"offload_optimizer": {"device": "none"}}}, 10) == 0
+    assert offload.ds_offload_extra({"zero_optimization": {"offload_optimizer": {"device": "none"}}}, 10) == 0
     with pytest.raises(InputError, match="DeepSpeed's offloaded optimizer states"):
-        memory.check_host_memory(need, what="x", extra=extra, extra_what="DeepSpeed's offloaded optimizer states",
+        offload.check_host_memory(need, what="x", extra=extra, extra_what="DeepSpeed's offloaded optimizer states",
                                  available=75 * 2**30)
     with pytest.raises(InputError, match="in each of 2 processes"):
-        memory.check_host_memory(need, what="x", available=100 * 2**30, processes=2)
+        offload.check_host_memory(need, what="x", available=100 * 2**30, processes=2)
 
 
-def test_setup_refuses_before_touching_the_model_when_host_memory_is_short(make_tiny_model, monkeypatch):
-    pm = _lora(make_tiny_model, "qwen2")
+def test_setup_refuses_before_touching_the_model_when_host_memory_is_short(train_model, monkeypatch):
+    pm = train_model("qwen2", lora=LORA)
     layers = pm.get_base_model().model.layers
     funcs = [layer._gradient_checkpointing_func for layer in layers]
     # 2 layers x 262,144 tokens x 64 x 4 bytes = 128 MiB of checkpoints; the machine "has" 100 MiB
-    monkeypatch.setattr(memory, "available_host_bytes", lambda: 100 * 2**20)
+    monkeypatch.setattr(offload, "available_host_bytes", lambda: 100 * 2**20)
     args = argparse.Namespace(offload_checkpoints="auto", tile_mlp=None, gradient_checkpointing=True)
     with pytest.raises(InputError, match=r"host memory: .* needs 0\.1 GiB .* only 100\.0 MiB is available"):
-        memory.setup_memory(pm, args, tokens=262144, cuda=True, dtype=torch.float32, quiet=True)
+        install.setup_memory(pm, args, max_len=262144, cuda=True, dtype=torch.float32, quiet=True)
     assert [layer._gradient_checkpointing_func for layer in layers] == funcs
     assert "forward" not in layers[0].mlp.__dict__ and not hasattr(pm, "_ropescale_memory")
-    monkeypatch.setattr(memory, "available_host_bytes", lambda: 8 * 2**30)
-    plan = memory.setup_memory(pm, args, tokens=262144, cuda=True, dtype=torch.float32, quiet=True)
+    monkeypatch.setattr(offload, "available_host_bytes", lambda: 8 * 2**30)
+    plan = install.setup_memory(pm, args, max_len=262144, cuda=True, dtype=torch.float32, quiet=True)
     assert plan.offload_checkpoints and plan.tile_mlp == 64 and plan.host_pool_bytes == 128 * 2**20
     assert plan.offloader.pin is True  # pinned pages on CUDA (allocated at the first forward)
 
@@ -326,13 +307,13 @@ def test_available_host_bytes_without_psutil(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "psutil", None)  # import psutil -> ImportError: /proc/meminfo
-    n = memory.available_host_bytes()
+    n = offload.available_host_bytes()
     assert isinstance(n, int) and n > 2**20
 
 
-# ---------------------------------------------------------------- the allocator setting (ropescale.training.env)
+# ---------------------------------------------------------------- the allocator setting (ropescale.common.process)
 def test_expandable_segments_on_cuda_unless_the_user_chose():
-    from ropescale.training.env import setup_env
+    from ropescale.common.process import setup_env
 
     env = {}
     assert setup_env(env, cuda=True)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
@@ -372,7 +353,7 @@ def test_step_clock_reports_last_step_steady_and_running_rates():
     assert recs[4]["tokens_per_s_running"] == round(5000 * 2 / 20.5, 1) and recs[4]["seconds"] == 20.5
 
 
-def test_trainer_log_with_offload_and_tiling_matches_plain_training(tmp_path, make_tiny_model):
+def test_trainer_log_with_offload_and_tiling_matches_plain_training(tmp_path, train_model):
     """Three steps of LabelOnlyTrainer: the same losses with the memory plan as without; the log has the new
     rates, host memory and the plan."""
     import json
@@ -393,10 +374,10 @@ def test_trainer_log_with_offload_and_tiling_matches_plain_training(tmp_path, ma
         rows.append({"input_ids": ids.tolist(), "labels": lab.tolist()})
 
     def train(with_plan: bool, out):
-        pm = _lora(make_tiny_model, "llama")
+        pm = train_model("llama", lora=LORA)
         if with_plan:
             args = argparse.Namespace(offload_checkpoints="true", tile_mlp=16, gradient_checkpointing=True)
-            memory.setup_memory(pm, args, tokens=64, cuda=False, dtype=torch.float32, quiet=True)
+            install.setup_memory(pm, args, max_len=64, cuda=False, dtype=torch.float32, quiet=True)
         install_label_only_forward(pm, 8)
         targs = TrainingArguments(output_dir=str(out), max_steps=3, per_device_train_batch_size=1,
                                   learning_rate=1e-3, warmup_steps=0, lr_scheduler_type="constant", use_cpu=True,
@@ -424,14 +405,15 @@ def test_trainer_log_with_offload_and_tiling_matches_plain_training(tmp_path, ma
 # ---------------------------------------------------------------- under DeepSpeed ZeRO-3 (CPU)
 ZERO3_SCRIPT = r"""
 import json, sys, argparse
-from ropescale.training.env import setup_env
+from ropescale.common.process import setup_env
 setup_env()
 import torch, deepspeed
 from deepspeed.utils import safe_get_full_grad
 from transformers import AutoModelForCausalLM
 from transformers.integrations import HfDeepSpeedConfig
 from ropescale.training.loss import install_label_only_forward
-from ropescale.training.model import add_lora, setup_memory
+from ropescale.training.memory.install import setup_memory
+from ropescale.training.model import add_lora
 
 model_dir, variant, out = sys.argv[1], sys.argv[2], sys.argv[3]
 from ropescale.common.compat import disable_deepspeed_shm_op
@@ -459,16 +441,16 @@ if variant == "1":  # the recipe plan's activation part: every checkpoint to the
 if variant == "2":  # the planner's levers: blocks of 2 (layer 1 recomputed from layer 0's input in backward, a
     # forward of ZeRO-3 partitioned layers inside backward), layer 2's input kept, layer 0's on the host, the head
     # in chunks of 8 under ZeRO-3
-    from ropescale.training.memory import setup_memory as setup
-    from ropescale.training.planner import Plan
+    from ropescale.training.memory.install import setup_memory as setup
+    from ropescale.training.memory.plan import Plan
     plan = Plan(checkpoint_block=2, offload_checkpoints=True, gpu_checkpoints=1, tile_mlp=40, head_chunk_zero3=True)
-    mp = setup(pm, argparse.Namespace(), tokens=96, cuda=False, dtype=torch.float32, ds_config=ds, plan=plan)
+    mp = setup(pm, argparse.Namespace(), max_len=96, cuda=False, dtype=torch.float32, ds_config=ds, plan=plan)
 if variant == "3":  # the same with each layer tiled by sequence (40-token chunks: 3 a layer) instead of the MLP
-    from ropescale.training.memory import setup_memory as setup
-    from ropescale.training.planner import Plan
+    from ropescale.training.memory.install import setup_memory as setup
+    from ropescale.training.memory.plan import Plan
     plan = Plan(checkpoint_block=2, offload_checkpoints=True, gpu_checkpoints=1, tile_attention=40,
                 head_chunk_zero3=True)
-    mp = setup(pm, argparse.Namespace(), tokens=96, cuda=False, dtype=torch.float32, ds_config=ds, plan=plan)
+    mp = setup(pm, argparse.Namespace(), max_len=96, cuda=False, dtype=torch.float32, ds_config=ds, plan=plan)
 install_label_only_forward(pm, 8, zero3_chunks=variant in ("2", "3"))
 opt = torch.optim.SGD([p for p in pm.parameters() if p.requires_grad], lr=0.0)
 engine, *_ = deepspeed.initialize(model=pm, optimizer=opt, config=ds)
@@ -484,7 +466,7 @@ engine.backward(loss)
 grads = {n: safe_get_full_grad(p) for n, p in engine.module.named_parameters() if p.requires_grad}
 stats = mp.offloader.stats if variant == "2" else {}
 if variant == "3":
-    from ropescale.training.tiled_attention import STATS
+    from ropescale.training.memory.tiled_attention import STATS
     stats = dict(mp.offloader.stats, tiled=STATS["tiled"], plain=STATS["plain"])
 torch.save({"loss": loss.detach(), "grads": grads, "stats": stats}, out)
 """
@@ -495,7 +477,7 @@ def test_zero3_gradients_with_offload_and_tiled_lora_mlp_match_plain(tmp_path, m
     gradients that DeepSpeed reduces once, after the last tile): the full gradients (gathered from the partitions)
     equal the plain run's, with the recipe plan's checkpoint offload and with the planner's block checkpoints
     (a partitioned layer run forward inside backward), device + host checkpoints and the head in chunks, and the
-    same with each layer tiled by sequence (ropescale.training.tiled_attention)."""
+    same with each layer tiled by sequence (ropescale.training.memory.tiled_attention)."""
     import subprocess
     import sys
 

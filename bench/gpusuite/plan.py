@@ -232,7 +232,7 @@ FIXED_S = {"env": 30.0, "prepare": 80.0}  # measured on the H200: 23.6 s (+ the 
 
 
 def expected_seconds(step: Step, gpu_gib: float = 139.8, host_gib: float = 125.0) -> float | None:
-    """The step's expected wall time on one GPU of ``gpu_gib`` (the time model of ropescale.training.planner, the
+    """The step's expected wall time on one GPU of ``gpu_gib`` (the time model of ropescale.training.memory.plan, the
     start-up above); None for steps it does not model (generation, no-ZeRO)."""
     if step.kind in ("env", "prepare"):
         return FIXED_S[step.kind]
@@ -242,8 +242,9 @@ def expected_seconds(step: Step, gpu_gib: float = 139.8, host_gib: float = 125.0
         return None
     from dataclasses import replace
 
-    from ropescale.training import planner
-    from ropescale.training.memory_model import GIB, QWEN15_7B, Setup
+    from ropescale.common.forward_memory import GIB
+    from ropescale.training.memory import plan as planner
+    from ropescale.training.memory.estimate import QWEN15_7B, Setup
 
     layers = step.info.get("layers")
     shape = replace(QWEN15_7B, layers=layers) if layers else QWEN15_7B

@@ -96,7 +96,7 @@ def memory_kind(text: str) -> str | None:
     low = text.lower()
     if "out of memory" in low or "outofmemoryerror" in low:
         return "gpu"
-    if "host memory:" in low:  # ropescale.training.memory.check_host_memory's refusal
+    if "host memory:" in low:  # ropescale.training.memory.offload.check_host_memory's refusal
         return "host"
     return None
 
@@ -249,7 +249,7 @@ class Interrupted(Exception):
     """The suite got SIGTERM / SIGINT: the step in flight is stopped and runs again next time."""
 
 
-def _on_signal(signum, frame):
+def on_signal(signum, frame):
     raise Interrupted(signal.Signals(signum).name)
 
 
@@ -451,8 +451,9 @@ def run_plan(suite: Suite, steps: list[Step], full: list[Step], ctx: Context) ->
 
 # ---------------------------------------------------------------- the memory model beside a measurement
 def _shape(ctx: Context, shape_name: str | None = None):
+    from ropescale.common.forward_memory import Shape
     from ropescale.common.io import read_json
-    from ropescale.training.memory_model import QWEN15_7B, Shape
+    from ropescale.training.memory.estimate import QWEN15_7B
 
     cfg = ctx.workdir / "train" / f"model-{shape_name or model_shape(ctx.dry)}" / "config.json"
     if not cfg.is_file():
@@ -470,8 +471,9 @@ def add_estimate(step: Step, res: dict, ctx: Context) -> dict:
     MFU (the step's model FLOPs, ``planner.model_flops``, over its time and the card's dense bf16 peak)."""
     if step.kind not in ("train_path", "train_step") or step.name.startswith("fa2"):
         return res
-    from ropescale.training.memory_model import GIB, Setup, auto_memory, estimate
-    from ropescale.training.planner import mfu, model_flops, peak_flops
+    from ropescale.common.forward_memory import GIB
+    from ropescale.training.memory.estimate import Setup, auto_memory, estimate
+    from ropescale.training.memory.plan import mfu, model_flops, peak_flops
 
     shape = _shape(ctx, res.get("shape"))
     if shape is None:
@@ -522,7 +524,7 @@ def missing_packages() -> list[str]:
     for line in (ROOT / "requirements-deepspeed.txt").read_text(encoding="utf-8").splitlines():
         if line.split("#")[0].strip():
             reqs.append(line.split("#")[0].strip())
-    out = [] if _has("torch") else ["torch (the machine's own CUDA build: not installed)"]
+    out = [] if has_module("torch") else ["torch (the machine's own CUDA build: not installed)"]
     for text in reqs:
         r = Requirement(text)
         try:
@@ -535,7 +537,7 @@ def missing_packages() -> list[str]:
     return out
 
 
-def _has(module: str) -> bool:
+def has_module(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None

@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 from .plan import ROOT, model_shape
-from .runner import ENV_UNUSABLE, _has
+from .runner import ENV_UNUSABLE, has_module
 
 
 def run_env_step(dry: bool) -> int:
     """``env``: the environment and the bf16 smoke check; prints one JSON line (see module doc)."""
-    from ropescale.common.cli import ALLOC_CONF_VARS, prepare_process
+    from ropescale.common.process import ALLOC_CONF_VARS, prepare_process
 
     prepare_process()
     import importlib.metadata as md
@@ -35,7 +35,7 @@ def run_env_step(dry: bool) -> int:
         except md.PackageNotFoundError:
             pass
     res["flash_attn"] = _flash_attn()
-    from ropescale.training.memory import available_host_bytes
+    from ropescale.common.host import available_host_bytes
 
     res["host_available_gib"] = round(available_host_bytes() / 2**30, 1)
     res["host_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
@@ -65,7 +65,7 @@ def run_env_step(dry: bool) -> int:
 
 
 def _flash_attn() -> str | None:
-    if not _has("flash_attn"):
+    if not has_module("flash_attn"):
         return None
     try:
         import flash_attn
@@ -88,7 +88,7 @@ SMOKE_VARIANTS = {  # the memory paths checked against the plain path, each on a
 
 
 def smoke(device) -> dict:
-    """The memory paths (``ropescale.training.memory.setup_memory`` + ``loss.label_only_loss``, what finetune.py
+    """The memory paths (``ropescale.training.memory.install.setup_memory`` + ``loss.label_only_loss``, what finetune.py
     runs: checkpoints offloaded to host memory, blocks of 2 layers with one stored input, checkpoints split between
     device and host, every other layer recomputed, the MLP tiled over sequence chunks, the label-only LM head in
     chunks) against the plain path (gradient checkpointing, the model's own full-logits loss) on a small Qwen2 shape
@@ -98,7 +98,8 @@ def smoke(device) -> dict:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from ropescale.training.loss import label_only_loss
-    from ropescale.training.memory import Activations, setup_memory
+    from ropescale.training.memory.estimate import Activations
+    from ropescale.training.memory.install import setup_memory
 
     cuda = device.type == "cuda"
     tokens = 1024 if cuda else 64
@@ -133,7 +134,7 @@ def smoke(device) -> dict:
                            gpu_checkpoints=v.get("gpu_checkpoints", 0), tile_mlp=tokens // 8 if v.get("tile") else 0,
                            tile_attention=tokens // 8 if v.get("tile_attention") else 0)
         try:
-            plan_ = setup_memory(model, argparse.Namespace(), tokens=tokens, cuda=cuda, dtype=torch.bfloat16,
+            plan_ = setup_memory(model, argparse.Namespace(), max_len=tokens, cuda=cuda, dtype=torch.bfloat16,
                                  quiet=True, plan=acts)
             loss = label_only_loss(model, ids, labels, chunk=tokens // 8)
             loss.backward()

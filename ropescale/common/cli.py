@@ -16,9 +16,9 @@
   on 100 lines (the rest of its manual is in docs/usage.md, :func:`doc_sections`).
 - A misspelt flag, subcommand or choice is refused with the command's own usage and a "did you mean" (:class:`Parser`).
 - ``--resume auto|never`` means the same in every stage that writes a run directory (:func:`add_resume`).
-- Results go to stdout, progress and logs to stderr (:func:`prepare_process` also sends DeepSpeed's and transformers'
-  loggers there, filters library warnings nobody here can act on and sets the CUDA allocator); bad input is one
-  ``error: FILE:LINE: ...`` line and exit code 2 (:func:`cli_main`).
+- Results go to stdout, progress and logs to stderr (``process.prepare_process`` also sends DeepSpeed's and
+  transformers' loggers there, filters library warnings nobody here can act on and sets the CUDA allocator); bad
+  input is one ``error: FILE:LINE: ...`` line and exit code 2 (:func:`cli_main`).
 """
 from __future__ import annotations
 
@@ -26,14 +26,11 @@ import argparse
 import copy
 import difflib
 import json
-import logging
 import os
 import re
 import sys
-import warnings
 from typing import Callable, Iterable
 
-from . import compat
 from .io import InputError
 from .settings import MissingSettings, choices_metavar, plain
 from .tables import FORMATS
@@ -531,83 +528,3 @@ def add_alias(p: argparse.ArgumentParser, flag: str, *aliases: str, **kw) -> Non
     for a in aliases:
         p.add_argument(a, dest=kw.pop("dest", dest), help=argparse.SUPPRESS, **kw)
     _note_aliases(p, flag, aliases)
-
-
-# ---------------------------------------------------------------- entry points
-
-
-def quiet_libraries() -> None:
-    """Filter library warnings we cannot act on; send library loggers that default to stdout to stderr."""
-    for category, message, module in compat.QUIET_WARNINGS:  # library warnings about themselves
-        warnings.filterwarnings("ignore", message=message, category=category, module=module)
-    logs_to_stderr()
-
-
-def logs_to_stderr() -> None:
-    """DeepSpeed's logger writes to stdout; under the launcher that mixes logs into results. Point every stream
-    handler of the loggers we know at stderr (call again after importing deepspeed)."""
-    for name in compat.STDOUT_LOGGERS:
-        log = logging.getLogger(name)
-        for h in log.handlers:
-            if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) is sys.stdout:
-                h.setStream(sys.stderr)
-
-
-# The CUDA caching allocator uses expandable segments unless the user chose (PYTORCH_CUDA_ALLOC_CONF, or its newer
-# name PYTORCH_ALLOC_CONF): long samples and prompts of varying length fragment fixed segments (a 7B model at 128K
-# tokens ran out of memory at step 3 without it and trained in 68 GiB with it, on an 80 GB H100). The variable is
-# read when CUDA's allocator starts, so it is set before torch is imported; when torch already started CUDA, the
-# allocator is switched at run time instead.
-ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # the first is the one set
-ALLOC_CONF = "expandable_segments:True"
-
-
-GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")  # NVIDIA, ROCm (HIP), WSL's GPU
-
-
-def cuda_available() -> bool:
-    """Whether this machine has a CUDA (or ROCm) GPU, answered without importing torch (seconds, which every
-    ``--help`` would pay): a driver's device node is there (:data:`GPU_DEVICE_NODES`) and ``CUDA_VISIBLE_DEVICES``
-    does not hide every device. Once torch is imported, torch's own answer."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        try:
-            return bool(torch.cuda.is_available())
-        except Exception:  # a broken driver: treat as CPU
-            return False
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip() in ("", "-1"):
-        return False
-    return any(os.path.exists(d) for d in GPU_DEVICE_NODES)
-
-
-def set_cuda_allocator(environ: dict | None = None, cuda: bool | None = None) -> tuple[dict, bool]:
-    """(the variables set, whether this machine has CUDA): expandable segments on CUDA unless the user set an
-    allocator configuration; nothing on a machine without CUDA. ``cuda`` None: :func:`cuda_available` (no torch
-    import)."""
-    env = os.environ if environ is None else environ
-    user = any(k in env for k in ALLOC_CONF_VARS)
-    if not user:
-        env[ALLOC_CONF_VARS[0]] = ALLOC_CONF
-    has_cuda = cuda_available() if cuda is None else cuda
-    if user:
-        return {}, has_cuda
-    if not has_cuda:
-        del env[ALLOC_CONF_VARS[0]]
-        return {}, has_cuda
-    if environ is None:
-        torch = sys.modules.get("torch")
-        try:
-            if torch is not None and torch.cuda.is_initialized():
-                torch.cuda.memory._set_allocator_settings(ALLOC_CONF)  # no public setter
-        except Exception:  # an older torch without the setter: keep the default allocator
-            pass
-    return {ALLOC_CONF_VARS[0]: ALLOC_CONF}, has_cuda
-
-
-def prepare_process() -> None:
-    """What every entry point runs first: the CUDA allocator setting (before torch starts CUDA) and quiet
-    libraries. finetune's entry runs ``ropescale.training.env.setup_env`` instead, which does the same and more."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no fork warnings from the tokenizers' threads
-    set_cuda_allocator()
-    quiet_libraries()

@@ -3,7 +3,7 @@ anything is allocated, and the one-line refusal of a forward that cannot fit thi
 
 What it counts (bytes; t = batch x length tokens, b = bytes of the dtype, h hidden, f intermediate, q / kv = heads x
 head dim, d head dim, V vocabulary, L layers): the terms of the training memory model
-(``ropescale.training.memory_model``) that a forward without gradients keeps, measured on transformers' LLaMA /
+(``ropescale.training.memory.estimate``) that a forward without gradients keeps, measured on transformers' LLaMA /
 Qwen2 decoder layer (SDPA, RMSNorm, SwiGLU):
 
 - activations: at a layer's peak, per token b x (5h + 2d + max(3f, 5q + 2kv)): the embedding output (held by the
@@ -46,8 +46,9 @@ def gib(n: float) -> str:
 
 
 @dataclass(frozen=True)
-class ForwardShape:
-    """The sizes of a decoder-only transformer that a forward's memory depends on (read from its HF config)."""
+class Shape:
+    """A decoder-only transformer's shape (LLaMA / Qwen2 / Mistral: RMSNorm, SwiGLU MLP): what a forward's memory
+    (here) and a training step's (``ropescale.training.memory.estimate``) depend on."""
 
     layers: int
     hidden: int
@@ -55,27 +56,50 @@ class ForwardShape:
     kv_heads: int
     intermediate: int
     vocab: int
-    head_dim: int
+    head_dim: int | None = None  # default hidden / heads
+    tied: bool = False  # the LM head shares the input embedding
+
+    @property
+    def d(self) -> int:
+        return self.head_dim or self.hidden // self.heads
 
     @property
     def q(self) -> int:
-        return self.heads * self.head_dim
+        return self.heads * self.d
 
     @property
     def kv(self) -> int:
-        return self.kv_heads * self.head_dim
+        return self.kv_heads * self.d
+
+    def layer_params(self) -> int:
+        """q, k, v, o and the MLP's gate, up, down (biases left out)."""
+        h = self.hidden
+        return h * self.q + 2 * h * self.kv + self.q * h + 3 * h * self.intermediate
+
+    def total_params(self) -> int:
+        h, v = self.hidden, self.vocab
+        return v * h * (1 if self.tied else 2) + self.layers * (self.layer_params() + 2 * h) + h
+
+    def hf_kwargs(self) -> dict:
+        """The shape as a transformers config's fields (``AutoConfig.for_model(arch, **shape.hf_kwargs())``)."""
+        kw = dict(hidden_size=self.hidden, num_hidden_layers=self.layers, num_attention_heads=self.heads,
+                  num_key_value_heads=self.kv_heads, intermediate_size=self.intermediate, vocab_size=self.vocab)
+        if self.head_dim is not None:
+            kw["head_dim"] = self.head_dim
+        return kw
 
     @classmethod
-    def from_config(cls, config) -> ForwardShape:
+    def from_config(cls, config) -> Shape:
         """From a transformers config (its text config for a multimodal one) or a config.json dict."""
         c = config.get_text_config() if hasattr(config, "get_text_config") else config
         get = c.get if isinstance(c, dict) else (lambda k, default=None: getattr(c, k, default))
         heads = int(get("num_attention_heads"))
         hidden = int(get("hidden_size"))
+        head_dim = get("head_dim")
         return cls(layers=int(get("num_hidden_layers")), hidden=hidden, heads=heads,
                    kv_heads=int(get("num_key_value_heads") or heads),
                    intermediate=int(get("intermediate_size") or 4 * hidden), vocab=int(get("vocab_size")),
-                   head_dim=int(get("head_dim") or hidden // heads))
+                   head_dim=int(head_dim) if head_dim else None, tied=bool(get("tie_word_embeddings", False)))
 
 
 @dataclass
@@ -98,13 +122,13 @@ class ForwardEstimate:
         return ", ".join(f"{k} {gib(v)}" for k, v in shown)
 
 
-def layer_bytes_per_token(shape: ForwardShape, dtype_bytes: int) -> int:
+def layer_bytes_per_token(shape: Shape, dtype_bytes: int) -> int:
     """Bytes a token holds at a decoder layer's peak in a forward without gradients (module doc: activations)."""
-    h, f, q, kv, d = shape.hidden, shape.intermediate, shape.q, shape.kv, shape.head_dim
+    h, f, q, kv, d = shape.hidden, shape.intermediate, shape.q, shape.kv, shape.d
     return dtype_bytes * (5 * h + 2 * d + max(3 * f, 5 * q + 2 * kv))
 
 
-def estimate_forward(shape: ForwardShape, length: int, *, batch: int = 1, scored: int | None = None,
+def estimate_forward(shape: Shape, length: int, *, batch: int = 1, scored: int | None = None,
                      dtype_bytes: int = 4, kv_tokens: int = 0, kv_copies: int = 1, padded: bool = False,
                      head_chunk: int = HEAD_CHUNK, weights: int = 0) -> ForwardEstimate:
     """The peak of one forward of ``batch`` rows of ``length`` tokens whose last ``scored`` positions a row
@@ -170,10 +194,10 @@ def check_forward(config, length: int, *, what: str, batch: int = 1, scored: int
                   weights: int = 0, device: str = "cpu", budget: int | None = None,
                   hint: str = "") -> ForwardEstimate:
     """The estimate of one forward (:func:`estimate_forward`; ``config``: the model's config or a
-    :class:`ForwardShape`), or an InputError in one line when its peak exceeds ``budget`` (default:
+    :class:`Shape`), or an InputError in one line when its peak exceeds ``budget`` (default:
     :func:`available_bytes` of ``device``), naming the longest length that fits (at this batch and, for a batch,
     at one row) and ``what`` was asked (``--lengths 8000000``)."""
-    shape = config if isinstance(config, ForwardShape) else ForwardShape.from_config(config)
+    shape = config if isinstance(config, Shape) else Shape.from_config(config)
     kw = dict(scored=scored, dtype_bytes=dtype_bytes, kv_copies=kv_copies, padded=padded, weights=weights)
     est = estimate_forward(shape, length, batch=batch, kv_tokens=kv_tokens, **kw)
     budget = available_bytes(device) if budget is None else budget

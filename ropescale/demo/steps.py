@@ -55,7 +55,7 @@ def show(argv: list[str]) -> None:
 def sh(argv: list[str], capture: bool = False) -> str:
     """Run a command (echoed first); its stderr (progress, logs) passes through; stop the demo if it fails."""
     show(argv)
-    from ropescale.training.env import DIST_DEFAULTS
+    from ropescale.common.process import DIST_DEFAULTS
 
     # each fine-tune picks its own rendezvous port: never one an in-process step of this demo set and may still hold
     env = {k: v for k, v in os.environ.items() if k not in {*DIST_DEFAULTS, "MASTER_PORT"}}
@@ -273,7 +273,7 @@ def finetune_command(d: Demo, method: str, train_dir: Path) -> list[str]:
         ft += ["--resume", "auto"]
     ft += list(d.finetune_args)
     if d.launcher == "deepspeed":  # a free rendezvous port: 29500 may be taken by another job
-        from ropescale.training.env import free_port
+        from ropescale.common.process import free_port
 
         return [str(Path(py).parent / "deepspeed"), "-q", "--master_port", str(free_port())] + ft
     return [py] + ft

@@ -1,7 +1,7 @@
 """``python -m ropescale.probes SUBCOMMAND ...`` (= ``ropescale probes ...``) (see ropescale.probes.cli)."""
 import sys
 
-from ropescale.common.cli import prepare_process
+from ropescale.common.process import prepare_process
 
 prepare_process()
 

@@ -19,15 +19,9 @@ from torch.utils.checkpoint import checkpoint
 
 from ropescale.common.compat import is_zero3_param
 
+from .model import causal_lm_of
+
 IGNORE_INDEX = -100
-
-
-def causal_lm_of(model):
-    """The transformers CausalLM inside a PEFT model / DeepSpeed engine / the model itself."""
-    m = getattr(model, "module", model)  # DeepSpeed engine / DDP
-    if hasattr(m, "get_base_model"):  # PEFT
-        m = m.get_base_model()
-    return m
 
 
 def decoder_of(causal_lm):

@@ -1,4 +1,4 @@
-"""Model setup: the model under its RoPE setting, LoRA and what else is trained.
+"""Model setup: the model under its RoPE setting, LoRA and what else is trained; the causal LM inside a wrapper.
 
 Paper Sec 5 (after LongLoRA): LoRA rank 8, and the embedding and normalization layers unfrozen. The extra
 trained tensors are switched on with ``requires_grad`` (not PEFT ``modules_to_save``, which keeps a copy that
@@ -36,6 +36,14 @@ def resolve_attn(name: str, cuda: bool) -> str:
     if name == "flash_attention_2" and (not cuda or importlib.util.find_spec("flash_attn") is None):
         raise InputError("--attn flash_attention_2 needs CUDA and the flash_attn package")
     return name
+
+
+def causal_lm_of(model):
+    """The transformers CausalLM inside a PEFT model / DeepSpeed engine / the model itself."""
+    m = getattr(model, "module", model)  # DeepSpeed engine / DDP
+    if hasattr(m, "get_base_model"):  # PEFT
+        m = m.get_base_model()
+    return m
 
 
 def load_model(cfg, dtype: torch.dtype, attn: str):
@@ -121,20 +129,3 @@ def fp32_master(model, compute_dtype: torch.dtype) -> None:
         return out.to(compute_dtype) if torch.is_tensor(out) and out.is_floating_point() else out
 
     emb.register_forward_hook(to_compute)
-
-
-def setup_memory(peft_model, args, *, max_len: int, cuda: bool, dtype: torch.dtype, ds_config: dict | None = None,
-                 plan=None):
-    """Long samples on one GPU (:mod:`ropescale.training.memory`): ``args.offload_checkpoints`` (each decoder layer's
-    gradient checkpoint in pinned host memory, copied out and back on a side stream) and ``args.tile_mlp`` (each
-    layer's MLP over sequence chunks, recomputed per chunk in backward), sized for the longest micro-batch
-    (``args.micro_batch`` x ``max_len`` tokens). Call after :func:`add_lora` (which enables gradient
-    checkpointing) and before the Trainer is built; InputError (one line, before any training) when host memory
-    cannot hold the offloaded checkpoints. ``plan``: the run's memory plan (``ropescale.training.planner.Plan``;
-    None: from ``args``). Returns the :class:`ropescale.training.memory.MemoryPlan`."""
-    from .env import is_main
-    from .memory import setup_memory as _setup
-
-    tokens = int(getattr(args, "micro_batch", 1) or 1) * int(max_len)
-    return _setup(peft_model, args, tokens=tokens, cuda=cuda, dtype=dtype, ds_config=ds_config, quiet=not is_main(),
-                  plan=plan)

@@ -31,6 +31,7 @@ from typing import Any
 
 from rope_scaling import RopeSpec
 from rope_scaling.load import ModelConfig
+from ropescale.common import process
 from ropescale.common.cli import dtype_name, rerun_command, when_interrupted
 from ropescale.common.io import InputError, read_json
 from ropescale.common.runs.identity import length_of, model_id, model_ref
@@ -39,9 +40,11 @@ from ropescale.common.runs.record import RunDir, RunMeta, RunRecord, read_train_
 from ropescale.common.runs.resume import check_resume, open_run_dir, refuse_resume
 from ropescale.common.settings import check, fmt, from_record
 
-from . import env, sequence_parallel
+from . import sequence_parallel
 from .config import TrainSettings, default_global_batch, resolve_ds_config
-from .planner import ds_config_dict  # the DeepSpeed config as this machine and the plan need it
+from .data import policy_of
+from .memory.plan import ds_config_dict  # the DeepSpeed config as this machine and the plan need it
+from .positions import Policy
 
 RUNS_DIR = Path("runs") / "train"  # under the current directory, never inside the checkout from elsewhere
 RESUME_HINT = ("--resume continues a run only with its settings (only --max-steps may grow): use another --out, or "
@@ -49,7 +52,7 @@ RESUME_HINT = ("--resume continues a run only with its settings (only --max-step
 
 
 def log(msg: str) -> None:
-    if env.is_main():
+    if process.is_main():
         print(msg, file=sys.stderr, flush=True)
 
 
@@ -104,6 +107,7 @@ class Run:
     settings: TrainSettings  # as resolved on this machine (model, out, attention, DeepSpeed file, dtype)
     recipe: str | None
     model: ModelConfig  # the model's config with the RoPE setting applied, read once (rope_scaling.load)
+    policy: Policy  # the packing policy (positions, attention, PoSE) of the settings, built once (data.policy_of)
     model_id: str | None  # runs.model_id of the model directory
     run_dir: Path
     rd: RunDir
@@ -126,7 +130,7 @@ class Run:
     global_batch: int = 0
     grad_accum: int = 0
     # plan_memory
-    memory: Any = None  # ropescale.training.planner.Choice: the memory plan and the numbers behind it
+    memory: Any = None  # ropescale.training.memory.plan.Choice: the memory plan and the numbers behind it
     attention: dict = field(default_factory=dict)  # the attention kernel chosen and the check behind it
     # build_model
     extra_names: list = field(default_factory=list)
@@ -161,25 +165,22 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
     returns a summary ({run, steps, seconds, final}) on the main process, None on the others. The phases, in
     order: settings -> data -> memory plan -> trainer arguments -> model -> run record -> trainer -> fit and export."""
     from .curves import check_report_to
-    from .data import policy_of
 
     check(args)  # before any work
-    policy_of(args)  # a bad combination of --positions / --attention / --pose-* too
+    policy = policy_of(args)  # a bad combination of --positions / --attention / --pose-* too
     check_report_to(args.report_to)  # an integration that is not installed too
-    env.setup_env()
-    run = plan_run(args, recipe=recipe, resume=resume, overwrite=overwrite)
+    process.setup_env()
+    run = plan_run(args, policy, recipe=recipe, resume=resume, overwrite=overwrite)
     when_interrupted("to continue from the last checkpoint (every --save-steps), run the same command with --resume "
                      f"auto: {rerun_command(['--resume', 'auto'], drop=['--overwrite'])}")
-    env.check_master_port(log)  # a port another job holds: one line, not a traceback from the rendezvous
-    env.disable_shm_comm()  # (imports deepspeed: after the checks that need none)
+    process.check_master_port(log)  # a port another job holds: one line, not a traceback from the rendezvous
+    process.disable_shm_comm()  # (imports deepspeed: after the checks that need none)
     if run.world > 1:  # join the process group first (DeepSpeed sizes its batch from it)
         _init_dist(run.cuda)
     prepare_data(run)
     plan_memory(run)
     targs, ds_cfg = training_arguments(run)
-    from ropescale.common.cli import logs_to_stderr
-
-    logs_to_stderr()  # DeepSpeed (imported by now when used) logs to stdout: results only there, also per rank
+    process.logs_to_stderr()  # DeepSpeed (imported by now when used) logs to stdout: results only there, also per rank
     model = build_model(run, ds_cfg)
     if run.main:
         start_record(run)
@@ -187,7 +188,8 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
     return fit(run, trainer)
 
 
-def plan_run(args: TrainSettings, *, recipe: str | None, resume: str | None, overwrite: bool) -> Run:
+def plan_run(args: TrainSettings, policy: Policy, *, recipe: str | None, resume: str | None,
+             overwrite: bool) -> Run:
     """Phase 1, settings: the model's config with the RoPE rule applied, the run directory and what a resume or
     --init-from may continue. Every check that needs no data; nothing is written."""
     from ropescale.common.models import resolve_model
@@ -215,13 +217,11 @@ def plan_run(args: TrainSettings, *, recipe: str | None, resume: str | None, ove
     resolved = dataclasses.replace(args, model=model_ref(args.model, model_dir), out=str(run_dir),
                                    attn=resolve_attn(args.attn, cuda), deepspeed=str(ds_path) if ds_path else None,
                                    dtype=dtype_name(str(dtype).replace("torch.", "")))  # fp32: --dtype's words
-    from .data import policy_of
-
-    sequence_parallel.check_settings(args.sequence_parallel, config=config, world=env.world_size(),
-                                     deepspeed=ds_path, attn=resolved.attn, policy=policy_of(args))
+    sequence_parallel.check_settings(args.sequence_parallel, config=config, world=process.world_size(),
+                                     deepspeed=ds_path, attn=resolved.attn, policy=policy)
     from .attn_pick import for_run
 
-    attn, attn_rec = for_run(args, resolved.attn, config, cuda=cuda, context=model.context, world=env.world_size(),
+    attn, attn_rec = for_run(args, resolved.attn, config, cuda=cuda, context=model.context, world=process.world_size(),
                              resumed=old.settings.get("attn") if resume and old is not None else None)
     resolved = dataclasses.replace(resolved, attn=attn)
     resume_from = None
@@ -247,10 +247,10 @@ def plan_run(args: TrainSettings, *, recipe: str | None, resume: str | None, ove
     if args.init_from:
         init_export = find_export(args.init_from, args.init_step)
         check_init_rope(init_export, effective)
-    return Run(settings=resolved, recipe=recipe, model=model, model_id=mid, run_dir=run_dir, rd=rd, old=old,
-               resume=resume, resume_from=resume_from, resume_step=_checkpoint_step(resume_from), overwrite=overwrite,
-               init_export=init_export, cuda=cuda, world=env.world_size(), main=env.is_main(), dtype=dtype,
-               t_start=t_start, ds_path=ds_path, attention=attn_rec)
+    return Run(settings=resolved, recipe=recipe, model=model, policy=policy, model_id=mid, run_dir=run_dir, rd=rd,
+               old=old, resume=resume, resume_from=resume_from, resume_step=_checkpoint_step(resume_from),
+               overwrite=overwrite, init_export=init_export, cuda=cuda, world=process.world_size(),
+               main=process.is_main(), dtype=dtype, t_start=t_start, ds_path=ds_path, attention=attn_rec)
 
 
 def prepare_data(run: Run) -> None:
@@ -259,7 +259,7 @@ def prepare_data(run: Run) -> None:
     batch arithmetic (Appendix B.2)."""
     from data_concat.packed import TRAIN_FILE
 
-    from .data import build_default_data, check_positions, check_rows, load_rows, one_pair_note, policy_of
+    from .data import build_default_data, check_positions, check_rows, load_rows, one_pair_note
 
     args, old = run.settings, run.old
     rope_desc = f"RoPE {run.rope.label()}" if run.rope.scaled else "no RoPE scaling"
@@ -278,7 +278,7 @@ def prepare_data(run: Run) -> None:
                                       seed=args.seed) if run.main else None
         if run.world > 1:  # other ranks wait for rank 0 to build it
             data_dir = _broadcast_path(data_dir)
-    policy = policy_of(args)
+    policy = run.policy
     rows = load_rows(data_dir, boundaries=policy.needs_boundaries)
     stats = check_rows(rows, vocab_size=run.config.vocab_size, extended=run.extended,
                        allow_extrapolation=args.allow_extrapolation, where=data_dir, rope_desc=rope_desc)
@@ -307,14 +307,14 @@ def prepare_data(run: Run) -> None:
 
 
 def plan_memory(run: Run) -> None:
-    """Phase 2b, the memory plan (``--memory-plan``, :mod:`ropescale.training.planner`): where the weights, the
+    """Phase 2b, the memory plan (``--memory-plan``, :mod:`ropescale.training.memory.plan`): where the weights, the
     optimizer state and the checkpoints live and what is recomputed, from the memory model, the device's free
     memory and the host's; a plan that cannot fit is refused here, before the model loads."""
     import torch
 
     from ropescale.common.io import read_json
 
-    from .planner import plan_for_run
+    from .memory.plan import plan_for_run
 
     ds = read_json(run.ds_path, "DeepSpeed config") if run.ds_path else None
     prev = (run.old.info.get("memory") if run.old is not None and run.resume else None) or None
@@ -373,9 +373,9 @@ def build_model(run: Run, ds_cfg: dict | None):
     import torch
     from transformers import set_seed
 
-    from .data import policy_of
     from .loss import install_label_only_forward
-    from .model import add_lora, fp32_master, load_model, param_counts, setup_memory
+    from .memory.install import setup_memory
+    from .model import add_lora, fp32_master, load_model, param_counts
     from .saving import load_export_into
 
     args = run.settings
@@ -383,7 +383,7 @@ def build_model(run: Run, ds_cfg: dict | None):
     model = load_model(run.model, run.dtype, args.attn)
     layout = sequence_layout(run)
     if layout is not None:  # before PEFT wraps the model (DeepSpeed #7729)
-        varlen = policy_of(args).varlen_kernel(args.sequence_parallel)
+        varlen = run.policy.varlen_kernel(args.sequence_parallel)
         sequence_parallel.setup_model(model, layout, args.micro_batch, varlen=varlen)
     peft_model, extra_names = add_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout,
                                        targets=args.lora_targets, embeddings=args.train_embeddings,
@@ -395,9 +395,9 @@ def build_model(run: Run, ds_cfg: dict | None):
         fp32_master(peft_model, run.dtype)  # fp32 trained tensors; the forward runs under autocast
     local_len = -(-run.stats["max"] // args.sequence_parallel)  # the tokens of a sample one process holds
     setup_memory(peft_model, args, max_len=local_len, cuda=run.cuda, dtype=run.dtype, ds_config=ds_cfg,
-                 plan=run.memory.plan)
+                 plan=run.memory.plan, quiet=not run.main)
     log(f"[finetune] memory estimate for {run.stats['max']:,}-token samples (a model, not a measurement: "
-        f"ropescale/training/memory_model.py): {run.memory.estimate.describe()}")
+        f"ropescale/training/memory/estimate.py): {run.memory.estimate.describe()}")
     run.trainable, run.total = param_counts(peft_model)
     run.extra_names = extra_names
     log(f"[finetune] trainable params: {run.trainable:,} of {run.total:,} "
@@ -477,7 +477,7 @@ def build_trainer(run: Run, targs, model):
     HF's printers; on a resume without DeepSpeed, the trained embeddings/norms of the checkpoint's export."""
     from ropescale.common.compat import stdout_callbacks
 
-    from .data import Collator, PackedDataset, policy_of
+    from .data import Collator, PackedDataset
     from .saving import load_export_into
     from .trainer import CoverageCallback, ExportCallback, LabelOnlyTrainer, ProgressCallback, start_coverage
 
@@ -488,7 +488,7 @@ def build_trainer(run: Run, targs, model):
     layout = sequence_layout(run)
     if layout is not None:  # each rank gets its slice of the group's batch
         collator = sequence_parallel.ShardCollator(collator, layout, pad_id, run.settings.micro_batch)
-    dataset = PackedDataset(run.rows, policy_of(run.settings), seed=run.settings.seed)
+    dataset = PackedDataset(run.rows, run.policy, seed=run.settings.seed)
     coverage = start_coverage(run.extended, run.resume_from if run.main else None,  # counts add over the ranks
                               run.resume_step, log if run.main else None)
     trainer = LabelOnlyTrainer(model=model, args=targs, train_dataset=dataset, data_collator=collator,
@@ -531,7 +531,7 @@ def fit(run: Run, trainer) -> dict | None:
 def sequence_layout(run: Run):
     """Where this process sits under ``--sequence-parallel K`` (``sequence_parallel.Layout``); None for K = 1."""
     k = run.settings.sequence_parallel
-    return sequence_parallel.Layout(k, run.world, env.rank()) if k > 1 else None
+    return sequence_parallel.Layout(k, run.world, process.rank()) if k > 1 else None
 
 
 def _clear_run(run_dir: Path) -> None:

@@ -27,9 +27,9 @@ logits), a layer's recompute (weights + state + checkpoints + activations) and t
 end (weights + state + that gradient). Not counted: the CUDA context, the allocator's fragmentation, DeepSpeed's
 communication buckets, biases and other small tensors.
 
-``python -m ropescale.training.memory_model --table`` prints the README's table (the longest context per GPU
+``python -m ropescale.training.memory.estimate --table`` prints the README's table (the longest context per GPU
 count); ``--check`` compares the model with the H100 measurements of :data:`H100_MEASURED`. The memory planner
-(which plan fits a device, ``python -m ropescale.training.planner_cli``) is built on :func:`estimate`.
+(which plan fits a device, ``python -m ropescale.training.memory``) is built on :func:`estimate`.
 """
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ import sys
 from dataclasses import dataclass, field, replace
 
 from ropescale.common.cli import Tool, add_command
+from ropescale.common.forward_memory import GIB, Shape, gib
 
-GIB = 2**30
 FITS_SHARE = 0.9  # a length "fits" when the estimate is at most this share of the GPU's memory
 HOST_HEADROOM = 0.9  # use at most this share of the available host memory (pinned pages cannot be swapped out)
 # the recipe plan (finetune.py's old auto rules): offload the checkpoints / tile the MLP on CUDA from this many tokens
@@ -57,67 +57,13 @@ def ordinal(k: int) -> str:
     return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
 
 
-def gib(n: float) -> str:
-    """``64.0 GiB``; below 0.1 GiB in MiB (``12.0 MiB``)."""
-    return f"{n / 2**30:.1f} GiB" if n >= 0.1 * 2**30 else f"{n / 2**20:.1f} MiB"
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A decoder-only transformer's shape (LLaMA / Qwen2 / Mistral: RMSNorm, SwiGLU MLP)."""
-
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-    head_dim: int | None = None  # default hidden / heads
-    tied: bool = False  # the LM head shares the input embedding
-
-    @property
-    def d(self) -> int:
-        return self.head_dim or self.hidden // self.heads
-
-    @property
-    def q(self) -> int:
-        return self.heads * self.d
-
-    @property
-    def kv(self) -> int:
-        return self.kv_heads * self.d
-
-    def layer_params(self) -> int:
-        """q, k, v, o and the MLP's gate, up, down (biases left out)."""
-        h = self.hidden
-        return h * self.q + 2 * h * self.kv + self.q * h + 3 * h * self.intermediate
-
-    def total_params(self) -> int:
-        h, v = self.hidden, self.vocab
-        return v * h * (1 if self.tied else 2) + self.layers * (self.layer_params() + 2 * h) + h
-
-    def lora_params(self, r: int, targets) -> int:
-        h, f = self.hidden, self.intermediate
-        io = {"q_proj": (h, self.q), "k_proj": (h, self.kv), "v_proj": (h, self.kv), "o_proj": (self.q, h),
-              "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
-        return self.layers * sum(r * sum(io[t]) for t in targets if t in io)
-
-    def hf_kwargs(self) -> dict:
-        """The shape as a transformers config's fields (``AutoConfig.for_model(arch, **shape.hf_kwargs())``)."""
-        kw = dict(hidden_size=self.hidden, num_hidden_layers=self.layers, num_attention_heads=self.heads,
-                  num_key_value_heads=self.kv_heads, intermediate_size=self.intermediate, vocab_size=self.vocab)
-        if self.head_dim is not None:
-            kw["head_dim"] = self.head_dim
-        return kw
-
-    @classmethod
-    def from_config(cls, config) -> Shape:
-        c = config.get_text_config() if hasattr(config, "get_text_config") else config
-        heads = int(c.num_attention_heads)
-        return cls(layers=int(c.num_hidden_layers), hidden=int(c.hidden_size), heads=heads,
-                   kv_heads=int(getattr(c, "num_key_value_heads", None) or heads),
-                   intermediate=int(c.intermediate_size), vocab=int(c.vocab_size),
-                   head_dim=getattr(c, "head_dim", None), tied=bool(getattr(c, "tie_word_embeddings", False)))
+def lora_params(shape: Shape, r: int, targets) -> int:
+    """Parameters of rank-``r`` LoRA adapters on the ``targets`` projections of every layer (A: r x in, B: out x r;
+    Hu et al. 2021, Sec. 4.1)."""
+    h, f = shape.hidden, shape.intermediate
+    io = {"q_proj": (h, shape.q), "k_proj": (h, shape.kv), "v_proj": (h, shape.kv), "o_proj": (shape.q, h),
+          "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
+    return shape.layers * sum(r * sum(io[t]) for t in targets if t in io)
 
 
 # Qwen1.5-7B (config.json of Qwen/Qwen1.5-7B): MHA, no GQA; the shape every 7B figure here uses (the planner, the
@@ -128,8 +74,8 @@ QWEN15_7B_ROPE = {"max_position_embeddings": 32768, "rope_theta": 1e6}
 
 @dataclass(frozen=True)
 class Activations:
-    """How a step keeps its activations: the activation part of a memory plan (``planner.Plan`` adds where the
-    parameters and the optimizer state live; ``memory.plan_from_args`` reads finetune's flags into one)."""
+    """How a step keeps its activations: the activation part of a memory plan (``plan.Plan`` adds where the
+    parameters and the optimizer state live; ``install.plan_from_args`` reads finetune's flags into one)."""
 
     recompute_every: int = 1
     checkpoint_block: int = 1
@@ -214,7 +160,7 @@ def trained_params(shape: Shape, s: Setup) -> tuple[int, int]:
     """(trained parameters, of which the largest single tensor: the embedding when it is trained)."""
     emb = shape.vocab * shape.hidden if s.train_embeddings else 0
     norms = (2 * shape.layers + 1) * shape.hidden if s.train_norms else 0
-    return shape.lora_params(s.lora_r, s.lora_targets) + emb + norms, emb
+    return lora_params(shape, s.lora_r, s.lora_targets) + emb + norms, emb
 
 
 def layer_bytes_per_token(shape: Shape, s: Setup) -> dict:
@@ -235,7 +181,7 @@ def layer_bytes_per_token(shape: Shape, s: Setup) -> dict:
 
 
 def tiled_layer_bytes(shape: Shape, s: Setup) -> tuple[dict, int]:
-    """The sequence-tiled layer's recompute + backward (ropescale/training/tiled_attention.py): (bytes a token of
+    """The sequence-tiled layer's recompute + backward (ropescale/training/memory/tiled_attention.py): (bytes a token of
     the whole sequence, by part; bytes of one chunk). Whole sequence: the keys and values after RoPE (2 x kv x b),
     their gradients accumulated in fp32 (2 x kv x 4), one chunk's share of them as SDPA returns it, up to the
     whole sequence at the last chunk (2 x kv x b), the incoming and outgoing residual gradients (2 x h x b). One
@@ -379,10 +325,10 @@ H100_MEASURED = {16384: 10.4, 65536: 35.0, 131072: 68.0}
 def check_h100() -> list[dict]:
     """The model against :data:`H100_MEASURED`: [{length, measured_gib, model_gib, error}]."""
     rows = []
-    for n, gib in H100_MEASURED.items():
+    for n, measured in H100_MEASURED.items():
         e = estimate(QWEN15_7B, Setup(length=n))
-        rows.append({"length": n, "measured_gib": gib, "model_gib": round(e.peak / GIB, 2), "at": e.at,
-                     "error": round(e.peak / GIB / gib - 1, 3)})
+        rows.append({"length": n, "measured_gib": measured, "model_gib": round(e.peak / GIB, 2), "at": e.at,
+                     "error": round(e.peak / GIB / measured - 1, 3)})
     return rows
 
 
@@ -454,7 +400,7 @@ def run_setup(config, settings, *, length: int, label_share: float, world: int, 
 def estimate_run(config, settings, *, length: int, label_share: float, world: int, ds_config: dict | None,
                  dtype_bytes: int, plan=None) -> Estimate:
     """The estimate for a finetune run (:func:`run_setup`) with the activation part of a memory plan
-    (:class:`~ropescale.training.memory.MemoryPlan`: checkpoint offload, MLP tiling, recompute, blocks)."""
+    (:class:`~ropescale.training.memory.install.MemoryPlan`: checkpoint offload, MLP tiling, recompute, blocks)."""
     shape, s = run_setup(config, settings, length=length, label_share=label_share, world=world,
                          ds_config=ds_config, dtype_bytes=dtype_bytes)
     if plan is not None:
@@ -466,7 +412,7 @@ def estimate_run(config, settings, *, length: int, label_share: float, world: in
     return estimate(shape, s)
 
 
-TOOL = Tool("python -m ropescale.training.memory_model", __doc__, (register,), single=True)
+TOOL = Tool("python -m ropescale.training.memory.estimate", __doc__, (register,), single=True)
 main = TOOL.entry()
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
-"""``python -m ropescale.training.planner_cli --plan N | --reach``: the memory planner's choice for one sample
-(:func:`ropescale.training.planner.choose`) and the longest sample each family of plans fits
-(:mod:`ropescale.training.reach`), for the 7B Qwen1.5 shape on the recipe path: a model, not a measurement."""
+"""``python -m ropescale.training.memory --plan N | --reach``: the memory planner's choice for one sample
+(:func:`ropescale.training.memory.plan.choose`) and the longest sample each family of plans fits
+(:mod:`ropescale.training.memory.reach`), for the 7B Qwen1.5 shape on the recipe path: a model, not a measurement."""
 from __future__ import annotations
 
 from ropescale.common.cli import Tool, add_command
+from ropescale.common.forward_memory import GIB
 
-from .memory_model import GIB, Setup
-from .planner import Machine, NoFit, choose
+from .estimate import Setup
+from .plan import Machine, NoFit, choose
 from .reach import print_reach
 
 
@@ -31,7 +32,7 @@ def cmd_memory_plan(a) -> int:
     import json
     import sys
 
-    from .memory_model import QWEN15_7B
+    from .estimate import QWEN15_7B
 
     if not a.plan and not a.reach:
         print("error: give --plan TOKENS or --reach", file=sys.stderr)
@@ -51,7 +52,7 @@ def cmd_memory_plan(a) -> int:
     return print_reach(a.label_share, a.json)
 
 
-TOOL = Tool("python -m ropescale.training.planner_cli", __doc__, (register,), single=True)
+TOOL = Tool("python -m ropescale.training.memory", __doc__, (register,), single=True)
 main = TOOL.entry()
 
 if __name__ == "__main__":

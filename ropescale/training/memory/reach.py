@@ -1,5 +1,5 @@
 """How long a sample the memory planner fits, and what binds where it fits none (``python -m
-ropescale.training.planner_cli --reach``): the longest sample each family of plans fits on one H200 and one H100 (125
+ropescale.training.memory --reach``): the longest sample each family of plans fits on one H200 and one H100 (125
 GiB of host each), then 1M and 2M tokens on one H200 and on 8 H200s with Ulysses sequence parallelism, each with the
 plan and its numbers or, where no plan fits, the term of the memory model that binds: the largest part of the
 closest plan's peak (or of its host memory). A model, not a measurement.
@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 
-from .memory_model import GIB, QWEN15_7B, Setup, Shape, estimate
-from .planner import H100, H200, Choice, Machine, NoFit, choose, evaluate, recipe_plan
+from ropescale.common.forward_memory import GIB, Shape
+
+from .estimate import QWEN15_7B, Setup, estimate
+from .plan import H100, H200, Choice, Machine, NoFit, choose, evaluate, recipe_plan
 
 # 8 H200s with Ulysses (--sequence-parallel 8, ZeRO-3 over the 8): each process its GPU and 125 GiB of host (an
 # 8-GPU node with 1,000 GiB: the one-H200 machine's host per GPU)

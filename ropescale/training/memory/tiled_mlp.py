@@ -3,7 +3,7 @@ under no_grad and each chunk recomputed in backward, so that the MLP's intermedi
 act(gate), their product: 4 x T x intermediate x 2 bytes, 22 GiB at 256K for the 7B shape) never exist for the whole
 sequence: 4 x N x intermediate x 2 bytes instead (344 MiB at N = 4096). The MLP runs once more per step. Also the
 replay of a forward's autocast state and RNG (the dropout masks) that the recomputing paths share
-(:mod:`ropescale.training.memory`'s block checkpoints)."""
+(:mod:`.offload`'s block checkpoints, :mod:`.tiled_attention`)."""
 from __future__ import annotations
 
 import contextlib
@@ -13,8 +13,11 @@ import torch
 from ropescale.common import compat
 from ropescale.common.io import InputError
 
+from ..model import causal_lm_of
 
-def _autocast_state(device_type: str) -> list[tuple[str, bool, torch.dtype]]:
+
+def autocast_state(device_type: str) -> list[tuple[str, bool, torch.dtype]]:
+    """The autocast state of the CPU and ``device_type`` (enabled, dtype), for a replay."""
     out = []
     for dt in dict.fromkeys(("cpu", device_type)):
         try:
@@ -25,7 +28,7 @@ def _autocast_state(device_type: str) -> list[tuple[str, bool, torch.dtype]]:
 
 
 @contextlib.contextmanager
-def _replay_context(autocast_state, rng_state, device: torch.device):
+def replay_context(autocast, rng_state, device: torch.device):
     """Autocast as in the forward, and the RNG where the forward's chunks started (dropout masks match)."""
     cpu_rng, dev_rng = rng_state
     devices = [device] if device.type == "cuda" else []
@@ -34,7 +37,7 @@ def _replay_context(autocast_state, rng_state, device: torch.device):
         torch.set_rng_state(cpu_rng)
         if dev_rng is not None:
             torch.cuda.set_rng_state(dev_rng, device)
-        for dt, enabled, dtype in autocast_state:
+        for dt, enabled, dtype in autocast:
             stack.enter_context(torch.amp.autocast(dt, enabled=enabled, dtype=dtype))
         yield
 
@@ -50,7 +53,7 @@ class _TiledMLP(torch.autograd.Function):
     def forward(ctx, fn, chunk, zero3_params, x, *params):
         ctx.fn, ctx.chunk, ctx.zero3_params = fn, chunk, zero3_params
         ctx.params = params
-        ctx.autocast = _autocast_state(x.device.type)
+        ctx.autocast = autocast_state(x.device.type)
         ctx.rng = (torch.get_rng_state(), torch.cuda.get_rng_state(x.device) if x.is_cuda else None)
         ctx.save_for_backward(x)
         flat = x.reshape(-1, x.shape[-1])
@@ -73,7 +76,7 @@ class _TiledMLP(torch.autograd.Function):
         x_grad = torch.empty_like(flat) if need_x else None
         p_grads: list[torch.Tensor | None] = [None] * len(params)
         starts = list(range(0, flat.shape[0], chunk))
-        with torch.enable_grad(), _replay_context(ctx.autocast, ctx.rng, x.device):
+        with torch.enable_grad(), replay_context(ctx.autocast, ctx.rng, x.device):
             for i, s in enumerate(starts):
                 xc = flat[s:s + chunk].detach().requires_grad_(need_x)
                 if zero3:
@@ -126,8 +129,6 @@ def _tiled_forward(mlp, orig, chunk: int):
 
 def decoder_mlps(model) -> list:
     """The MLP module of every decoder layer (``layer.mlp`` of Llama / Qwen2 / Mistral layers)."""
-    from .loss import causal_lm_of
-
     out = []
     for m in causal_lm_of(model).modules():
         mlp = getattr(m, "mlp", None)
@@ -158,8 +159,6 @@ def enable_tiled_mlp(model, chunk: int) -> int:
 def checkpointed_layers(model) -> list:
     """Modules of ``model`` (PEFT / DeepSpeed wrappers looked through) that transformers checkpoints: those with a
     true ``gradient_checkpointing`` attribute (the decoder layers, and in older transformers the decoder)."""
-    from .loss import causal_lm_of
-
     return compat.checkpointed_modules(causal_lm_of(model))
 
 

@@ -8,9 +8,9 @@ budget and on the host past it, the MLP tiled over sequence chunks or not, and t
 The math of a run never changes (ZeRO-3 stays ZeRO-3, AdamW stays AdamW with its settings): only where tensors
 live and what is computed twice.
 
-:func:`choose` enumerates the plans the flags leave open, keeps those whose memory (``memory_model.estimate``) fits
-:data:`~ropescale.training.memory_model.FITS_SHARE` of the device's free memory and whose host memory (the
-estimate's host bytes + :data:`HOST_BASE`) fits ``memory.HOST_HEADROOM`` of the available host memory, and takes
+:func:`choose` enumerates the plans the flags leave open, keeps those whose memory (``estimate.estimate``) fits
+:data:`~ropescale.training.memory.estimate.FITS_SHARE` of the device's free memory and whose host memory (the
+estimate's host bytes + :data:`HOST_BASE`) fits ``estimate.HOST_HEADROOM`` of the available host memory, and takes
 the one the time model (:func:`step_seconds`) says is fastest; among equally fast ones the cheapest in this order:
 weights on the GPU, optimizer on the GPU, less recompute, fewer recomputed blocks, checkpoints on the GPU, no MLP
 tiling, the head in one call.
@@ -29,7 +29,7 @@ The time model (seconds of one micro-step; constants below, each with where it c
   optimizer step with the optimizer offloaded; checkpoints to and from the host at :data:`PCIE_BYTES_S` on a side
   stream, visible only where they take longer than the step's compute.
 
-``python -m ropescale.training.memory_model --plan 524288`` prints the choice for a machine; ``--reach`` the longest
+``python -m ropescale.training.memory --plan 524288`` prints the choice for a machine; ``--reach`` the longest
 sample each plan reaches.
 """
 from __future__ import annotations
@@ -37,16 +37,17 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from .memory_model import (
+from ropescale.common.forward_memory import GIB, Shape
+
+from .estimate import (
     AUTO_MIN_TOKENS,
     FITS_SHARE,
-    GIB,
     HOST_HEADROOM,
     Activations,
     Estimate,
     Setup,
-    Shape,
     estimate,
+    lora_params,
     ordinal,
 )
 
@@ -103,7 +104,7 @@ def step_flops(shape: Shape, s: Setup) -> dict:
     return {"matmul": 2 * tokens * shape.layers * shape.layer_params(),
             "mlp": 2 * tokens * shape.layers * mlp,
             "key_value": 2 * tokens * shape.layers * 2 * shape.hidden * shape.kv,
-            "lora": 2 * tokens * shape.lora_params(s.lora_r, s.lora_targets),
+            "lora": 2 * tokens * lora_params(shape, s.lora_r, s.lora_targets),
             "attention": s.micro_batch * shape.layers * 2 * t * t * shape.q,
             "head": 2 * labelled * shape.vocab * shape.hidden}
 
@@ -354,7 +355,7 @@ def _no_fit_message(base: Setup, machine: Machine, closest) -> str:
 
 def recipe_plan(base: Setup, shape: Shape, *, cuda: bool) -> Plan:
     """The plan the recipes ran with before the planner: the DeepSpeed config's offload settings as written,
-    every layer recomputed, checkpoint offload and MLP tiling from ``memory.AUTO_MIN_TOKENS`` tokens on CUDA, the
+    every layer recomputed, checkpoint offload and MLP tiling from ``estimate.AUTO_MIN_TOKENS`` tokens on CUDA, the
     head in one call under ZeRO-3."""
     long_ = cuda and base.tokens >= AUTO_MIN_TOKENS
     return Plan(name="recipe", offload_params=base.zero == 3 and base.offload_param,
@@ -431,11 +432,11 @@ def plan_for_run(config, settings, *, cuda: bool, world: int, ds_config: dict | 
     """A finetune run's memory plan (``--memory-plan``): ``fit`` = :func:`choose` on this machine with the
     choices the flags fix (a resume keeps its run's weight and optimizer placement unless the flags say), raising
     InputError in one line when nothing fits; ``recipe`` = :func:`recipe_plan` with the flags' activation choices
-    (``memory.plan_from_args``), evaluated."""
+    (``install.plan_from_args``), evaluated."""
     from ropescale.common.io import InputError
 
-    from .memory import plan_from_args
-    from .memory_model import run_setup
+    from .estimate import run_setup
+    from .install import plan_from_args
 
     shape, base = run_setup(config, settings, length=length, label_share=label_share, world=world,
                             ds_config=ds_config, dtype_bytes=dtype_bytes)

@@ -5,7 +5,7 @@ A checkpointed decoder layer stores its input and is recomputed whole in backwar
 its activations for the whole sequence: ~46 x hidden bytes a token for the 7B shape (q, k, v, the attention output,
 the norms, LoRA dropout's copies, the backward's gradients), 184 GiB at 1M tokens, more than an H200. Here the layer
 is one autograd function (:class:`TiledLayer`) that stores only its input (the checkpoint: offloaded to the host or
-derived from a block's input as any other, :mod:`ropescale.training.memory`) and works by chunks of N tokens:
+derived from a block's input as any other, :mod:`.offload`) and works by chunks of N tokens:
 
 - forward (no graph): the keys and values of the whole sequence, chunk by chunk (norm, k / v projections, RoPE),
   then for each query chunk its queries, attention over the keys up to its end (SDPA with a lower-right causal
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from ropescale.common import compat
 from ropescale.common.io import InputError
 
-from .tiled_mlp import _autocast_state, _replay_context, checkpointed_layers, innermost_layers
+from .tiled_mlp import autocast_state, checkpointed_layers, innermost_layers, replay_context
 
 STATS = {"tiled": 0, "plain": 0}  # calls run tiled / handed to the plain checkpoint (why: STATS["why"])
 PLAIN_KERNELS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")  # the attention a layer may replace
@@ -108,7 +108,7 @@ class TiledLayer(torch.autograd.Function):
     @staticmethod
     def forward(ctx, parts: LayerParts, zero3, x, *params):
         ctx.parts, ctx.zero3, ctx.params = parts, zero3, params
-        ctx.autocast = _autocast_state(x.device.type)
+        ctx.autocast = autocast_state(x.device.type)
         ctx.save_for_backward(x)
         starts = parts.starts(x.shape[1])
         ctx.kv_rng, ctx.q_rng = [], []
@@ -143,7 +143,7 @@ class TiledLayer(torch.autograd.Function):
                 xc = x[:, s:e].detach().requires_grad_(need_x)
                 kc = k[:, :, :e].detach().requires_grad_()
                 vc = v[:, :, :e].detach().requires_grad_()
-                with _replay_context(ctx.autocast, ctx.q_rng[i], dev):
+                with replay_context(ctx.autocast, ctx.q_rng[i], dev):
                     out = parts.chunk_out(xc, s, kc, vc)
                 got = _grads(run, out, grad_out[:, s:e], xc if need_x else None, kc, vc)
                 gx, gk, gv = got
@@ -156,7 +156,7 @@ class TiledLayer(torch.autograd.Function):
             for i, s in enumerate(starts):
                 e = min(s + chunk, T)
                 xc = x[:, s:e].detach().requires_grad_(need_x)
-                with _replay_context(ctx.autocast, ctx.kv_rng[i], dev):
+                with replay_context(ctx.autocast, ctx.kv_rng[i], dev):
                     kc, vc = parts.keys_values(xc, s)
                 g = (dk[:, :, s:e].to(kc.dtype), dv[:, :, s:e].to(vc.dtype))
                 got = _grads(run, (kc, vc), g, xc if need_x else None, None, None)
@@ -213,7 +213,7 @@ def _all_keys_values(parts: LayerParts, x: torch.Tensor, starts: list[int], rngs
             rngs.append(_rng(x))
             k, v = parts.keys_values(x[:, s:s + parts.chunk], s)
         else:
-            with _replay_context(autocast, rngs[i], x.device):
+            with replay_context(autocast, rngs[i], x.device):
                 k, v = parts.keys_values(x[:, s:s + parts.chunk], s)
         ks.append(k)
         vs.append(v)
@@ -313,7 +313,7 @@ def direct_call(function, *args, **kwargs):
 
 def enable_tiled_attention(model, chunk: int, roles=None, offloader=None) -> int:
     """Recompute every checkpointed decoder layer of ``model`` by ``chunk``-token sequence chunks (module doc),
-    its input stored as ``roles`` say (``memory_model.layer_roles``) through ``offloader`` where one is given.
+    its input stored as ``roles`` say (``estimate.layer_roles``) through ``offloader`` where one is given.
     Returns the number of layers changed."""
     if chunk <= 0:
         raise InputError(f"--tile-attention must be a number of tokens > 0, not {chunk}")
