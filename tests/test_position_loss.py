@@ -100,3 +100,5 @@ def test_command_line_and_corpus_directory(make_tiny_model, chapters, tmp_path, 
     assert main(["position-loss", "--model", str(d), "--data", str(empty), "--out", str(tmp_path / "r2")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"error: {empty}: ") and "*.txt" in err[-1]
+    assert main(["position-loss", "--model", str(d), "--heldout-of", str(d), "--out", str(tmp_path / "r3")]) == 2
+    assert f"--heldout-of {d}: not a tiny build" in capsys.readouterr().err

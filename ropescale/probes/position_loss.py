@@ -2,13 +2,12 @@
 a rope's loss leaves its in-window level (docs/demo.md, "The bound, tested"; experiments/bound.yaml).
 
 ``--n`` windows of ``--window`` tokens are drawn from the documents (default: with ``--model tiny``, the chapters its
-build held out; ``--heldout-of tiny`` for a model fine-tuned from it; a real model: ``--data`` a documents file or
-a directory of ``.txt`` files), the same seeded draw as
-the factor search's windows. Position p's loss is -log P(token p | tokens < p) (nats; position 0 is never predicted);
-bucket k averages the positions k*B <= p < (k+1)*B (``--bucket`` B; bucket 0 has B - 1). One forward a window serves
-every bucket for a rope whose frequencies do not depend on the length; a rope that follows the length (dynamic NTK,
-dynamic YaRN, LongRoPE's factor switch: ``formulas.Method.by_length``) reads each bucket from a forward over the
-window's first (k+1)*B tokens, what a model reading that many tokens computes.
+build held out; ``--heldout-of tiny`` for a model fine-tuned from it; a real model: ``--data`` a documents file or a
+directory of ``.txt`` files), the factor search's seeded draw. Position p's loss is -log P(token p | tokens < p)
+(nats; position 0 is never predicted); bucket k averages the positions k*B <= p < (k+1)*B (``--bucket`` B; bucket 0
+has B - 1). One forward a window serves every bucket for a rope whose frequencies do not depend on the length; a rope
+that follows the length (dynamic NTK, dynamic YaRN, LongRoPE's factor switch: ``formulas.Method.by_length``) reads
+each bucket from a forward over the window's first (k+1)*B tokens, what a model reading that many tokens computes.
 
 items.jsonl holds one record a window and bucket (``window``, ``bucket``: the bucket's first position, ``loss``,
 ``tokens``): the score file an experiment reads (``score: {file: items.jsonl, id: window, length: bucket, field:
