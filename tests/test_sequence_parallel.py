@@ -14,9 +14,10 @@ import pytest
 import torch
 from ft_helpers import ROOT, finetune_cmd, packed, run, run_env, train_log
 
+from ropescale.common.compat.rope import rotary_embedding_modules
 from ropescale.common.io import InputError
+from ropescale.common.process import free_port
 from ropescale.training import sequence_parallel as sp
-from ropescale.training.env import free_port
 
 STEPS = 3
 
@@ -253,21 +254,30 @@ def test_head_loss_of_shards_sums_to_the_unsplit_loss():
     assert torch.allclose(sum(x for x, _ in parts), full, atol=1e-6)
 
 
-@pytest.mark.parametrize("rope", ["pi", "ntk", "dynamic_ntk", "yarn", "abf"])
+@pytest.mark.parametrize("rope", ["pi", "ntk", "dynamic_ntk", "yarn", "abf", "dynamic_yarn"])
 def test_shard_rope_equals_the_slice_of_the_whole_sample(rope, make_tiny_model):
     """A shard's cos/sin (its global positions, the whole sample's length) are those of its slice of the unsplit
-    sample, for every RoPE method; dynamic NTK would differ if a shard saw only its own positions."""
+    sample, for every RoPE method; dynamic NTK and dynamic YaRN (this repo's rule per forward, under the same
+    wrapper) would differ if a shard saw only its own positions."""
     import copy
 
     from transformers import AutoModelForCausalLM
 
     from rope_scaling import RopeSpec, apply_rope
+    from rope_scaling.hf import rope_state
+    from rope_scaling.load import install_rope_rule
 
     model, _ = make_tiny_model(orig_ctx=64, save=False)
     spec = RopeSpec(rope, scale=8) if rope != "abf" else RopeSpec("abf", rope_base=500000.0)
     config = apply_rope(copy.deepcopy(model.config), spec)
-    lm = AutoModelForCausalLM.from_config(config)
-    rot = sp.rotary_modules(lm)[0]
+
+    def fresh():
+        lm = AutoModelForCausalLM.from_config(config)
+        install_rope_rule(lm, rope_state(config))  # dynamic_yarn's rule, as load_model installs it
+        return lm
+
+    lm = fresh()
+    rot = rotary_embedding_modules(lm)[0]
     t, k = 301, 2  # longer than the original 64 (dynamic NTK rescales), odd (padded to 302)
     x = torch.zeros(1, 1, 16)
     full_cos, full_sin = rot(x, torch.arange(t)[None])
@@ -280,9 +290,8 @@ def test_shard_rope_equals_the_slice_of_the_whole_sample(rope, make_tiny_model):
         real = pos[0] < t
         assert torch.equal(cos[0, real], full_cos[0, pos[0][real]]) and torch.equal(sin[0, real],
                                                                                    full_sin[0, pos[0][real]])
-    if rope == "dynamic_ntk":  # a shard alone (positions 0..150) would rotate with the original frequencies
-        lm2 = AutoModelForCausalLM.from_config(config)
-        cos2, _ = sp.rotary_modules(lm2)[0](x, torch.arange(151)[None])
+    if rope in ("dynamic_ntk", "dynamic_yarn"):  # a shard alone (positions 0..150) would rotate with other frequencies
+        cos2, _ = rotary_embedding_modules(fresh())[0](x, torch.arange(151)[None])
         assert not torch.allclose(cos2[0], full_cos[0, :151])
 
 
