@@ -1,6 +1,6 @@
-"""Issue 32 phase 2: the rules that follow the length, as a model runs them.
+"""The rules that follow the length, as a model runs them.
 
-- dynamic YaRN (``rope_scaling.load.install_rope_rule`` -> ``compat.install_length_rope``): the rotary module of a
+- dynamic YaRN (``rope_scaling.load.install_rope_rule`` -> ``compat.rope.install_length_rope``): the rotary module of a
   tiny model, in every forward, against the YaRN paper's formula worked here by hand (arXiv 2309.00071 Sec 3.2-3.4;
   the YaRN repo's ``LlamaDynamicYaRNScaledRotaryEmbedding``: s = L / L_orig past the original context, ramp ends
   floor(i(beta)), ceil(i(alpha)) with i(r) = d ln(L_orig / (2 pi r)) / (2 ln b), attention 0.1 ln s + 1) at six
