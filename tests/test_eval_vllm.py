@@ -113,7 +113,7 @@ def test_dynamic_ntk_is_refused_on_vllm(base_dir):
     from ropescale.evaluation.backends.vllm import vllm_settings
 
     config, overrides = scaled(base_dir, method="dynamic_ntk", scale=4.0)
-    with pytest.raises(InputError, match=r"dynamic_ntk x4.*follow the current length.*static NTK base.*--backend hf"):
+    with pytest.raises(InputError, match=r"dynamic_ntk x4.*from the current length.*static NTK base.*--backend hf"):
         vllm_settings(config, overrides, need=10, want=10)  # even when it would fit
 
 

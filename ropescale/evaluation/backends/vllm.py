@@ -188,8 +188,8 @@ def vllm_settings(config, overrides: dict, *, need: int, want: int, state=None, 
                          f"x{st.spec.scale:g}, which vLLM would serve at every length (this repo recomputes the "
                          f"frequencies from the current length); use --backend hf")
     if method.by_length and t not in BY_LENGTH:  # transformers follows the length, vLLM's rope of that name does not
-        raise InputError(f"--backend vllm cannot run {st.spec.label()} ({t!r} entries): its frequencies follow the "
-                         f"current length ({method.help}), vLLM's {t!r} rope is "
+        raise InputError(f"--backend vllm cannot run {st.spec.label()} ({t!r} entries): transformers computes them "
+                         f"from the current length, vLLM's {t!r} rope is "
                          f"{STATIC.get(t, 'one set of frequencies for every length')}; use --backend hf")
     if t not in RULES:
         raise InputError(f"--backend vllm: rope {st.spec.label()} is not served by vLLM here; use --backend hf")
