@@ -168,6 +168,12 @@ def test_readings_of_made_up_runs_against_scipy(tmp_path, capsys):
     assert res["pooled"]["families"]["b - c"][0]["family"] == 2  # a family of its own: 1 pair x 2 lengths
     page = (work / "made_up.md").read_text(encoding="utf-8")
     assert "Over seeds 0, 1, 2" in page and "q: Benjamini-Hochberg over this family's 4 tests" in page
+    # the family's count at p < 0.05 against chance: P(X >= k), X ~ Binomial(4, 0.05) (scipy)
+    from ropescale.common.stats.tests import p_text
+
+    k = sum(p < 0.05 for p in ps)
+    assert k >= 1 and f"{k} of 4 at p < 0.05 (0.2 by chance; binomial p = " \
+        f"{p_text(scipy.stats.binom.sf(k - 1, 4, 0.05))}: some effect" in page
     assert "wall time" in page and "27 s in the runs' run.json" in page  # 18 runs x 1.5 s
     capsys.readouterr()
 

@@ -58,6 +58,19 @@ def cells_table(exp: Experiment, sc: Score, part: dict, facts: dict) -> str:
     return markdown(["row", *[f"{sc.column}{t}" for t in cols], *names], rows) + "\n\n" + note + "."
 
 
+def family_count(sigs: list) -> str:
+    """``5 of 25 at p < 0.05 (1.2 by chance; binomial p = 0.0072)``: how many of a family's tests reach p < 0.05
+    against the count with no effect anywhere, P(X >= k) for X ~ Binomial(m, 0.05) (tests taken as independent; a
+    discrete p reaches 0.05 at most that often, so the count's p is conservative). It reads "some effect in the
+    family", never which test."""
+    from ropescale.common.stats.distributions import ALPHA, binomial_sf
+    from ropescale.common.stats.tests import p_text
+
+    k, m = sum(sig.p < ALPHA for sig in sigs), len(sigs)
+    return (f"{k} of {m} at p < 0.05 ({ALPHA * m:.1f} by chance; binomial p = {p_text(binomial_sf(k, m, ALPHA))}: "
+            f"some effect in the family, not which)")
+
+
 def mse_table(exp: Experiment, sc: Score, name: str, tests: list) -> str:
     """A family of MSE(P-IE vs P-IB) tests: a row a test, over its lengths."""
     from ropescale.common.stats.tests import p_text
@@ -93,8 +106,8 @@ def family_table(exp: Experiment, sc: Score, name: str, tests: list, cols: list)
                                             f"{sc.column}{fam.baseline[0]} <= L < {sc.column}{fam.baseline[1]}, "
                                             f"the same {sc.unit}s")
     note = (f"{kind} (unit: {unit}; smallest attainable p {', '.join(f'{p:.2g}' for p in min_ps) or '-'}); "
-            f"q: Benjamini-Hochberg over this family's {len(sigs)} tests; {resolved} resolved at q < 0.05 "
-            f"({0.05 * len(sigs):.1f} of {len(sigs)} tests would reach p < 0.05 by chance){base}.")
+            f"q: Benjamini-Hochberg over this family's {len(sigs)} tests; {resolved} resolved at q < 0.05; "
+            f"{family_count(sigs)}{base}.")
     return (f"Family **{name}** ({sc.name}): a - b [95% interval] p q\n\n"
             + markdown(["comparison", *[f"{sc.column}{t}" for t in cols]], rows) + "\n\n" + note)
 
