@@ -233,6 +233,12 @@ def test_probes_ruler_on_the_tiny_default(tmp_path, capsys, one_thread):
     items = [json.loads(x) for x in (out / "items.jsonl").read_text().splitlines()]
     assert len(items) == 2 * (2 + 2)  # (2 tasks + 2 depths) x (tf, gen)
     assert all(r["tokens"] <= 512 and 0 <= r["value"] <= 1 for r in items)
+    for task in ("niah_single_1", "vt", "niah_grid", "average"):  # the experiment's score files, with run.json
+        rows = [json.loads(x) for x in (out / f"ruler-{task}.jsonl").read_text().splitlines()]
+        assert len(rows) == {"average": 2, "niah_grid": 2}.get(task, 1) and all(r["length"] == 512 for r in rows)
+    vt = {r["way"]: r["value"] for r in items if r["task"] == "vt"}
+    row = json.loads((out / "ruler-vt.jsonl").read_text())
+    assert (row["gen"], row["tf"]) == (pytest.approx(100 * vt["gen"]), pytest.approx(100 * vt["tf"]))
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["average"]) == {"tf", "gen"} and summary["effective"]["gen"]["absolute"]["threshold"] == 85.6
     assert len(summary["grid"]["gen"]) == 2
@@ -259,3 +265,60 @@ def test_average_interval_t_below_8_and_none_for_one():
     assert (lo, hi) == (pytest.approx(max(0.0, mean - half)), pytest.approx(min(100.0, mean + half)))
     one = averages([{"task": "a", "way": "tf", "col": 512, "value": 0.5}])["tf"][512]
     assert one[1] is None and one[2] is None  # n = 1: no interval
+
+
+def test_score_files_by_hand(tmp_path):
+    from ropescale.probes.ruler.score_files import file_name, write_score_files
+
+    def item(task, L, i, way, value, depth=None, loss=None):
+        return {"task": task, "col": L, "index": i, "depth": depth, "way": way, "value": value,
+                **({"ref_loss": loss} if way == "tf" else {})}
+
+    recs = [item("vt", 512, 0, "tf", 0.4, loss=2.0), item("vt", 512, 0, "gen", 1.0),
+            item("vt", 512, 1, "tf", 0.0, loss=3.0), item("vt", 512, 1, "gen", 0.2),
+            item("niah_single_1", 512, 0, "tf", 1.0, loss=0.5), item("niah_single_1", 512, 0, "gen", 1.0),
+            item("niah_single_1", 512, 1, "tf", 0.0, loss=4.0), item("niah_single_1", 512, 1, "gen", 0.0),
+            item("niah_grid", 512, 0, "gen", 1.0, depth=0.5), item("niah_grid", 512, 0, "tf", 0.0, depth=0.5, loss=1)]
+    write_score_files(tmp_path, recs)
+    read = {p.name: [json.loads(x) for x in p.read_text().splitlines()] for p in tmp_path.iterdir()}
+    assert set(read) == {file_name(t) for t in ("vt", "niah_single_1", "niah_grid", "average")}
+    assert read["ruler-vt.jsonl"] == [
+        {"sample": "0", "length": 512, "tf": 40.0, "tf_hit": 0, "ref_loss": 2.0, "gen": 100.0, "gen_hit": 1},
+        {"sample": "1", "length": 512, "tf": 0.0, "tf_hit": 0, "ref_loss": 3.0, "gen": 20.0, "gen_hit": 0}]
+    assert read["ruler-niah_grid.jsonl"] == [
+        {"sample": "d500:0", "length": 512, "gen": 100.0, "gen_hit": 1, "tf": 0.0, "tf_hit": 0, "ref_loss": 1.0}]
+    avg = read["ruler-average.jsonl"]  # the grid is not a task of the average
+    assert sorted(r["sample"] for r in avg) == ["niah_single_1:0", "niah_single_1:1", "vt:0", "vt:1"]
+    # RULER's average: the mean over the tasks of each task's mean (equal n): gen (50 + 60) / 2, tf (50 + 20) / 2
+    assert sum(r["gen"] for r in avg) / len(avg) == pytest.approx(((100 + 0) / 2 + (100 + 20) / 2) / 2)
+    assert sum(r["tf"] for r in avg) / len(avg) == pytest.approx(((100 + 0) / 2 + (40 + 0) / 2) / 2)
+
+
+def test_ruler_experiment_every_method_kinds_and_families():
+    from rope_scaling.formulas import REGISTRY
+    from ropescale.experiments import spec
+
+    root = Path(__file__).resolve().parents[1]
+    exp = spec.load(root / "experiments" / "ruler.yaml")
+    ropes = {a.run[a.run.index("--rope") + 1] for a in exp.arms.values()}
+    assert ropes == {m for m, meth in REGISTRY.items() if meth.user}  # every method --rope may ask for
+    assert list(exp.lengths) == [512, 1024, 2048, 4096]
+    for a in exp.arms.values():
+        rope = a.run[a.run.index("--rope") + 1]
+        scale = a.run[a.run.index("--scale") + 1] if "--scale" in a.run else None
+        assert "{lengths_csv}" in a.run and scale == (None if rope in ("none", "abf") else "8"), a.name
+        assert set(a.scores) == set(exp.scores)
+    one_ref = {t for t, c in TASKS.items() if getattr(c, "num_v", 1) == 1 and getattr(c, "num_q", 1) == 1
+               and type(c).__name__ == "NiahConfig"}
+    assert one_ref == {"niah_single_1", "niah_single_2", "niah_multikey_1"}
+    for key, s in exp.scores.items():
+        task = s.file[len("ruler-"):-len(".jsonl")]
+        if s.field == "ref_loss":  # the needle's digit loss: a mean
+            assert s.kind == "mean" and task == "niah_single_1", key
+        elif task in one_ref or task == "niah_grid":  # read / not read: a proportion (Wilson)
+            assert s.kind == "proportion" and s.field.endswith("_hit"), key
+        else:  # a share of references, the average, a loss: a mean
+            assert s.kind == "mean" and not s.field.endswith("_hit"), key
+    for fam in exp.families.values():
+        assert sorted(fam.pairs) == sorted((a, "yarn") for a in exp.arms if a != "yarn")
+    assert {f.score for f in exp.families.values()} == {"avg_gen", "avg_tf", "needle_loss"}

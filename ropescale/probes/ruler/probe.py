@@ -13,7 +13,8 @@ with the answer's log-probability) and by greedy generation (``(gen)`` rows: RUL
 recorded), both a share in [0, 1], from one prefill (ropescale.probes.ruler.score). items.jsonl has one record a
 sample and way; summary.json adds the RULER average over the tasks per length and the effective lengths
 (ropescale.probes.ruler.tables: ``python -m ropescale.probes.ruler.tables DIR...`` writes the tables and the
-needle heatmaps of several runs).
+needle heatmaps of several runs); ruler-TASK.jsonl and ruler-average.jsonl, one a task, are the scores an experiment
+reads (ropescale.probes.ruler.score_files).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from ..common import POSITIVE, ProbeRun, ProbeSettings, progress
 from ..data import load_docs
 from .base import detect_lang, make_context
 from .score import read_sample
+from .score_files import write_score_files
 from .tables import summary_extra
 from .tasks import GRID, TASKS, check_tasks, make_sample
 
@@ -133,6 +135,7 @@ def ruler_probe(loaded, docs, settings: RulerSettings | None = None, **fields) -
         how = "shared" if s.share_prefill and not by_length else "separate"
         print(f"[ruler] {len(todo)} samples read in {t_read:.1f} s, {c_read:.1f} s of CPU ({how} prefill)",
               file=sys.stderr)
+    write_score_files(run.dir.path, run.log.records())  # before run.json says complete: a complete run has them
     return run.finish(summary_extra(run.log.records(), lengths, loaded.orig_ctx) | {"read_seconds": round(t_read, 2),
                                                                                 "read_cpu_seconds": round(c_read, 2)})
 
