@@ -306,7 +306,7 @@ def test_ruler_experiment_every_method_kinds_and_families():
     for a in exp.arms.values():
         rope = a.run[a.run.index("--rope") + 1]
         scale = a.run[a.run.index("--scale") + 1] if "--scale" in a.run else None
-        assert "{lengths_csv}" in a.run and scale == (None if rope in ("none", "abf") else "8"), a.name
+        assert "{length}" in a.run and scale == (None if rope in ("none", "abf") else "8"), a.name
         assert set(a.scores) == set(exp.scores)
     one_ref = {t for t, c in TASKS.items() if getattr(c, "num_v", 1) == 1 and getattr(c, "num_q", 1) == 1
                and type(c).__name__ == "NiahConfig"}
