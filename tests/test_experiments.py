@@ -423,3 +423,21 @@ arms:
     assert (tmp_path / "w/runs/once/s0/s.jsonl").is_file() and (tmp_path / "w/runs/each/s0/T128/s.jsonl").is_file()
     assert [Path(c[c.index("--data") + 1]).name for c in arms if c[1] == "copy"] == ["d_T64.txt"]  # lengths: [64]
     assert "4 runs, 0 complete already, 4 to run" in capsys.readouterr().err
+
+
+def test_a_fine_tune_runs_in_a_process_of_its_own(monkeypatch, capsys):
+    """DeepSpeed keeps its process groups in module state: a second fine-tune in one process fails, so the runner
+    starts `python -m ropescale finetune ...` for each (a merge, and every other tool, in process)."""
+    import subprocess
+    import sys
+
+    from ropescale.experiments import runner
+
+    ran = []
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: ran.append(argv) or subprocess.CompletedProcess(
+        argv, 3, stdout="[finetune] boom\n"))
+    with pytest.raises(Exception, match=r"prepare ft: `ropescale finetune --rope ntk` failed \(exit 3\)"):
+        runner.call(["finetune", "--rope", "ntk"], "prepare ft")
+    assert ran == [[sys.executable, "-m", "ropescale", "finetune", "--rope", "ntk"]]
+    assert "[finetune] boom" in capsys.readouterr().err  # a captured stderr gets the child's output
+    assert not runner.own_process(["finetune", "merge", "--run", "x"]) and not runner.own_process(["eval", "score"])

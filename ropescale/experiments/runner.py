@@ -102,17 +102,38 @@ def prepared(path: Path) -> bool:
     return path.exists()
 
 
+def own_process(argv: list[str]) -> bool:
+    """A fine-tune (not its merge) runs in a process of its own: DeepSpeed keeps its process groups in module state,
+    and a second fine-tune in one process finds the first one's torn-down groups ("Group ... is not registered")."""
+    return argv[0] == "finetune" and argv[1:2] != ["merge"]
+
+
 def call(argv: list[str], where: str) -> None:
-    """``ropescale ARGV`` in this process (the command's own entry function; its stdout, logs, goes to stderr)."""
+    """``ropescale ARGV`` in this process (the command's own entry function; its stdout, logs, goes to stderr), a
+    fine-tune as ``python -m ropescale ARGV`` (:func:`own_process`)."""
+    import subprocess
+
     from ropescale.commands import TOOLS
 
     tool, rest = argv[0], argv[1:]
     print("  $ ropescale " + " ".join(argv), file=sys.stderr, flush=True)
-    with contextlib.redirect_stdout(sys.stderr):
-        try:
-            rc = TOOLS[tool][0]()(rest)
-        except SystemExit as e:  # argparse's exit on a bad flag
-            rc = e.code if isinstance(e.code, int) else 2
+    if own_process(argv):
+        try:  # its output streams to our stderr; a stderr without a file (a test's capture) gets it at the end
+            fd = sys.stderr.fileno()
+        except (AttributeError, OSError, ValueError):
+            fd = None
+        done = subprocess.run([sys.executable, "-m", "ropescale", *argv], text=True, errors="replace",
+                              **({"stdout": fd} if fd is not None else
+                                 {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}))
+        if fd is None:
+            sys.stderr.write(done.stdout)
+        rc = done.returncode
+    else:
+        with contextlib.redirect_stdout(sys.stderr):
+            try:
+                rc = TOOLS[tool][0]()(rest)
+            except SystemExit as e:  # argparse's exit on a bad flag
+                rc = e.code if isinstance(e.code, int) else 2
     if rc:
         raise InputError(f"{where}: `ropescale {' '.join(argv)}` failed (exit {rc})")
 
