@@ -34,7 +34,7 @@ from ropescale.training.memory.estimate import QWEN15_7B, QWEN15_7B_ROPE  # noqa
 
 prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 
-# Qwen1.5-7B's shape (ropescale.training.memory_model.QWEN15_7B): MHA, no GQA, so its KV cache is 0.5 MB per token in
+# Qwen1.5-7B's shape (ropescale.training.memory.estimate.QWEN15_7B): MHA, no GQA, so its KV cache is 0.5 MB per token in
 # bf16.
 SHAPES = {
     "7b": dict(**QWEN15_7B.hf_kwargs(), **QWEN15_7B_ROPE),

@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # point does before torch: a run on a model already written imports neither torch nor transformers (seconds of CPU).
 
 SHAPES = {
-    "7b": QWEN15_7B.hf_kwargs(),  # Qwen1.5-7B (ropescale.training.memory_model)
+    "7b": QWEN15_7B.hf_kwargs(),  # Qwen1.5-7B (ropescale.training.memory.estimate)
     "toy": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
                 intermediate_size=172, vocab_size=151936),
 }

@@ -35,7 +35,7 @@ from ropescale.training.memory.estimate import QWEN15_7B, QWEN15_7B_ROPE  # noqa
 
 prepare_process()  # as every entry point: the CUDA allocator setting, quiet libraries
 
-SHAPE_7B = QWEN15_7B.hf_kwargs()  # Qwen1.5-7B (ropescale.training.memory_model)
+SHAPE_7B = QWEN15_7B.hf_kwargs()  # Qwen1.5-7B (ropescale.training.memory.estimate)
 SHAPE_TOY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
                  intermediate_size=172, vocab_size=151936)
 

@@ -293,7 +293,7 @@ def config_from_args(args: argparse.Namespace):
 
 def trained_length_of(args: argparse.Namespace) -> float | None:
     """``--trained-length``, else the training record of the ``--config`` model directory
-    (:func:`ropescale.common.runs.trained_distance`), else None."""
+    (:func:`ropescale.common.runs.identity.trained_distance`), else None."""
     if args.trained_length is not None or args.config is None or not Path(args.config).is_dir():
         return args.trained_length
     from ropescale.common.runs.identity import TRAIN_JSON, trained_distance

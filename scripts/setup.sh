@@ -87,7 +87,7 @@ check=$($VENV/bin/python -m pip --disable-pip-version-check check 2>&1) \
 $VENV/bin/python -c "import torch, transformers, peft, deepspeed, jieba" >/dev/null 2>&1 \
   || { echo "[setup] import check failed" >&2; $VENV/bin/python -c "import torch, transformers, peft, deepspeed, jieba"; exit 1; }
 [ -x $VENV/bin/ropescale ] || { echo "[setup] the ropescale command is missing from $VENV/bin" >&2; exit 1; }
-# DS_ACCELERATOR=cpu at start-up on a machine without a GPU: `deepspeed ... --json` stdout stays JSON (training/env.py)
+# DS_ACCELERATOR=cpu at start-up on a machine without a GPU: `deepspeed ... --json` stdout stays JSON (common/process.py)
 $VENV/bin/python -c "from ropescale.common.process import write_accelerator_pth as w; w()"
 echo "$MODE" > $VENV/.ropescale-setup-mode
 echo "$req_hash" > "$stamp"

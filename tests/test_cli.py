@@ -119,8 +119,10 @@ ENTRIES = [  # (how the tool is started, its main(argv, prog), the program its h
     ("python -m rope_scaling", "rope_scaling.__main__", "python -m rope_scaling"),
     ("python -m ropescale.probes", "ropescale.probes.cli", "ropescale probes"),
     ("python -m rope_scaling describe", "rope_scaling.describe", "python -m rope_scaling describe"),
-    ("python -m ropescale.training.memory_model", "ropescale.training.memory_model",
-     "python -m ropescale.training.memory_model"),
+    ("python -m ropescale.training.memory.estimate", "ropescale.training.memory.estimate",
+     "python -m ropescale.training.memory.estimate"),
+    ("python -m ropescale.training.memory", "ropescale.training.memory.__main__",
+     "python -m ropescale.training.memory"),
 ]
 
 
@@ -356,8 +358,8 @@ def test_pyproject_installs_the_command_without_touching_torch():
 
 
 def test_every_entry_point_prepares_the_process_through_one_function():
-    """The CUDA allocator setting and the quieted libraries have one home (common.cli.prepare_process, or
-    training.env.setup_env which calls the same allocator function); every entry point calls it before importing
+    """The CUDA allocator setting and the quieted libraries have one home (common.process.prepare_process, or
+    common.process.setup_env which calls the same allocator function); every entry point calls it before importing
     torch, and no file sets the allocator variable itself."""
     entries = [ROOT / "finetune.py", ROOT / "eval_summ.py", ROOT / "ropescale" / "cli.py",
                ROOT / "ropescale" / "probes" / "__main__.py", ROOT / "data_concat" / "__main__.py",
@@ -368,7 +370,7 @@ def test_every_entry_point_prepares_the_process_through_one_function():
     ours = [f for f in ROOT.rglob("*.py")  # the project's files: no hidden folder (.venv, .cache's venvs), no tests
             if not any(p.startswith(".") or p in ("tests", "runs") for p in f.relative_to(ROOT).parts)]
     setters = [str(f.relative_to(ROOT)) for f in ours if "expandable_segments" in f.read_text(encoding="utf-8")]
-    assert setters == ["ropescale/common/cli.py"], setters
+    assert setters == ["ropescale/common/process.py"], setters
 
 
 def test_prepare_process_sets_the_allocator_only_with_cuda():

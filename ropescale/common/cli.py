@@ -432,7 +432,7 @@ def add_overwrite(p: argparse.ArgumentParser, what: str = "--out") -> None:
 
 def add_resume(p: argparse.ArgumentParser, default: str, *, checkpoint: bool = False) -> None:
     """``--resume {auto,never}`` (a fine-tune also takes a CHECKPOINT directory), the same words in every stage that
-    writes a run directory (``ropescale.common.runs.RESUME_HELP``); ``default``: what the stage does without the
+    writes a run directory (``ropescale.common.runs.resume.RESUME_HELP``); ``default``: what the stage does without the
     flag. A bare ``--resume`` is ``auto``."""
     from .runs.resume import RESUME_HELP, RESUME_MODES
 

@@ -9,8 +9,8 @@
   A file or directory a command writes at a user's path is listed, with its sha256 (a file) and the command, in
   ``.ropescale-outputs.json`` (:data:`OUTPUTS_RECORD`) beside it; an existing path that record does not name (or a
   file changed since) is refused in one line before any work, unless ``--overwrite``. A plot path must end in
-  ``.png``. Run directories follow the same rule in ``ropescale.common.runs.claim_run_dir`` (a non-empty directory
-  that holds no run is refused).
+  ``.png``. Run directories follow the same rule in ``ropescale.common.runs.resume.claim_run_dir`` (a non-empty
+  directory that holds no run is refused).
 """
 from __future__ import annotations
 

@@ -56,9 +56,9 @@ transformers
   ``rope_forward``, ``per_row_forward``, ``fixed_rope``, with ``dynamic_rope_modules``, ``reset_dynamic_rope``,
   ``rope_frequencies``, ``rope_frequencies_for_length``, ``undecorated_rope_forward``, ``longrope_frequencies``
 - gradient checkpointing: checkpointed layers carry ``gradient_checkpointing = True`` and call
-  ``self._gradient_checkpointing_func(fn, *args)`` (training/memory.py): :func:`checkpointed_modules`,
+  ``self._gradient_checkpointing_func(fn, *args)`` (training/memory/offload.py): :func:`checkpointed_modules`,
   :func:`set_checkpoint_function`
-- ``config.get_text_config()`` (training/memory.py): :func:`text_config`
+- ``config.get_text_config()`` (training/memory/install.py): :func:`text_config`
 - Trainer internals (training/trainer.py): ``compute_loss(..., num_items_in_batch)``, the private
   ``model_accepts_loss_kwargs`` (the Trainer divides the loss by the accumulation steps unless it is set),
   ``args.average_tokens_across_devices`` with ``accelerator.num_processes``: :func:`trainer_takes_token_sums`,
@@ -80,14 +80,14 @@ deepspeed
 - ``deepspeed.zero.GatheredParameters(params, modifier_rank=)`` (saving.py): :func:`zero3_gathered`
 - ``param.ds_grad_is_ready`` (ZeRO-3 reduces a gradient only when it is true; memory._TiledMLP):
   :func:`defer_zero3_reduce`
-- ``deepspeed.comm.torch.build_shm_op`` (JIT-compiles a CPU shared-memory op at init; training/env.py):
+- ``deepspeed.comm.torch.build_shm_op`` (JIT-compiles a CPU shared-memory op at init; common/process.py):
   :func:`disable_deepspeed_shm_op`
 - the ``DeepSpeed`` logger writes to stdout (common/cli.logs_to_stderr): :data:`STDOUT_LOGGERS`
 accelerate
 - the ``OMP_NUM_THREADS/MKL_NUM_THREADS unset`` warning (common/cli.quiet_libraries): :data:`QUIET_WARNINGS`
 
 Not here: vLLM's rope fields (evaluation/backends/vllm.py, vllm_settings: vLLM is optional and GPU-only;
-tests/test_eval_vllm.py covers the versions seen), torch's private allocator setter (training/env.py; torch is
+tests/test_eval_vllm.py covers the versions seen), torch's private allocator setter (common/process.py; torch is
 pinned), training/run.py (above), bench/ (public APIs only) and tests/, which read some of these internals directly as
 independent references (ROPE_INIT_FUNCTIONS in test_rope_scaling, _gradient_checkpointing_func in
 test_training_memory).
