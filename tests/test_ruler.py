@@ -322,3 +322,19 @@ def test_ruler_experiment_every_method_kinds_and_families():
     for fam in exp.families.values():
         assert sorted(fam.pairs) == sorted((a, "yarn") for a in exp.arms if a != "yarn")
     assert {f.score for f in exp.families.values()} == {"avg_gen", "avg_tf", "needle_loss"}
+
+
+def test_tables_read_an_experiments_per_length_runs(tmp_path):
+    from ropescale.probes.ruler.tables import load_runs
+
+    seed = tmp_path / "runs" / "yarn" / "s0"
+    for L, v in ((512, 1.0), (1024, 0.0)):
+        d = seed / f"T{L}"
+        d.mkdir(parents=True)
+        (d / "run.json").write_text(json.dumps({"info": {"probe": "ruler", "orig_ctx": 512}}))
+        (d / "items.jsonl").write_text(json.dumps({"id": f"vt:L{L}:0:gen", "task": "vt", "way": "gen", "col": L,
+                                                   "value": v}) + "\n")
+    [(name, recs, orig)] = load_runs([str(seed)])
+    assert name == "yarn" and orig == 512 and sorted((r["col"], r["value"]) for r in recs) == [(512, 1.0), (1024, 0.0)]
+    with pytest.raises(InputError, match="no run.json"):
+        load_runs([str(tmp_path / "runs")])

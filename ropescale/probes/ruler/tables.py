@@ -13,13 +13,14 @@ its heatmaps, from the items of one or more run directories.
   ropescale.common.stats.lengths.effective_length(_relative);
 - the needle grid: niah_grid's accuracy by depth x length, Wilson intervals, and one heatmap per run side by side.
 
-``python -m ropescale.probes.ruler.tables DIR... --out PREFIX`` writes PREFIX.md (every table) and PREFIX.png (the
-heatmaps).
+``python -m ropescale.probes.ruler.tables DIR... --out PREFIX`` writes PREFIX.md (every table) and PREFIX-WAY.png (the
+heatmaps); a DIR may be an experiment's ``runs/ARM/sSEED`` (one run a length: the arm's runs read as one).
 """
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -247,17 +248,25 @@ def heatmaps(runs: list[tuple[str, list[dict], int]], way: str, png: str | Path)
 
 
 def load_runs(dirs: list[str]) -> list[tuple[str, list[dict], int]]:
-    """(name, items, original context) of each ruler run directory."""
+    """(name, items, original context) of each ruler run directory; a directory of run directories (an experiment's
+    ``runs/ARM/sSEED``, one run a length) is one run of their items together, named by the arm."""
     from ropescale.common.io import InputError, read_json
     from ropescale.common.runs.record import ITEMS, RUN_JSON, RecordLog
 
     out = []
     for d in map(Path, dirs):
-        meta = read_json(d / RUN_JSON, RUN_JSON)
-        info = meta.get("info", {})
-        if info.get("probe") != "ruler":
-            raise InputError("not a ruler run directory", d / RUN_JSON)
-        out.append((d.name, RecordLog(d / ITEMS).records(), int(info.get("orig_ctx", 0))))
+        parts = [d] if (d / RUN_JSON).is_file() else sorted(p.parent for p in d.glob(f"*/{RUN_JSON}"))
+        if not parts:
+            raise InputError("not a ruler run directory (no run.json in it or in its folders)", d)
+        recs, orig = [], 0
+        for part in parts:
+            info = read_json(part / RUN_JSON, RUN_JSON).get("info", {})
+            if info.get("probe") != "ruler":
+                raise InputError("not a ruler run directory", part / RUN_JSON)
+            recs += RecordLog(part / ITEMS).records()
+            orig = orig or int(info.get("orig_ctx", 0))
+        name = d.name if parts == [d] or not re.fullmatch(r"s\d+", d.name) else d.parent.name
+        out.append((name, recs, orig))
     return out
 
 
@@ -276,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     from ropescale.common.io import write_text_atomic
 
     ap = argparse.ArgumentParser(prog="python -m ropescale.probes.ruler.tables", description=__doc__.split("\n\n")[0])
-    ap.add_argument("dirs", nargs="+", metavar="DIR", help="ruler run directories")
+    ap.add_argument("dirs", nargs="+", metavar="DIR", help="ruler run directories (or an experiment's runs/ARM/sSEED)")
     ap.add_argument("--out", required=True, metavar="PREFIX", help="writes PREFIX.md and PREFIX-<way>.png")
     ap.add_argument("--way", choices=("gen", "tf", "both"), default="both")
     a = ap.parse_args(argv)
