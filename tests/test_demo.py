@@ -15,7 +15,7 @@ def test_demo_miniature(make_tiny_model, tiny_tokenizer, tmp_path, capsys):
 
     _, model_dir = make_tiny_model("qwen2", orig_ctx=64)
     out = tmp_path / "demo"
-    res = run_demo(str(out), model=str(model_dir), methods=("none", "ntk"), free=("ntk",), scale=8, factors=(8, 12),
+    res = run_demo(out=str(out), model=str(model_dir), methods=("none", "ntk"), free=("ntk",), scale=8, factors=(8, 12),
                    samples=2, max_new_tokens=160, pairs=12, heldout=4, launcher="python", train_lo=4, train_hi=8,
                    finetune_args=["--max-steps", "2", "--global-batch", "1", "--save-steps", "2"])
     printed = capsys.readouterr().out
@@ -121,6 +121,15 @@ def _check_report(res, expect: dict, means: dict, printed: str) -> None:
 def _check_demo_table(res, expect: dict, means: dict, printed: str, train_length: dict) -> None:
     """The demo table: floor, then one row per setting (+ the F.1 row), with reach, losses and the same cells."""
     demo = json.loads((Path(res["report"]) / "demo.json").read_text(encoding="utf-8"))
+    # the settings the run was given, recorded by their flags' keys (the chapters: the shared novels by default)
+    from ropescale.common.paths import CHAPTERS_JSONL
+
+    rec = demo["settings"]
+    assert rec["methods"] == ["none", "ntk"] and rec["free"] == ["ntk"] and rec["factors"] == [8, 12]
+    assert (rec["samples"], rec["pairs"], rec["heldout"], rec["launcher"], rec["seed"]) == (2, 12, 4, "python", 0)
+    assert rec["finetune_args"] == ["--max-steps", "2", "--global-batch", "1", "--save-steps", "2"]
+    assert rec["chapters"] == str(CHAPTERS_JSONL) and rec["baseline_prompts"] is True and rec["fresh"] is False
+    assert Path(rec["out"]) == Path(res["report"]).parent
     assert (Path(res["report"]) / "demo.md").read_text(encoding="utf-8").strip().splitlines()[-1] in printed
     by_key = {r.get("key", "floor"): r for r in demo["rows"]}
     assert list(by_key) == ["floor", "base", "base-f1", "free-ntk-x8", "ft-none", "ft-ntk-x8"]
@@ -238,3 +247,66 @@ def test_over_seeds_times_each_seed_and_keeps_stdout_for_results(capsys):
     assert out == "" and err == "$ step of seed 3\n$ step of seed 1\n"
     assert [r["seed"] for r in recs] == [3, 1] and all(r["seconds"] >= 0 for r in recs)
     assert seen == [(3, True), (1, True)] and said == ["seed 3: 0 s", "seed 1: 0 s"]
+
+
+def test_flags_and_recipe_make_the_demo_settings(tmp_path, monkeypatch):
+    """The demo's command line reads every flag into one DemoSettings (defaults < --recipe < flags), the values as
+    the old argparse code split them: comma lists, the fine-tune's flags as a shell splits them."""
+    import shlex
+
+    from ropescale.common.settings import from_args
+    from ropescale.demo.cli import parser
+    from ropescale.demo.steps import DemoSettings
+
+    st = from_args(parser().parse_args([]))
+    assert st == DemoSettings() and (st.out, st.model, st.scale, st.samples, st.pairs) == ("runs/demo", "tiny", 8, 16,
+                                                                                          256)
+    assert (st.methods, st.free, st.factors) == (["ntk", "yarn"], ["pi", "ntk", "yarn"], [1, 2, 4, 8])
+    assert (st.max_new_tokens, st.launcher, st.finetune_args, st.seed) == (128, "deepspeed", [], 0)
+    assert st.baseline_prompts is True and st.fresh is False
+    ft = "--max-steps 1 --global-batch 1 --save-steps 1 --lr '1e-3'"
+    argv = ["--out", "D", "--methods", "none,pi", "--free", "", "--factors", "1,2.5", "--samples", "2",
+            "--finetune-args", ft, "--launcher", "python", "--no-baseline-prompts", "--fresh", "--seed", "3"]
+    st = from_args(parser().parse_args(argv))
+    assert (st.out, st.methods, st.free, st.factors, st.samples, st.seed) == ("D", ["none", "pi"], [], [1, 2.5], 2, 3)
+    assert st.finetune_args == shlex.split(ft) and st.launcher == "python"
+    assert st.baseline_prompts is False and st.fresh is True
+    recipe = tmp_path / "demo.yaml"
+    recipe.write_text("samples: 4\nfinetune_args: [--max-steps, '2']\ntrain_lo: 1.5\n", encoding="utf-8")
+    st = from_args(parser().parse_args(["--recipe", str(recipe), "--samples", "5"]))
+    assert (st.samples, st.finetune_args, st.train_lo) == (5, ["--max-steps", "2"], 1.5)
+
+
+def test_bad_input_is_one_error_line_and_exit_2(tmp_path, capsys):
+    """A value a flag refuses, an unknown method or a bad recipe line: exit code 2 before anything runs."""
+    from ropescale.demo.cli import main
+
+    recipe = tmp_path / "demo.yaml"
+    recipe.write_text("out: x\nsampels: 4\n", encoding="utf-8")
+    for argv, want in ((["--samples", "0"], "error: --samples must be >= 1, got 0"),
+                       (["--methods", "ntk,nope", "--out", str(tmp_path / "o")], "unknown RoPE method 'nope'"),
+                       (["--recipe", str(recipe)], f"{recipe}:2: unknown recipe key 'sampels'")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert want in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_script_is_a_thin_entry_point():
+    """scripts/demo.py only calls ``python -m ropescale.demo``'s main: at most 40 lines, no sys.path change, and
+    the same help (its usage naming demo.py) at most 100 lines at 80 columns."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "scripts" / "demo.py").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 40 and not re.search(r"sys\.path\.(insert|append)|sys\.path\s*=", text)
+    env = dict(os.environ, COLUMNS="80")
+    helps = [subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, check=True).stdout
+             for cmd in ([sys.executable, "scripts/demo.py", "--help"], [sys.executable, "-m", "ropescale.demo", "-h"])]
+    assert helps[0].startswith("usage: demo.py [-h] [--out OUT]") and len(helps[0].splitlines()) <= 100
+    assert helps[1].startswith("usage: python -m ropescale.demo [-h]")
+    for flag in ("--out", "--methods", "--free", "--factors", "--finetune-args", "--no-baseline-prompts", "--fresh",
+                 "--launcher {deepspeed,python}", "--recipe FILE", "step 1"):
+        assert flag in helps[0] and flag in helps[1], flag

@@ -1,6 +1,7 @@
-"""The demo's steps 1-5 (``scripts/demo.py``; :func:`ropescale.demo.run_demo` runs all six): the model, the data,
-the fine-tunes, generation and the report; the :class:`Demo` they fill in, its :class:`Row` settings, and what the
-scripts built on the demo share (echoed commands, a generation run reused when it is complete, a loop over seeds).
+"""The demo's steps 1-5 (``python -m ropescale.demo``; :func:`ropescale.demo.run_demo` runs all six): the model,
+the data, the fine-tunes, generation and the report; the demo's settings (:class:`DemoSettings`, every flag of its
+command line), the :class:`Demo` the steps fill in, its :class:`Row` settings, and what the scripts built on the demo
+share (echoed commands, a generation run reused when it is complete, a loop over seeds).
 
 Importing it sets the process environment the demo's runs want (before torch loads; the fine-tune subprocesses
 inherit it).
@@ -8,8 +9,10 @@ inherit it).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -20,6 +23,7 @@ from typing import Callable
 
 from rope_scaling.formulas import PLAIN, REGISTRY
 from ropescale.common.paths import REPO_ROOT as ROOT
+from ropescale.common.settings import setting
 
 # the demo's process settings (the imports above load neither torch nor transformers)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -97,27 +101,72 @@ class Row:
     train_dir: Path | None = None  # fine-tuned rows
 
 
-@dataclass
-class Demo:
-    """One demo run: its settings (run_demo's arguments), then what each step adds for the next."""
+def numbers(v) -> list[float]:
+    """A list of numbers: a YAML list or comma-separated (``1,2,4,8``)."""
+    items = v if isinstance(v, (list, tuple)) else [x for x in re.split(r"[,\s]+", str(v)) if x]
+    if any(isinstance(x, bool) for x in items):
+        raise ValueError(f"expected numbers (comma-separated), got {v!r}")
+    try:
+        return [float(x) for x in items]
+    except ValueError:
+        raise ValueError(f"expected numbers (comma-separated), got {v!r}") from None
 
-    out: Path
-    model: str
-    methods: tuple
-    free: tuple
-    scale: float
-    factors: tuple
-    samples: int
-    max_new_tokens: int
-    train_lo: float
-    train_hi: float
-    pairs: int
-    launcher: str
-    finetune_args: tuple
-    seed: int
-    chapters: str
-    heldout: int | None
-    baseline_prompts: bool
+
+def arguments(v) -> list[str]:
+    """Command-line words: a YAML list as it is, a string split as a shell does (``'--max-steps 4'``)."""
+    return [str(x) for x in v] if isinstance(v, (list, tuple)) else shlex.split(str(v))
+
+
+def at_least(n):
+    return (lambda v: v >= n), f">= {n}"
+
+
+POSITIVE = ((lambda v: v > 0), "> 0")
+
+
+@dataclass
+class DemoSettings:
+    """What one demo run is asked: the flags of ``python -m ropescale.demo`` (``scripts/demo.py``), a ``--recipe``
+    key each (train_lo, train_hi, chapters, heldout: recipes and callers only). Recorded in report/demo.json. The
+    order is :class:`Demo`'s."""
+
+    out: str = setting("runs/demo", "where everything goes (default runs/demo)")
+    model: str = setting("tiny", "'tiny' (default) or an HF model directory")
+    methods: list[str] = setting(list(METHODS), "RoPE methods to fine-tune (default ntk,yarn; none,pi,ntk,yarn adds "
+                                 "the fine-tune without scaling and PI's, about 5 minutes more on 2 CPU cores)")
+    free: list[str] = setting(list(FREE), "RoPE methods to evaluate applied at load time, without fine-tuning "
+                              "(default pi,ntk,yarn; '' for none)")
+    scale: float = setting(8.0, "scale factor of every method (default 8)", check=POSITIVE)
+    factors: list[float] = setting([1.0, 2.0, 4.0, 8.0], "eval lengths as multiples of the original context",
+                                   parse=numbers, check=POSITIVE, show_default=False)
+    samples: int = setting(16, "eval samples per length (default 16)", check=at_least(1))
+    max_new_tokens: int = setting(128, "the references are four marked sentences (~100 tokens), so 128 rather than "
+                                  "400; the eval sets hold only references that fit (data_concat recall "
+                                  "--max-answer-tokens)", check=at_least(1), show_default=False)
+    train_lo: float = setting(2.0, "the shortest training sample, a multiple of the original context", cli=False,
+                              check=POSITIVE)
+    train_hi: float = setting(4.0, "the longest training sample, a multiple of the original context", cli=False,
+                              check=POSITIVE)
+    pairs: int = setting(256, "fine-tuning pairs (default 256)", check=at_least(1))
+    launcher: str = setting("deepspeed", "how each fine-tune starts: the deepspeed launcher, or python finetune.py "
+                            "(one process, no launcher)", choices=("deepspeed", "python"))
+    finetune_args: list[str] = setting([], "extra finetune.py flags, e.g. '--max-steps 4'", parse=arguments,
+                                       show_default=False)
+    seed: int = setting(0, "seed of the fine-tunes, the training pairs, the eval passages and their marks",
+                        show_default=False)
+    chapters: str | None = setting(None, "the chapters file (default the shared novels' chapters.jsonl)", cli=False)
+    heldout: int | None = setting(None, "held-out chapters per book (default: the tiny default's, else "
+                                  "ropescale.common.recall.HELDOUT)", cli=False)
+    baseline_prompts: bool = setting(True, "the base model's runs with the F.1 baseline prompts (ie / ib; at 1x "
+                                     "only)", negative="--no-baseline-prompts")
+    fresh: bool = setting(False, "remove earlier demo outputs first", show_default=False)
+
+
+@dataclass
+class Demo(DemoSettings):
+    """One demo run: its settings (:class:`DemoSettings`' fields, :meth:`of`; ``out`` a Path, ``chapters`` the
+    file), then what each step adds for the next."""
+
     times: dict = field(default_factory=dict)
     # step 1: the model
     model_dir: Path | None = None
@@ -128,6 +177,17 @@ class Demo:
     # step 3: the rows and the fine-tunes
     rows: list = field(default_factory=list)
     merged: dict = field(default_factory=dict)  # method -> merged model dir
+
+    def __post_init__(self):
+        from ropescale.common.paths import CHAPTERS_JSONL
+
+        self.out = Path(self.out)
+        self.chapters = str(self.chapters or CHAPTERS_JSONL)
+
+    @classmethod
+    def of(cls, settings: DemoSettings) -> Demo:
+        """The run of these settings (nothing run yet)."""
+        return cls(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(DemoSettings)})
 
     @property
     def s_txt(self) -> str:

@@ -1,6 +1,7 @@
-"""Step 6 of the demo: its own tables (report/demo.{md,csv,json}). A: per row the bound, ROUGE-L per length with n
-and intervals beside the marks-only floor, effective and above-floor length, retention; B: IE - IB and MSE(P-IE vs
-P-IB) with their tests; C: the differences the readings compare, each with its interval and paired sign-flip p."""
+"""Step 6 of the demo: its own tables (report/demo.{md,csv,json}; demo.json also records the demo's settings). A: per
+row the bound, ROUGE-L per length with n and intervals beside the marks-only floor, effective and above-floor length,
+retention; B: IE - IB and MSE(P-IE vs P-IB) with their tests; C: the differences the readings compare, each with its
+interval and paired sign-flip p."""
 from __future__ import annotations
 
 from .rows import LAST, LEARNED, first_cell, floor_threshold, rounded_ci, row_stats, table_row
@@ -16,6 +17,7 @@ def demo_table(d: Demo) -> list[dict]:
     retention; table B: IE - IB per length with its paired interval and sign-flip p, MSE(P-IE vs P-IB) beside its
     noise floor with its permutation p; table C: the differences the readings compare, with intervals and p."""
     from ropescale.common.io import write_text_atomic
+    from ropescale.common.settings import to_record
     from ropescale.common.tables import csv_text, json_text
 
     say("step 6/6: the demo tables: A. the angle bound (fine-tune aware) beside Liu et al.'s closed form, ROUGE-L per "
@@ -48,7 +50,7 @@ def demo_table(d: Demo) -> list[dict]:
     write_text_atomic(d.report / "demo.md", f"{md_a}\n\n{md_b}\n\n{md_c}\n")
     write_text_atomic(d.report / "demo.csv", csv_text(header, table))
     write_text_atomic(d.report / "demo.json", json_text({"columns": cols, "threshold": thr, "rows": records,
-                                                         "comparisons": comps}))
+                                                         "comparisons": comps, "settings": to_record(d)}))
     for md in (md_a, md_b, md_c):
         print()
         print(md)
