@@ -118,6 +118,7 @@ def arguments(v) -> list[str]:
 
 
 def at_least(n):
+    """A setting's check: the value is at least ``n``."""
     return (lambda v: v >= n), f">= {n}"
 
 
@@ -155,8 +156,9 @@ class DemoSettings:
     seed: int = setting(0, "seed of the fine-tunes, the training pairs, the eval passages and their marks",
                         show_default=False)
     chapters: str | None = setting(None, "the chapters file (default the shared novels' chapters.jsonl)", cli=False)
-    heldout: int | None = setting(None, "held-out chapters per book (default: the tiny default's, else "
-                                  "ropescale.common.recall.HELDOUT)", cli=False)
+    heldout: int | None = setting(None, "held-out chapters per book of a model given (default "
+                                  "ropescale.common.recall.HELDOUT); the tiny default's are those its build kept",
+                                  cli=False)
     baseline_prompts: bool = setting(True, "the base model's runs with the F.1 baseline prompts (ie / ib; at 1x "
                                      "only)", negative="--no-baseline-prompts")
     fresh: bool = setting(False, "remove earlier demo outputs first", show_default=False)
