@@ -338,3 +338,25 @@ def test_tables_read_an_experiments_per_length_runs(tmp_path):
     assert name == "yarn" and orig == 512 and sorted((r["col"], r["value"]) for r in recs) == [(512, 1.0), (1024, 0.0)]
     with pytest.raises(InputError, match="no run.json"):
         load_runs([str(tmp_path / "runs")])
+
+
+def test_ruler_smollm2_experiment_every_method_and_the_no_key_control():
+    from rope_scaling.formulas import REGISTRY
+    from ropescale.experiments import spec
+
+    root = Path(__file__).resolve().parents[1]
+    exp = spec.load(root / "experiments" / "ruler_smollm2.yaml")
+    assert list(exp.lengths) == [4096, 8192, 16384]
+    runs = {k: a for k, a in exp.arms.items() if a.run}
+    for probe in ("ruler", "passkey"):
+        ropes = {a.run[a.run.index("--rope") + 1] for a in runs.values() if a.run[1] == probe}
+        assert ropes == {m for m, meth in REGISTRY.items() if meth.user}, probe
+    for a in runs.values():
+        rope = a.run[a.run.index("--rope") + 1]
+        scale = a.run[a.run.index("--scale") + 1] if "--scale" in a.run else None
+        assert scale == (None if rope in ("none", "abf") else "2") and "{model}" in a.run, a.name
+    controls = {k: a for k, a in exp.arms.items() if a.reads}
+    assert {a.reads for a in controls.values()} == {k for k, a in runs.items() if a.run[1] == "passkey"}
+    assert all(a.field_of(exp.scores["pk_loss"]) == "control_loss" for a in controls.values())
+    fam = exp.families["passkey: key - no key"]
+    assert sorted(fam.pairs) == sorted((a.reads, k) for k, a in controls.items()) and fam.score == "pk_loss"
