@@ -2,7 +2,8 @@
 
 A stage's settings (``ropescale.training.config.TrainSettings``, ``ropescale.evaluation.generate.GenerateSettings``
 with ``evaluation.backends.BackendSettings`` nested, ``ropescale.probes.common.ProbeSettings`` and each probe's
-subclass of it, ``data_concat.pack.PackSettings``) are a dataclass whose fields carry their help
+subclass of it, ``data_concat.pack.PackSettings``, the demo's ``ropescale.demo.DemoSettings``, an experiment's
+``ropescale.experiments.runner.ExperimentSettings``) are a dataclass whose fields carry their help
 text, flag, checks and resume rule (:func:`setting`); the RoPE spec (``rope_scaling.RopeSpec``) is nested with
 :func:`nested`. From that one list:
 

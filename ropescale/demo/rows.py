@@ -32,9 +32,9 @@ def train_losses(train_dir: Path) -> tuple[float, float, int] | None:
 def row_bound(model: str, spec=None, train_record: dict | None = None) -> dict:
     """A row's angle bound, called what it is: a necessary condition, not a prediction. ``bound``: the pre-training
     bound (``formulas.reach``) of a training-free row, ``formulas.finetune_bound`` with the fine-tune's longest trained
-    distance (``ropescale.common.runs.trained_distance``) for a fine-tuned one; ``pretrain``: the pre-training bound
-    alone; ``liu``: Liu et al. 2023's closed form (``formulas.critical_period``: the critical pair's full period under
-    the new base, T_train = the original context) where its premise holds -- a training-free row whose method
+    distance (``ropescale.common.runs.identity.trained_distance``) for a fine-tuned one; ``pretrain``: the pre-training
+    bound alone; ``liu``: Liu et al. 2023's closed form (``formulas.critical_period``: the critical pair's full period
+    under the new base, T_train = the original context) where its premise holds -- a training-free row whose method
     is plain RoPE at one base (``Method.one_base``: none, ntk, abf); else None. Values in tokens, None for unbounded."""
     from rope_scaling import bounds as F
     from rope_scaling.load import load_config
