@@ -1,15 +1,14 @@
-"""ropescale.common.stats (means, mse, lengths): a cell's bootstrap interval from 8 samples (against the exact
-bootstrap distribution and the generator's draws replayed by hand), the t interval below 8 and over few units
-(scipy), the paired IE - IB interval, the MSE(P-IE vs P-IB) noise floor (against a simulated null), effective
-context length (RULER's and NoLiMa's published tables, hand-made tables with gaps and missing cells) and short-context
-retention."""
+"""ropescale.common.stats (means, mse, lengths): a cell's t interval at every n and over few units, the paired IE - IB
+interval (scipy's one-sample and paired t intervals), the MSE(P-IE vs P-IB) noise floor (against a simulated null)
+and its bootstrap interval (the generator's draws replayed by hand), effective context length (RULER's and NoLiMa's
+published tables, hand-made tables with gaps and missing cells) and short-context retention."""
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 
 import numpy as np
 import pytest
+import scipy.stats
 
 from ropescale.common.stats import lengths as L
 from ropescale.common.stats import means as M
@@ -17,55 +16,30 @@ from ropescale.common.stats import mse as MS
 from ropescale.common.stats import resampling as R
 
 
-def exact_bootstrap_quantile(x, q):
-    """The q-quantile (inverse CDF) of the exact bootstrap distribution of the mean of ``x``: the n^n equally likely
-    resamples' sums, by convolving the empirical distribution n times (exact fractions). Returns (quantile, CDF just
-    below it, CDF at it)."""
-    n = len(x)
-    dist = {Fraction(0): Fraction(1)}
-    for _ in range(n):
-        nxt: dict = {}
-        for total, pr in dist.items():
-            for v in x:
-                nxt[total + Fraction(v)] = nxt.get(total + Fraction(v), 0) + pr / n
-        dist = nxt
-    cdf = 0.0
-    for atom in sorted(dist):
-        below, cdf = cdf, cdf + float(dist[atom])
-        if cdf >= q:
-            return float(atom / n), below, cdf
-
-
 # ------------------------------------------------------------------------------------------------ a cell
-def test_cell_interval_is_the_exact_bootstrap_quantiles():
-    x = [40.0, 0.0, 10.0, 40.0, 40.0, 0.0, 10.0, 10.0]  # n = 8: the smallest n the bootstrap is used at
-    b = 40_000
-    est = M.cell(x, resamples=b)
-    assert est.rule == "percentile bootstrap" and est.unit == "sample"
-    for q, got in ((0.025, est.lo), (0.975, est.hi)):
-        atom, below, at = exact_bootstrap_quantile(x, q)
-        # the quantile level sits inside the atom's CDF step by > 5 standard errors of an empirical CDF of b draws
-        assert min(q - below, at - q) > 5 * math.sqrt(q * (1 - q) / b)
-        assert got == pytest.approx(atom)
-    assert (est.lo, est.hi) == (7.5, 31.25)  # the atoms: sums 60 and 250 of 8 draws
-    assert est.mean == pytest.approx(18.75) and est.n == 8
-    assert est.se == pytest.approx(float(np.std(x, ddof=1)) / math.sqrt(8))
-
-
-@pytest.mark.parametrize("x", [[0.0, 10.0, 40.0, 100.0], [3.0, 5.5], [1.0, 2.0, 2.5, 7.0, 9.0, 4.0, 3.5]])
-def test_cell_below_eight_samples_is_the_t_interval(x):
-    """Below n = 8 a percentile bootstrap under-covers (about 74 % over 3 units): the t interval, as scipy's."""
-    import scipy.stats
-
+@pytest.mark.parametrize("n", [2, 3, 4, 7, 8, 9, 16, 50])
+def test_cell_is_the_t_interval_at_every_n(n):
+    """One rule at every n (the percentile bootstrap covered 90 % at n = 9: tests/test_stats_coverage.py): scipy's
+    one-sample t interval."""
+    x = list(np.random.default_rng(n).uniform(0, 100, n))
     est = M.cell(x)
-    lo, hi = scipy.stats.t.interval(0.95, len(x) - 1, loc=np.mean(x), scale=scipy.stats.sem(x))
-    assert est.rule == "t" and (est.lo, est.hi) == (pytest.approx(lo, rel=1e-9), pytest.approx(hi, rel=1e-9))
-    assert est.se == pytest.approx(scipy.stats.sem(x))
+    ci = scipy.stats.ttest_1samp(x, 0.0).confidence_interval(0.95)
+    assert est.rule == "t" and est.unit == "sample" and est.n == n
+    assert (est.lo, est.hi) == (pytest.approx(ci.low, rel=1e-9), pytest.approx(ci.high, rel=1e-9))
+    assert est.se == pytest.approx(scipy.stats.sem(x)) and est.mean == pytest.approx(float(np.mean(x)))
+
+
+def test_cell_by_hand():
+    """x = 40, 0, 10, 40, 40, 0, 10, 10: mean 18.75, squares about it 3 x 21.25^2 + 2 x 18.75^2 + 3 x 8.75^2 =
+    2287.5, se = sqrt(2287.5 / 7 / 8); t_{0.975, 7} = 2.364624 (a t table)."""
+    est = M.cell([40.0, 0.0, 10.0, 40.0, 40.0, 0.0, 10.0, 10.0])
+    se = math.sqrt(2287.5 / 7 / 8)
+    assert est.mean == 18.75 and est.se == pytest.approx(se)
+    assert (est.lo, est.hi) == (pytest.approx(18.75 - 2.364624 * se, abs=1e-5),
+                                pytest.approx(18.75 + 2.364624 * se, abs=1e-5))
 
 
 def test_t_interval_of_few_units_shows_their_range():
-    import scipy.stats
-
     x = [12.0, 15.5, 9.0]
     est = M.t_interval(x, unit="window")
     lo, hi = scipy.stats.t.interval(0.95, 2, loc=np.mean(x), scale=scipy.stats.sem(x))
@@ -74,14 +48,10 @@ def test_t_interval_of_few_units_shows_their_range():
     assert M.t_interval([4.0]).lo is None and M.t_interval([]).mean is None
 
 
-def test_cell_replays_the_generator_by_hand():
-    x = np.array([12.0, 40.5, 3.0, 77.0, 55.5, 20.0, 8.0, 61.0, 33.0, 90.0, 47.0, 15.5, 70.0, 26.0, 5.0, 58.0])
-    b, seed = 41, 7  # 41 resamples: the 2.5 % and 97.5 % quantiles sit exactly on order statistics 1 and 39
-    draws = np.sort(x[np.random.default_rng(seed).integers(0, len(x), size=(b, len(x)))].mean(axis=1))
-    est = M.cell(list(x), resamples=b, seed=seed)
-    assert (est.lo, est.hi) == (pytest.approx(draws[1]), pytest.approx(draws[39]))
-    assert M.cell(list(x), resamples=b, seed=seed) == est  # deterministic
-    assert M.cell(list(x), resamples=b, seed=seed + 1) != est
+def test_cell_draws_nothing():
+    """The t rule resamples nothing: ``resamples`` and ``seed`` (kept for the callers) leave the cell unchanged."""
+    x = [12.0, 40.5, 3.0, 77.0, 55.5, 20.0, 8.0, 61.0, 33.0, 90.0, 47.0, 15.5, 70.0, 26.0, 5.0, 58.0]
+    assert M.cell(x, resamples=41, seed=7) == M.cell(x, resamples=2000, seed=0) == M.cell(x)
 
 
 def test_cell_small_and_empty():
@@ -108,46 +78,51 @@ def test_cell_of_prompts_is_the_mean_of_prompt_means_and_pairs_by_id():
 
 
 # ------------------------------------------------------------------------------------------------ IE - IB
-def test_paired_difference_is_the_bootstrap_of_per_id_differences():
+def test_paired_difference_is_the_t_interval_of_per_id_differences():
     rng = np.random.default_rng(3)
     base = rng.uniform(10, 90, 16)
     ids = [f"s{i}" for i in range(16)]
     ie = {i: float(v + rng.normal(4, 3)) for i, v in zip(ids, base)}
     ib = {i: float(v) for i, v in zip(ids, base)}
     d = [ie[i] - ib[i] for i in ids]
-    diff = M.ie_minus_ib(ie, ib, resamples=3000, seed=5)
-    # the paired bootstrap is the bootstrap of the differences, ids in sorted order (s0, s1, s10, ...: string ids
-    # sort as strings), whatever order a run wrote them in
-    ref = M.cell([ie[i] - ib[i] for i in sorted(ids)], resamples=3000, seed=5)
-    assert diff.paired and diff.n_pairs == 16 and diff.n == 16
+    diff = M.ie_minus_ib(ie, ib)
+    ci = scipy.stats.ttest_rel([ie[i] for i in ids], [ib[i] for i in ids]).confidence_interval(0.95)
+    assert diff.paired and diff.n_pairs == 16 and diff.n == 16 and diff.rule == "t"
     assert diff.mean == pytest.approx(float(np.mean(d)))
-    assert (diff.lo, diff.hi) == (pytest.approx(ref.lo), pytest.approx(ref.hi))
+    assert (diff.lo, diff.hi) == (pytest.approx(ci.low), pytest.approx(ci.high))
     assert diff.se == pytest.approx(float(np.std(d, ddof=1)) / 4)
     assert diff.excludes(0.0)  # a +4 shift with noise 3 at n = 16
-    # the insertion order of either prompt does not matter (pairs are by id; ids are resampled in sorted order):
-    # a run's predictions come in the order its batches finished them
-    assert M.ie_minus_ib(ie, dict(reversed(list(ib.items()))), resamples=3000, seed=5) == diff
-    assert M.ie_minus_ib(dict(reversed(list(ie.items()))), ib, resamples=3000, seed=5) == diff
+    # the insertion order of either prompt does not matter (pairs are by id)
+    assert M.ie_minus_ib(ie, dict(reversed(list(ib.items())))) == diff
+    assert M.ie_minus_ib(dict(reversed(list(ie.items()))), ib) == diff
     shuffled = [dict(sorted(g.items(), key=lambda kv: kv[1])) for g in (ie, ib)]
-    assert M.cell_of_prompts(shuffled, resamples=500) == M.cell_of_prompts([ie, ib], resamples=500)
-    # the unpaired interval (independent resampling) is far wider: the sample-to-sample spread cancels in pairs
-    unpaired = M.ie_minus_ib(ie, {f"x{k}": v for k, v in ib.items()}, resamples=3000, seed=5)
+    assert M.cell_of_prompts(shuffled) == M.cell_of_prompts([ie, ib])
+    # the unpaired interval is far wider: the sample-to-sample spread cancels in pairs
+    unpaired = M.ie_minus_ib(ie, {f"x{k}": v for k, v in ib.items()})
     assert not unpaired.paired and unpaired.n_pairs == 0
     assert unpaired.hi - unpaired.lo > 4 * (diff.hi - diff.lo)
 
 
-def test_paired_difference_exact_enumeration():
-    d = [40.0, 0.0, 10.0, 40.0, 40.0, 0.0, 10.0, 10.0]  # the exact-quantile sample above
-    ie = {k: 20.0 + v for k, v in enumerate(d)}
-    ib = {k: 20.0 - k for k in range(8)}
-    diff = M.ie_minus_ib({k: v - k for k, v in ie.items()}, ib, resamples=40_000)
-    assert diff.rule == "percentile bootstrap" and (diff.lo, diff.hi) == (pytest.approx(7.5), pytest.approx(31.25))
-    # below 8 pairs: the t interval of the per-id differences
-    import scipy.stats
+def test_unpaired_difference_takes_the_smaller_groups_df():
+    """No id in both: se^2 = s_a^2 / n_a + s_b^2 / n_b (Welch's se) with df = min(n_a, n_b) - 1, at most Welch's df
+    (scipy's ttest_ind(equal_var=False)), so the interval is no narrower than Welch's."""
+    a = {f"a{k}": v for k, v in enumerate([50.0, 41.0, 62.0, 55.0, 48.0, 70.0])}
+    b = {f"b{k}": v for k, v in enumerate([30.0, 52.0, 38.0, 44.0])}
+    diff = M.ie_minus_ib(a, b)
+    se = math.sqrt(np.var(list(a.values()), ddof=1) / 6 + np.var(list(b.values()), ddof=1) / 4)
+    half = scipy.stats.t.ppf(0.975, 3) * se
+    assert diff.se == pytest.approx(se) and (diff.lo, diff.hi) == (pytest.approx(diff.mean - half),
+                                                                   pytest.approx(diff.mean + half))
+    welch = scipy.stats.ttest_ind(list(a.values()), list(b.values()), equal_var=False).confidence_interval(0.95)
+    assert diff.lo <= welch.low and welch.high <= diff.hi
 
-    few = M.ie_minus_ib({k: ie[k] for k in range(4)}, {k: 20.0 for k in range(4)})
-    lo, hi = scipy.stats.t.interval(0.95, 3, loc=np.mean(d[:4]), scale=scipy.stats.sem(d[:4]))
-    assert few.rule == "t" and (few.lo, few.hi) == (pytest.approx(lo), pytest.approx(hi))
+
+def test_cell_of_two_paired_prompts_is_the_t_interval_of_per_id_means():
+    ie = {k: float(v) for k, v in enumerate([30.0, 45.0, 12.0, 60.0, 51.0, 22.0, 40.0, 35.0, 18.0])}
+    ib = {k: float(v) for k, v in enumerate([28.0, 50.0, 20.0, 55.0, 40.0, 30.0, 38.0, 41.0, 10.0])}
+    est = M.cell_of_prompts([ie, ib])
+    ci = scipy.stats.ttest_1samp([(ie[k] + ib[k]) / 2 for k in ie], 0.0).confidence_interval(0.95)
+    assert est.n == 9 and (est.lo, est.hi) == (pytest.approx(ci.low), pytest.approx(ci.high))
 
 
 def test_unpaired_ids_are_reported_not_dropped():

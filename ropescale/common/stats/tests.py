@@ -130,7 +130,7 @@ def sign_flip(diffs: Sequence[float], *, permutations: int = PERMUTATIONS, seed:
               exact: Optional[bool] = None, confidence: float = CONFIDENCE, unit: str = "sample") -> Significance:
     """The two-sided paired sign-flip permutation test of mean(diffs) = 0 over n ``unit`` s: p = P(|mean(s * d)| >=
     |mean(d)|) over sign vectors s (exact when n <= ``EXACT_MAX_N`` unless ``exact`` says otherwise). The interval is
-    the mean difference's (:func:`.means.cell`: the bootstrap from 8 units, the t interval below)."""
+    the mean difference's (:func:`.means.cell`: the t interval)."""
     d = np.array([float(x) for x in diffs])
     n = len(d)
     if n == 0:
