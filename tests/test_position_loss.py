@@ -17,13 +17,18 @@ def _docs(chapters, tmp_path, k=3):
     return f, load_docs(f)
 
 
+TOKENS: dict = {}  # (tokenizer, document) -> its token ids
+
+
 def _by_hand(model, tok, docs, rec, window, width, prefix_forward=False):
     """The mean of -log softmax(logits)[p - 1, id_p] over the bucket's positions p, from the model's own forward
     (over the whole window, or over the window up to the bucket's end)."""
     import torch
 
-    d = next(d for d in docs if d.id == rec["doc"])
-    ids = tok(d.text, add_special_tokens=False)["input_ids"][rec["start"]:rec["start"] + window]
+    key = (id(tok), rec["doc"])
+    if key not in TOKENS:
+        TOKENS[key] = tok(next(d for d in docs if d.id == rec["doc"]).text, add_special_tokens=False)["input_ids"]
+    ids = TOKENS[key][rec["start"]:rec["start"] + window]
     first, end = max(1, rec["bucket"]), min(rec["bucket"] + width, window)
     x = torch.tensor([ids[:end] if prefix_forward else ids])
     with torch.no_grad():
