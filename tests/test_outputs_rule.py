@@ -18,7 +18,8 @@ from ropescale.common.paths import CHAPTERS_JSONL, REPO_ROOT
 TINY_TOK = str(REPO_ROOT / "assets" / "tiny")
 CHAPTERS = str(CHAPTERS_JSONL)
 
-PROBES = ("suffix-id", "ppl", "perturb", "copy", "shuffle", "ruler", "passkey")  # each writes a probe run directory
+# each writes a probe run directory
+PROBES = ("suffix-id", "ppl", "perturb", "copy", "shuffle", "ruler", "passkey", "position-loss")
 # (tool, command) -> {output flag: (kind, the other arguments)}; "{in}" is a folder of small valid inputs (inputs()).
 # kind: "file" (a file output), "png" (a plot: must end in .png), "dir" (a directory written whole or a folder of
 # tables), "run" (a run directory).
@@ -32,6 +33,7 @@ WRITES = {
     ("data", "recall"): {"--out": ("file", ["--chapters", CHAPTERS, "--tokenizer", TINY_TOK, "--eval-tokens", "1024",
                                             "--n", "1"])},
     ("data", "text"): {"--out": ("dir", ["{in}/a.txt", "--tokenizer", TINY_TOK, "--length", "16"])},
+    ("data", "unique-marks"): {"--out": ("dir", ["--data", "{in}/packed"])},
     ("finetune", "train"): {"--out": ("run", ["--max-steps", "1"])},
     ("finetune", "merge"): {"--out": ("dir", ["--run", "{in}/export"])},
     ("finetune", "plot"): {"--out": ("png", ["{in}/ftrun"])},

@@ -1,18 +1,19 @@
 """The uncertainty through the report stack (issue 31): run directories -> make_report -> JSON / markdown. The
-intervals are checked against a bootstrap computed here by hand with numpy (not through ``ropescale.common.stats``;
-below 8 samples the t interval, by scipy), the effective context length and retention against hand-made tables."""
+intervals are checked against scipy's t intervals of the per-id values (not through ``ropescale.common.stats``; the
+floor's rule at every n), the effective context length and retention against hand-made tables."""
 from __future__ import annotations
 
 import json
 
 import numpy as np
 import pytest
+import scipy.stats
 from test_report import HALF, REF, make_run
 
 from ropescale.common.io import InputError
 from ropescale.evaluation.report.cli import make_report
 
-RESAMPLES = 400
+RESAMPLES = 400  # passed through; the t rule draws nothing
 # ROUGE-L (x100) of each prediction against REF (hand-derived in test_report): REF 100, "alpha beta" HALF, "" 0
 SCORE = {REF: 100.0, "alpha beta": HALF, "": 0.0}
 
@@ -21,19 +22,16 @@ def _run(root, name, preds, **kw):
     return make_run(root, name, samples=[(p, REF, 100) for p in preds], **kw)
 
 
-def _hand_bootstrap(ie, ib, stat):
-    """The percentile interval of ``stat(ie_resampled_means, ib_resampled_means)``, ids resampled together with
-    numpy's PCG64 seeded 0 (the report's documented seed), 2.5 % and 97.5 % quantiles."""
-    ie, ib = np.array(ie), np.array(ib)
-    idx = np.random.default_rng(0).integers(0, len(ie), size=(RESAMPLES, len(ie)))
-    draws = stat(ie[idx].mean(axis=1), ib[idx].mean(axis=1))
-    return list(np.quantile(draws, [0.025, 0.975]))
+def _t_interval(values):
+    """scipy's one-sample t interval of the per-id values (the floor's rule for a mean at every n)."""
+    ci = scipy.stats.ttest_1samp(values, 0.0).confidence_interval(0.95)
+    return [ci.low, ci.high]
 
 
-def test_cell_and_ie_minus_ib_intervals_are_the_hand_computed_paired_bootstrap(tmp_path):
+def test_cell_and_ie_minus_ib_intervals_are_the_paired_t_intervals(tmp_path):
     data = tmp_path / "set.jsonl"
     data.write_text("{}\n", encoding="utf-8")  # only its path matters: the pairing key of both prompts' runs
-    ie = [REF, "alpha beta", "", REF, REF, "", "alpha beta", REF]  # 8 samples: the bootstrap's smallest n
+    ie = [REF, "alpha beta", "", REF, REF, "", "alpha beta", REF]
     ib = [REF, "", "", "alpha beta", REF, "alpha beta", REF, ""]
     _run(tmp_path / "runs", "ie", ie, prompt="ie", subset="T512", data=data)
     _run(tmp_path / "runs", "ib", ib, prompt="ib", subset="T512", data=data)
@@ -43,12 +41,12 @@ def test_cell_and_ie_minus_ib_intervals_are_the_hand_computed_paired_bootstrap(t
     row = ex["rows"][0]
     assert row["cells"]["T512"] == pytest.approx(round((np.mean(x) + np.mean(y)) / 2, 4))
     assert row["n"] == {"T512": 8}  # 8 eval samples, each under both prompts
-    assert row["ci"]["T512"] == pytest.approx(_hand_bootstrap(x, y, lambda a, b: (a + b) / 2), abs=1e-4)
+    assert row["ci"]["T512"] == pytest.approx(_t_interval((np.array(x) + np.array(y)) / 2), abs=1e-4)
     t2 = json.loads(make_report([tmp_path / "runs"], fmt="json", view="table2", resamples=RESAMPLES,
                                 save_scores=False))
     d = next(iter(t2.values()))["ie_minus_ib"]["T512"]
     assert d["mean"] == pytest.approx(round(np.mean(x) - np.mean(y), 4)) and d["n_pairs"] == 8
-    assert d["ci"] == pytest.approx(_hand_bootstrap(x, y, lambda a, b: a - b), abs=1e-4)
+    assert d["ci"] == pytest.approx(_t_interval(np.array(x) - np.array(y)), abs=1e-4)
     assert d["unpaired_ie"] == [] and d["unpaired_ib"] == []
     # the noise floor of one cell: the squared paired standard error of the per-id differences, s_d^2 / n
     diffs = np.array(x) - np.array(y)

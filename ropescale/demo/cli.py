@@ -24,11 +24,11 @@ step prints the command it runs.
    ``formulas.finetune_bound`` with the fine-tune's longest trained sample for a fine-tuned row: the longest context
    in which every rotary pair stays inside angles it saw -- a necessary condition, not a prediction) beside Liu et
    al. 2023's closed form for the base-change rows (its premise, a fine-tune with the new base at the original
-   length, is what ``scripts/bound_tiny.py`` trains), the fine-tune's answer loss at step 1 and over the last steps,
-   ROUGE-L per length with n (eval samples, each under both prompts) and a 95 % bootstrap interval, the effective
+   length, is what ``experiments/bound.yaml`` trains), the fine-tune's answer loss at step 1 and over the last steps,
+   ROUGE-L per length with n (eval samples, each under both prompts) and a 95 % t interval, the effective
    context length (NoLiMa's 85 % of 1x), the above-floor length (the longest length scoring at least the marks-only
    floor's highest upper bound) and retention (1x / the base model's 1x), under a floor row (the score of an answer
-   holding only the four marks); B. IE - IB per length with its paired bootstrap interval and sign-flip permutation
+   holding only the four marks); B. IE - IB per length with its paired t interval and sign-flip permutation
    p, MSE(P-IE vs P-IB) beside its noise floor with its permutation p and the chance that a row with no prompt
    effect reaches the paper's red mark (MSE >= 5); C. the differences the readings compare (a row against another
    on the same eval samples), each with its interval and paired sign-flip p

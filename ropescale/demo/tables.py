@@ -136,7 +136,7 @@ def add_q(records: list[dict]) -> None:
 
 def comparisons_markdown(comps: list[dict], cols: list[str]) -> str:
     title = ("### C. Differences the readings compare: a - b on the same eval samples (each sample's two prompts "
-             "averaged) [95% bootstrap interval] p (paired sign-flip permutation, two-sided) q (Benjamini-Hochberg "
+             "averaged) [95% t interval] p (paired sign-flip permutation, two-sided) q (Benjamini-Hochberg "
              "over the table)")
     from ropescale.common.tables import markdown
 
@@ -187,7 +187,7 @@ def demo_markdown(records: list[dict], cols: list[str], thr: float | None) -> tu
                          rec.get("retention"), rec.get("mse_ie_ib"), rec.get("mse_floor"), rec.get("mse_p"),
                          rec.get("mse_p_red")])
     title_a = ("### A. ROUGE-L x100 by total eval length (prompt + context + answer budget <= T), mean of the two "
-               "prompts (F.2 unless the row says F.1) [95% bootstrap interval]; n eval samples per cell, each under "
+               "prompts (F.2 unless the row says F.1) [95% t interval]; n eval samples per cell, each under "
                "both prompts")
     note_a = (f"Bound: the longest context in which every rotary pair stays inside the angles it saw (pre-training; "
               f"for a fine-tuned row also its fine-tune's longest sample) -- a necessary condition, not a prediction. "
@@ -201,7 +201,7 @@ def demo_markdown(records: list[dict], cols: list[str], thr: float | None) -> tu
               f"length. Retention: the row's 1x score / the base model's. Answer loss: nats per answer token at "
               f"step 1 and over the last {LAST} steps.")
     reds = [r.get("mse_p_red") for r in records if "key" in r and r.get("mse_p_red") is not None]
-    title_b = ("### B. IE - IB per length [paired 95% bootstrap interval] p (paired sign-flip permutation, "
+    title_b = ("### B. IE - IB per length [paired 95% t interval] p (paired sign-flip permutation, "
                "two-sided) q (Benjamini-Hochberg over the table's IE - IB cells), and MSE(P-IE vs P-IB) [noise floor] "
                "p (permutation) q (BH over the rows' MSE tests) with P(MSE >= 5) under no prompt effect")
     note_b = ("Noise floor: the MSE expected with no prompt effect (its mean under that null, not a test). MSE p: "

@@ -2,8 +2,7 @@
 ``ropescale/common/stats``):
 
 - a cell (a row at one length in one seed): :func:`~ropescale.common.stats.means.cell_of_prompts` over the row's arms
-  (a sample scored by several arms counted once: n = distinct sample ids; the percentile bootstrap from 8 samples,
-  the t interval below);
+  (a sample scored by several arms counted once: n = distinct sample ids; Student's t interval);
 - a cell of a proportion (``score: kind: proportion``, scores 0 / 1): k of n trials over the row's arms, Wilson's
   interval (:func:`~ropescale.common.stats.proportions.wilson`; never [0, 0] for 0 of n), in percent;
 - a cell over seeds: :func:`~ropescale.common.stats.means.over_seeds` (the t interval over the seeds' cells, the seed

@@ -11,6 +11,7 @@
   generation (RULER's string_match_all), with RULER's and NoLiMa's effective lengths (ropescale.probes.ruler);
 - ``passkey``: the passkey retrieval of the YaRN / LongRoPE papers (Mohtashami & Jaggi 2023), single key in the
   noise haystack by default or several named keys, read by key distance against its references;
+- ``position-loss``: the next-token loss by position over held-out windows, per bucket (one forward a window);
 - ``report``: the extrapolation table (rows = model x rope x scale, columns = length bucket) and a PNG, made by the
   one report stack (``ropescale.evaluation.report``: ``probes.py`` its tables, ``cli.py`` the command).
 

@@ -57,7 +57,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-save-scores", action="store_true",
                    help="do not write scores.json / sample_scores.jsonl into runs scored on the fly")
     p.add_argument("--no-intervals", dest="intervals", action="store_false",
-                   help="markdown cells without their 95%% bootstrap interval (JSON and CSV always carry n and the "
+                   help="markdown cells without their 95%% interval (JSON and CSV always carry n and the "
                         "interval; markdown has them by default)")
     add_overwrite(p, "--out / --plot")
     p.add_argument("--intervals", dest="intervals", action="store_true", help=argparse.SUPPRESS)  # the default now
@@ -66,7 +66,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                         "RULER's effective length when X is, as there, a reference model's score on the task; "
                         "NoLiMa's, >= 85%% of the row's first column, is always shown)")
     p.add_argument("--resamples", type=int, metavar="N", default=None,
-                   help="bootstrap resamples of every interval (default 2000; same input and N, same interval)")
+                   help="bootstrap resamples of the MSE's interval (default 2000; same input and N, same "
+                        "interval; a mean's t interval draws nothing)")
     p.set_defaults(func=cmd_report)
     return p
 

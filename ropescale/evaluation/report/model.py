@@ -51,7 +51,7 @@ class Report:
     labels: dict = field(default_factory=dict)  # Setting -> tables.Label
     samples: dict = field(default_factory=dict)  # (Setting, kind, subset) -> {(eval set, sample id): score}
     base_ids: dict = field(default_factory=dict)  # Setting -> the id of the model it was fine-tuned from
-    resamples: Optional[int] = None  # bootstrap resamples of every interval (None: stats.resampling.RESAMPLES)
+    resamples: Optional[int] = None  # bootstrap resamples of the MSE's interval (None: stats.resampling.RESAMPLES)
     _memo: dict = field(default_factory=dict, repr=False)
 
     def label(self, s: Setting) -> str:
@@ -141,7 +141,7 @@ class Report:
         return [samples[(s, k, col)] for k in KINDS if (s, k, col) in samples]
 
     def estimate(self, s: Setting, col: str, kind: Optional[str] = None) -> Any:
-        """A cell as a ``stats.means.Estimate`` (mean, n, standard error, interval: the bootstrap from 8 samples): the
+        """A cell as a ``stats.means.Estimate`` (mean, n, standard error, interval: Student's t): the
         extrapolation view's cell (the mean of the prompts' means, pairs resampled together) or, with ``kind``,
         one prompt's (Table 7). A cell from a scores CSV has one number per prompt: its mean, n the numbers, no
         interval."""

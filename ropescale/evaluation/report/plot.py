@@ -5,7 +5,7 @@ Fig. 3: per-sample ROUGE-L against input length, IE and IB together, drawn so th
 report's tables: one figure, two panels (Prompt-IE left, Prompt-IB right; a panel is drawn only if it has data).
 Every row of the report (one setting) is one colour: its samples as faint dots, and at each column of the tables
 (a subset, or a ``--buckets`` length bucket) the column's mean -- the Table 7 cell, the same number -- at the
-mean input length of its samples, with the cell's 95 % bootstrap interval as an error bar; the legend gives each
+mean input length of its samples, with the cell's 95 % t interval as an error bar; the legend gives each
 row's n per point. CNNSum Fig. 3's moving median (a centred window of ``window`` samples sorted by input length,
 truncated at the ends) is drawn through the dots only where every column of the row has at least ``window``
 samples, so no window is wider than the points it smooths and a median never mixes lengths a column keeps apart
@@ -140,7 +140,7 @@ def fig3_figure(series: Sequence[dict], window: int = 15):
 
 def caption(window: int, smoothed: bool, unsmoothed: bool) -> str:
     """What Fig. 3 draws, in one or two lines under it."""
-    text = ("Dots: samples. Markers: each column's mean ROUGE-L (the tables' cells) with its 95% bootstrap interval, "
+    text = ("Dots: samples. Markers: each column's mean ROUGE-L (the tables' cells) with its 95% t interval, "
             "n per point in the legend.")
     if smoothed:
         text += f" Dashed: moving median of {window} samples."

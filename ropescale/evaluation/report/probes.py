@@ -61,7 +61,7 @@ def with_intervals(summary: dict, records: list[dict], resamples: int | None = N
     """``summary`` (a probe run's cells) with each cell's 95 % interval over its items (``records``: items.jsonl,
     {id, group, col, value}) as ``lo`` / ``hi`` and its rule as ``interval``: a cell of 0/1 items (an accuracy) is
     a proportion, Wilson's interval (``stats.proportions.wilson``: never [0, 0] for 0 of n); any other cell a mean
-    (``stats.means.cell``: the bootstrap from 8 items, the t interval below). The kind is the probe's own
+    (``stats.means.cell``: Student's t over the items). The kind is the probe's own
     (``cell_kind`` in its summary: a loss that happens to be 1.0 is a mean); only an older run is judged by its
     items."""
     by: dict = {}
@@ -136,7 +136,7 @@ def _pivot(cells: dict[tuple, dict]) -> dict[tuple, dict]:
 
 _cell = number(3, "–")
 NOTE = ("Cells: the mean over n items [95% interval over the items: Wilson's for an accuracy (0/1 items), the "
-        "percentile bootstrap for a mean from 8 items, Student's t below]; n: items per cell (a range when the cells "
+        "Student's t for a mean]; n: items per cell (a range when the cells "
         "differ).")
 
 
@@ -228,7 +228,7 @@ def plot_probes(summaries: list[dict], path: str | os.PathLike) -> Path:
         ax.set_ylabel(ss[0].get("metric", ""))
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    fig.text(0.5, 0.01, "Points: the mean over n items with its 95% bootstrap interval over the items.", ha="center",
+    fig.text(0.5, 0.01, "Points: the mean over n items with its 95% interval over the items.", ha="center",
              va="bottom", fontsize=7)
     fit_text(fig)  # Chinese in a label: a font that has it, or '?' (not boxes and a warning per glyph)
     fig.tight_layout(rect=(0, 0.04, 1, 1))

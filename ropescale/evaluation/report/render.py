@@ -1,7 +1,7 @@
 """The report's views as tables (``ropescale.common.tables.Table``): markdown (every view), CSV (one view) or JSON,
 and the files ``--out`` writes (through the one table writer, ``tables.write_tables``). Every score cell of Table 2,
-Table 7 and the extrapolation table carries its n and 95 % interval (``ropescale.common.stats.means``: the bootstrap
-from 8 samples, the t interval below) in every format: markdown ``mean [lo, hi]`` with an n column
+Table 7 and the extrapolation table carries its n and 95 % interval (``ropescale.common.stats.means``: Student's t
+over the samples) in every format: markdown ``mean [lo, hi]`` with an n column
 (``--no-intervals``: the means alone, :class:`Options`), CSV ``<col>_n, <col>_lo, <col>_hi`` beside each ``<col>``,
 JSON ``n`` and ``ci``. The failure-mode and recall views give shares with their n and no interval."""
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _pct(v: Optional[float]) -> str:
 
 def table2(rep: Report, opts: Options = Options()) -> Table:
     """Table 2: per subset the average of the two prompts (n, interval), MSE(P-IE vs P-IB) with its noise floor and
-    interval; beside each subset IE - IB with its paired bootstrap interval (markdown: with intervals)."""
+    interval; beside each subset IE - IB with its paired t interval (markdown: with intervals)."""
     t2 = rep.table2()
     cols = rep.columns
     by_label = {rep.label(s): s for s in rep.series}
@@ -189,8 +189,8 @@ def _extrapolation_note(rep: Report, rows_: list, cols: list, opts: Options) -> 
         parts.append("Train length: the mean length of the fine-tuning samples of the data set (the paper's Train "
                      "Len.), with their range; '-': not fine-tuned (the RoPE method applied at load time).")
     parts.append("n: eval samples per cell (each scored under every prompt present); "
-                 + ("cells: mean [95% percentile bootstrap interval, "
-                                                           "samples resampled by id, a pair of prompts together]."
+                 + ("cells: mean [95% t interval over the samples, "
+                                                           "a sample's prompts averaged first]."
                                                            if opts.intervals else "cells: the mean of the prompts' "
                                                            "means (--no-intervals: without their intervals)."))
     first = cols[0] if cols else "the first column"
