@@ -47,8 +47,9 @@ def test_quick_miniature(path, tmp_path, capsys, one_thread):
 
 
 def _check_cells_against_scipy(exp, out: Path):
-    """Each cell with 2-7 samples, every arm of its row scoring the same samples: the mean and scipy's t interval of
-    the per-sample means over the row's arms."""
+    """Each cell of every score, every arm of its row scoring the same samples: the mean and scipy's t interval of
+    the per-sample means over the row's arms (a proportion's cell: k of n and scipy's Wilson interval); a score whose
+    records carry their length (an arm run once a seed) read at each length its records hold."""
     import scipy.stats
 
     from ropescale.experiments.collect import scores
@@ -56,25 +57,35 @@ def _check_cells_against_scipy(exp, out: Path):
 
     res = json.loads((out / "results.json").read_text(encoding="utf-8"))
     checked = 0
-    sc = exp.score
-    for s in exp.seeds:
-        for series, row in res["scores"][sc.key]["seeds"][str(s)]["cells"].items():
-            if not all(exp.arms[a].per_length for a in exp.members(series)) or sc.length:
-                continue
-            for t in exp.lengths:
-                by_arm = [scores(run_dir(out, exp.arms[a].reads or a, s, t) / sc.file,
-                                 exp.arms[a].field_of(sc), sc.id, sc.kind)
-                          for a in exp.members(series)]
-                if any(set(g) != set(by_arm[0]) for g in by_arm):
-                    continue
-                x = [sum(g[i] for g in by_arm) / len(by_arm) for i in by_arm[0]]
-                c = row[f"T{t}"]
-                assert c["n"] == len(x) and math.isclose(c["mean"], sum(x) / len(x), rel_tol=1e-9, abs_tol=1e-9)
-                if 2 <= len(x) < 8 and len(set(x)) > 1:
-                    lo, hi = scipy.stats.t.interval(0.95, len(x) - 1, loc=sum(x) / len(x), scale=scipy.stats.sem(x))
-                    assert c["rule"] == "t"
-                    assert math.isclose(c["lo"], lo, rel_tol=1e-6) and math.isclose(c["hi"], hi, rel_tol=1e-6)
-                checked += 1
+    for sc in exp.scores.values():
+        for s in exp.seeds:
+            for series, row in res["scores"][sc.key]["seeds"][str(s)]["cells"].items():
+                for col, c in row.items():
+                    t = int(col[len(sc.column):])
+                    by_arm = []
+                    for a in exp.members(series):
+                        d = run_dir(out, exp.arms[a].reads or a, s, t if exp.arms[a].per_length else None)
+                        got = scores(d / sc.file, exp.arms[a].field_of(sc), sc.id, sc.kind, sc.length)
+                        by_arm.append(got if sc.length is None else got[t])
+                    if any(set(g) != set(by_arm[0]) for g in by_arm):
+                        continue
+                    if sc.kind == "proportion":
+                        x = [v for g in by_arm for v in g.values()]
+                        k = round(sum(x) / 100)
+                        ci = scipy.stats.binomtest(k, len(x)).proportion_ci(method="wilson")
+                        assert c["n"] == len(x) and math.isclose(c["mean"], 100 * k / len(x), abs_tol=1e-9)
+                        assert math.isclose(c["lo"], 100 * ci.low, abs_tol=1e-6)
+                        assert math.isclose(c["hi"], 100 * ci.high, abs_tol=1e-6)
+                        checked += 1
+                        continue
+                    x = [sum(g[i] for g in by_arm) / len(by_arm) for i in by_arm[0]]
+                    assert c["n"] == len(x) and math.isclose(c["mean"], sum(x) / len(x), rel_tol=1e-9, abs_tol=1e-9)
+                    if len(x) >= 2 and len(set(x)) > 1:
+                        lo, hi = scipy.stats.t.interval(0.95, len(x) - 1, loc=sum(x) / len(x),
+                                                        scale=scipy.stats.sem(x))
+                        assert c["rule"] == "t"
+                        assert math.isclose(c["lo"], lo, rel_tol=1e-6) and math.isclose(c["hi"], hi, rel_tol=1e-6)
+                    checked += 1
     assert checked, "no cell checked"
 
 
