@@ -111,3 +111,16 @@ def test_rope_spec_record_reader_takes_every_older_form():
     assert RopeSpec.from_record({"method": "pi", "scale": 8.0}) == RopeSpec("pi", 8.0)
     assert RopeSpec.from_record("ntk").method == "ntk"
     assert RopeSpec("ntk", 8).label() == "ntk x8" and RopeSpec("abf", rope_base=8e4).label() == "abf x1 base=8e4"
+
+
+def test_a_list_of_numbers_from_a_flag_and_a_recipe(tmp_path):
+    """``list[float]`` / ``list[int]`` settings read comma lists from a flag and lists from a recipe (a list of
+    floats once fell through to the string reader and failed on every value, e.g. passkey's ``--depths``)."""
+    from ropescale.common.settings import converter
+
+    floats, _ = converter(list[float])
+    assert floats("0.1,0.5") == [0.1, 0.5] and floats([0.25, "1e-1"]) == [0.25, 0.1]
+    ints, optional = converter(list[int] | None)
+    assert ints("512,1024") == [512, 1024] and optional
+    with pytest.raises(ValueError):
+        floats("0.1,x")

@@ -146,12 +146,17 @@ def _int_list(v) -> list[int]:
     return [_integer(x) for x in _items(v)]
 
 
+def _float_list(v) -> list[float]:
+    return [_number(x) for x in _items(v)]
+
+
 _CONVERTERS = {int: _integer, float: _number, bool: _boolean, str: _string}
 _NONE_WORDS = ("none", "null", "")
 
 
 def converter(tp) -> tuple[Callable[[Any], Any], bool]:
-    """(convert, optional) for a field type: int, float, bool, str, list[str], list[int], or ``X | None``."""
+    """(convert, optional) for a field type: int, float, bool, str, list[str], list[int], list[float], or
+    ``X | None``."""
     optional = False
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -159,7 +164,7 @@ def converter(tp) -> tuple[Callable[[Any], Any], bool]:
         tp = args[0] if len(args) == 1 else tp
     if typing.get_origin(tp) is list:
         (inner,) = typing.get_args(tp) or (str,)
-        return (_int_list if inner is int else _str_list), optional
+        return {int: _int_list, float: _float_list}.get(inner, _str_list), optional
     if tp in _CONVERTERS:
         return _CONVERTERS[tp], optional
     return (lambda v: v), optional
