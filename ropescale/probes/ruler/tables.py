@@ -3,10 +3,10 @@ its heatmaps, from the items of one or more run directories.
 
 - a cell is the mean score (items.jsonl: a share in [0, 1]; here x 100) over its n samples; its 95 % interval is
   Wilson's (ropescale.common.stats.proportions) when every sample scores 0 or 100 (a proportion), else the mean's
-  (ropescale.common.stats.means.cell: the percentile bootstrap from n = 8, the t interval below);
+  (ropescale.common.stats.means.cell: the t interval);
 - the average is RULER's: the mean over the tasks of each task's mean at a length (arXiv 2404.06654 Sec 4), its
   interval Wilson's on the pooled samples when they are all 0 or 100 with equal n a task, else the t interval
-  (n < 8 a task; none for n = 1) or a stratified bootstrap (each task's samples resampled on their own);
+  (none for n = 1 a task);
 - the effective length: RULER's absolute rule (the longest length up to which the average stays >= 85.6, Llama-2-7B's
   4K score) and NoLiMa's relative rule (>= 0.85 x the in-window score: the average at the longest length inside the
   original context; a 3.5M or 135M model never reaches 85.6), both by
@@ -63,9 +63,8 @@ def by_task(records: list[dict]) -> dict:
 def averages(records: list[dict], seed: int = 0, resamples: int = 2000) -> dict:
     """{way: {length: (average, lo, hi, tasks)}}: RULER's mean over tasks; its interval Wilson's on the pooled samples
     when every sample scores 0 or 100 and the tasks have the same n (the average is then their pooled share), else
-    the t interval (a task's n below 8; none below 2) or a stratified bootstrap."""
+    the t interval (none below 2 samples a task). ``seed`` and ``resamples`` are not used."""
     cells = by_task(records)
-    rng = np.random.default_rng(seed)
     out: dict = {}
     for way in sorted({w for _, w in cells}):
         lengths = sorted({L for (t, w), c in cells.items() if w == way for L in c})
@@ -80,17 +79,14 @@ def averages(records: list[dict], seed: int = 0, resamples: int = 2000) -> dict:
             if small < 2:  # no spread within a task to measure: no interval
                 out.setdefault(way, {})[L] = (mean, None, None, len(groups))
                 continue
-            if small < 8:  # the t interval of a mean of task means: var = sum_t s_t^2 / n_t / T^2, df = min n - 1
-                se = math.sqrt(sum(g.var(ddof=1) / len(g) for g in groups)) / len(groups)
-                if se == 0:  # every task's samples agree: the spread is not measured, no interval
-                    out.setdefault(way, {})[L] = (mean, None, None, len(groups))
-                    continue
-                half = t_quantile(0.975, small - 1) * se
-                out.setdefault(way, {})[L] = (mean, clip(mean - half), clip(mean + half), len(groups))
+            # the t interval of a mean of task means (the floor's rule at every n): var = sum_t s_t^2 / n_t / T^2,
+            # df = min n - 1
+            se = math.sqrt(sum(g.var(ddof=1) / len(g) for g in groups)) / len(groups)
+            if se == 0:  # every task's samples agree: the spread is not measured, no interval
+                out.setdefault(way, {})[L] = (mean, None, None, len(groups))
                 continue
-            draws = np.mean([g[rng.integers(0, len(g), size=(resamples, len(g)))].mean(1) for g in groups], axis=0)
-            lo, hi = np.percentile(draws, [2.5, 97.5])
-            out.setdefault(way, {})[L] = (mean, float(lo), float(hi), len(groups))
+            half = t_quantile(0.975, small - 1) * se
+            out.setdefault(way, {})[L] = (mean, clip(mean - half), clip(mean + half), len(groups))
     return out
 
 
