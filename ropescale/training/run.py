@@ -188,10 +188,12 @@ def train(args: TrainSettings, *, recipe: str | None = None, resume: str | None 
     return fit(run, trainer)
 
 
-def plan_run(args: TrainSettings, policy: Policy, *, recipe: str | None, resume: str | None,
+def plan_run(args: TrainSettings, policy: Policy | None = None, *, recipe: str | None, resume: str | None,
              overwrite: bool) -> Run:
     """Phase 1, settings: the model's config with the RoPE rule applied, the run directory and what a resume or
-    --init-from may continue. Every check that needs no data; nothing is written."""
+    --init-from may continue. Every check that needs no data; nothing is written. ``policy``: the run's positions
+    policy when the caller has built it (``train`` does, once), else built here from ``args``."""
+    policy = policy if policy is not None else policy_of(args)
     from ropescale.common.models import resolve_model
 
     t_start = time.time()
