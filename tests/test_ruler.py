@@ -289,6 +289,9 @@ def test_score_files_by_hand(tmp_path):
         {"sample": "d500:0", "length": 512, "gen": 100.0, "gen_hit": 1, "tf": 0.0, "tf_hit": 0, "ref_loss": 1.0}]
     avg = read["ruler-average.jsonl"]  # the grid is not a task of the average
     assert sorted(r["sample"] for r in avg) == ["niah_single_1:0", "niah_single_1:1", "vt:0", "vt:1"]
+    by = {r["sample"]: r for r in avg}  # each sample's hits and reference loss ride along (a pooled needle loss)
+    assert (by["vt:0"]["gen_hit"], by["vt:0"]["tf_hit"], by["vt:0"]["ref_loss"]) == (1, 0, 2.0)
+    assert (by["niah_single_1:1"]["gen_hit"], by["niah_single_1:1"]["ref_loss"]) == (0, 4.0)
     # RULER's average: the mean over the tasks of each task's mean (equal n): gen (50 + 60) / 2, tf (50 + 20) / 2
     assert sum(r["gen"] for r in avg) / len(avg) == pytest.approx(((100 + 0) / 2 + (100 + 20) / 2) / 2)
     assert sum(r["tf"] for r in avg) / len(avg) == pytest.approx(((100 + 0) / 2 + (40 + 0) / 2) / 2)
@@ -340,23 +343,24 @@ def test_tables_read_an_experiments_per_length_runs(tmp_path):
         load_runs([str(tmp_path / "runs")])
 
 
-def test_ruler_smollm2_experiment_every_method_and_the_no_key_control():
+def test_ruler_smollm2_experiment_the_budgeted_methods_tasks_and_family():
     from rope_scaling.formulas import REGISTRY
     from ropescale.experiments import spec
 
     root = Path(__file__).resolve().parents[1]
     exp = spec.load(root / "experiments" / "ruler_smollm2.yaml")
     assert list(exp.lengths) == [4096, 8192, 16384]
-    runs = {k: a for k, a in exp.arms.items() if a.run}
-    for probe in ("ruler", "passkey"):
-        ropes = {a.run[a.run.index("--rope") + 1] for a in runs.values() if a.run[1] == probe}
-        assert ropes == {m for m, meth in REGISTRY.items() if meth.user}, probe
-    for a in runs.values():
+    # the methods the 90-minute budget names: none / PI / NTK / dynamic NTK / YaRN / LongRoPE / llama3 / ABF
+    ropes = [a.run[a.run.index("--rope") + 1] for a in exp.arms.values()]
+    assert sorted(ropes) == sorted(["none", "pi", "ntk", "dynamic_ntk", "yarn", "longrope", "llama3", "abf"])
+    assert set(ropes) <= {m for m, meth in REGISTRY.items() if meth.user}
+    for a in exp.arms.values():
         rope = a.run[a.run.index("--rope") + 1]
         scale = a.run[a.run.index("--scale") + 1] if "--scale" in a.run else None
         assert scale == (None if rope in ("none", "abf") else "2") and "{model}" in a.run, a.name
-    controls = {k: a for k, a in exp.arms.items() if a.reads}
-    assert {a.reads for a in controls.values()} == {k for k, a in runs.items() if a.run[1] == "passkey"}
-    assert all(a.field_of(exp.scores["pk_loss"]) == "control_loss" for a in controls.values())
-    fam = exp.families["passkey: key - no key"]
-    assert sorted(fam.pairs) == sorted((a.reads, k) for k, a in controls.items()) and fam.score == "pk_loss"
+        assert set(a.scores) == set(exp.scores), a.name
+    tasks = exp.vars["tasks"].split(",")
+    assert tasks == ["niah_single_1", "niah_single_2", "niah_multikey_1"]  # one reference each: the average's hits
+    assert exp.scores["avg_gen"].kind == "proportion" and exp.scores["avg_gen"].field == "gen_hit"
+    fam = exp.families["method - YaRN x2 (needle loss)"]
+    assert fam.score == "needle_loss" and sorted(fam.pairs) == sorted((r, "yarn") for r in ropes if r != "yarn")

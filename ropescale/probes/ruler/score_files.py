@@ -8,7 +8,8 @@ holds every task and way in one file; an experiment's score is one field of one 
   reference tokens (nats a token). The grid's samples are ``d{depth in 0.1 %}:{index}`` (``d500:0``: 50 %);
 - ``ruler-average.jsonl``: the RULER average's records, one a task sample (``{task}:{index}``) and length over the
   tasks run but the grid, ``gen`` / ``tf`` in percent: a cell's mean over them is the mean over the tasks of each
-  task's mean when every task has the same n (the probe's), RULER's average (Hsieh et al. 2024 Sec 4).
+  task's mean when every task has the same n (the probe's), RULER's average (Hsieh et al. 2024 Sec 4); with the
+  sample's ``gen_hit`` / ``tf_hit`` and ``ref_loss`` (over one-reference tasks the hits' share is the average).
 
 Only the ways the run made are written (``--score gen``: no ``tf`` fields).
 """
@@ -51,7 +52,7 @@ def score_rows(records: list[dict]) -> dict[str, list[dict]]:
     for t in sorted(t for t in out if t != GRID):
         for row in out[t]:
             avg.append({"sample": f"{t}:{row['sample']}", "length": row["length"],
-                        **{w: row[w] for w in ("gen", "tf") if w in row}})
+                        **{k: row[k] for k in ("gen", "tf", "gen_hit", "tf_hit", "ref_loss") if k in row}})
     if avg:
         out[AVERAGE] = sorted(avg, key=lambda r: (r["length"], r["sample"]))
     return out
