@@ -61,3 +61,22 @@ def critical_period(d: int, base: float, scaled_base: float, train_len: float) -
     a larger base (Theorem 3, Eq. 16b as the authors' README numbers it, OpenLMLab/scaling-rope)."""
     de = critical_dimension(d, base, train_len)
     return math.inf if de >= d else 2 * math.pi * scaled_base ** (de / d)
+
+
+def matched_base(orig_ctx: float, head_dim: int, base: float, target: float) -> float:
+    """The RoPE base b' whose angle bound (:func:`reach`) is ``target``: b' = b * (T / L)^(d / (2 i0)), i0 the first
+    bounded pair (the least i with L * b^(-2i/d) < 2*pi) -- solved from :func:`reach`: a new base rescales pair i by
+    theta_i / theta'_i = (b'/b)^(2i/d), growing with i, so the first bounded pair binds, reach = L * (b'/b)^(2 i0/d).
+
+    ABF matched to a scaled rope's bound (``target``: e.g. PI / YaRN x2's 2 * L). Raises ValueError when the target
+    is below ``orig_ctx`` (a larger base never lowers the bound) or no pair is bounded (inf at any base)."""
+    if target < orig_ctx:
+        raise ValueError(f"target {target:g} below the original context {orig_ctx:g}: no base lowers the bound")
+    i0 = next((i for i in range(head_dim // 2) if orig_ctx * base ** (-(2 * i) / head_dim) < 2 * math.pi), None)
+    if i0 is None:
+        raise ValueError("no rotary pair is bounded: the angle bound is infinite at any base")
+    if i0 == 0:  # pair 0 never rotates faster or slower with the base: the bound stays orig_ctx
+        if target != orig_ctx:
+            raise ValueError("the first pair is bounded: no base moves the bound off the original context")
+        return float(base)
+    return float(base) * (target / orig_ctx) ** (head_dim / (2 * i0))

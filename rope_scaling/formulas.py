@@ -50,6 +50,20 @@ def dynamic_ntk_base(base: float, d: int, s: float, seq_len: int, orig_ctx: int)
     return base * ((s * L / orig_ctx) - (s - 1)) ** (d / (d - 2))
 
 
+def dynamic_ntk_scale(s: float, seq_len: int, orig_ctx: int) -> float:
+    """s_eff = s*L/L_orig - (s-1), L >= L_orig: the NTK scale dynamic NTK runs at L -- transformers
+    ``_compute_dynamic_ntk_parameters`` (its base is :func:`ntk_base` at s_eff; 3 at 16K for s = 2, L_orig = 8K)."""
+    return s * max(seq_len, orig_ctx) / orig_ctx - (s - 1)
+
+
+def label_at_length(spec: RopeSpec, seq_len: int) -> str:
+    """A row's label at ``seq_len``: ``spec.label()``, and for dynamic NTK its effective NTK scale there
+    (``dynamic_ntk x2 (NTK x3 at 16K)``, :func:`dynamic_ntk_scale`)."""
+    at = f"{seq_len // 1024}K" if seq_len % 1024 == 0 else f"{seq_len:,}"
+    s = dynamic_ntk_scale(spec.scale, seq_len, spec.orig_ctx) if spec.method == "dynamic_ntk" else None
+    return spec.label() + ("" if s is None else f" (NTK x{s:.3g} at {at})")
+
+
 def yarn_correction_range(d: int, base: float, orig_ctx: int, beta_fast: float, beta_slow: float,
                           truncate: bool = True) -> tuple[float, float]:
     """Ramp ends i(beta_fast), i(beta_slow), i(r) = d*ln(L/(2*pi*r))/(2*ln b), floored / ceiled to whole pairs unless
