@@ -23,6 +23,15 @@ t-intervals for small samples"). On few skewed units it under-covers (exponentia
 printed by the test): the pages say which cells rest on few skewed units. ``resamples`` and ``seed`` stay in the
 cells' signatures for their callers; the t rule does not use them.
 
+A score with a known range (``bounds=(lo, hi)``: a share in 0..100, an accuracy in 0..1) gets one more rule, on the
+same interval: the t interval clipped to the range (rule "t, clipped" where a bound cuts it; clipping a confidence
+interval to the parameter space keeps its coverage, since the true mean lies in the range: Mandelkern 2002,
+*Statistical Science* 17:149-172), and where the units have no spread (sd 0: a t interval of no width, e.g. sixteen
+zeros) the interval of the share read as a proportion, Wilson's (Wilson 1927; :func:`.proportions.wilson`) for
+x = sum of (unit - lo) / (hi - lo) successes of n units (rule "wilson (no spread)"): 16 zeros of a 0..100 share read
+0 [0, 19.4], never [0, 0]. Coverage on binomial and Beta shares in ``tests/test_stats_bounded.py``. Without
+``bounds`` (the default) every interval is the plain t interval.
+
 Every estimate names its ``rule`` and its ``unit``. Pure functions of numbers and ``{id: score}`` mappings.
 """
 from __future__ import annotations
@@ -34,9 +43,13 @@ from typing import Hashable, Mapping, Optional, Sequence
 import numpy as np
 
 from .distributions import CONFIDENCE, t_quantile
+from .proportions import wilson
 from .resampling import RESAMPLES, SEED, Table, as_mapping, canonical, finite, percentile_interval, var_of_combination
 
 T_RULE = "t"
+CLIPPED_RULE = "t, clipped"
+NO_SPREAD_RULE = "wilson (no spread)"
+Bounds = Optional[tuple]
 
 
 @dataclass(frozen=True)
@@ -110,34 +123,74 @@ class PooledEstimate(Estimate):
                 else [self.boot_lo, self.boot_hi]}
 
 
+# ------------------------------------------------------------------------------------------------ a score's range
+def check_bounds(bounds, values: Sequence[float] = ()) -> tuple[float, float]:
+    """``bounds`` as (lo, hi) floats, finite with lo < hi; every value inside them (ValueError otherwise)."""
+    try:
+        lo, hi = (float(b) for b in bounds)
+    except (TypeError, ValueError):
+        raise ValueError(f"bounds must be (lo, hi), got {bounds!r}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError(f"bounds must be finite with lo < hi, got {bounds!r}")
+    tol = 1e-9 * (hi - lo)
+    bad = [v for v in values if not lo - tol <= v <= hi + tol]
+    if bad:
+        raise ValueError(f"a score of {bad[0]!r} lies outside its range [{lo:g}, {hi:g}]")
+    return lo, hi
+
+
+def bounded(mean: float, n: int, se: float, lo: float, hi: float, bounds,
+            confidence: float = CONFIDENCE) -> tuple[float, float, str]:
+    """(lo, hi, rule) of a mean of n units whose score lies in ``bounds``: the t interval [lo, hi] clipped to the
+    range (Mandelkern 2002: the clipped interval keeps its coverage), or with no spread (se 0) Wilson's interval
+    (Wilson 1927) for x = n (mean - a) / (b - a) successes of n, mapped back to [a, b]."""
+    a, b = check_bounds(bounds)
+    width = b - a
+    if se <= 1e-12 * width:  # no spread: the t interval has no width
+        x = min(float(n), max(0.0, n * (mean - a) / width))
+        w = wilson(x, n, confidence)
+        lo = a if x == 0 else a + width * w.lo  # 0 of n starts at the bound exactly (not at a rounding error)
+        hi = b if x == n else a + width * w.hi
+        return lo, hi, NO_SPREAD_RULE
+    clo, chi = max(a, lo), min(b, hi)
+    return clo, chi, (CLIPPED_RULE if (clo, chi) != (lo, hi) else T_RULE)
+
+
 # ------------------------------------------------------------------------------------------------ few units
 def t_half_width(sd: float, n: int, confidence: float = CONFIDENCE) -> float:
     """Student's t half-width t_{(1+c)/2, n-1} sd / sqrt(n) (Student 1908; as scipy.stats.t.interval)."""
     return t_quantile((1 + confidence) / 2, n - 1) * sd / math.sqrt(n)
 
 
-def t_interval(values: Sequence[float], *, unit: str = "window", confidence: float = CONFIDENCE) -> Estimate:
+def t_interval(values: Sequence[float], *, unit: str = "window", confidence: float = CONFIDENCE,
+               bounds: Bounds = None) -> Estimate:
     """A mean over few independent units (windows, seeds): mean +- t_{n-1} sd / sqrt(n) (Student 1908; as
-    ``scipy.stats.ttest_1samp(...).confidence_interval``), with the units' range beside it; no interval below 2."""
+    ``scipy.stats.ttest_1samp(...).confidence_interval``), with the units' range beside it; no interval below 2.
+    ``bounds``: the score's range (:func:`bounded`)."""
     x = [v for v in (finite(v) for v in values) if v is not None]
+    if bounds is not None:
+        check_bounds(bounds, x)
     if not x:
         return Estimate(None, 0, rule=T_RULE, unit=unit, confidence=confidence)
     mean = sum(x) / len(x)
     if len(x) < 2:
         return Estimate(mean, 1, rule=T_RULE, unit=unit, confidence=confidence, spread=(x[0], x[0]))
     sd = float(np.std(x, ddof=1))
+    se = sd / math.sqrt(len(x))
     half = t_half_width(sd, len(x), confidence)
-    return Estimate(mean, len(x), sd / math.sqrt(len(x)), mean - half, mean + half, confidence, T_RULE, unit,
-                    (min(x), max(x)))
+    lo, hi, rule = mean - half, mean + half, T_RULE
+    if bounds is not None:
+        lo, hi, rule = bounded(mean, len(x), se, lo, hi, bounds, confidence)
+    return Estimate(mean, len(x), se, lo, hi, confidence, rule, unit, (min(x), max(x)))
 
 
 # ------------------------------------------------------------------------------------------------ per-sample cells
 def cell(values: Sequence[float] | Mapping[Hashable, float], *, resamples: int = RESAMPLES, seed: int = SEED,
-         confidence: float = CONFIDENCE) -> Estimate:
+         confidence: float = CONFIDENCE, bounds: Bounds = None) -> Estimate:
     """A cell's mean, n, standard error and interval: mean +- t_{n-1} sd / sqrt(n) (Student 1908; as
-    ``scipy.stats.ttest_1samp(values).confidence_interval``); no interval below 2 samples. ``resamples`` and
-    ``seed`` are not used (the module's docstring)."""
-    return cell_of_prompts([values], resamples=resamples, seed=seed, confidence=confidence)
+    ``scipy.stats.ttest_1samp(values).confidence_interval``); no interval below 2 samples. ``bounds``: the score's
+    range (:func:`bounded`). ``resamples`` and ``seed`` are not used (the module's docstring)."""
+    return cell_of_prompts([values], resamples=resamples, seed=seed, confidence=confidence, bounds=bounds)
 
 
 def _interval(tab: Table, groups: list, w: np.ndarray, confidence: float):
@@ -150,15 +203,18 @@ def _interval(tab: Table, groups: list, w: np.ndarray, confidence: float):
 
 
 def cell_of_prompts(groups: Sequence[Sequence[float] | Mapping[Hashable, float]], *, resamples: int = RESAMPLES,
-                    seed: int = SEED, confidence: float = CONFIDENCE) -> Estimate:
+                    seed: int = SEED, confidence: float = CONFIDENCE, bounds: Bounds = None) -> Estimate:
     """The extrapolation view's cell (``Report.extrapolation``): the mean over the prompts present of each
     prompt's mean over its samples, with n = the independent samples (distinct ids: 16 eval samples under two
     prompts are n = 16), the standard error and the t interval (a sample scored under both prompts counts once:
     for a fully paired table, the one-sample t interval of the per-id means). A group given as a plain sequence has
-    ids of its own (it pairs with nothing). ``resamples`` and ``seed`` are not used."""
+    ids of its own (it pairs with nothing). ``bounds``: the score's range (:func:`bounded`, n the independent
+    samples). ``resamples`` and ``seed`` are not used."""
     groups = [g for g in (as_mapping(g, k) for k, g in enumerate(groups)) if g]
     if not groups:
         return Estimate(None, 0, confidence=confidence)
+    if bounds is not None:
+        check_bounds(bounds, [v for g in groups for v in g.values()])
     tab = Table(groups)
     w = np.full(len(groups), 1.0 / len(groups))
     mean = float(tab.means() @ w)
@@ -166,6 +222,8 @@ def cell_of_prompts(groups: Sequence[Sequence[float] | Mapping[Hashable, float]]
     if tab.n.min() < 2:
         return Estimate(mean, n, confidence=confidence)
     se, lo, hi, rule = _interval(tab, groups, w, confidence)
+    if bounds is not None:
+        lo, hi, rule = bounded(mean, n, se, lo, hi, bounds, confidence)
     return Estimate(mean, n, se, lo, hi, confidence, rule)
 
 
@@ -197,19 +255,20 @@ def ie_minus_ib(ie: Mapping[Hashable, float], ib: Mapping[Hashable, float], *, r
 # ------------------------------------------------------------------------------------------------ over seeds
 def over_seeds(seeds: Mapping[Hashable, Sequence[Mapping[Hashable, float]]], *,
                weights: Optional[Sequence[float]] = None, resamples: int = RESAMPLES, seed: int = SEED,
-               confidence: float = CONFIDENCE) -> PooledEstimate:
+               confidence: float = CONFIDENCE, bounds: Bounds = None) -> PooledEstimate:
     """A cell pooled over seeds: the mean of the seeds' cells with the t interval over them (the seed is the unit:
     mean +- t_{S-1} sd / sqrt(S), Student 1908) and their range; the two-level bootstrap interval
-    (:func:`two_level_bootstrap`) beside it as ``boot_lo`` / ``boot_hi``. ``seeds`` and ``weights`` as there."""
+    (:func:`two_level_bootstrap`) beside it as ``boot_lo`` / ``boot_hi``. ``seeds`` and ``weights`` as there;
+    ``bounds``: the score's range (:func:`bounded` over the S seeds' cells)."""
     tabs = [Table([canonical(g) for g in groups]) for groups in seeds.values() if groups]
     if not tabs:
         return PooledEstimate(None, 0, confidence=confidence, rule=T_RULE, unit="seed")
     w = _weights(tabs, weights)
     per_seed = [float(t.means() @ w) for t in tabs]
-    t = t_interval(per_seed, unit="seed", confidence=confidence)
+    t = t_interval(per_seed, unit="seed", confidence=confidence, bounds=bounds)
     n = int(sum(len(tb.ids) for tb in tabs))
     boot = two_level_bootstrap(seeds, weights=weights, resamples=resamples, seed=seed, confidence=confidence)
-    return PooledEstimate(t.mean, n, t.se, t.lo, t.hi, confidence, T_RULE, "seed", t.spread, seeds=len(tabs),
+    return PooledEstimate(t.mean, n, t.se, t.lo, t.hi, confidence, t.rule, "seed", t.spread, seeds=len(tabs),
                           boot_lo=boot.lo, boot_hi=boot.hi)
 
 
