@@ -146,3 +146,46 @@ def test_bounded_rule_covers_at_least_as_often_as_the_t_interval(kind, k, n):
         # continuous skewed shares never lack spread: clipping alone, the t interval's coverage (it under-covers
         # at small p: measured 81-93 %), unchanged by the range
         assert b_mean == t_mean
+
+
+# ------------------------------------------------------------------------------------------------ the callers
+def test_ruler_cells_and_averages_read_their_range():
+    from ropescale.probes.ruler.tables import averages, interval
+
+    mean, lo, hi, rule = interval([25.0, 25.0])  # two samples with 1 of 4 references each: no spread
+    w = wilson_by_hand(0.5, 2)
+    assert rule == NO_SPREAD_RULE and np.allclose((mean, lo, hi), (25.0, 100 * w[0], 100 * w[1]))
+    x = [0.0, 0.0, 0.0, 25.0]
+    mean, lo, hi, rule = interval(x)
+    assert rule == CLIPPED_RULE and lo == 0.0 and math.isclose(hi, scipy_t(x)[1], rel_tol=1e-9)
+
+    def recs(tasks):
+        return [{"task": t, "way": "gen", "col": 512, "value": v / 100} for t, vals in tasks.items() for v in vals]
+
+    # every task's samples agree, not all 0/100: no spread, the pooled share 1.5 of 4 by Wilson (was no interval)
+    mean, lo, hi, _ = averages(recs({"a": [25, 25], "b": [50, 50]}))["gen"][512]
+    w = wilson_by_hand(4 * 0.375, 4)
+    assert mean == pytest.approx(37.5) and np.allclose((lo, hi), (100 * w[0], 100 * w[1]))
+    # all zeros with unequal n a task (not the pooled-proportion branch): 0 of 5, never [0, 0]
+    mean, lo, hi, _ = averages(recs({"a": [0, 0, 0], "b": [0, 0]}))["gen"][512]
+    assert (mean, lo) == (0.0, 0.0) and math.isclose(hi, 100 * wilson_by_hand(0, 5)[1])
+    # a mean of task means below 0 by the t rule: clipped at 0 (scipy: the t interval of a mean of two task means)
+    a, b = [0.0, 0.0, 10.0], [0.0, 0.0, 0.0, 0.0]
+    mean, lo, hi, _ = averages(recs({"a": a, "b": b}))["gen"][512]
+    se = math.sqrt(st.tvar(a) / 3) / 2
+    assert lo == 0.0 and hi == pytest.approx(mean + st.t.ppf(0.975, 2) * se)
+
+
+def test_probe_report_cells_of_a_share_read_their_range():
+    from ropescale.evaluation.report.probes import with_intervals
+
+    recs = [{"id": str(i), "group": "", "col": 512, "value": v} for i, v in enumerate([0.25, 0.25])]
+    recs += [{"id": str(i), "group": "", "col": 1024, "value": v} for i, v in enumerate([0.0, 0.0, 0.25])]
+    recs += [{"id": str(i), "group": "", "col": 2048, "value": v} for i, v in enumerate([1.5, 1.5])]
+    summary = {"cell_kind": "share", "cells": [{"col": 512, "value": 0.25}, {"col": 1024, "value": 0.25 / 3}]}
+    a, b = with_intervals(summary, recs)["cells"]
+    w = wilson_by_hand(0.5, 2)
+    assert a["interval"] == NO_SPREAD_RULE and np.allclose((a["lo"], a["hi"]), w)
+    assert b["interval"] == CLIPPED_RULE and b["lo"] == 0.0 and math.isclose(b["hi"], scipy_t([0, 0, 0.25])[1])
+    loss = with_intervals({"cell_kind": "mean", "cells": [{"col": 2048, "value": 1.5}]}, recs)["cells"][0]
+    assert (loss["lo"], loss["hi"], loss["interval"]) == (1.5, 1.5, T_RULE)  # a loss has no range: unchanged

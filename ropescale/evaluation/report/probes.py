@@ -61,7 +61,8 @@ def with_intervals(summary: dict, records: list[dict], resamples: int | None = N
     """``summary`` (a probe run's cells) with each cell's 95 % interval over its items (``records``: items.jsonl,
     {id, group, col, value}) as ``lo`` / ``hi`` and its rule as ``interval``: a cell of 0/1 items (an accuracy) is
     a proportion, Wilson's interval (``stats.proportions.wilson``: never [0, 0] for 0 of n); any other cell a mean
-    (``stats.means.cell``: Student's t over the items). The kind is the probe's own
+    (``stats.means.cell``: Student's t over the items; a share's or proportion's over its range [0, 1], ``bounds``:
+    clipped to it, Wilson's of the share where the items agree). The kind is the probe's own
     (``cell_kind`` in its summary: a loss that happens to be 1.0 is a mean); only an older run is judged by its
     items."""
     by: dict = {}
@@ -75,11 +76,10 @@ def with_intervals(summary: dict, records: list[dict], resamples: int | None = N
         if zero_one and kind != "mean":
             w = wilson(int(sum(vals.values())), len(vals))
             c["lo"], c["hi"], c["interval"] = w.lo, w.hi, w.rule
-        else:
-            e = cell(vals, resamples=resamples or RESAMPLES)
+        else:  # a share's mean lies in [0, 1]: the t interval clipped to it, Wilson's where the items agree
+            bounds = (0.0, 1.0) if kind in ("share", "proportion") else None
+            e = cell(vals, resamples=resamples or RESAMPLES, bounds=bounds)
             c["lo"], c["hi"], c["interval"] = e.lo, e.hi, e.rule
-            if kind in ("share", "proportion") and e.lo is not None:  # a share's mean lies in [0, 1]
-                c["lo"], c["hi"] = max(0.0, e.lo), min(1.0, e.hi)
     return summary
 
 

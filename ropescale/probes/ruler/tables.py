@@ -3,10 +3,12 @@ its heatmaps, from the items of one or more run directories.
 
 - a cell is the mean score (items.jsonl: a share in [0, 1]; here x 100) over its n samples; its 95 % interval is
   Wilson's (ropescale.common.stats.proportions) when every sample scores 0 or 100 (a proportion), else the mean's
-  (ropescale.common.stats.means.cell: the t interval);
+  over the score's range 0..100 (ropescale.common.stats.means.cell with ``bounds``: the t interval clipped to
+  [0, 100], Wilson's of the share where the samples have no spread);
 - the average is RULER's: the mean over the tasks of each task's mean at a length (arXiv 2404.06654 Sec 4), its
-  interval Wilson's on the pooled samples when they are all 0 or 100 with equal n a task, else the t interval
-  (none for n = 1 a task);
+  interval Wilson's on the pooled samples when they are all 0 or 100 with equal n a task, else the t interval of
+  the mean of task means over the range 0..100 (ropescale.common.stats.means.cell_of_prompts with ``bounds``, the
+  tasks' samples apart; none for n = 1 a task);
 - the effective length: RULER's absolute rule (the longest length up to which the average stays >= 85.6, Llama-2-7B's
   4K score) and NoLiMa's relative rule (>= 0.85 x the in-window score: the average at the longest length inside the
   original context; a 3.5M or 135M model never reaches 85.6), both by
@@ -19,22 +21,21 @@ heatmaps); a DIR may be an experiment's ``runs/ARM/sSEED`` (one run a length: th
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from ropescale.common.stats.distributions import t_quantile
 from ropescale.common.stats.lengths import effective_length, effective_length_relative
-from ropescale.common.stats.means import cell
+from ropescale.common.stats.means import cell, cell_of_prompts
 from ropescale.common.stats.proportions import wilson
 
 from .tasks import GRID
 
 RULER_THRESHOLD = 85.6  # RULER: Llama-2-7B's average at 4K
 NOLIMA_KEEP = 0.85
+SCORE_RANGE = (0.0, 100.0)  # a task's score and the average: shares in percent
 
 
 def interval(values: list[float]) -> tuple[float, float | None, float | None, str]:
@@ -42,13 +43,8 @@ def interval(values: list[float]) -> tuple[float, float | None, float | None, st
     if all(v in (0.0, 100.0) for v in values):
         p = wilson(sum(v == 100.0 for v in values), len(values))
         return 100 * p.rate, 100 * p.lo, 100 * p.hi, "Wilson"
-    e = cell(values)
-    return e.mean, clip(e.lo), clip(e.hi), e.rule
-
-
-def clip(v):
-    """An interval's end clipped to the scores' range [0, 100]."""
-    return None if v is None else min(100.0, max(0.0, v))
+    e = cell(values, bounds=SCORE_RANGE)
+    return e.mean, e.lo, e.hi, e.rule
 
 
 def by_task(records: list[dict]) -> dict:
@@ -63,7 +59,8 @@ def by_task(records: list[dict]) -> dict:
 def averages(records: list[dict], seed: int = 0, resamples: int = 2000) -> dict:
     """{way: {length: (average, lo, hi, tasks)}}: RULER's mean over tasks; its interval Wilson's on the pooled samples
     when every sample scores 0 or 100 and the tasks have the same n (the average is then their pooled share), else
-    the t interval (none below 2 samples a task). ``seed`` and ``resamples`` are not used."""
+    the t interval of the mean of task means (var = sum_t s_t^2 / n_t / T^2, df = min n - 1) over the range
+    0..100 (none below 2 samples a task). ``seed`` and ``resamples`` are not used."""
     cells = by_task(records)
     out: dict = {}
     for way in sorted({w for _, w in cells}):
@@ -75,18 +72,9 @@ def averages(records: list[dict], seed: int = 0, resamples: int = 2000) -> dict:
                 p = wilson(int(sum((g == 100.0).sum() for g in groups)), sum(len(g) for g in groups))
                 out.setdefault(way, {})[L] = (mean, 100 * p.lo, 100 * p.hi, len(groups))
                 continue
-            small = min(len(g) for g in groups)
-            if small < 2:  # no spread within a task to measure: no interval
-                out.setdefault(way, {})[L] = (mean, None, None, len(groups))
-                continue
-            # the t interval of a mean of task means (the floor's rule at every n): var = sum_t s_t^2 / n_t / T^2,
-            # df = min n - 1
-            se = math.sqrt(sum(g.var(ddof=1) / len(g) for g in groups)) / len(groups)
-            if se == 0:  # every task's samples agree: the spread is not measured, no interval
-                out.setdefault(way, {})[L] = (mean, None, None, len(groups))
-                continue
-            half = t_quantile(0.975, small - 1) * se
-            out.setdefault(way, {})[L] = (mean, clip(mean - half), clip(mean + half), len(groups))
+            # the tasks' samples as groups of their own ids: the t interval of the mean of the task means
+            e = cell_of_prompts([g.tolist() for g in groups], bounds=SCORE_RANGE)
+            out.setdefault(way, {})[L] = (mean, e.lo, e.hi, len(groups))
     return out
 
 
