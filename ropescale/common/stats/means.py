@@ -24,11 +24,11 @@ printed by the test): the pages say which cells rest on few skewed units. ``resa
 cells' signatures for their callers; the t rule does not use them.
 
 A score with a known range (``bounds=(lo, hi)``: a share in 0..100, an accuracy in 0..1) gets one more rule, on the
-same interval: the t interval clipped to the range (rule "t, clipped" where a bound cuts it; clipping a confidence
+same interval: the t interval clipped to the range (rule "t (clipped)" where a bound cuts it; clipping a confidence
 interval to the parameter space keeps its coverage, since the true mean lies in the range: Mandelkern 2002,
 *Statistical Science* 17:149-172), and where the units have no spread (sd 0: a t interval of no width, e.g. sixteen
 zeros) the interval of the share read as a proportion, Wilson's (Wilson 1927; :func:`.proportions.wilson`) for
-x = sum of (unit - lo) / (hi - lo) successes of n units (rule "wilson (no spread)"): 16 zeros of a 0..100 share read
+x = sum of (unit - lo) / (hi - lo) successes of n units (rule "Wilson (no spread)"): 16 zeros of a 0..100 share read
 0 [0, 19.4], never [0, 0]. Coverage on binomial and Beta shares in ``tests/test_stats_bounded.py``. Without
 ``bounds`` (the default) every interval is the plain t interval.
 
@@ -47,8 +47,8 @@ from .proportions import wilson
 from .resampling import RESAMPLES, SEED, Table, as_mapping, canonical, finite, percentile_interval, var_of_combination
 
 T_RULE = "t"
-CLIPPED_RULE = "t, clipped"
-NO_SPREAD_RULE = "wilson (no spread)"
+CLIPPED_RULE = "t (clipped)"
+NO_SPREAD_RULE = "Wilson (no spread)"
 Bounds = Optional[tuple]
 
 
