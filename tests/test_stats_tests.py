@@ -2,8 +2,9 @@
 (hand-enumerated cases and scipy.stats.permutation_test), the MSE(P-IE vs P-IB) permutation test (hand-enumerated
 nulls), the t interval over seeds (the closed form at df = 2 and scipy.stats.ttest_1samp), the block-aware t over
 windows of buckets (a hand-worked case at df = 2, its size under no effect with autocorrelated buckets beside the
-block sign flip's), the sign-consistency binomial (by hand and scipy.stats.binomtest), each test's unit and smallest
-p, and the two-level bootstrap (the generator replayed by hand, its variance against the hand-derived formula)."""
+block sign flip's), the binomial tail (scipy.stats.binomtest), each test's unit and smallest p (the sign flips'
+floors by enumerating every sign vector, zero differences among them), and the two-level bootstrap (the generator
+replayed by hand, its variance against the hand-derived formula)."""
 from __future__ import annotations
 
 import itertools
@@ -205,19 +206,11 @@ def test_t_over_windows_holds_its_size_with_autocorrelated_buckets(rho):
     assert power > 0.3
 
 
-# ------------------------------------------------------------------------------------------------ sign consistency
-def test_sign_consistency_by_hand_and_scipy():
-    # 3 seeds, 5 cells: a, b keep their sign (+, -), c has a zero, d and e change sign; e is missing in one seed
-    seeds = [{"a": 1.0, "b": -2.0, "c": 0.0, "d": 1.0, "e": 1.0},
-             {"a": 2.0, "b": -1.0, "c": 1.0, "d": -1.0, "e": 3.0},
-             {"a": 0.5, "b": -3.0, "c": 1.0, "d": 1.0}]
-    t = T.sign_consistency(seeds)
-    assert t.n == 4 and t.statistic == 2 and t.extra["cells"] == ["a", "b"]
-    # Binomial(4, 1/4): P(X >= 2) = 1 - (3/4)^4 - 4 (1/4)(3/4)^3 = 1 - 81/256 - 108/256 = 67/256
-    assert t.p == pytest.approx(67 / 256) and t.extra["expected"] == 1.0
-    for k, n, s in ((11, 24, 3), (4, 72, 3), (3, 10, 2), (0, 10, 4)):
-        assert D.binomial_sf(k, n, 2.0 ** (1 - s)) == pytest.approx(
-            scipy.stats.binomtest(k, n, 2.0 ** (1 - s), alternative="greater").pvalue, rel=1e-9)
+# ------------------------------------------------------------------------------------------------ binomial tail
+def test_binomial_sf_against_scipy():
+    for k, n, p in ((11, 24, 0.25), (4, 72, 0.25), (3, 10, 0.5), (0, 10, 0.125), (5, 25, 0.05), (2, 4, 0.25)):
+        assert D.binomial_sf(k, n, p) == pytest.approx(scipy.stats.binomtest(k, n, p, alternative="greater").pvalue,
+                                                       rel=1e-9)
 
 
 # ------------------------------------------------------------------------------------------------ two-level bootstrap
@@ -285,10 +278,6 @@ def test_each_test_names_its_unit_and_smallest_p():
     # the MSE null over 2 cells of 2 and 1 samples: 8 sign vectors, a cell's mirror keeps its square: 2^2 / 2^3
     t = T.mse_sign_flip({"a": ({0: 1.0, 1: 3.0}, {0: 0.0, 1: 0.0}), "b": ({0: 7.0}, {0: 5.0})})
     assert t.min_p == 0.5 and t.p >= t.min_p
-    # 4 cells over 3 seeds: every cell consistent has probability (1/4)^4
-    seeds = [{c: 1.0 for c in "abcd"}] * 3
-    sc = T.sign_consistency(seeds)
-    assert sc.unit == "cell" and sc.min_p == pytest.approx(0.25 ** 4) and sc.p == pytest.approx(sc.min_p)
     assert T.t_over_seeds([1.0, 2.0, 4.0]).unit == "seed" and T.t_over_seeds([1.0, 2.0, 4.0]).min_p == 0.0
 
 
@@ -315,3 +304,78 @@ def test_over_seeds_is_the_t_interval_over_the_seeds_cells():
     assert est.spread == (pytest.approx(min(cells)), pytest.approx(max(cells)))
     boot = M.two_level_bootstrap(seeds)
     assert (est.boot_lo, est.boot_hi) == (boot.lo, boot.hi)  # the two-level interval beside it, secondary
+
+
+def enumerated_sign_flip_p(d: list) -> float:
+    """The two-sided sign-flip p written out: every one of the 2^n sign vectors, |mean(s d)| >= |mean(d)|."""
+    obs = abs(sum(d)) / len(d)
+    vecs = list(itertools.product((1.0, -1.0), repeat=len(d)))
+    return sum(abs(sum(s * x for s, x in zip(v, d))) / len(d) >= obs - 1e-12 for v in vecs) / len(vecs)
+
+
+def enumerated_mse_p(cells: list) -> float:
+    """The MSE sign-flip p written out: every sign vector over all the cells' differences, P(MSE* >= MSE)."""
+    sizes = [len(c) for c in cells]
+    flat = [x for c in cells for x in c]
+
+    def mse(v):
+        out, k = 0.0, 0
+        for m in sizes:
+            out += (sum(s * x for s, x in zip(v[k:k + m], flat[k:k + m])) / m) ** 2
+            k += m
+        return out / len(sizes)
+
+    obs = mse([1.0] * len(flat))
+    vecs = list(itertools.product((1.0, -1.0), repeat=len(flat)))
+    return sum(mse(v) >= obs - 1e-12 for v in vecs) / len(vecs)
+
+
+@pytest.mark.parametrize("d", [[0.0] * 3 + [1.0, 2.0], [0.0, 1.5, 0.0, 2.0, 3.0, 0.0], [4.0, 0.0, 0.0, 0.0],
+                               [1.0, 2.0, 3.0, 0.5]])
+def test_sign_flip_floor_counts_the_nonzero_differences(d):
+    """A zero difference has no sign to flip: the floor is 2 / 2^(nonzero), and data whose nonzero differences share
+    one sign reach it (every sign vector enumerated)."""
+    t = T.sign_flip(d)
+    assert t.p == pytest.approx(enumerated_sign_flip_p(d)) and t.p == pytest.approx(t.min_p)
+    assert t.min_p == pytest.approx(min(1.0, 2.0 / 2 ** sum(x != 0 for x in d)))
+    mixed = [x * (-1) ** k for k, x in enumerate(d)]  # other data, same zeros: never below the floor
+    assert T.sign_flip(mixed).p >= t.min_p - 1e-12
+
+
+def test_sign_flip_floor_of_the_review_case():
+    """14 zero differences and 1, 2: p = 0.5 (the two nonzero signs, and their mirror), so the floor is 0.5, not
+    2 / 2^16; all zeros: 1; past the exact size, Monte Carlo's floor is still the exact floor where larger."""
+    t = T.sign_flip([0.0] * 14 + [1.0, 2.0])
+    assert t.exact and t.p == pytest.approx(0.5) and t.min_p == pytest.approx(0.5)
+    assert T.sign_flip([0.0] * 5).min_p == 1.0
+    mc = T.sign_flip([0.0] * 28 + [1.0, 2.0])
+    assert not mc.exact and mc.min_p == pytest.approx(0.5) and mc.p >= 0.45
+
+
+@pytest.mark.parametrize("cells", [[[1.0, 3.0], [2.0]], [[1.0, 0.0, 2.0], [0.0, 0.0], [3.0]],
+                                   [[0.0, 2.0, 0.0], [1.0, 1.0, 0.0, 4.0]], [[0.0, 0.0, 0.0], [5.0, 0.0]]])
+def test_mse_sign_flip_floor_counts_the_nonzero_differences(cells):
+    """The MSE null, every sign vector enumerated: with one-sign differences in every cell the p is the floor
+    2^C / 2^N over the N nonzero differences of the C cells that have one (a zero's flip changes nothing)."""
+    row = {f"c{k}": ({i: float(x) for i, x in enumerate(c)}, {i: 0.0 for i in range(len(c))})
+           for k, c in enumerate(cells)}
+    t = T.mse_sign_flip(row)
+    nz = [sum(x != 0 for x in c) for c in cells]
+    assert t.exact and t.p == pytest.approx(enumerated_mse_p(cells))
+    assert t.min_p == pytest.approx(2.0 ** (sum(k > 0 for k in nz) - sum(nz))) and t.p == pytest.approx(t.min_p)
+
+
+def test_t_over_seeds_with_no_spread_is_no_test():
+    """Two seeds with one nonzero difference: no spread measured, never p = 0 (scipy's ttest_1samp reads t = inf, p =
+    0 there: two agreeing seeds are not a resolved effect); all zeros: no difference, p = 1; the family's q leaves
+    the untested one out."""
+    from ropescale.common.stats.multiplicity import family
+
+    t = T.t_over_seeds([2.0, 2.0])
+    assert t.p is None and t.lo is None and t.hi is None and t.statistic == 2.0 and t.df == 1
+    assert not t.resolved and t.reading() == "no test (no spread measured)"
+    zero = T.t_over_seeds([0.0, 0.0, 0.0])
+    assert zero.p == 1.0 and not zero.resolved
+    fam = family({"same": t, "other": T.t_over_seeds([1.0, 3.0])})
+    assert fam["same"].q is None and fam["other"].family == 1
+    assert fam["other"].q == pytest.approx(scipy.stats.ttest_1samp([1.0, 3.0], 0.0).pvalue)

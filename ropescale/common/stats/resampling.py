@@ -76,10 +76,6 @@ class Table:
     def means(self) -> np.ndarray:
         return self.values.sum(axis=0) / self.n
 
-    def combined(self, weights: np.ndarray) -> Optional[np.ndarray]:
-        """Each id's sum_g w_g score_g where every id is in every group (a fully paired table), else None."""
-        return self.values @ weights if self.present.all() else None
-
     def bootstrap(self, resamples: int, rng: np.random.Generator) -> np.ndarray:
         """(resamples, groups): each group's mean in each resample."""
         if resamples < 1:

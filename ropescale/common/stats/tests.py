@@ -6,18 +6,18 @@
   sign (Fisher 1935, *The Design of Experiments* Sec. 21; Good 2005, *Permutation, Parametric, and Bootstrap Tests
   of Hypotheses*, Sec. 3.1). Exact (all 2^n sign vectors) up to ``EXACT_MAX_N`` pairs, else ``PERMUTATIONS``
   random sign vectors with p = (1 + hits) / (1 + draws) (Phipson & Smyth 2010), as ``scipy.stats.permutation_test``
-  computes it. Its smallest p over n units is 2 / 2^n (two-sided: the observed signs and their mirror), 0.25 at
-  n = 3 windows: the unit decides it, so the unit is named;
+  computes it. Its smallest p over n units is 2 / 2^m, m the units whose difference is not zero (two-sided: the
+  observed signs and their mirror; a zero difference has no sign to flip), 0.25 at n = 3 windows: the unit decides
+  it, so the unit is named;
 - :func:`mse_sign_flip`: the same null for a row's MSE(P-IE vs P-IB) (CNNSum Table 2): the IE/IB labels of every
   sample flipped at random in every cell, the MSE recomputed; its p beside the noise floor
   (:func:`.mse.mse_noise_floor`, the MSE's expectation under that null, not a test), and how often the null MSE
   reaches the paper's red mark (MSE >= 5, Table 2's caption) at the row's n;
 - :func:`t_over_seeds`: Student's t interval and two-sided p of a mean over independent seeds (df = seeds - 1), the
-  test for a figure whose independent unit is the seed (a fine-tune, a search); no floor on p (continuous);
+  test for a figure whose independent unit is the seed (a fine-tune, a search); no floor on p (continuous); seeds
+  that agree exactly on a nonzero value are no test (p None: no spread measured, not p = 0);
 - :func:`t_over_windows`: the block-aware test of buckets within windows (a loss-by-position curve's buckets, each
-  a - b on the same window): the window is the block, its buckets' mean difference the unit's value, t over windows;
-- :func:`sign_consistency`: how many of C cells keep one sign in every one of S seeds, against the count coin-flip
-  signs give (each cell with probability 2^(1-S)), with its one-sided binomial p (smallest: 2^(C(1-S))).
+  a - b on the same window): the window is the block, its buckets' mean difference the unit's value, t over windows.
 
 A reading says "resolved" at q < ``ALPHA``, q the test's Benjamini-Hochberg q in its declared family
 (:func:`.multiplicity.family`; a lone test's q is its p), and a reading of no effect states the interval and the
@@ -32,7 +32,7 @@ from typing import Hashable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from .distributions import ALPHA, CONFIDENCE, binomial_sf, t_quantile, t_sf
+from .distributions import ALPHA, CONFIDENCE, t_quantile, t_sf
 from .means import cell
 from .resampling import SEED, canonical, finite
 
@@ -79,9 +79,10 @@ class Significance:
 
     def reading(self, nd: int = 1) -> str:
         """``resolved (p = 0.004, q = 0.012)`` or ``not resolved (interval [-0.8, +4.1], excludes effects below
-        -0.8 and above +4.1; p = 0.31, q = 0.6)`` (without an interval: its p and q; ``no test`` without a p)."""
+        -0.8 and above +4.1; p = 0.31, q = 0.6)`` (without an interval: its p and q; ``no test`` without a p,
+        ``no test (no spread measured)`` where the units agree exactly, :func:`t_over_seeds`)."""
         if self.p is None:
-            return "no test"
+            return "no test (no spread measured)" if self.extra.get("sd") == 0 else "no test"
         pq = f"p = {p_text(self.p)}" + ("" if self.q is None else f", q = {p_text(self.q)}")
         if self.resolved:
             return f"resolved ({pq})"
@@ -120,17 +121,21 @@ def signs(n: int, exact: bool, draws: int, rng: np.random.Generator) -> np.ndarr
     return rng.choice(np.array([-1.0, 1.0]), size=(draws, n))
 
 
-def sign_flip_min_p(n: int, exact: bool, draws: int = 0) -> float:
-    """The smallest p of a two-sided sign-flip test over n units: 2 / 2^n exact (the observed signs and their mirror
-    tie), 1 / (draws + 1) by Monte Carlo (Phipson & Smyth 2010)."""
-    return min(1.0, 2.0 / 2 ** n) if exact else 1.0 / (draws + 1)
+def sign_flip_min_p(nonzero: int, exact: bool, draws: int = 0) -> float:
+    """The smallest p of a two-sided sign-flip test whose units have ``nonzero`` differences that are not zero:
+    2 / 2^nonzero exact (the observed signs and their mirror tie, and flipping a zero changes nothing: 1 when every
+    difference is zero); by Monte Carlo 1 / (draws + 1) (Phipson & Smyth 2010), or that exact floor where larger
+    (the p the draws estimate cannot go below it)."""
+    floor = min(1.0, 2.0 / 2 ** nonzero) if nonzero else 1.0
+    return floor if exact else max(floor, 1.0 / (draws + 1))
 
 
 def sign_flip(diffs: Sequence[float], *, permutations: int = PERMUTATIONS, seed: int = SEED,
               exact: Optional[bool] = None, confidence: float = CONFIDENCE, unit: str = "sample") -> Significance:
     """The two-sided paired sign-flip permutation test of mean(diffs) = 0 over n ``unit`` s: p = P(|mean(s * d)| >=
     |mean(d)|) over sign vectors s (exact when n <= ``EXACT_MAX_N`` unless ``exact`` says otherwise). The interval is
-    the mean difference's (:func:`.means.cell`: the t interval)."""
+    the mean difference's (:func:`.means.cell`: the t interval); ``min_p`` counts the nonzero differences
+    (:func:`sign_flip_min_p`)."""
     d = np.array([float(x) for x in diffs])
     n = len(d)
     if n == 0:
@@ -143,7 +148,7 @@ def sign_flip(diffs: Sequence[float], *, permutations: int = PERMUTATIONS, seed:
     est = cell(list(d), seed=seed, confidence=confidence)
     draws = 0 if exact else len(null)
     return Significance("sign-flip permutation", obs, min(p, 1.0), n, est.lo, est.hi, exact, draws, unit=unit,
-                        min_p=sign_flip_min_p(n, exact, draws))
+                        min_p=sign_flip_min_p(int(np.count_nonzero(d)), exact, draws))
 
 
 def paired_sign_flip(a: Mapping[Hashable, float], b: Mapping[Hashable, float], **kw) -> Significance:
@@ -163,7 +168,9 @@ def mse_sign_flip(cells: Mapping[str, tuple[Mapping[Hashable, float], Mapping[Ha
     mark at this n, and ``null_mean`` (the null's mean, the mean over cells of sum_i d_i^2 / n^2: the sign-flip
     counterpart of the noise floor :func:`.mse.mse_noise_floor`, which centres the d_i and divides by n - 1). Every
     sample must be scored under both prompts (else p is None). Exact when the row has at most ``EXACT_MAX_N`` samples
-    in all, else ``permutations`` draws; the smallest exact p is 2^C / 2^N (a cell's mirror leaves its square)."""
+    in all, else ``permutations`` draws; the smallest exact p is 2^C / 2^N over the N nonzero differences of the C
+    cells that have one (a cell's mirror leaves its square, a zero's flip changes nothing; by Monte Carlo 1 /
+    (draws + 1) or that floor where larger)."""
     name = "MSE sign-flip permutation"
     ds = []
     for ie, ib in cells.values():
@@ -189,14 +196,26 @@ def mse_sign_flip(cells: Mapping[str, tuple[Mapping[Hashable, float], Mapping[Ha
                         draws=0 if exact else len(null),
                         extra={"cells": len(ds), "p_red": float(np.mean(null >= red)), "red": red,
                                "null_mean": float(null.mean())},
-                        min_p=2.0 ** (len(ds) - total) if exact else 1.0 / (len(null) + 1))
+                        min_p=mse_min_p(ds, exact, 0 if exact else len(null)))
+
+
+def mse_min_p(ds: Sequence[np.ndarray], exact: bool, draws: int = 0) -> float:
+    """The smallest p of :func:`mse_sign_flip` over cells of differences ``ds``: 2^C / 2^N, N the nonzero
+    differences and C the cells holding one (each such cell's mirror keeps its square; a zero's flip changes
+    nothing), attained when every cell's nonzero differences share one sign; by Monte Carlo 1 / (draws + 1) or that
+    floor where larger."""
+    nonzero = [int(np.count_nonzero(d)) for d in ds]
+    floor = 2.0 ** (sum(1 for k in nonzero if k) - sum(nonzero))
+    return floor if exact else max(floor, 1.0 / (draws + 1))
 
 
 # ------------------------------------------------------------------------------------------------ over seeds
 def t_over_seeds(values: Sequence[float], *, confidence: float = CONFIDENCE, unit: str = "seed") -> Significance:
     """Student's one-sample t test of mean = 0 over independent seeds (a per-seed figure or a per-seed
     difference): t = mean / (sd / sqrt(S)), df = S - 1, two-sided p, and the t interval mean +- t_{df} sd / sqrt(S)
-    (as ``scipy.stats.ttest_1samp`` and its ``confidence_interval``); ``extra``: sd and the seeds' range."""
+    (as ``scipy.stats.ttest_1samp`` and its ``confidence_interval``); ``extra``: sd and the seeds' range. Seeds with
+    no spread (sd = 0) give no t: p = 1 when they all read 0 (no difference at all), else p None and no interval
+    (no spread measured: two seeds with one nonzero difference are not a resolved effect; its reading says so)."""
     x = [v for v in (finite(v) for v in values) if v is not None]
     s = len(x)
     if s < 2:
@@ -204,13 +223,14 @@ def t_over_seeds(values: Sequence[float], *, confidence: float = CONFIDENCE, uni
     mean = sum(x) / s
     sd = math.sqrt(sum((v - mean) ** 2 for v in x) / (s - 1))
     df = s - 1
-    half = t_quantile((1 + confidence) / 2, df) * sd / math.sqrt(s)
+    extra = {"sd": sd, "range": [min(x), max(x)]}
     if sd == 0:
-        p = 1.0 if mean == 0 else 0.0
-    else:
-        p = 2 * t_sf(abs(mean) / (sd / math.sqrt(s)), df)
-    return Significance("t over seeds", mean, min(p, 1.0), s, mean - half, mean + half, df=df,
-                        extra={"sd": sd, "range": [min(x), max(x)]}, unit=unit, min_p=0.0)
+        return Significance("t over seeds", mean, 1.0 if mean == 0 else None, s, df=df, extra=extra, unit=unit,
+                            min_p=0.0)
+    half = t_quantile((1 + confidence) / 2, df) * sd / math.sqrt(s)
+    p = 2 * t_sf(abs(mean) / (sd / math.sqrt(s)), df)
+    return Significance("t over seeds", mean, min(p, 1.0), s, mean - half, mean + half, df=df, extra=extra, unit=unit,
+                        min_p=0.0)
 
 
 def t_over_windows(buckets: Sequence[Sequence[float]], *, confidence: float = CONFIDENCE) -> Significance:
@@ -238,19 +258,3 @@ def t_over_windows(buckets: Sequence[Sequence[float]], *, confidence: float = CO
              "same_sign": sum(1 for w in per_window for v in w if v * sign > 0)}
     return replace(t, name="t over windows (buckets within window)", extra=extra)
 
-
-def sign_consistency(per_seed: Sequence[Mapping[Hashable, float]]) -> Significance:
-    """Of the cells every seed has (a finite value in each of the S mappings), how many keep one strict sign in all
-    S seeds; with coin-flip signs a cell does with probability 2^(1-S), so the count is Binomial(C, 2^(1-S)) and p
-    is P(X >= count) (one-sided: more agreement than chance; ``scipy.stats.binomtest(..., alternative='greater')``).
-    Cells are taken as independent: a reading names what they share (one model's row, one seed's eval set)."""
-    name = "sign consistency (binomial)"
-    s = len(per_seed)
-    if s < 2:
-        return Significance(name, None, None, 0, unit="cell")
-    cells = [c for c in per_seed[0] if all(finite(m.get(c)) is not None for m in per_seed)]
-    kept = [c for c in cells if all(m[c] > 0 for m in per_seed) or all(m[c] < 0 for m in per_seed)]
-    p0 = 2.0 ** (1 - s)
-    return Significance(name, float(len(kept)), binomial_sf(len(kept), len(cells), p0), len(cells),
-                        extra={"seeds": s, "expected": len(cells) * p0, "p_cell": p0, "cells": kept},
-                        unit="cell", min_p=p0 ** len(cells))
