@@ -95,7 +95,20 @@ def test_a_score_outside_its_range_or_a_bad_range_is_an_error():
     with pytest.raises(ValueError, match="lo < hi"):
         cell([0.5, 1.0], bounds=(1, 0))
     with pytest.raises(ValueError, match="lo < hi"):
-        t_interval([0.5, 1.0], bounds=(0, math.inf))
+        t_interval([0.5, 1.0], bounds=(0, math.nan))
+    with pytest.raises(ValueError, match="outside its range"):
+        cell([-0.5, 1.0], bounds=(0, math.inf))
+
+
+def test_a_one_sided_range_clips_only():
+    x = [0.1, 0.2, 5.0]  # a loss (nats a token): >= 0, no upper end
+    ref_lo, ref_hi = scipy_t(x)
+    e = cell(x, bounds=(0, math.inf))
+    assert ref_lo < 0 and e.lo == 0.0 and math.isclose(e.hi, ref_hi, rel_tol=1e-9) and e.rule == CLIPPED_RULE
+    same = cell([2.3, 2.3], bounds=(0, math.inf))  # no spread, no share to read: the t interval stays
+    assert (same.lo, same.hi, same.rule) == (2.3, 2.3, T_RULE)
+    top = t_interval([-0.1, -0.2, -5.0], bounds=(-math.inf, 0))
+    assert top.hi == 0.0 and math.isclose(top.lo, scipy_t([-0.1, -0.2, -5.0])[0], rel_tol=1e-9)
 
 
 # ------------------------------------------------------------------------------------------------ coverage

@@ -29,8 +29,8 @@ interval to the parameter space keeps its coverage, since the true mean lies in 
 *Statistical Science* 17:149-172), and where the units have no spread (sd 0: a t interval of no width, e.g. sixteen
 zeros) the interval of the share read as a proportion, Wilson's (Wilson 1927; :func:`.proportions.wilson`) for
 x = sum of (unit - lo) / (hi - lo) successes of n units (rule "Wilson (no spread)"): 16 zeros of a 0..100 share read
-0 [0, 19.4], never [0, 0]. Coverage on binomial and Beta shares in ``tests/test_stats_bounded.py``. Without
-``bounds`` (the default) every interval is the plain t interval.
+0 [0, 19.4], never [0, 0]. A one-sided range (a loss: ``(0, inf)``) clips only. Coverage on binomial and Beta
+shares in ``tests/test_stats_bounded.py``. Without ``bounds`` (the default) every interval is the plain t interval.
 
 Every estimate names its ``rule`` and its ``unit``. Pure functions of numbers and ``{id: score}`` mappings.
 """
@@ -125,14 +125,16 @@ class PooledEstimate(Estimate):
 
 # ------------------------------------------------------------------------------------------------ a score's range
 def check_bounds(bounds, values: Sequence[float] = ()) -> tuple[float, float]:
-    """``bounds`` as (lo, hi) floats, finite with lo < hi; every value inside them (ValueError otherwise)."""
+    """``bounds`` as (lo, hi) floats with lo < hi (one may be infinite: a loss's (0, inf)); every value inside them
+    (ValueError otherwise)."""
     try:
         lo, hi = (float(b) for b in bounds)
     except (TypeError, ValueError):
         raise ValueError(f"bounds must be (lo, hi), got {bounds!r}") from None
-    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-        raise ValueError(f"bounds must be finite with lo < hi, got {bounds!r}")
-    tol = 1e-9 * (hi - lo)
+    if not lo < hi:  # a nan fails too
+        raise ValueError(f"bounds must be numbers with lo < hi, got {bounds!r}")
+    width = hi - lo
+    tol = 1e-9 * (width if math.isfinite(width) else max(1.0, *(abs(b) for b in (lo, hi) if math.isfinite(b))))
     bad = [v for v in values if not lo - tol <= v <= hi + tol]
     if bad:
         raise ValueError(f"a score of {bad[0]!r} lies outside its range [{lo:g}, {hi:g}]")
@@ -143,10 +145,11 @@ def bounded(mean: float, n: int, se: float, lo: float, hi: float, bounds,
             confidence: float = CONFIDENCE) -> tuple[float, float, str]:
     """(lo, hi, rule) of a mean of n units whose score lies in ``bounds``: the t interval [lo, hi] clipped to the
     range (Mandelkern 2002: the clipped interval keeps its coverage), or with no spread (se 0) Wilson's interval
-    (Wilson 1927) for x = n (mean - a) / (b - a) successes of n, mapped back to [a, b]."""
+    (Wilson 1927) for x = n (mean - a) / (b - a) successes of n, mapped back to [a, b]; a one-sided range clips
+    only (no share to read: a cell with no spread keeps its t interval)."""
     a, b = check_bounds(bounds)
     width = b - a
-    if se <= 1e-12 * width:  # no spread: the t interval has no width
+    if math.isfinite(width) and se <= 1e-12 * width:  # no spread: the t interval has no width
         x = min(float(n), max(0.0, n * (mean - a) / width))
         w = wilson(x, n, confidence)
         lo = a if x == 0 else a + width * w.lo  # 0 of n starts at the bound exactly (not at a rounding error)

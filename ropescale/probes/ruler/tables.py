@@ -21,6 +21,7 @@ heatmaps); a DIR may be an experiment's ``runs/ARM/sSEED`` (one run a length: th
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from pathlib import Path
@@ -36,6 +37,7 @@ from .tasks import GRID
 RULER_THRESHOLD = 85.6  # RULER: Llama-2-7B's average at 4K
 NOLIMA_KEEP = 0.85
 SCORE_RANGE = (0.0, 100.0)  # a task's score and the average: shares in percent
+LOSS_RANGE = (0.0, math.inf)  # a loss in nats: >= 0, no upper end
 
 
 def interval(values: list[float]) -> tuple[float, float | None, float | None, str]:
@@ -144,7 +146,7 @@ def task_table(runs: list[tuple[str, list[dict], int]], way: str) -> str:
 
 def loss_table(runs: list[tuple[str, list[dict], int]]) -> str:
     """Rows: run x task; columns: lengths; cells: the teacher-forced loss of the reference tokens (nats a token, the
-    mean over samples, its interval ropescale.common.stats.means.cell's)."""
+    mean over samples, its interval ropescale.common.stats.means.cell's over the range [0, inf): clipped at 0)."""
     lengths = sorted({r["col"] for _, recs, _ in runs for r in recs})
     lines = ["| run | task | n | " + " | ".join(map(str, lengths)) + " |", "|" + "---|" * (3 + len(lengths))]
     for name, recs, _ in runs:
@@ -156,8 +158,8 @@ def loss_table(runs: list[tuple[str, list[dict], int]]) -> str:
             n = "/".join(sorted({str(len(v)) for v in c.values()}))
             cells = []
             for L in lengths:
-                e = cell(c[L]) if L in c else None
-                cells.append("-" if e is None else (f"{e.mean:.2f} [{max(0.0, e.lo):.2f}, {e.hi:.2f}]"
+                e = cell(c[L], bounds=LOSS_RANGE) if L in c else None
+                cells.append("-" if e is None else (f"{e.mean:.2f} [{e.lo:.2f}, {e.hi:.2f}]"
                                                     if e.lo is not None else f"{e.mean:.2f}"))
             lines.append(f"| {name} | {task} | {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
