@@ -11,7 +11,7 @@ The report stack, the probes and the experiments import the module that owns a n
   a secondary figure);
 - :mod:`.mse`: MSE(P-IE vs P-IB) and its noise floor;
 - :mod:`.tests`: the paired sign-flip, the MSE sign-flip, t over seeds, t over windows of buckets within windows
-  (the block-aware test), sign consistency; each names its unit and its smallest attainable p;
+  (the block-aware test); each names its unit and its smallest attainable p;
 - :mod:`.multiplicity`: Benjamini-Hochberg q per declared family;
 - :mod:`.lengths`: the effective context length (NoLiMa's, RULER's rule) and retention.
 """
