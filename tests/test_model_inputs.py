@@ -159,7 +159,7 @@ EXTRA = {
     ("finetune", "train"): ["--out", "OUT", "--max-steps", "1"],
     ("rope", "search"): ["--out", "OUT", "--evals", "2", "--scale", "2"],
     **{("probes", p): ["--out", "OUT"] for p in ("suffix-id", "ppl", "perturb", "copy", "shuffle", "ruler",
-                                                  "passkey", "position-loss")},
+                                                  "passkey", "position-loss", "continuation")},
     ("rope", "describe"): [],
 }
 # every command is driven (describe reads config.json through ropescale.common.models.check_config too)

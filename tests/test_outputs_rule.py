@@ -19,7 +19,7 @@ TINY_TOK = str(REPO_ROOT / "assets" / "tiny")
 CHAPTERS = str(CHAPTERS_JSONL)
 
 # each writes a probe run directory
-PROBES = ("suffix-id", "ppl", "perturb", "copy", "shuffle", "ruler", "passkey", "position-loss")
+PROBES = ("suffix-id", "ppl", "perturb", "copy", "shuffle", "ruler", "passkey", "position-loss", "continuation")
 # (tool, command) -> {output flag: (kind, the other arguments)}; "{in}" is a folder of small valid inputs (inputs()).
 # kind: "file" (a file output), "png" (a plot: must end in .png), "dir" (a directory written whole or a folder of
 # tables), "run" (a run directory).
