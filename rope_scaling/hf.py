@@ -36,6 +36,7 @@ import dataclasses
 import math
 
 from ropescale.common import compat
+from ropescale.common.attention_extend import max_context, spec_rule
 from ropescale.common.compat import config_get as _get
 from ropescale.common.compat import config_set as _set
 from ropescale.common.io import InputError
@@ -185,12 +186,29 @@ def read_rope(cfg) -> RopeSpec:
 
 def extended_context(cfg, state: RopeState | None = None) -> int:
     """The context the (scaled) config is meant for: orig_ctx * scale (max_position_embeddings when unscaled or
-    for native llama3 scaling, whose configs state it: ``Method.states_context``). ``state``: the config's
+    for native llama3 scaling, whose configs state it: ``Method.states_context``): the frequencies' context, an
+    attention-level method's reach aside (:func:`served_context` adds it). ``state``: the config's
     :func:`rope_state`, when the caller has read it already."""
     st = state if state is not None else rope_state(cfg)
     if REGISTRY[st.spec.method].states_context:
         return int(_get(cfg, "max_position_embeddings"))
     return int(round(st.orig_ctx * st.spec.scale))
+
+
+def served_context(cfg, state: RopeState | None = None) -> int | None:
+    """The context a setting serves -- what every stage labels, records and refuses by: the frequency method's
+    :func:`extended_context` C, or with an attention-level method (the spec's ``attention_extend``) the longest
+    context whose relative positions stay below C (``attention_extend.max_context`` over C: Self-Extend
+    (C - W) * G + W, Jin et al. 2024 Sec 3.2; at least C). None = unbounded (DCA whose chunk fits C): every length is
+    within it, and run.json's ``context`` is null. ``state``: the config's :func:`rope_state` (with the attention
+    fields, as :func:`change_rope` returns it), when the caller has it."""
+    st = state if state is not None else rope_state(cfg)
+    ext = extended_context(cfg, st)
+    rule = spec_rule(st.spec, st.orig_ctx)  # DCA's default sizes come from the original context
+    if rule is None:
+        return ext
+    reach = max_context(rule, ext)
+    return None if math.isinf(reach) else max(ext, int(reach))
 
 
 # ---------------------------------------------------------------- writing

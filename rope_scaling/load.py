@@ -1,7 +1,7 @@
 """Loading a model with a RoPE spec: the one way finetune, merge, generate and the probes get a config with the spec
 applied (:func:`load_config`, the rule of :func:`rope_scaling.apply_rope`) and the model under it
 (:func:`load_model`). The config is read into a RoPE spec once, here: :class:`ModelConfig` carries the config, what
-was done to it, what it carries now and its extended context, and every stage passes that object on instead of
+was done to it, what it carries now and the context it serves, and every stage passes that object on instead of
 reading the config again. transformers is imported here, lazily; the rest of the package stays plain math and dicts.
 """
 from __future__ import annotations
@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ropescale.common import attention_extend
 from ropescale.common.io import InputError
 
 from .args import warn_range
 from .formulas import REGISTRY
-from .hf import RopeChange, RopeState, change_rope, extended_context, rope_state
+from .hf import RopeChange, RopeState, change_rope, extended_context, rope_state, served_context
 from .spec import RopeSpec
 
 # the config fields apply_rope writes (what vLLM must be told as hf_overrides)
@@ -31,7 +32,9 @@ class ModelConfig:
     config: Any  # the transformers config, the spec written in
     change: RopeChange  # what applying the spec did (kept, unchanged, applied, replaced, removed)
     state: RopeState  # what the config carries now: the spec, and the unscaled model underneath
-    context: int  # the context the config is meant for (rope_scaling.extended_context)
+    context: int | None  # the context the setting serves (hf.served_context): an attention method's reach included;
+    # None = unbounded (DCA): every length is within it
+    rope_context: int  # the frequency method's extended context (hf.extended_context): a finite default length
 
     @property
     def rope(self) -> RopeSpec:
@@ -72,7 +75,8 @@ def load_config(model_dir: str | os.PathLike, spec: RopeSpec | None = None) -> M
         change, state = change_rope(config, spec)
     except InputError as e:
         raise InputError(e.message, e.path or model_dir / "config.json", e.line) from None
-    return ModelConfig(model_dir, config, change, state, int(extended_context(config, state)))
+    return ModelConfig(model_dir, config, change, state, served_context(config, state),
+                       int(extended_context(config, state)))
 
 
 def load_model(model_dir: str | os.PathLike, config, *, dtype, attn: str | None = None, state: RopeState | None = None):
@@ -100,15 +104,11 @@ def install_attention(model, state: RopeState) -> int:
     (:func:`ropescale.common.attention_extend.install`; full-attention layers only, sliding-window layers keep plain
     SDPA); DCA's sizes default from the original context. Returns the number of attention modules under it (0: none
     asked)."""
-    sp = state.spec
-    if sp.attention_extend == "none":
+    rule = attention_extend.spec_rule(state.spec, state.orig_ctx)
+    if rule is None:
         return 0
-    from ropescale.common import attention_extend
     from ropescale.common.compat.rope import layer_inv_freq
 
-    rule = attention_extend.rule_of(sp.attention_extend, group=sp.grp_attn_n, window=sp.grp_attn_w,
-                                    chunk_size=sp.dca_chunk_size, local_size=sp.dca_local_size,
-                                    orig_ctx=state.orig_ctx)
     return attention_extend.install(model, rule, lambda i: layer_inv_freq(model, i, full_only=True))
 
 

@@ -125,12 +125,26 @@ def rule_of(method: str, *, group=None, window=None, chunk_size=None, local_size
     return None
 
 
+def spec_rule(spec, orig_ctx: int) -> Rule | None:
+    """The :class:`Rule` of a RoPE spec's attention fields (``attention_extend``, ``grp_attn_n`` / ``grp_attn_w``,
+    ``dca_chunk_size`` / ``dca_local_size``; DCA's sizes default from ``orig_ctx``); None without a method."""
+    return rule_of(spec.attention_extend, group=spec.grp_attn_n, window=spec.grp_attn_w,
+                   chunk_size=spec.dca_chunk_size, local_size=spec.dca_local_size, orig_ctx=orig_ctx)
+
+
 def max_context(rule: Rule, orig_ctx: int) -> float:
-    """The longest context whose largest relative position stays below ``orig_ctx``: Self-Extend (L - W) * G + W
-    (Jin et al. 2024, Sec 3.2); DCA unbounded (every relative position stays below chunk_size)."""
+    """The longest context whose largest relative position (p_q - p_k over the passes) stays below ``orig_ctx``
+    (the context the frequencies serve: the original one for plain RoPE), inf when none exceeds it. Self-Extend:
+    its largest relative position at length T >= W is (T - 1) // G + W - W / G, below L up to (L - W) * G + W (Jin et
+    al. 2024, Sec 3.2; llama.cpp's --grp-attn rule), and T - 1 (the neighbour window) when W >= L. DCA: at length T
+    it is min(T - 1, 2s - 1, C) (s = C - L_local; the successive pass's min(i mod s + s, C) at the chunk's first
+    key), so unbounded when min(2s - 1, C) < L, else L (An et al. 2024, Sec 3)."""
     if rule.method == "self_extend":
-        return (orig_ctx - rule.params["window"]) * rule.params["group"] + rule.params["window"]
-    return math.inf
+        g, w = rule.params["group"], rule.params["window"]
+        return max(orig_ctx, (orig_ctx - w) * g + w)
+    c = rule.params["chunk_size"]
+    s = c - rule.params["local_size"]
+    return math.inf if min(2 * s - 1, c) < orig_ctx else orig_ctx
 
 
 # ---------------------------------------------------------------- the attention function

@@ -27,7 +27,9 @@ transformers is refused (use the hf backend there): see :func:`ropescale.evaluat
 ``--truncate middle`` instead keeps the head and tail of the *context* (LongBench-style middle truncation; the
 instructions around it are kept whole) so the prompt is at most ``--max-input-tokens`` tokens (default: the model's
 extended context minus the max new tokens). run.json counts ``truncated`` samples and ``over_context`` samples
-(prompt + max new tokens beyond the extended context, i.e. extrapolated).
+(prompt + max new tokens beyond the extended context, i.e. extrapolated). The extended context is the one the
+setting serves (``rope_scaling.hf.served_context``): with ``--attention-extend`` the method's reach (Self-Extend
+(C - W) G + W; DCA: any length, run.json's ``context`` null).
 
 Output (a run directory, see :mod:`ropescale.common.runs`): ``DIR/predictions.jsonl`` — one record per sample
 (id, subset, prompt, input_tokens, truncated, new_tokens, prediction, reference), appended and fsynced as each
@@ -287,17 +289,31 @@ def plan_generation(s: GenerateSettings, log, resume: str = "auto") -> Generatio
     style = "" if resolved.prompt_style is None else "/" + resolved.prompt_style
     log(f"[generate] {name}: {len(samples)} samples, {len(samples) - len(todo)} already done, {len(todo)} to go; "
         f"prompt {prompt}{style}, subset {resolved.subset}, max new tokens {max_new_tokens}, "
-        f"rope {cfg.rope.label()}, extended context {cfg.context}")
+        f"rope {cfg.rope.label()}, extended context {context_text(cfg.context)}")
     return Generation(resolved, cfg, src, samples, sub, mid, run, old, predictions, todo, t_start)
 
 
-def input_limit(s: GenerateSettings, ext_ctx: int, max_new_tokens: int) -> int | None:
+def context_text(ctx: int | None) -> str:
+    """A served context in a sentence: its tokens, or "unbounded" (None: an attention method that serves any
+    length)."""
+    return "unbounded" if ctx is None else str(ctx)
+
+
+def beyond_context(ctx: int | None, tokens: int) -> bool:
+    """Whether ``tokens`` (prompt + max new tokens) run past the served context ``ctx`` (None: never)."""
+    return ctx is not None and tokens > ctx
+
+
+def input_limit(s: GenerateSettings, ext_ctx: int | None, max_new_tokens: int) -> int | None:
     """``--max-input-tokens`` as it applies: with ``--truncate middle`` (default: the extended context less the
     new tokens), refused without it."""
     if s.truncate != "middle":
         if s.max_input_tokens is not None:
             raise InputError("--max-input-tokens needs --truncate middle")
         return None
+    if s.max_input_tokens is None and ext_ctx is None:
+        raise InputError("--truncate middle: the setting serves any length (an unbounded --attention-extend), so "
+                         "there is no default input limit; pass --max-input-tokens")
     limit = s.max_input_tokens or ext_ctx - max_new_tokens
     if limit < 1:
         raise InputError(f"the extended context ({ext_ctx}) leaves no room for the input after {max_new_tokens} "
@@ -325,9 +341,10 @@ def warn_context(g: Generation, log) -> None:
     """Before the model loads: how many inputs do not fit the model's (extended) context with the new tokens --
     middle-truncated with ``--truncate middle``, else run past it (extrapolation, the paper's setting, where a
     small model scores near 0) -- and an eval set that fits."""
-    s, ctx = g.settings, g.cfg.context
-    room = ctx - g.max_new_tokens
-    over = sum(1 for it in g.items if it.extra["truncated"] or len(it.input_ids) > room)
+    s, ctx, mnt = g.settings, g.cfg.context, g.max_new_tokens
+    if ctx is None:  # a setting that serves any length
+        return
+    over = sum(1 for it in g.items if it.extra["truncated"] or beyond_context(ctx, len(it.input_ids) + mnt))
     if not over:
         return
     fate = ("middle-truncated to fit" if s.truncate == "middle" else
@@ -440,7 +457,7 @@ def finish_run(g: Generation, seconds: float, log) -> dict:
     mnt, items = g.max_new_tokens, g.items
     counts = {
         "done": len(done), "truncated": sum(bool(r.get("truncated")) for r in done),
-        "over_context": sum(r["input_tokens"] + mnt > g.cfg.context for r in done),
+        "over_context": sum(beyond_context(g.cfg.context, r["input_tokens"] + mnt) for r in done),
         "hit_max_new_tokens": sum(r.get("new_tokens", 0) >= mnt for r in done),
     }
     rec = g.record

@@ -59,9 +59,15 @@ class Loaded:
     rope: dict  # the effective rope spec dict (read back from the config after applying the flags)
     scale: float
     orig_ctx: int
-    context: int  # the context the (scaled) config is meant for
+    context: int | None  # the context the setting serves (rope_scaling.hf.served_context); None = unbounded (DCA)
     model_id: str | None = None  # ropescale.common.runs.identity.model_id of the directory
     train: dict | None = None  # the model's training record (ropescale.common.runs.record.read_train_record)
+    rope_context: int | None = None  # the frequency method's extended context (rope_scaling.hf.extended_context)
+
+    @property
+    def default_length(self) -> int | None:
+        """A probe's default length: the context the setting serves, the frequencies' where that is unbounded."""
+        return self.context if self.context is not None else self.rope_context
 
     @property
     def pad_id(self) -> int:
@@ -85,7 +91,7 @@ def load_model(name: str | os.PathLike | None, spec=None) -> Loaded:
     model.float().eval()
     tok = AutoTokenizer.from_pretrained(str(path))
     return Loaded(model, tok, Path(path), str(name or "tiny"), cfg.rope.to_dict(), float(cfg.rope.scale or 1.0),
-                  int(cfg.orig_ctx), int(cfg.context), model_id(path), read_train_record(path))
+                  int(cfg.orig_ctx), cfg.context, model_id(path), read_train_record(path), cfg.rope_context)
 
 
 def encode(tokenizer, text: str) -> list[int]:

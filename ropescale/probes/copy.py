@@ -55,7 +55,7 @@ def copy_probe(loaded, docs, settings: CopySettings | None = None, **fields) -> 
     """Run the copy probe into run dir ``settings.out`` (or give the settings as keywords); cells: mean target loss
     per distance (copy / no-copy)."""
     s = probe_settings(CopySettings, settings, fields)
-    length, n, target_len, seed, batch_size = s.length or loaded.context, s.n, s.target_len, s.seed, s.batch_size
+    length, n, target_len, seed, batch_size = s.length or loaded.default_length, s.n, s.target_len, s.seed, s.batch_size
     n_prefix = length - target_len
     distances = s.distances if s.distances is not None else \
         [d for d in default_distances(n_prefix) if d <= n_prefix - target_len]

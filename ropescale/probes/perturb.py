@@ -100,7 +100,8 @@ def perturb_probe(loaded, docs, settings: PerturbSettings | None = None, **field
     """Run the perturbation probe into run dir ``settings.out`` (or give the settings as keywords); cells: mean
     loss change per kind x distance."""
     s = probe_settings(PerturbSettings, settings, fields)
-    length, kinds, n, target_len, seeds, seed = s.length or loaded.context, s.kinds, s.n, s.target_len, s.seeds, s.seed
+    length = s.length or loaded.default_length
+    kinds, n, target_len, seeds, seed = s.kinds, s.n, s.target_len, s.seeds, s.seed
     batch_size = s.batch_size
     if not kinds:
         raise InputError(f"--kinds: give at least one of {', '.join(KINDS)}")

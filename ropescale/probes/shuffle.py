@@ -84,7 +84,7 @@ def shuffle_probe(loaded, docs: list[Doc], settings: ShuffleSettings | None = No
     blocks, lengths, n, seed, batch_size = s.blocks, s.lengths, s.n, s.seed, s.batch_size
     data = (docs[0].where.rsplit(":", 1)[0] if docs else "") or s.data
     max_sentences = s.max_sentences if s.max_sentences is not None else (0 if lengths else 20)
-    window = s.window or loaded.context
+    window = s.window or loaded.default_length
     if not blocks:
         raise InputError("--blocks: give at least one block size")
     # every token of a window is scored; documents shorter than the window are padded

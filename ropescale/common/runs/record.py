@@ -3,17 +3,18 @@ the append-only record logs (:class:`RecordLog`), the directory (:class:`RunDir`
 (:func:`summarize`), the training record a model directory carries (:func:`read_train_record`).
 
 A run directory holds:
-- ``run.json``: the run's record (:class:`RunRecord`), written atomically, with the same field names in every
-  stage: ``kind`` ("finetune", "generate", "probe"), ``model`` (the model directory used: ``tiny`` for the
-  embedded default, else its absolute path), ``model_id`` (``identity.model_id``: what the model *is*, so a model
-  replaced at the same path is noticed), ``rope`` (the full RoPE spec the model ran with, read back with
-  ``rope_scaling.RopeSpec.from_record``), ``context`` (the RoPE-extended context), ``train`` (the training record
-  of the model: :func:`read_train_record`; for a finetune run the record of the training it does), ``data`` (the
-  data read), ``settings`` (the stage's settings as resolved, flat as in a recipe:
-  ``ropescale.common.settings.to_record``, without model, data and rope, which are above), ``info`` (what the
-  stage adds: counts, data stats, the probe's name and variants...), ``status``, ``seconds`` (wall time of the
-  whole run, summed over its parts when resumed), ``created``, ``updated``, ``versions``. :class:`RunMeta` is the
-  one reader, older layouts included (flat settings at the top level, ``args``, ``model_dir`` / ``model_path``,
+- ``run.json``: the run's record (:class:`RunRecord`), written atomically, with the same field names in every stage:
+  ``kind`` ("finetune", "generate", "probe"), ``model`` (the model directory used: ``tiny`` for the embedded default,
+  else its absolute path), ``model_id`` (``identity.model_id``: what the model *is*, so a model replaced at the same
+  path is noticed), ``rope`` (the full RoPE spec the model ran with, read back with
+  ``rope_scaling.RopeSpec.from_record``), ``context`` (the context the setting serves,
+  ``rope_scaling.hf.served_context``: the RoPE-extended context, an attention method's reach included; null when
+  unbounded, DCA), ``train`` (the training record of the model: :func:`read_train_record`; for a finetune run the
+  record of the training it does), ``data`` (the data read), ``settings`` (the stage's settings as resolved, flat as
+  in a recipe: ``ropescale.common.settings.to_record``, without model, data and rope, which are above), ``info`` (what
+  the stage adds: counts, data stats, the probe's name and variants...), ``status``, ``seconds`` (wall time of the
+  whole run, summed over its parts when resumed), ``created``, ``updated``, ``versions``. :class:`RunMeta` is the one
+  reader, older layouts included (flat settings at the top level, ``args``, ``model_dir`` / ``model_path``,
   ``extended_context``, an integer ``train_length``).
 - one or more append-only JSONL record files (``predictions.jsonl`` for generation, ``items.jsonl`` for probes):
   one JSON object a line, each with a unique ``id``. A record is appended with one ``write`` + ``fsync``, so a
