@@ -27,6 +27,14 @@ def _args(model_dir, data, out, steps, *more):
             "--pose-target", "512", "--output-dir", out, *more]
 
 
+def _ft(capfd, argv):
+    """(exit code, stderr) of an in-process finetune.py call (no DeepSpeed: a second DeepSpeed run in one process
+    fails; the process itself is not what these tests are about)."""
+    capfd.readouterr()
+    rc = main([str(a) for a in argv])
+    return rc, capfd.readouterr().err
+
+
 def _err(capsys, argv):
     """(exit code, the error lines): progress lines before the check are not errors."""
     rc = main([str(a) for a in argv])
@@ -35,16 +43,16 @@ def _err(capsys, argv):
     return rc, [x for x in err if not x.startswith("[")]
 
 
-def test_pose_resume_redraws_the_same_positions(setup, tmp_path):
+def test_pose_resume_redraws_the_same_positions(setup, tmp_path, capfd, one_thread):
     model_dir, data = setup
     ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
-    ref = run(finetune_cmd(*_args(model_dir, data, ref_dir, STEPS)))
-    assert ref.returncode == 0, ref.stderr[-2000:]
-    first = run(finetune_cmd(*_args(model_dir, data, cut_dir, 2)))
-    assert first.returncode == 0, first.stderr[-2000:]
-    again = run(finetune_cmd(*_args(model_dir, data, cut_dir, STEPS), "--resume", "auto"))
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert "resuming from" in again.stderr and "checkpoint-2" in again.stderr
+    rc, err = _ft(capfd, _args(model_dir, data, ref_dir, STEPS))
+    assert rc == 0, err[-2000:]
+    rc, err = _ft(capfd, _args(model_dir, data, cut_dir, 2))
+    assert rc == 0, err[-2000:]
+    rc, err = _ft(capfd, [*_args(model_dir, data, cut_dir, STEPS), "--resume", "auto"])
+    assert rc == 0, err[-2000:]
+    assert "resuming from" in err and "checkpoint-2" in err
 
     ref_log, cut_log = train_log(ref_dir), train_log(cut_dir)
     assert [r["step"] for r in cut_log] == list(range(1, STEPS + 1))
@@ -63,12 +71,12 @@ def test_pose_resume_redraws_the_same_positions(setup, tmp_path):
     # a checkpoint written before runs kept a coverage record: the resume says so, and its coverage counts the
     # steps after the checkpoint only, recorded as from_step
     old_dir = tmp_path / "old"
-    first = run(finetune_cmd(*_args(model_dir, data, old_dir, 2)))
-    assert first.returncode == 0, first.stderr[-2000:]
+    rc, err = _ft(capfd, _args(model_dir, data, old_dir, 2))
+    assert rc == 0, err[-2000:]
     (old_dir / "checkpoint-2" / "coverage.json").unlink()
-    again = run(finetune_cmd(*_args(model_dir, data, old_dir, STEPS), "--resume", "auto"))
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert "holds no position coverage" in again.stderr and "counted from step 2" in again.stderr
+    rc, err = _ft(capfd, [*_args(model_dir, data, old_dir, STEPS), "--resume", "auto"])
+    assert rc == 0, err[-2000:]
+    assert "holds no position coverage" in err and "counted from step 2" in err
     part = Coverage.from_json(json.loads((old_dir / "run.json").read_text())["train"]["coverage"])
     assert part.from_step == 2 and part.samples == 2 * (STEPS - 2)
 
@@ -77,8 +85,8 @@ def test_pose_resume_redraws_the_same_positions(setup, tmp_path):
     assert json.loads((out / "ropescale_train.json").read_text())["coverage"] == cov.to_json()
 
     # the policy is a setting of the run: a resume with another one is refused in one line
-    bad = run(finetune_cmd(*_args(model_dir, data, cut_dir, STEPS + 2), "--resume", "auto", "--pose-chunks", "3"))
-    assert bad.returncode == 2 and "pose_chunks" in bad.stderr.replace("-", "_"), bad.stderr[-1000:]
+    rc, err = _ft(capfd, [*_args(model_dir, data, cut_dir, STEPS + 2), "--resume", "auto", "--pose-chunks", "3"])
+    assert rc == 2 and "pose_chunks" in err.replace("-", "_"), err[-1000:]
 
 
 def test_bad_combinations_are_one_line_and_exit_2(setup, tmp_path, capsys):
@@ -101,7 +109,7 @@ def test_bad_combinations_are_one_line_and_exit_2(setup, tmp_path, capsys):
     assert e.value.code == 2 and "--positions" in last and "continuous, reset" in last, last
 
 
-def test_document_mask_under_zero3_trains_what_plain_pytorch_trains(setup, tmp_path):
+def test_document_mask_under_zero3_trains_what_plain_pytorch_trains(setup, tmp_path, capfd, one_thread):
     """reset + document on padded micro-batches of 2 under ZeRO-3 (partitioned weights gathered per layer, one
     process): the same losses as without DeepSpeed, and the same position coverage (reset: the ids restart at each
     pair, so the longest id is the longest pair's last, below the samples' 300 tokens)."""
@@ -110,8 +118,8 @@ def test_document_mask_under_zero3_trains_what_plain_pytorch_trains(setup, tmp_p
               "--global-batch", 2, "--micro-batch", 2, "--save-steps", 2, "--warmup-steps", 0, "--lr", "1e-2",
               "--seed", 3, "--positions", "reset", "--attention", "document", "--gradient-checkpointing", "true"]
     plain, zero3 = tmp_path / "plain", tmp_path / "zero3"
-    a = run(finetune_cmd(*common, "--output-dir", plain))
-    assert a.returncode == 0, a.stderr[-2000:]
+    rc, err = _ft(capfd, [*common, "--output-dir", plain])  # without DeepSpeed: in process
+    assert rc == 0, err[-2000:]
     b = run(finetune_cmd(*common, "--deepspeed", "zero3", "--output-dir", zero3))
     assert b.returncode == 0, b.stderr[-2000:]
     la, lb = train_log(plain), train_log(zero3)
