@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from ropescale.common.io import InputError
 from ropescale.common.paths import DATA_DIR
 from ropescale.probes import continuation as cont
 from ropescale.probes.common import load_model
@@ -102,6 +103,24 @@ def test_austen_names():
     assert "Harriet" not in sw.text and sw.names["Harriet"] not in text
 
 
+def test_swap_keeps_the_token_count():
+    from transformers import AutoTokenizer
+
+    from ropescale.common.paths import QWEN2_TOKENIZER
+
+    tok = AutoTokenizer.from_pretrained(str(QWEN2_TOKENIZER))
+    text = (DATA_DIR / "english" / "austen" / "persuasion.txt").read_text(encoding="utf-8")[:150_000]
+
+    def count(s: str) -> int:
+        return len(tok(s, add_special_tokens=False)["input_ids"])
+
+    sw = cont.swap_names(text, 10, cost=lambda w: count(" " + w))
+    assert {"Anne", "Elliot", "Wentworth", "Musgrove"} <= set(sw.names)
+    same = sum(count(" " + a) == count(" " + b) for a, b in sw.names.items())
+    assert same >= 0.9 * len(sw.names), sw.names  # the pool has a name of each count for nearly every name
+    assert abs(count(sw.text) - count(text)) <= 0.005 * count(text)
+
+
 def test_greedy_is_transformers_greedy(tiny):
     ids = cont.tokens_with_offsets(tiny.tokenizer, hand_text())[0][:40]
     ref = tiny.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12, min_new_tokens=12,
@@ -160,8 +179,7 @@ def test_command_on_the_tiny_default(tmp_path, capsys):
     assert len(lines) == 8
     assert main(argv) == 0  # resumed: nothing added
     assert (tmp_path / "run" / "items.jsonl").read_text().splitlines() == lines
-    assert main(["continuation", "--model", "tiny", "--data", str(d / "a.txt"), "--prompt-len", "5000",
-                 "--out", str(tmp_path / "run2")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith(f"error: {d / 'a.txt'}: document a: ") and "a window needs 5032" in err
-    assert not (tmp_path / "run2").exists()
+    with pytest.raises(InputError) as e:  # a text shorter than a window: one line naming its file
+        cont.draw_starts(1633, 2, 5032, 0, Doc("a", "a", "", f"{d / 'a.txt'}:1"))
+    assert str(e.value) == (f"{d / 'a.txt'}: document a: 1633 tokens, a window needs 5032 (--prompt-len + "
+                            f"--continuation)")

@@ -11,9 +11,9 @@ The name-swapped variant reads the same windows in a copy of the document whose 
 (:func:`swap_names`): a capitalised word (``[A-Z][a-z]+``) that is not a title, weekday or month and occurs at
 least ``--min-name-count`` times after a lower-case letter, comma, semicolon or ``Mr.`` / ``Mrs.`` / ``Dr.`` and
 white space (so not only at a sentence's start) is a name; names are taken most frequent first and each is given
-the unused name of :data:`NAMES` (none occurring in the document) nearest in length, the same in every occurrence
-(the possessive too). The window is the same span of characters (its start and end moved by the replacements before
-them), so its token count changes by a few at most.
+the unused name of :data:`NAMES` (none occurring in the document) nearest in tokens, then in length, the same in
+every occurrence (the possessive too). The window is the same span of characters (its start and end moved by the
+replacements before them), so its token count changes by a few at most.
 Each window is also scored teacher-forced: the mean loss of its tokens (nats/token), and the swapped window's minus
 the original's (``loss_diff``, paired by window): a model that read the text in its original form pays for the new
 names, a model that did not pays about nothing.
@@ -30,28 +30,33 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ropescale.common.io import InputError
 from ropescale.common.settings import setting
 
-from .common import POSITIVE, ProbeRun, ProbeSettings, data_setting, probe_settings, progress, rng_for
+from .common import POSITIVE, ProbeRun, ProbeSettings, data_setting, encode, probe_settings, progress, rng_for
 from .data import Doc, data_name, load_docs
 
-# invented or rare given names and surnames, none of them in Austen's novels (a document that has one skips it)
-NAMES = ("Abel", "Ines", "Oren", "Tova", "Lorcan", "Ysolde", "Quill", "Zara", "Bram", "Odile", "Cosmo", "Perpetua",
-         "Thaddeus", "Wren", "Idris", "Marisol", "Fenwick", "Ulla", "Caspian", "Dagny", "Ezra", "Greer", "Hollis",
-         "Juno", "Kestrel", "Linnea", "Magnus", "Niamh", "Osric", "Petra", "Rurik", "Saoirse", "Tobiah", "Undine",
-         "Vidar", "Wilhelmina", "Xavia", "Yorick", "Zebedee", "Ambrose", "Brisk", "Corvin", "Delphine", "Evander",
-         "Fiora", "Gideon", "Hesper", "Ivor", "Jessamy", "Kolya", "Lysander", "Merritt", "Nyx", "Orla", "Piran",
-         "Quentina", "Roswitha", "Sorrel", "Tamsin", "Ulric", "Vesna", "Warrick", "Ximena", "Yestin", "Zephyrine",
-         "Anselm", "Birgit", "Cyprian", "Drusilla", "Ebba", "Florian", "Gunnhild", "Hadrian", "Isolde", "Jarrah",
-         "Kerensa", "Leofric", "Melisande", "Nikolai", "Oriel", "Pascoe", "Radomir", "Sigrun", "Tancred", "Ulva",
-         "Valdemar", "Winnifred", "Yseult", "Zdenek", "Alaric", "Brangwen", "Casimir", "Dorcas", "Eluned", "Frideswide")
+# modern given names (one or two tokens in most English vocabularies) and invented or rare ones, none of them in
+# Austen's novels (a name the document has is skipped)
+NAMES = ("Kevin", "Brian", "Gary", "Linda", "Karen", "Scott", "Wayne", "Dennis", "Gloria", "Tracy", "Shirley",
+         "Brenda", "Craig", "Darren", "Kyle", "Tyler", "Megan", "Kayla", "Brandon", "Jason", "Justin", "Ashley",
+         "Nicole", "Travis", "Troy", "Keith", "Glenn", "Todd", "Randy", "Chad", "Wendy", "Tiffany", "Crystal",
+         "Dustin", "Derek", "Lance", "Shane", "Brent", "Kirk", "Dwayne", "Abel", "Ines", "Oren", "Tova", "Lorcan",
+         "Ysolde", "Quill", "Zara", "Bram", "Odile", "Cosmo", "Perpetua", "Thaddeus", "Wren", "Idris", "Marisol",
+         "Fenwick", "Ulla", "Caspian", "Dagny", "Ezra", "Greer", "Hollis", "Juno", "Kestrel", "Linnea", "Magnus",
+         "Niamh", "Osric", "Petra", "Rurik", "Saoirse", "Tobiah", "Undine", "Vidar", "Wilhelmina", "Xavia", "Yorick",
+         "Zebedee", "Ambrose", "Corvin", "Delphine", "Evander", "Fiora", "Gideon", "Hesper", "Ivor", "Jessamy",
+         "Kolya", "Lysander", "Merritt", "Orla", "Piran", "Roswitha", "Sorrel", "Tamsin", "Ulric", "Vesna", "Warrick",
+         "Ximena", "Anselm", "Birgit", "Cyprian", "Drusilla", "Ebba", "Florian", "Gunnhild", "Hadrian", "Isolde",
+         "Jarrah", "Kerensa", "Leofric", "Melisande", "Nikolai", "Oriel", "Pascoe", "Radomir", "Sigrun", "Tancred",
+         "Valdemar", "Yseult", "Alaric", "Brangwen", "Casimir", "Dorcas", "Eluned")
 NOT_NAMES = frozenset((
     "Mr", "Mrs", "Miss", "Sir", "Lady", "Lord", "Dr", "Colonel", "Captain", "Admiral", "General", "Madam", "Madame",
     "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday", "January", "February", "March",
     "April", "May", "June", "July", "August", "September", "October", "November", "December", "God", "Heaven",
-    "Chapter", "Volume", "The", "And", "But", "Oh", "Ah", "Yes", "No"))
+    "Chapter", "Volume", "The", "And", "But", "Oh", "Ah", "Yes", "No", "Christmas", "Easter", "English", "French"))
 WORD = re.compile(r"\b[A-Z][a-z]+\b")
 MID_SENTENCE = re.compile(r"(?:[a-z,;]|\b(?:Mr|Mrs|Ms|Dr|St)\.)\s+$")  # what precedes a word inside a sentence
 VARIANTS = ("original", "names-swapped")
@@ -96,16 +101,17 @@ def character_names(text: str, min_count: int) -> list[str]:
     return sorted((w for w, k in counts.items() if k >= min_count), key=lambda w: (-counts[w], w))
 
 
-def swap_names(text: str, min_count: int, pool=NAMES) -> Swap:
-    """``text`` with each name of :func:`character_names` replaced by the unused ``pool`` name nearest in length
-    (earlier in the pool on a tie); names left over when the pool runs out stay as they are."""
+def swap_names(text: str, min_count: int, pool=NAMES, cost: Callable[[str], int] | None = None) -> Swap:
+    """``text`` with each name of :func:`character_names` replaced by the unused ``pool`` name nearest in ``cost``
+    (a name's token count; None: no cost), then in length, then earlier in the pool; names left over when the pool
+    runs out stay as they are."""
     present = set(WORD.findall(text))
     free = [n for n in pool if n not in present]
     names = {}
     for w in character_names(text, min_count):
         if not free:
             break
-        new = min(free, key=lambda n: abs(len(n) - len(w)))
+        new = min(free, key=lambda n: (abs(cost(n) - cost(w)) if cost else 0, abs(len(n) - len(w))))
         free.remove(new)
         names[w] = new
     if not names:
@@ -203,7 +209,7 @@ def continuation_probe(loaded, docs, settings: ContinuationSettings | None = Non
     names = {}
     for doc in docs:
         ids, offs = tokens_with_offsets(tok, doc.text)
-        sw = swap_names(doc.text, s.min_name_count)
+        sw = swap_names(doc.text, s.min_name_count, cost=lambda w: len(encode(tok, " " + w)))
         names[doc.id] = sw.names
         sids, soffs = tokens_with_offsets(tok, sw.text)
         for i, a in enumerate(progress(draw_starts(len(ids), s.n, p + c, s.seed, doc), f"continuation {doc.id}")):
