@@ -1,5 +1,6 @@
-"""The passkey probe (issue 50.4): the papers' single-key window, the no-key control, the references, the reading by
-key distance, and the functions scripts/real_model.py imports kept as they were."""
+"""The passkey probe: the papers' single-key window, the no-key control, the references, the reading by key distance,
+the functions scripts/real_model.py imports kept as they were, and the real-model windows (--novels), the loss by
+bucket of the same forwards (--bucket, --in-window) and forwards shared by runs (--forwards)."""
 from __future__ import annotations
 
 import inspect
@@ -86,3 +87,93 @@ def test_cli_registers_passkey_and_ruler():
     assert a.keys == "multi"
     b = p.parse_args(["ruler", "--out", "x", "--tasks", "vt,cwe"])
     assert b.tasks == ["vt", "cwe"]
+
+
+def _novels(tmp_path, chars: int = 6000):
+    """Two short .txt novels (the first ``chars`` characters of two Austen novels) in a directory."""
+    from ropescale.common.paths import DATA_DIR
+
+    d = tmp_path / "novels"
+    d.mkdir()
+    for name in ("persuasion", "emma"):
+        text = (DATA_DIR / "english" / "austen" / f"{name}.txt").read_text(encoding="utf-8")[:chars]
+        (d / f"{name}.txt").write_text(text, encoding="utf-8")
+    return d
+
+
+def _nll(model, ids):
+    """Per-position next-token loss from transformers' full logits (position 0: none), an independent reference."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    nll = torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(ids[1:]), reduction="none")
+    return [float("nan")] + nll.tolist()
+
+
+def _jsonl(p):
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+
+
+def test_novel_windows_buckets_and_shared_forwards(make_tiny_model, tiny_tokenizer, tmp_path, one_thread):
+    """--novels DIR: window i from novel i (sorted), the windows of ``novel_windows`` for the seed; --bucket: the
+    loss a bucket over the novel's tokens from transformers' logits; a rope that follows the length reads its
+    in-window buckets from the forward at --in-window (dynamic NTK there: plain RoPE, the unscaled model's forward);
+    --forwards: a second run reads the first's forward where the frequencies match, with the same records."""
+    from rope_scaling import RopeSpec
+    from ropescale.probes.common import load_model
+
+    _, d = make_tiny_model(orig_ctx=1024)
+    novels = _novels(tmp_path)
+    kw = dict(lengths=[1024, 2048, 4096], depths=[0.3, 0.7], n=2, keys="multi", haystack="novel", bucket=512,
+              control=False, novels=[str(novels)], in_window=1024, seed=3)
+    base = load_model(str(d))
+    s0 = pk.passkey_probe(base, [], out=str(tmp_path / "none"), forwards=str(tmp_path / "fw"), **kw)
+    texts = {n: (novels / f"{n}.txt").read_text(encoding="utf-8") for n in ("emma", "persuasion")}  # sorted
+    want = pk.novel_windows(tiny_tokenizer, texts, 2, [1024, 2048, 4096], [0.3, 0.7], 3)
+    assert [(w["source"], w["start"]) for w in s0["windows"].values()] == [(w.source, w.start) for w in want]
+    items = _jsonl(tmp_path / "none" / "items.jsonl")
+    assert {(r["window"], r["name"], r["number"]) for r in items} == {(i, k.name, k.number) for i, w in
+                                                                      enumerate(want) for k in w.keys}
+    for i, w in enumerate(want):
+        nll = _nll(base.model, w.ids)
+        for file, upto in (("buckets.jsonl", 4096), ("in_window.jsonl", 1024)):
+            got = {r["bucket"]: r for r in _jsonl(tmp_path / "none" / file) if r["window"] == i}
+            assert sorted(got) == list(range(0, upto, 512))
+            for a in range(0, upto, 512):
+                pos = [p for p in range(max(a, 1), min(a + 512, upto)) if w.hay[p]]
+                assert got[a]["tokens"] == len(pos)
+                assert got[a]["loss"] == pytest.approx(sum(nll[p] for p in pos) / len(pos), abs=1e-5), (file, a)
+    dyn = load_model(str(d), RopeSpec("dynamic_ntk", 4.0, orig_ctx=1024))
+    s1 = pk.passkey_probe(dyn, [], out=str(tmp_path / "dyn"), forwards=str(tmp_path / "fw"), **kw)
+    assert all(w["forwards"] == {1024: "read", 2048: "ran", 4096: "ran"} for w in s1["windows"].values())
+    alone = pk.passkey_probe(load_model(str(d), RopeSpec("dynamic_ntk", 4.0, orig_ctx=1024)), [],
+                             out=str(tmp_path / "alone"), **kw)  # no shared forwards: every length run
+    assert all(set(w["forwards"].values()) == {"ran"} for w in alone["windows"].values())
+    for f in ("items.jsonl", "buckets.jsonl", "in_window.jsonl"):
+        a, b = _jsonl(tmp_path / "dyn" / f), _jsonl(tmp_path / "alone" / f)
+        assert [r["id"] for r in a] == [r["id"] for r in b]
+        key = "answer_loss" if f == "items.jsonl" else "loss"
+        # the same frequencies: the prefix of a longer forward or a forward of its own length (fp32 reductions over
+        # other lengths: measured up to 2e-5 of the value on this random model)
+        assert [r[key] for r in a] == pytest.approx([r[key] for r in b], rel=1e-4)
+    inwin = {(r["window"], r["bucket"]): r["loss"] for r in _jsonl(tmp_path / "dyn" / "in_window.jsonl")}
+    plain = {(r["window"], r["bucket"]): r["loss"] for r in _jsonl(tmp_path / "none" / "in_window.jsonl")}
+    assert inwin == plain  # read from the unscaled run's forward
+    again = pk.passkey_probe(dyn, [], out=str(tmp_path / "dyn"), forwards=str(tmp_path / "fw"), **kw)
+    assert again["windows"] == {} and len(_jsonl(tmp_path / "dyn" / "buckets.jsonl")) == len(
+        _jsonl(tmp_path / "alone" / "buckets.jsonl"))  # resumed: nothing run again, nothing appended
+
+
+def test_bucket_needs_multi_keys_and_a_novel_must_exist(make_tiny_model, tmp_path):
+    from ropescale.common.io import InputError
+    from ropescale.probes.common import load_model
+
+    _, d = make_tiny_model(orig_ctx=64)
+    loaded = load_model(str(d))
+    with pytest.raises(InputError, match="--bucket reads the forwards of --keys multi"):
+        pk.passkey_probe(loaded, [], lengths=[128], depths=[0.5], n=1, bucket=32, out=str(tmp_path / "a"))
+    with pytest.raises(InputError, match="no such file"):
+        pk.passkey_probe(loaded, [], lengths=[128], depths=[0.5], n=1, keys="multi", haystack="novel",
+                         novels=[str(tmp_path / "missing.txt")], out=str(tmp_path / "b"))
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

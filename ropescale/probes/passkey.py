@@ -23,13 +23,15 @@ YaRN, LongRoPE's factor switch) is run once per length (:func:`read_window`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from ropescale.common.settings import setting
 
-from .common import POSITIVE, ProbeRun, ProbeSettings, progress
+from .common import NOT_NEGATIVE, POSITIVE, ProbeRun, ProbeSettings, progress
 
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. I will quiz "
          "you about the important information there.\n\n")
@@ -274,6 +276,20 @@ class PasskeySettings(ProbeSettings):
     haystack: str = setting("noise", "noise: the papers' repeated sentences; novel: --data's text",
                             choices=("noise", "novel"))
     control: bool = setting(True, "also read each key with its key sentence removed (the no-key control)")
+    novels: list[str] | None = setting(None, "--keys multi: .txt novels (or a directory of them, sorted), "
+                                             "comma-separated: window i from novel i in order, cycling, at a random "
+                                             "start (the real-model windows, novel_windows); default: --data's text",
+                                       metavar="PATH,...")
+    bucket: int = setting(0, "--keys multi: also the loss by bucket of B positions of the same forwards "
+                             "(buckets.jsonl, to the longest length; in_window.jsonl, to --in-window); 0: none",
+                          check=NOT_NEGATIVE, metavar="B")
+    in_window: int | None = setting(None, "the in-window buckets end here, read from the forward at this length for "
+                                          "a rope that follows the length; default: the rope's original context",
+                                    check=POSITIVE, metavar="L")
+    forwards: str | None = setting(None, "--keys multi: a directory of forwards runs share (one file a model, window, "
+                                         "length and rope frequencies): a run reads a forward another made with the "
+                                         "same frequencies on the same tokens instead of running it",
+                                   metavar="DIR", resume="ignore")
 
 
 def digit_record(ids, answer_pos, nll, arg) -> dict:
@@ -304,30 +320,174 @@ def run_single(loaded, hay, s, run, lengths) -> None:
                  "number": number, **rec})
 
 
-def run_multi(loaded, hay, s, run, lengths, by_length: bool) -> None:
-    for i in progress(range(s.n), "passkey"):
-        if all(run.done(f"w{i}:L{L}:d{f}") for L in lengths for f in s.depths):
-            continue
+def signature(state, seq_len: int | None) -> tuple:
+    """What a forward computes with this rope at ``seq_len``: the frequencies and attention factor, rounded (two
+    ropes with the same signature compute the same forward: ``formulas.frequencies`` decides, pair by pair)."""
+    f = state.frequencies(seq_len)
+    return tuple(float(f"{x:.10e}") for x in f.inv_freq) + (round(f.attention_factor, 10),)
+
+
+class Forwards:
+    """The forwards of one run: a rope that follows the length (``formulas.Method.by_length``) runs at each length
+    asked, any other once over the whole window (its first L positions are what a reader of L tokens computes);
+    a forward with the signature of one made already (on this window: a longest one first, then one of this length)
+    is read, not run; ``cache``: a directory runs share, one file a forward."""
+
+    def __init__(self, loaded, cache: str | None):
+        from rope_scaling import RopeSpec
+        from rope_scaling.formulas import REGISTRY
+        from rope_scaling.load import load_config
+
+        spec = RopeSpec.from_record(loaded.rope)
+        self.state = load_config(loaded.path, spec).state
+        self.by_length = REGISTRY[self.state.spec.method].by_length
+        self.label = spec.attention_label()
+        self.model, self.model_id = loaded.model, loaded.model_id or str(loaded.path)
+        self.cache = None if cache is None else Path(cache)
+        self.memory: dict = {}
+        self.log: dict = {}
+
+    def key(self, ids: list[int], sig: tuple, length) -> str:
+        import hashlib
+
+        text = json.dumps([self.model_id, hashlib.sha256(str(ids).encode()).hexdigest(), list(sig), self.label,
+                           length])
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+    def read(self, k: str):
+        f = None if self.cache is None else self.cache / f"{k}.pt"
+        if f is not None and f.is_file():
+            import torch
+
+            d = torch.load(f, weights_only=True)
+            return d["nll"], d["arg"]
+        return None
+
+    def keep(self, k: str, got) -> None:
+        self.memory[k] = got
+        if self.cache is not None:
+            import torch
+
+            from ropescale.common.io import atomic_open
+
+            self.cache.mkdir(parents=True, exist_ok=True)
+            with atomic_open(self.cache / f"{k}.pt", "wb", encoding=None) as f:
+                torch.save({"nll": got[0], "arg": got[1]}, f)
+
+    def at(self, w: Window, length: int):
+        """(nll, arg) of a forward that serves ``length`` tokens of ``w``."""
+        sig = signature(self.state, length if self.by_length else None)
+        span = length if self.by_length else len(w.ids)  # the tokens of the forward that serves it
+        whole = self.key(w.ids, sig, "all")
+        own = self.key(w.ids[:span], sig, span) if self.by_length else whole
+        if own in self.memory:  # this run's (ran or read already: logged then)
+            return self.memory[own]
+        for k in dict.fromkeys((whole, own)):
+            got = self.read(k)
+            if got is not None:
+                self.log[span] = "read"
+                self.memory[own] = got
+                return got
+        got = forward_read(self.model, w.ids[:span])
+        self.log[span] = "ran"
+        self.keep(own, got)
+        return got
+
+
+def bucket_tokens(window: Window, upto: int, bucket: int) -> list[tuple[int, int]]:
+    """(first position, haystack tokens) of each ``bucket``-position bucket below ``upto`` that has some (positions
+    >= 1: :func:`bucket_losses`' positions)."""
+    spans = [(a, sum(window.hay[max(a, 1):min(a + bucket, upto)])) for a in range(0, upto, bucket)]
+    return [(a, n) for a, n in spans if n]
+
+
+def bucket_records(window: Window, nll, upto: int, bucket: int, i: int, kind: str) -> list[dict]:
+    """One record a bucket with haystack tokens (:func:`bucket_losses`): window, bucket (its first position), loss,
+    tokens (the haystack tokens it averages)."""
+    losses = bucket_losses(window, nll, upto, bucket)
+    return [{"id": f"w{i}:{kind}:b{a}", "window": i, "bucket": a, "loss": losses[a // bucket], "tokens": n}
+            for a, n in bucket_tokens(window, upto, bucket)]
+
+
+def read_novels(paths: list[str]) -> dict[str, str]:
+    """{stem: text} of the novels in order (a directory: its .txt files, sorted; a relative path not found here: under
+    the shared data directory, ``ropescale.common.paths.DATA_DIR``); InputError naming a missing one."""
+    from ropescale.common.io import InputError
+    from ropescale.common.paths import DATA_DIR
+
+    files = []
+    for p in map(Path, paths):
+        p = p if p.exists() or p.is_absolute() else DATA_DIR / p
+        if p.is_dir():
+            files += sorted(p.glob("*.txt"))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise InputError("--novels: no such file or directory", p)
+    if not files:
+        raise InputError("--novels: no .txt novel there", paths[0])
+    return {f.stem: f.read_text(encoding="utf-8") for f in files}
+
+
+def multi_windows(loaded, hay, s, lengths) -> list[Window]:
+    """The windows of ``--keys multi``: with ``--novels`` (``hay``: {name: text}), :func:`novel_windows` (the
+    real-model table's windows for the same seed); else each from its own random start in the haystack."""
+    if isinstance(hay, dict):
+        return novel_windows(loaded.tokenizer, hay, s.n, lengths, s.depths, s.seed)
+    out = []
+    for i in range(s.n):
         rng = random.Random(f"{s.seed}|multi|{i}")
         start = rng.randrange(max(1, len(hay) - max(lengths))) if s.haystack == "novel" else 0
-        w = plant(loaded.tokenizer, hay[start:start + 2 * max(lengths)], plan_keys(lengths, s.depths, rng),
-                  source=s.haystack, start=start, rng=rng)
-        reads = {L: forward_read(loaded.model, w.ids[:L]) for L in sorted(lengths)} if by_length else None
-        full = None if by_length else forward_read(loaded.model, w.ids)  # one forward serves every length
-        for k in w.keys:
-            nll, arg = reads[k.length] if by_length else full
-            rec = digit_record(w.ids, k.answer_pos, nll, arg)
-            seen = sum(1 for o in w.keys if o.key_pos < k.answer_pos[0])
-            rec.update(distance=k.distance, keys_in_context=seen, name=k.name)
-            if s.control:  # the window up to this key's length with its key sentence cut out
-                n_key = len(encode(loaded.tokenizer, key_text(k.name, k.number)))
-                ids = w.ids[:k.key_pos] + w.ids[k.key_pos + n_key:k.length]
-                pos = [p - n_key for p in k.answer_pos]
-                cn, ca = forward_read(loaded.model, ids)
-                cr = digit_record(ids, pos, cn, ca)
-                rec.update(control_loss=cr["answer_loss"], control_digit_loss=cr["digit_loss"])
-            run.add({"id": f"w{i}:L{k.length}:d{k.depth}", "group": "", "col": k.length,
-                     "value": float(rec["retrieved"]), "depth": k.depth, "number": k.number, **rec})
+        out.append(plant(loaded.tokenizer, hay[start:start + 2 * max(lengths)], plan_keys(lengths, s.depths, rng),
+                         source=s.haystack, start=start, rng=rng))
+    return out
+
+
+def key_record(loaded, s, w: Window, k: Key, i: int, read) -> dict:
+    """A key's record: its digits' losses, retrieved, distance, the keys in its context, the no-key control."""
+    nll, arg = read
+    rec = digit_record(w.ids, k.answer_pos, nll, arg)
+    seen = sum(1 for o in w.keys if o.key_pos < k.answer_pos[0])
+    rec.update(distance=k.distance, keys_in_context=seen, name=k.name, window=i)
+    if s.control:  # the window up to this key's length with its key sentence cut out
+        n_key = len(encode(loaded.tokenizer, key_text(k.name, k.number)))
+        ids = w.ids[:k.key_pos] + w.ids[k.key_pos + n_key:k.length]
+        pos = [p - n_key for p in k.answer_pos]
+        cn, ca = forward_read(loaded.model, ids)
+        cr = digit_record(ids, pos, cn, ca)
+        rec.update(control_loss=cr["answer_loss"], control_digit_loss=cr["digit_loss"])
+    return {"id": f"w{i}:L{k.length}:d{k.depth}", "group": "", "col": k.length, "value": float(rec["retrieved"]),
+            "depth": k.depth, "number": k.number, **rec}
+
+
+def run_multi(loaded, hay, s, run, lengths) -> dict:
+    """Every window's keys (items.jsonl) and, with ``--bucket``, its loss by bucket (buckets.jsonl, in_window.jsonl)
+    from the same forwards; returns {window: its source, start, forwards and seconds}."""
+    import time
+
+    fw = Forwards(loaded, s.forwards)
+    logs = {k: run.dir.log(f) for k, f in (("all", "buckets.jsonl"), ("in", "in_window.jsonl"))} if s.bucket else {}
+    total, inwin = max(lengths), s.in_window
+    done: dict = {}
+    for i, w in enumerate(progress(multi_windows(loaded, hay, s, lengths), "passkey")):
+        keys = {f"w{i}:L{k.length}:d{k.depth}": k for k in w.keys}
+        spans = {kind: (upto, [f"w{i}:{kind}:b{a}" for a, _ in bucket_tokens(w, upto, s.bucket)])
+                 for kind, upto in (("all", total), ("in", inwin))} if s.bucket else {}
+        if all(run.done(r) for r in keys) and all(r in logs[k] for k, (_, ids) in spans.items() for r in ids):
+            continue
+        t, fw.log = time.monotonic(), {}
+        for rid, k in keys.items():
+            if not run.done(rid):
+                run.add(key_record(loaded, s, w, k, i, fw.at(w, k.length)))
+        for kind, (upto, ids) in spans.items():
+            if not all(r in logs[kind] for r in ids):
+                run.start()
+                for rec in bucket_records(w, fw.at(w, upto)[0], upto, s.bucket, i, kind):
+                    if rec["id"] not in logs[kind]:
+                        logs[kind].append(rec)
+        done[i] = {"source": w.source, "start": w.start, "forwards": dict(fw.log),
+                   "seconds": round(time.monotonic() - t, 1)}
+    return done
 
 
 def by_distance(records: list[dict]) -> list[dict]:
@@ -352,34 +512,69 @@ def by_distance(records: list[dict]) -> list[dict]:
 
 def passkey_probe(loaded, docs, settings: PasskeySettings | None = None, **fields) -> dict:
     """Run the passkey probe into ``settings.out``; returns the summary (cells: retrieval accuracy per length;
-    ``by_distance``: the reading by key distance with its references)."""
-    from rope_scaling import RopeSpec
-    from rope_scaling.formulas import REGISTRY
+    ``by_distance``: the reading by key distance with its references; ``windows``: each window's source, start and
+    forwards, ran or read, with --keys multi)."""
+    from ropescale.common.io import InputError
 
     from .common import probe_settings
 
     s = probe_settings(PasskeySettings, settings, fields)
     lengths = s.lengths or [loaded.orig_ctx * m for m in (1, 2, 4, 8)]
-    s = dataclasses.replace(s, lengths=lengths)
+    s = dataclasses.replace(s, lengths=lengths, in_window=s.in_window or int(loaded.rope.get("orig_ctx")
+                                                                             or loaded.orig_ctx))
+    if s.bucket and s.keys != "multi":
+        raise InputError("--bucket reads the forwards of --keys multi (one window a forward)")
+    if s.bucket and s.in_window > max(lengths):
+        raise InputError(f"--in-window {s.in_window} is past the longest length {max(lengths)}")
     need = 2 * max(lengths) + 64
-    hay = noise_ids(loaded.tokenizer, need) if s.haystack == "noise" else \
-        encode(loaded.tokenizer, "".join(d.text for d in docs)[:8 * need])
-    if len(hay) < max(lengths):
-        from ropescale.common.io import InputError
-
+    hay = read_novels(s.novels) if s.novels and s.keys == "multi" else noise_ids(loaded.tokenizer, need) \
+        if s.haystack == "noise" else encode(loaded.tokenizer, "".join(d.text for d in docs)[:8 * need])
+    if not isinstance(hay, dict) and len(hay) < max(lengths):
         raise InputError(f"the haystack has {len(hay)} tokens, fewer than the longest length {max(lengths)}")
     run = ProbeRun("passkey", loaded, s, lengths, metric="passkey retrieved (every digit the argmax)",
                    column="window length L", cell_kind="proportion")
-    from ropescale.common.io import InputError
-
+    run.rec.info["bound"] = bound(loaded, max(lengths))
+    extra: dict = {}
     try:
         if s.keys == "single":
             run_single(loaded, hay, s, run, lengths)
         else:
-            run_multi(loaded, hay, s, run, lengths, REGISTRY[RopeSpec.from_record(loaded.rope).method].by_length)
+            extra["windows"] = run_multi(loaded, hay, s, run, lengths)
     except ValueError as e:  # a window that cannot be built from these settings
         raise InputError(f"--lengths {','.join(map(str, lengths))} --depths {','.join(map(str, s.depths))}: {e}")
-    return run.finish({"by_distance": by_distance(run.log.records()), "uniform": UNIFORM})
+    records = run.log.records()
+    run.rec.info.update(effective_lengths(records, lengths))
+    return run.finish({"by_distance": by_distance(records), "uniform": UNIFORM, **extra,
+                       **{k: run.rec.info[k] for k in ("bound", "eff_passkey", "eff_answer")}})
+
+
+def bound(loaded, seq_len: int) -> int | None:
+    """The row's bound at ``seq_len`` (``rope describe``: the angle bound, or an attention method's reach; None:
+    none)."""
+    from rope_scaling import RopeSpec
+    from rope_scaling.describe import describe, load_config
+
+    d = describe(load_config(loaded.path), RopeSpec.from_record(loaded.rope), seq_len=seq_len)
+    b = d["attention_extend"]["max_context"] if "attention_extend" in d else d["reach"]
+    return None if b is None or not math.isfinite(b) else int(round(b))
+
+
+def kilo(n: int) -> str:
+    return f"{n // 1024}K" if n and n % 1024 == 0 else str(n)
+
+
+def effective_lengths(records: list[dict], lengths) -> dict:
+    """The run's effective lengths (``stats.lengths.effective_length``, the longest length up to which every one
+    passes): by retrieval (a length's keys retrieved >= 50 %) and by answer loss (its mean a digit below a uniform
+    guess, ln 10)."""
+    from ropescale.common.stats.lengths import effective_length
+
+    cols = [kilo(L) for L in sorted(lengths)]
+    by = {kilo(L): [r for r in records if r["col"] == L] for L in lengths}
+    acc = {c: sum(bool(r["retrieved"]) for r in by[c]) / len(by[c]) if by[c] else None for c in cols}
+    ans = {c: -sum(r["answer_loss"] for r in by[c]) / len(by[c]) if by[c] else None for c in cols}
+    return {"eff_passkey": effective_length(acc, 0.5, columns=cols).text(),
+            "eff_answer": effective_length(ans, -UNIFORM, columns=cols).text()}
 
 
 def register(sub) -> None:
