@@ -12,6 +12,9 @@
   :func:`~ropescale.common.stats.tests.t_over_seeds` of the seeds' differences;
 - a row's MSE(P-IE vs P-IB) (a family's ``mse:`` pairs): one test a row and seed over its lengths,
   :func:`~ropescale.common.stats.tests.mse_sign_flip` (its p, P(MSE >= 5) under no prompt effect);
+- a - b within ids (a family's ``within: [lo, hi]``): each id's differences over the lengths lo <= L < hi (a
+  window's buckets) averaged, t over the ids (:func:`~ropescale.common.stats.tests.t_over_windows`: the window the
+  block, since its buckets are correlated); one test a pair, per seed;
 - a row against its own baseline (a family's ``baseline: [lo, hi]``): each id's score at a length minus its mean
   over the lengths lo <= L < hi of the same row, the same paired tests;
 - every cell and test names its unit (the score's ``unit``: sample, window, bucket; a proportion's cell: trial), a
@@ -103,7 +106,7 @@ def part(exp: Experiment, sc: Score, data: dict, cell, test) -> dict:
     for name, fam in exp.families.items():
         if fam.score != sc.key:
             continue
-        at = [None] if fam.mse else cols  # an MSE test reads every length at once
+        at = [None] if fam.mse or fam.within else cols  # an MSE or within test reads its lengths at once
         tests = {(a, b, t): sig for a, b in fam.items() for t in at
                  if (sig := test(fam, (a, b), t, cols)) is not None}
         if tests:
@@ -122,6 +125,8 @@ def seed_results(exp: Experiment, sc: Score, data: dict, seed: int) -> dict:
     def test(fam, item, t, cols):
         if fam.mse:
             return mse_test(exp, data, item, seed, cols)
+        if fam.within:
+            return within_test(exp, data, item, seed, [c for c in cols if fam.within[0] <= c < fam.within[1]])
         two = sides(exp, data, fam, item, seed, t, cols)
         return None if two is None else paired_sign_flip(*two, unit=sc.unit)
 
@@ -139,6 +144,27 @@ def mse_test(exp: Experiment, data: dict, item: tuple, seed: int, cols: list):
     return mse_sign_flip(cells) if cells else None
 
 
+def within_test(exp: Experiment, data: dict, item: tuple, seed: int, cols: list):
+    """a - b over the lengths ``cols`` within each id both rows have at one of them (a loss curve's buckets within
+    each window), the id the block: :func:`~ropescale.common.stats.tests.t_over_windows` (t over the ids' mean
+    differences); None without a length both rows have."""
+    from ropescale.common.stats.tests import t_over_windows
+
+    by_id: dict = {}
+    for t in cols:
+        ga, gb = groups(exp, data, item[0], seed, t), groups(exp, data, item[1], seed, t)
+        if ga is None or gb is None:
+            continue
+        a, b = per_id(ga), per_id(gb)
+        for i in a:
+            if i in b:
+                by_id.setdefault(i, []).append(a[i] - b[i])
+    if not by_id:
+        return None
+    ids = sorted(by_id, key=lambda i: (0, int(i), "") if i.isdigit() else (1, 0, i))
+    return t_over_windows([by_id[i] for i in ids])
+
+
 def pooled_results(exp: Experiment, sc: Score, data: dict, seeds) -> dict:
     """Over the seeds that have the cell: cells by the t over seeds, comparisons by the t test of the seeds'
     differences (unit: seed)."""
@@ -150,7 +176,7 @@ def pooled_results(exp: Experiment, sc: Score, data: dict, seeds) -> dict:
         return over_seeds(by_seed) if by_seed else None
 
     def test(fam, item, t, cols):
-        if fam.mse:  # a row's MSE is read per seed (its p a seed's); over seeds nothing is tested
+        if fam.mse or fam.within:  # a row's MSE, a within test: read per seed; over seeds nothing is tested
             return None
         diffs = [paired_sign_flip(*two).statistic for sd in seeds
                  if (two := sides(exp, data, fam, item, sd, t, cols)) is not None]

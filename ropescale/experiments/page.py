@@ -20,15 +20,16 @@ def machine() -> str:
     return f"{os.cpu_count()} CPU cores, {platform.platform(terse=True)}, Python {platform.python_version()}"
 
 
-def test_text(sig) -> str:
-    """``+1.2 [-0.3, +2.5] p=0.25 q=0.31`` (the mean difference, its interval, p, BH q in the family)."""
+def test_text(sig, nd: int = 1) -> str:
+    """``+1.2 [-0.3, +2.5] p=0.25 q=0.31`` (the mean difference, its interval, p, BH q in the family; ``nd``
+    decimals)."""
     from ropescale.common.stats.tests import p_text
 
     if sig.statistic is None:
         return "-"
-    ci = "" if sig.lo is None else f" [{sig.lo:+.1f}, {sig.hi:+.1f}]"
+    ci = "" if sig.lo is None else f" [{sig.lo:+.{nd}f}, {sig.hi:+.{nd}f}]"
     p = "" if sig.p is None else f" p={p_text(sig.p)}" + ("" if sig.q is None else f" q={p_text(sig.q)}")
-    return f"{sig.statistic:+.1f}{ci}{p}"
+    return f"{sig.statistic:+.{nd}f}{ci}{p}"
 
 
 def fact_text(vals: list) -> str:
@@ -38,7 +39,7 @@ def fact_text(vals: list) -> str:
 def cells_table(exp: Experiment, sc: Score, part: dict, facts: dict) -> str:
     cols = part["columns"]
     names = list(dict.fromkeys(n for s in part["cells"] for n in facts.get(s, {})))
-    rows = [[f"{exp.label(s)} ({s})", *[row[t].text() if t in row else "-" for t in cols],
+    rows = [[f"{exp.label(s)} ({s})", *[row[t].text(sc.digits) if t in row else "-" for t in cols],
              *[fact_text(facts.get(s, {}).get(n, [])) for n in names]] for s, row in part["cells"].items()]
     est = [e for row in part["cells"].values() for e in row.values() if e.mean is not None]
     ns = sorted({e.n for e in est})
@@ -89,19 +90,22 @@ def mse_table(exp: Experiment, sc: Score, name: str, tests: list) -> str:
 
 
 def family_table(exp: Experiment, sc: Score, name: str, tests: list, cols: list) -> str:
-    if exp.families[name].mse:
+    fam = exp.families[name]
+    if fam.mse:
         return mse_table(exp, sc, name, tests)
+    if fam.within:
+        return within_table(sc, name, fam, tests)
     by_pair: dict = {}
     for a, b, t, sig in tests:
         by_pair.setdefault((a, b), {})[t] = sig
-    rows = [[f"{a} - {b}", *[test_text(row[t]) if t in row else "-" for t in cols]] for (a, b), row in by_pair.items()]
+    rows = [[f"{a} - {b}", *[test_text(row[t], sc.digits) if t in row else "-" for t in cols]]
+            for (a, b), row in by_pair.items()]
     sigs = [sig for *_, sig in tests if sig.p is not None]
     unit = sigs[0].unit if sigs else sc.unit
     min_ps = sorted({sig.min_p for sig in sigs if sig.min_p is not None})
     resolved = sum(sig.resolved for sig in sigs)
     kind = ("t test over the seeds' differences" if unit == "seed"
             else f"paired sign-flip permutation over the {unit}s both sides have")
-    fam = exp.families[name]
     base = "" if fam.baseline is None else (f"; ROW[{fam.baseline[0]}:{fam.baseline[1]}]: the row's own mean over "
                                             f"{sc.column}{fam.baseline[0]} <= L < {sc.column}{fam.baseline[1]}, "
                                             f"the same {sc.unit}s")
@@ -110,6 +114,22 @@ def family_table(exp: Experiment, sc: Score, name: str, tests: list, cols: list)
             f"{family_count(sigs)}{base}.")
     return (f"Family **{name}** ({sc.name}): a - b [95% interval] p q\n\n"
             + markdown(["comparison", *[f"{sc.column}{t}" for t in cols]], rows) + "\n\n" + note)
+
+
+def within_table(sc: Score, name: str, fam, tests: list) -> str:
+    """A family of a - b within ids (``within: [lo, hi]``): one test a pair, the ids the blocks."""
+    lo, hi = fam.within
+    rows = [[f"{a} - {b}", test_text(sig, sc.digits), str(sig.n), "-" if "buckets" not in sig.extra else
+             f"{sig.extra.get('same_sign', 0)} of {sig.extra['buckets']}"] for a, b, _, sig in tests]
+    sigs = [sig for *_, sig in tests if sig.p is not None]
+    note = (f"each {sc.id}'s mean of a - b over {sc.column}{lo} <= L < {sc.column}{hi} (correlated within a "
+            f"{sc.id}: the {sc.id} is the block), then Student's t over the {sc.id}s (block-aware; continuous p, no "
+            f"floor from the unit count); same sign: the differences with the mean's sign (a description, not a "
+            f"test); q: Benjamini-Hochberg over this family's {len(sigs)} tests; "
+            f"{sum(sig.resolved for sig in sigs)} resolved at q < 0.05; {family_count(sigs) if sigs else '-'}.")
+    return (f"Family **{name}** ({sc.name}): a - b over {sc.column}{lo}-{sc.column}{hi} [95% interval] p q\n\n"
+            + markdown(["comparison", f"{sc.column}{lo} <= L < {sc.column}{hi}", f"{sc.id}s", "same sign"], rows)
+            + "\n\n" + note)
 
 
 def part_text(exp: Experiment, sc: Score, part: dict, what: str, facts: dict) -> str:

@@ -14,9 +14,10 @@ that writes the file into ``{run}`` when it is missing), ``table`` (the rows sho
 length in, ``column``, ``table``); an arm names the ones it has (``scores: [...]``, default the first), a family
 the one it reads (``NAME: {score, pairs}``; ``{score, rows, baseline: [lo, hi]}``: each row against its own mean
 over the lengths lo <= L < hi, on the same ids; ``{score, mse: [[IE, IB], ...]}``: a row's MSE(P-IE vs P-IB) over
-its lengths). An arm whose flags name no ``{length}`` (nor a prepared file that does) runs once a seed; ``lengths:
-[...]`` on an arm: the lengths it runs at; ``facts: {NAME: dotted.key}``: values of its runs' run.json shown beside
-its row.
+its lengths; ``{score, pairs, within: [lo, hi]}``: one test a pair, each id's a - b over the lengths lo <= L <
+hi, the id the block: t over ids, ``stats.tests.t_over_windows``); a score's ``digits``: its decimals on the page.
+An arm whose flags name no ``{length}`` (nor a prepared file that does) runs once a seed; ``lengths: [...]`` on an
+arm: the lengths it runs at; ``facts: {NAME: dotted.key}``: values of its runs' run.json shown beside its row.
 
 Every mistake a user can make is an :class:`~ropescale.common.io.InputError` naming the file and line.
 """
@@ -34,7 +35,7 @@ KEYS = ("name", "title", "about", "seeds", "lengths", "vars", "prepare", "arms",
         "table", "families", "quick")
 KINDS = ("mean", "proportion")
 UNITS = ("sample", "window", "bucket")  # what one id of a score is: the paired tests' unit
-SCORE_KEYS = ("file", "field", "id", "name", "make", "kind", "unit", "length", "column", "table")
+SCORE_KEYS = ("file", "field", "id", "name", "make", "kind", "unit", "length", "column", "table", "digits")
 ARM_KEYS = ("label", "run", "reads", "field", "fields", "scores", "facts", "lengths")
 QUICK_KEYS = ("seeds", "lengths", "vars", "arms")
 RUNTIME = ("seed", "length", "run", "out", "work")  # placeholders the runner fills in
@@ -78,6 +79,7 @@ class Score:
     length: str | None = None  # the record field holding the length a record is at (an arm run once per seed)
     column: str = "T"  # a column's header: COLUMN + length (T512; "pos " for bucket starts)
     table: tuple = ()  # the rows shown for this score (default: the experiment's table, the rows that have it)
+    digits: int = 1  # decimals of its cells and tests on the page
     key: str = "score"  # its name in ``scores:`` (``score`` for the one ``score:`` block)
 
 
@@ -92,6 +94,7 @@ class Family:
     rows: tuple = ()
     baseline: tuple | None = None
     mse: bool = False  # pairs: (IE, IB) of a row: one MSE(P-IE vs P-IB) test a pair over every length
+    within: tuple | None = None  # (lo, hi): one test a pair, a - b over the lengths lo <= L < hi within each id
 
     def items(self) -> list[tuple[str, str]]:
         """(a, b) of each comparison; b of a row against its baseline is ``ROW[lo:hi]``."""
@@ -141,7 +144,7 @@ class Experiment:
 
 def _line(text: str, key: str) -> int | None:
     for i, ln in enumerate(text.splitlines(), 1):
-        if re.match(rf"^\s*-?\s*{re.escape(str(key))}\s*:", ln):
+        if re.match(rf"^\s*-?\s*([\"']?){re.escape(str(key))}\1\s*:", ln):  # a key, quoted or not
             return i
     return None
 
@@ -327,7 +330,10 @@ def read_score(r: Reader, sc: dict, key: str, where: str) -> Score:
         r.fail("unit", f"{where}: unit: {sc['unit']!r} is not one of {', '.join(UNITS)}")
     if "table" in sc and not isinstance(sc["table"], list):
         r.fail("table", f"{where}: table: a list of rows")
-    conv = {"make": lambda v: r.flags(v, "make"), "table": lambda v: tuple(str(x) for x in v)}
+    if "digits" in sc and (isinstance(sc["digits"], bool) or not isinstance(sc["digits"], int)
+                           or not 0 <= sc["digits"] <= 6):
+        r.fail("digits", f"{where}: digits: an integer 0-6 (decimals shown)")
+    conv = {"make": lambda v: r.flags(v, "make"), "table": lambda v: tuple(str(x) for x in v), "digits": int}
     return Score(**{k: conv.get(k, str)(v) for k, v in sc.items()}, key=key)
 
 
@@ -345,7 +351,7 @@ def read_scores(r: Reader, data: dict) -> dict:
     return out
 
 
-def read_family(r: Reader, fam: str, v, first: str) -> Family:
+def read_family(r: Reader, fam: str, v, first: str, variables: dict | None = None) -> Family:
     """One family: a list of [a, b] pairs (on the first score), or {score, pairs} or {score, rows, baseline}."""
     def pairs_of(x):
         if not isinstance(x, list) or not all(isinstance(y, list) and len(y) == 2 for y in x):
@@ -355,10 +361,17 @@ def read_family(r: Reader, fam: str, v, first: str) -> Family:
     if isinstance(v, list):
         return Family(fam, first, pairs_of(v))
     v = r.mapping(v, fam)
-    unknown = sorted(set(v) - {"score", "pairs", "rows", "baseline", "mse"})
+    unknown = sorted(set(v) - {"score", "pairs", "rows", "baseline", "mse", "within"})
     if unknown:
-        r.fail(fam, f"families: {fam}: unknown key {unknown[0]!r} (known: score, pairs, rows, baseline, mse)")
+        r.fail(fam, f"families: {fam}: unknown key {unknown[0]!r} (known: score, pairs, rows, baseline, mse, within)")
     score = str(v.get("score", first))
+    if "within" in v:
+        w = [var_int(x, variables or {}) for x in v["within"]] if isinstance(v["within"], list) else v["within"]
+        if (not isinstance(w, list) or len(w) != 2 or not all(isinstance(x, int) for x in w) or w[0] >= w[1]
+                or "baseline" in v or "mse" in v):
+            r.fail(fam, f"families: {fam}: within: [lo, hi] (integers or {{var}}s of them, with pairs): one test a "
+                        f"pair over the lengths lo <= L < hi within each id")
+        return Family(fam, score, pairs_of(v.get("pairs")), within=(int(w[0]), int(w[1])))
     if "mse" in v:
         if "pairs" in v or "baseline" in v:
             r.fail(fam, f"families: {fam}: mse: [[IE arm, IB arm], ...] stands alone (no pairs, no baseline)")
@@ -374,10 +387,18 @@ def read_family(r: Reader, fam: str, v, first: str) -> Family:
     return Family(fam, score, rows=tuple(str(x) for x in rows), baseline=(int(base[0]), int(base[1])))
 
 
-def read_families(r: Reader, data: dict, scores: dict) -> dict:
+def var_int(x, variables: dict):
+    """``x``, or the integer var ``{name}`` stands for (quick's value in a quick run); else ``x`` unchanged."""
+    if isinstance(x, str) and x.startswith("{") and x.endswith("}") and x[1:-1] in variables:
+        v = variables[x[1:-1]]
+        return int(v) if isinstance(v, int) or (isinstance(v, str) and v.strip().isdigit()) else x
+    return x
+
+
+def read_families(r: Reader, data: dict, scores: dict, variables: dict | None = None) -> dict:
     families = {}
     for fam, v in r.mapping(data.get("families"), "families").items():
-        families[str(fam)] = f = read_family(r, str(fam), v, next(iter(scores)))
+        families[str(fam)] = f = read_family(r, str(fam), v, next(iter(scores)), variables)
         if f.score not in scores:
             r.fail(fam, f"families: {fam}: score: {f.score!r} is not a score ({', '.join(scores)})")
     return families
@@ -403,9 +424,10 @@ def load(path: str | Path, *, quick: bool = False) -> Experiment:
     arms = read_arms(r, data, q, quick)
     scores = read_scores(r, data)
     table = tuple(str(x) for x in (data.get("table") or (list(pools) or list(arms))))
+    variables = read_vars(r, data, q, quick)
     exp = Experiment(p, r.name(data["name"], "name"), str(data.get("title", data["name"])),
-                     str(data.get("about", "")).strip(), seeds, lengths, read_vars(r, data, q, quick),
-                     read_prepare(r, data), arms, pools, scores, table, read_families(r, data, scores), quick)
+                     str(data.get("about", "")).strip(), seeds, lengths, variables, read_prepare(r, data), arms,
+                     pools, scores, table, read_families(r, data, scores, variables), quick)
     for k, arm in exp.arms.items():  # an arm that reads another's runs: that arm's flags
         v = data["arms"][arm.reads] if arm.reads else arm.run
         flags = arm.run or r.flags(v if isinstance(v, list) else (v or {}).get("run"), arm.reads)
