@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from ft_helpers import finetune_cmd, packed, run, train_log
+from ft_helpers import packed, train_log
 
 from ropescale.training.cli import main
 
@@ -35,8 +35,7 @@ def base(tmp_path_factory, make_tiny_model, chapters, tiny_tokenizer_dir):
     out = tmp / "run"
     args = ["--model", model_dir, "--data", data, "--rope", "pi", "--scale", "8", "--max-steps", "2",
             "--global-batch", "2", "--save-steps", "2", "--warmup-steps", "0", "--lr", "2e-4", "--seed", "3"]
-    p = run(finetune_cmd(*args, "--output-dir", out))
-    assert p.returncode == 0, p.stderr[-2000:]
+    assert main([str(a) for a in args] + ["--output-dir", str(out)]) == 0  # in process: no DeepSpeed
     assert (out / "checkpoint-2" / "trainer_state.json").is_file()
     return {"model": model_dir, "data": data, "other": other, "run": out, "args": args}
 
@@ -96,14 +95,14 @@ def test_resume_when_the_data_changed_under_the_same_path(base, capsys, tmp_path
     assert (cut / "run.json").read_bytes() == before
 
 
-def test_resume_may_extend_max_steps(base, tmp_path):
+def test_resume_may_extend_max_steps(base, tmp_path, capsys):
     """The one change resume accepts: more steps (the same spelling of the output dir is not required)."""
     cut = tmp_path / "run"
     shutil.copytree(base["run"], cut)
     old = json.loads((cut / "run.json").read_text())
-    p = run(finetune_cmd(*_with(base["args"], max_steps=3), "--output-dir", f"{cut}/./", "--resume", "auto"))
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert "resuming from" in p.stderr and "checkpoint-2" in p.stderr
+    rc, _, err = _err(capsys, [*_with(base["args"], max_steps=3), "--output-dir", f"{cut}/./", "--resume", "auto"])
+    assert rc == 0, err[-2000:]
+    assert "resuming from" in err and "checkpoint-2" in err
     assert [r["step"] for r in train_log(cut)] == [1, 2, 3]
     meta = json.loads((cut / "run.json").read_text())
     assert meta["status"] == "done" and meta["info"]["steps"] == 3 and meta["settings"]["max_steps"] == 3
@@ -111,17 +110,17 @@ def test_resume_may_extend_max_steps(base, tmp_path):
     assert meta["settings"]["global_batch"] == old["settings"]["global_batch"] == 2
 
 
-def test_resume_may_change_how_activations_are_kept(base, tmp_path):
+def test_resume_may_change_how_activations_are_kept(base, tmp_path, capsys):
     """--tile-mlp / --offload-checkpoints change memory, not what is trained: a resume may change them, and the
     finetune path applies them (the memory plan is in the training log)."""
     cut = tmp_path / "run"
     shutil.copytree(base["run"], cut)
-    p = run(finetune_cmd(*_with(base["args"], max_steps=3), "--output-dir", str(cut), "--resume", "auto",
-                         "--tile-mlp", "16", "--offload-checkpoints", "true"))
-    assert p.returncode == 0, p.stderr[-2000:]
+    rc, _, err = _err(capsys, [*_with(base["args"], max_steps=3), "--output-dir", str(cut), "--resume", "auto",
+                               "--tile-mlp", "16", "--offload-checkpoints", "true"])
+    assert rc == 0, err[-2000:]
     last = train_log(cut)[-1]
     assert last["step"] == 3
-    assert "memory" in p.stderr and any("tile" in k for k in last), last
+    assert "memory" in err and any("tile" in k for k in last), last
 
 
 # ---------------------------------------------------------------- 2. --init-from: the same RoPE setting

@@ -83,8 +83,8 @@ def test_a_finetune_killed_before_its_first_checkpoint_is_not_taken_over(env, ca
     assert {p: (x / p).read_bytes() for p in before} == before
     assert not (x / "final").exists() and [r["step"] for r in train_log(x)] == [1]
     # continuing it with its own settings is what --resume is for: from the start (no checkpoint), each step once
-    p = run(finetune_cmd(*env["args"], "--max-steps", "2", "--save-steps", "1", "--out", x, "--resume", "auto"))
-    assert p.returncode == 0, p.stderr[-2000:]
+    rc, _, err = _err(capsys, [*env["args"], "--max-steps", "2", "--save-steps", "1", "--out", x, "--resume", "auto"])
+    assert rc == 0, err[-2000:]
     assert [r["step"] for r in train_log(x)] == [1, 2]
 
 
@@ -186,7 +186,7 @@ def test_the_default_out_is_under_the_current_directory_and_never_replaced(monke
 
 
 # ---------------------------------------------------------------- 27.6 seconds of the whole run; the training record
-def test_seconds_after_resume_cover_the_whole_run(env, tmp_path):
+def test_seconds_after_resume_cover_the_whole_run(env, tmp_path, capsys):
     """Each part adds its own time to what the run recorded: a resumed run's seconds are those of every part."""
     y = tmp_path / "y"
     shutil.copytree(env["done"], y)
@@ -194,9 +194,9 @@ def test_seconds_after_resume_cover_the_whole_run(env, tmp_path):
     meta["seconds"] = 1000.0  # as if the first part had taken 1000 s
     (y / "run.json").write_text(json.dumps(meta))
     t0 = time.time()
-    p = run(finetune_cmd(*env["args"], "--max-steps", "2", "--save-steps", "1", "--out", y, "--resume", "auto"))
+    rc, _, err = _err(capsys, [*env["args"], "--max-steps", "2", "--save-steps", "1", "--out", y, "--resume", "auto"])
     wall = time.time() - t0
-    assert p.returncode == 0, p.stderr[-2000:]
+    assert rc == 0, err[-2000:]
     meta = json.loads((y / "run.json").read_text())
     assert meta["status"] == "done" and 1000.0 < meta["seconds"] <= 1000.0 + wall
     assert [r["step"] for r in train_log(y)] == [1, 2]
