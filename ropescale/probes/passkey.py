@@ -18,7 +18,10 @@ follow each question (teacher-forced), so that one forward reads them all:
 A forward over the first L tokens of the window is what a model reading L tokens computes; for a rope whose
 frequencies do not depend on the length (``formulas.Method.by_length`` false) the first L positions of the longest
 forward are that forward, so one forward serves every length; a rope that follows the length (dynamic NTK, dynamic
-YaRN, LongRoPE's factor switch) is run once per length (:func:`read_window`).
+YaRN, LongRoPE's factor switch) is run once per length, and a forward whose frequencies are those of one made
+already on the window (by this run, or by another through ``--forwards``) is read, not run (:class:`Forwards`).
+``--novels`` draws the real-model table's windows (:func:`novel_windows`); ``--bucket`` adds the loss by bucket of
+the same forwards (buckets.jsonl, in_window.jsonl: the score files of experiments/real_model.yaml).
 """
 from __future__ import annotations
 
