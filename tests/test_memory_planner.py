@@ -9,7 +9,7 @@ import json
 import math
 
 import pytest
-from ft_helpers import finetune_cmd, packed, run, train_log
+from ft_helpers import packed, train_log
 
 from ropescale.common.forward_memory import GIB
 from ropescale.common.io import InputError
@@ -337,23 +337,26 @@ def ft_data(tmp_path_factory, make_tiny_model, chapters, tiny_tokenizer_dir):
     return model_dir, packed(chapters, tiny_tokenizer_dir, tmp / "packed", 300, 480, n=8), tmp
 
 
-def test_finetune_runs_a_fit_plan_fixed_by_hand_and_records_it(ft_data):
+def test_finetune_runs_a_fit_plan_fixed_by_hand_and_records_it(ft_data, capsys):
     """``--memory-plan fit`` with every choice fixed by hand on CPU: blocks of 2 over 3 layers (layer 1 recomputed
     from layer 0's input), layer 2's input kept, layer 0's on the host; run.json and the train log say so."""
+    from ropescale.training.cli import main
+
     model_dir, data, tmp = ft_data
     out = tmp / "run"
-    p = run(finetune_cmd("--model", model_dir, "--data", data, "--rope", "pi", "--scale", "8", "--max-steps", "2",
-                         "--global-batch", "1", "--save-steps", "100", "--memory-plan", "fit", "--recompute-every",
-                         "1", "--checkpoint-block", "2", "--offload-checkpoints", "true", "--gpu-checkpoints", "1",
-                         "--tile-mlp", "0", "--output-dir", out), timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
+    rc = main([str(a) for a in ("--model", model_dir, "--data", data, "--rope", "pi", "--scale", "8", "--max-steps",
+                                "2", "--global-batch", "1", "--save-steps", "100", "--memory-plan", "fit",
+                                "--recompute-every", "1", "--checkpoint-block", "2", "--offload-checkpoints", "true",
+                                "--gpu-checkpoints", "1", "--tile-mlp", "0", "--output-dir", out)])  # in process
+    err = capsys.readouterr().err
+    assert rc == 0, err[-3000:]
     rec = json.loads((out / "run.json").read_text())
     plan = rec["info"]["memory"]["plan"]
     assert plan["name"] == "fit" and plan["checkpoint_block"] == 2 and plan["gpu_checkpoints"] == 1
     assert rec["info"]["memory"]["estimate_gib"]["peak"] > 0 and rec["info"]["attention"]["attn"] == "sdpa"
     log = train_log(out)
     assert len(log) == 2 and log[-1]["checkpoint_block"] == 2 and log[-1]["host_checkpoints"] == 1
-    assert log[-1]["gpu_checkpoints"] == 1 and "[finetune] memory plan fit:" in p.stderr
+    assert log[-1]["gpu_checkpoints"] == 1 and "[finetune] memory plan fit:" in err
 
 
 def test_finetune_refuses_a_plan_that_cannot_fit_before_loading(ft_data, capsys):
