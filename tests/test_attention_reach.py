@@ -189,3 +189,26 @@ def test_the_probes_record_the_context_the_setting_serves(make_tiny_model, tmp_p
     assert dca.context is None and dca.default_length == 64  # a default length stays finite: the frequencies'
     run = ProbeRun("ppl", dca, make(ProbeSettings, out=str(tmp_path / "p")), [32])
     assert json.loads(json.dumps(run.rec.to_json()))["context"] is None
+
+
+@pytest.mark.parametrize("flags, context", [
+    (["--attention-extend", "dca", "--dca-chunk-size", "48", "--dca-local-size", "8"], None),  # any length
+    (["--attention-extend", "self_extend", "--grp-attn-n", "16", "--grp-attn-w", "16"], (64 - 16) * 16 + 16),
+])
+def test_finetune_runs_and_records_the_context_an_attention_method_serves(
+        flags, context, tmp_path, make_tiny_model, chapters, tiny_tokenizer_dir, capsys):
+    import json
+
+    from ft_helpers import packed
+
+    from ropescale.training.cli import main
+
+    _, model_dir = make_tiny_model(orig_ctx=64)
+    data = packed(chapters, tiny_tokenizer_dir, tmp_path / "packed", 300, 480, n=4)
+    out = tmp_path / "run"
+    rc = main([str(a) for a in ["--model", model_dir, "--data", data, "--max-steps", "1", "--global-batch", "2",
+                                "--warmup-steps", "0", "--output-dir", out, *flags]])
+    err = capsys.readouterr().err
+    assert rc == 0, err[-2000:]
+    assert json.loads((out / "run.json").read_text())["context"] == context
+    assert f"context {'unbounded' if context is None else context} tokens" in err

@@ -102,16 +102,17 @@ def load_rows(data_dir: str | os.PathLike, boundaries: bool = False):
     return rows
 
 
-def check_rows(rows, *, vocab_size: int, extended: int, allow_extrapolation: bool, where,
+def check_rows(rows, *, vocab_size: int, extended: int | None, allow_extrapolation: bool, where,
                rope_desc: str) -> dict:
-    """Fail before training when the data cannot be trained on as asked. Returns length stats."""
+    """Fail before training when the data cannot be trained on as asked (``extended`` None: the setting serves any
+    length, DCA's). Returns length stats."""
     lengths = rows.lengths()
     longest = int(lengths.max())
     top = int(rows.input_ids.max())
     if top >= vocab_size or int(rows.input_ids.min()) < 0:
         raise InputError(f"token id {top} is outside the model's vocabulary ({vocab_size}); the data was packed "
                          f"with another tokenizer", where)
-    if longest > extended and not allow_extrapolation:
+    if extended is not None and longest > extended and not allow_extrapolation:
         raise InputError(f"samples up to {longest} tokens are longer than the {extended}-token context of the "
                          f"model with {rope_desc}; use a larger --scale, shorter data, or --allow-extrapolation",
                          where)
@@ -119,15 +120,16 @@ def check_rows(rows, *, vocab_size: int, extended: int, allow_extrapolation: boo
             "tokens": int(lengths.sum()), "supervised": int((rows.labels != IGNORE_INDEX).sum())}
 
 
-def check_positions(rows, policy, *, extended: int, allow_extrapolation: bool, where) -> int:
+def check_positions(rows, policy, *, extended: int | None, allow_extrapolation: bool, where) -> int:
     """Fail before training when the samples cannot be laid out as ``policy`` asks (``check_samples``: boundaries
     present and valid where needed, every PoSE span shorter than the target) or PoSE's target lies beyond the
-    RoPE-extended context. Returns the longest position id the run can train (PoSE: target - 1)."""
+    context the setting serves (None: any length). Returns the longest position id the run can train (PoSE:
+    target - 1)."""
     longest = check_samples(policy, rows.lengths().tolist(), rows.pair_starts() if policy.needs_boundaries else None,
                             where)
     if policy.pose_target is None:
         return longest - 1
-    if policy.pose_target > extended and not allow_extrapolation:
+    if extended is not None and policy.pose_target > extended and not allow_extrapolation:
         raise InputError(f"--pose-target {policy.pose_target} is beyond the model's {extended}-token extended "
                          f"context; use a larger --scale, a smaller --pose-target, or --allow-extrapolation")
     return policy.pose_target - 1

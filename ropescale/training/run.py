@@ -154,8 +154,9 @@ class Run:
 
     @property
     def extended(self) -> int:
-        """The RoPE-extended context."""
-        return self.model.context
+        """The context the setting serves; the frequencies' extended context where an attention method (DCA)
+        serves any length (``ModelConfig.context`` None)."""
+        return self.model.context if self.model.context is not None else self.model.rope_context
 
 
 @run_dir_scope()
@@ -210,8 +211,8 @@ def plan_run(args: TrainSettings, policy: Policy | None = None, *, recipe: str |
     config, effective = model.config, model.rope
     run_dir = Path(args.out) if args.out else default_output_dir(args.model, effective)
     run_dir, old = open_run_dir(run_dir, "finetune")  # unwritable, a file, another run's, another writer's: refused
-    log(f"[finetune] model {model_dir} ({config.model_type}), {model.change.message()}: context {model.context} "
-        "tokens")
+    served = "unbounded" if model.context is None else model.context
+    log(f"[finetune] model {model_dir} ({config.model_type}), {model.change.message()}: context {served} tokens")
     rd = RunDir(run_dir)
     ds_path = resolve_ds_config(args.deepspeed)
     dtype = resolve_dtype(args.dtype, cuda)
@@ -223,7 +224,8 @@ def plan_run(args: TrainSettings, policy: Policy | None = None, *, recipe: str |
                                      deepspeed=ds_path, attn=resolved.attn, policy=policy)
     from .attn_pick import for_run
 
-    attn, attn_rec = for_run(args, resolved.attn, config, cuda=cuda, context=model.context, world=process.world_size(),
+    frame = model.context if model.context is not None else model.rope_context  # the lengths to plan kernels for
+    attn, attn_rec = for_run(args, resolved.attn, config, cuda=cuda, context=frame, world=process.world_size(),
                              resumed=old.settings.get("attn") if resume and old is not None else None)
     resolved = dataclasses.replace(resolved, attn=attn)
     resume_from = None
@@ -282,9 +284,9 @@ def prepare_data(run: Run) -> None:
             data_dir = _broadcast_path(data_dir)
     policy = run.policy
     rows = load_rows(data_dir, boundaries=policy.needs_boundaries)
-    stats = check_rows(rows, vocab_size=run.config.vocab_size, extended=run.extended,
+    stats = check_rows(rows, vocab_size=run.config.vocab_size, extended=run.model.context,
                        allow_extrapolation=args.allow_extrapolation, where=data_dir, rope_desc=rope_desc)
-    check_positions(rows, policy, extended=run.extended, allow_extrapolation=args.allow_extrapolation,
+    check_positions(rows, policy, extended=run.model.context, allow_extrapolation=args.allow_extrapolation,
                     where=data_dir)
     note = one_pair_note(rows, policy, data_dir)
     if note:
@@ -431,7 +433,7 @@ def start_record(run: Run) -> None:
              "base_model": args.model, "base_model_id": run.model_id, "base_train": read_train_record(run.model_dir)}
     train["id"] = train["id"] or uuid.uuid4().hex[:16]  # this run's id: what a merged model names
     run.record = RunRecord(
-        "finetune", model=args.model, model_id=run.model_id, rope=run.rope.to_dict(), context=run.extended,
+        "finetune", model=args.model, model_id=run.model_id, rope=run.rope.to_dict(), context=run.model.context,
         train=train, data=args.data, settings=settings_record(args),
         info={"data_stats": run.stats, "recipe": run.recipe, "grad_accum": run.grad_accum, "world_size": run.world,
               "trainable_params": run.trainable, "total_params": run.total, "extra_trained": run.extra_names,
