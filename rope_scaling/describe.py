@@ -17,7 +17,8 @@ sooner. A fine-tune moves it (``bounds.finetune_bound``: the angles seen up to t
 ``--trained-length N``, or what the model directory's training record says (``ropescale_train.json``: the longest
 trained distance of its coverage when recorded, else the longest sample). For a method that changes the base (ntk,
 dynamic_ntk, abf, --rope-base) Liu et al. 2023's critical dimension d_extra and its full period T_extra under the new
-base are shown too (``bounds.critical_dimension`` / ``critical_period``).
+base are shown too (``bounds.critical_dimension`` / ``critical_period``), and for any bound past the original
+context the ABF base that has the same bound (``bounds.matched_base``).
 
 Methods that follow the length are shown at ``--seq-len`` (default: the extended context): dynamic NTK's base,
 dynamic YaRN's scale max(1, L / orig), and which of LongRoPE's factor sets applies (short within the original
@@ -36,7 +37,7 @@ from ropescale.common.cli import Tool, add_alias, add_command, add_json
 from ropescale.common.io import InputError
 
 from .args import add_rope_args, spec_from_args
-from .bounds import critical_dimension, critical_period, finetune_bound, reach
+from .bounds import critical_dimension, critical_period, finetune_bound, matched_base, reach
 from .formulas import REGISTRY
 from .hf import change_rope, extended_context, layer_types
 from .spec import RopeSpec
@@ -160,7 +161,8 @@ def _finite(x: float) -> float | None:
 def bounds(st, inv_freq, new, pretrain: float, trained_length: float | None) -> dict:
     """The angle bounds of a setting: pre-training (:func:`bounds.reach`), after a fine-tune at
     ``trained_length`` (:func:`bounds.finetune_bound`), and for a changed base (``Method.changes_base``, or a
-    --rope-base) Liu et al.'s d_extra / T_extra."""
+    --rope-base) Liu et al.'s d_extra / T_extra; the ABF base matched to the pre-training bound
+    (:func:`bounds.matched_base`) where one is."""
     b = {"pretrain": _finite(pretrain), "trained_length": trained_length,
          "finetune": None if trained_length is None else
          _finite(finetune_bound(st.orig_ctx, inv_freq, new.inv_freq, trained_length))}
@@ -168,6 +170,11 @@ def bounds(st, inv_freq, new, pretrain: float, trained_length: float | None) -> 
         de = critical_dimension(st.rotary_dim, st.base, st.orig_ctx)
         b["critical"] = {"d_extra": de, "T_extra": _finite(critical_period(st.rotary_dim, st.base, new.base,
                                                                            st.orig_ctx))}
+    if b["pretrain"] is not None and b["pretrain"] >= st.orig_ctx:  # the ABF base with the same bound
+        try:
+            b["matched_base"] = matched_base(st.orig_ctx, st.rotary_dim, st.base, b["pretrain"])
+        except ValueError:  # no base moves the bound there (the first pair bounds it, or none is bounded)
+            pass
     return b
 
 
@@ -231,6 +238,8 @@ def bound_lines(d: dict) -> list[str]:
         te = "inf" if c["T_extra"] is None else f"{c['T_extra']:.0f}"
         lines.append(f"Liu et al. 2023 (changed base): critical dimension d_extra {c['d_extra']} of {d['head_dim']}, "
                      f"its full period under the new base T_extra {te} tokens")
+    if "matched_base" in bd:
+        lines.append(f"ABF matched to this bound: base {bd['matched_base']:.6g} (bounds.matched_base)")
     return lines
 
 
