@@ -17,7 +17,7 @@ sooner. A fine-tune moves it (``bounds.finetune_bound``: the angles seen up to t
 ``--trained-length N``, or what the model directory's training record says (``ropescale_train.json``: the longest
 trained distance of its coverage when recorded, else the longest sample). For a method that changes the base (ntk,
 dynamic_ntk, abf, --rope-base) Liu et al. 2023's critical dimension d_extra and its full period T_extra under the new
-base are shown too (``bounds.critical_dimension`` / ``critical_period``), and for any bound past the original
+base are shown too (``bounds.critical_dimension`` / ``critical_period``), and for a bound at or past the original
 context the ABF base that has the same bound (``bounds.matched_base``).
 
 Methods that follow the length are shown at ``--seq-len`` (default: the extended context): dynamic NTK's base,
