@@ -226,7 +226,7 @@ def continuation_probe(loaded, docs, settings: ContinuationSettings | None = Non
             for v, r in zip(VARIANTS, (orig, swapped)):
                 gen, truth = r.pop("gen"), r.pop("truth")
                 if not run.done(f"{key}:{v}"):  # an interrupted run may hold the original's record only
-                        run.add({"id": f"{key}:{v}", "group": v, "col": c, "value": r["exact"], **r, "doc": doc.id,
+                    run.add({"id": f"{key}:{v}", "group": v, "col": c, "value": r["exact"], **r, "doc": doc.id,
                              "start": a, "continuation": tok.decode(truth), "generated": tok.decode(gen)})
     return run.finish(summarize_variants(run.log.records(), names))
 
