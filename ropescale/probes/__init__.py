@@ -12,10 +12,12 @@
 - ``passkey``: the passkey retrieval of the YaRN / LongRoPE papers (Mohtashami & Jaggi 2023), single key in the
   noise haystack by default or several named keys, read by key distance against its references;
 - ``position-loss``: the next-token loss by position over held-out windows, per bucket (one forward a window);
+- ``continuation``: greedy continuations against the text's own and on a name-swapped copy (memorisation;
+  Carlini et al. 2023, Def. 3.1);
 - ``report``: the extrapolation table (rows = model x rope x scale, columns = length bucket) and a PNG, made by the
   one report stack (``ropescale.evaluation.report``: ``probes.py`` its tables, ``cli.py`` the command).
 
-The log-likelihood probes score by batched teacher forcing (ropescale.probes.scorer), no generation; ``ruler`` also
-generates (greedy). Each probe writes a run
+The log-likelihood probes score by batched teacher forcing (ropescale.probes.scorer), no generation; ``ruler`` and
+``continuation`` also generate (greedy). Each probe writes a run
 directory (run.json, items.jsonl, summary.json) of the same shape as generation's (ropescale.common.runs).
 """
