@@ -7,6 +7,7 @@ import argparse
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ropescale.common.cli import Tool, add_overwrite
@@ -74,6 +75,12 @@ def go(file: str, st: ExperimentSettings, running: bool, command: str, overwrite
     work = runner.work_dir(exp, st)
     arms, seeds = runner.plan(exp, st)
     rd = RunDir(work)
+    was = (rd.read_meta().get("settings") or {}).get("quick") if (work / "run.json").is_file() else None
+    if was is not None and bool(was) != exp.quick:
+        raise InputError(f"{work} holds a {'--quick' if was else 'full'} run of this experiment, not a "
+                         f"{'--quick' if exp.quick else 'full'} one: give another --out", file)
+    if not running:
+        runner.check_runs(exp, work, runner.plan(exp, replace(st, only=None))[0], seeds)
     target = page_target(Path(st.page) if st.page else work / f"{exp.name}.md", overwrite)
     if running:
         open_run_dir(work, "experiment")
@@ -93,9 +100,10 @@ def go(file: str, st: ExperimentSettings, running: bool, command: str, overwrite
         foreign = [e for e in foreign_entries(work) if e != target.name or target.parent != work]
         if foreign or (work / "run.json").is_file():
             claim_run_dir(work, "experiment")
-    data = collect.collect(exp, work, runner.readers(exp, arms), seeds)
-    res = compare.results(exp, data, seeds, collect.facts(exp, work, runner.readers(exp, arms), seeds))
-    wall = {"this": time.time() - t0, "runs": run_seconds(exp, work, arms, seeds)}
+    every = runner.plan(exp, replace(st, only=None))[0]  # --only picks what is run; the page reads every arm's runs
+    data = collect.collect(exp, work, runner.readers(exp, every), seeds)
+    res = compare.results(exp, data, seeds, collect.facts(exp, work, runner.readers(exp, every), seeds))
+    wall = {"this": time.time() - t0, "runs": run_seconds(exp, work, every, seeds)}
     text = page.page(exp, res, command, wall, page.read_old(target))
     # the work directory is this experiment's (checked above): its results file is its own, recorded as written
     write_json_atomic(claim_output_file(work / "results.json", None, overwrite=True), compare.to_json(exp, res))

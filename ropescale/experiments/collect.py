@@ -27,18 +27,23 @@ def number(v, kind: str, where: str, path: Path) -> float:
 
 def scores(path: Path, field: str, key: str, kind: str = "mean", length: str | None = None) -> dict:
     """{id (as a string): float} of one score file; with ``length`` (a record field): {length: {id: float}}.
-    A record without a finite number in ``field`` (or an integer ``length``), or a proportion's score that is not
-    0 or 1, is an error naming the file and record."""
+    A record without a finite number in ``field`` (or an integer ``length``), a proportion's score that is not
+    0 or 1, or an id repeated (within a length), is an error naming the file and record."""
     out: dict = {}
     for k, rec in enumerate(read_jsonl(path, (key, field) + ((length,) if length else ())), 1):
         v = number(rec[field], kind, f"record {k}: {field}", path)
+        i = str(rec[key])
         if length is None:
-            out[str(rec[key])] = v
+            if i in out:
+                raise InputError(f"record {k}: {key} {i!r} is repeated (one record an id)", path)
+            out[i] = v
             continue
         t = rec[length]
         if isinstance(t, bool) or not isinstance(t, int):
             raise InputError(f"record {k}: {length} is {t!r}, not an integer length", path)
-        out.setdefault(t, {})[str(rec[key])] = v
+        if i in out.get(t, {}):
+            raise InputError(f"record {k}: {key} {i!r} is repeated at {length} {t} (one record an id a length)", path)
+        out.setdefault(t, {})[i] = v
     return out
 
 

@@ -2,9 +2,11 @@
 ``ropescale/common/stats``):
 
 - a cell (a row at one length in one seed): :func:`~ropescale.common.stats.means.cell_of_prompts` over the row's arms
-  (a sample scored by several arms counted once: n = distinct sample ids; Student's t interval);
-- a cell of a proportion (``score: kind: proportion``, scores 0 / 1): k of n trials over the row's arms, Wilson's
-  interval (:func:`~ropescale.common.stats.proportions.wilson`; never [0, 0] for 0 of n), in percent;
+  (a sample scored by several arms counted once: n = distinct sample ids; Student's t interval; a score with a
+  ``range``: clipped to it, Wilson's of the share where the samples agree);
+- a cell of a proportion (``score: kind: proportion``, scores 0 / 1): k of n trials of the row's arm, Wilson's
+  interval (:func:`~ropescale.common.stats.proportions.wilson`; never [0, 0] for 0 of n), in percent; a row pooling
+  several arms: each sample's share over them read as a mean in [0, 100] (each sample once);
 - a cell over seeds: :func:`~ropescale.common.stats.means.over_seeds` (the t interval over the seeds' cells, the seed
   the unit; the seeds' range beside it);
 - a comparison a - b (one seed): :func:`~ropescale.common.stats.tests.paired_sign_flip` over the sample ids both rows
@@ -16,8 +18,9 @@
   window's buckets) averaged, t over the ids (:func:`~ropescale.common.stats.tests.t_over_windows`: the window the
   block, since its buckets are correlated); one test a pair, per seed;
 - a row against its own baseline (a family's ``baseline: [lo, hi]``): each id's score at a length minus its mean
-  over the lengths lo <= L < hi of the same row, the same paired tests;
-- every cell and test names its unit (the score's ``unit``: sample, window, bucket; a proportion's cell: trial), a
+  over the lengths lo <= L < hi of the same row, the same paired tests, at the lengths outside [lo, hi) only (a
+  length inside would be tested against itself: it is no test and no part of the family's count);
+- every cell and test names its unit (the score's ``unit``: sample, window; a proportion's cell: trial), a
   test its smallest attainable p (2 / 2^n for the sign-flip over n units);
 - each score is read on its own (its cells, its families); each declared family's tests (its pairs x lengths) get
   their Benjamini-Hochberg q
@@ -57,7 +60,7 @@ def columns(exp: Experiment, sc: Score, data: dict) -> list[int]:
 
 
 def proportion_cell(gs: list):
-    """k of n trials (every score of the row's arms, 0 or 100) with Wilson's interval, in percent."""
+    """k of n trials (every score of one arm, 0 or 100) with Wilson's interval, in percent."""
     from ropescale.common.stats.means import Estimate
     from ropescale.common.stats.proportions import wilson
 
@@ -69,11 +72,15 @@ def proportion_cell(gs: list):
 
 
 def seed_cell(sc: Score, gs: list):
-    """One seed's cell: a proportion's Wilson, else :func:`~ropescale.common.stats.means.cell_of_prompts`, its
-    unit the score's."""
+    """One seed's cell: a proportion's Wilson (one arm), else :func:`~ropescale.common.stats.means.cell_of_prompts`
+    (a proportion's row pooling several arms: each sample's mean over them, a share, read as a mean in [0, 100]: k
+    of n over every arm's score would count a sample twice), its unit the score's."""
     from ropescale.common.stats.means import cell_of_prompts
 
-    return proportion_cell(gs) if sc.kind == "proportion" else replace(cell_of_prompts(gs), unit=sc.unit)
+    if sc.kind == "proportion" and len(gs) == 1:
+        return proportion_cell(gs)
+    bounds = (0.0, 100.0) if sc.kind == "proportion" else sc.range
+    return replace(cell_of_prompts(gs, bounds=bounds), unit=sc.unit)
 
 
 def sides(exp: Experiment, data: dict, fam: Family, item: tuple, seed: int, t: int, cols: list) -> tuple | None:
@@ -107,6 +114,8 @@ def part(exp: Experiment, sc: Score, data: dict, cell, test) -> dict:
         if fam.score != sc.key:
             continue
         at = [None] if fam.mse or fam.within else cols  # an MSE or within test reads its lengths at once
+        if fam.baseline is not None:  # a column inside the baseline would be tested against (part of) itself
+            at = [t for t in at if not fam.baseline[0] <= t < fam.baseline[1]]
         tests = {(a, b, t): sig for a, b in fam.items() for t in at
                  if (sig := test(fam, (a, b), t, cols)) is not None}
         if tests:
@@ -173,7 +182,7 @@ def pooled_results(exp: Experiment, sc: Score, data: dict, seeds) -> dict:
 
     def cell(s, t):
         by_seed = {sd: gs for sd in seeds if (gs := groups(exp, data, s, sd, t)) is not None}
-        return over_seeds(by_seed) if by_seed else None
+        return over_seeds(by_seed, bounds=sc.range) if by_seed else None
 
     def test(fam, item, t, cols):
         if fam.mse or fam.within:  # a row's MSE, a within test: read per seed; over seeds nothing is tested

@@ -27,6 +27,8 @@ def test_text(sig, nd: int = 1) -> str:
 
     if sig.statistic is None:
         return "-"
+    if sig.p is None and sig.extra.get("sd") == 0:
+        return f"{sig.statistic:+.{nd}f} (no spread measured)"
     ci = "" if sig.lo is None else f" [{sig.lo:+.{nd}f}, {sig.hi:+.{nd}f}]"
     p = "" if sig.p is None else f" p={p_text(sig.p)}" + ("" if sig.q is None else f" q={p_text(sig.q)}")
     return f"{sig.statistic:+.{nd}f}{ci}{p}"
@@ -56,6 +58,9 @@ def cells_table(exp: Experiment, sc: Score, part: dict, facts: dict) -> str:
                 f"counts a {sc.unit} once); 95% interval: {', '.join(rules) or '-'}")
     if names:
         note += f"; beside the cells: {', '.join(names)} (the arms' run.json)"
+    missing = [s for s in exp.rows_of(sc) if s not in part["cells"] and all(a in exp.arms for a in exp.members(s))]
+    if missing:
+        note += f"; not run (no runs of every arm in this work directory): {', '.join(missing)}"
     return markdown(["row", *[f"{sc.column}{t}" for t in cols], *names], rows) + "\n\n" + note + "."
 
 
@@ -111,7 +116,11 @@ def family_table(exp: Experiment, sc: Score, name: str, tests: list, cols: list)
                                             f"the same {sc.unit}s")
     note = (f"{kind} (unit: {unit}; smallest attainable p {', '.join(f'{p:.2g}' for p in min_ps) or '-'}); "
             f"q: Benjamini-Hochberg over this family's {len(sigs)} tests; {resolved} resolved at q < 0.05; "
-            f"{family_count(sigs)}{base}.")
+            f"{family_count(sigs)}{base}")
+    flat = sum(1 for *_, sig in tests if sig.p is None and sig.statistic is not None and sig.extra.get("sd") == 0)
+    if flat:
+        note += f"; {flat} with no spread over the seeds (no test, not in q)"
+    note += "."
     return (f"Family **{name}** ({sc.name}): a - b [95% interval] p q\n\n"
             + markdown(["comparison", *[f"{sc.column}{t}" for t in cols]], rows) + "\n\n" + note)
 

@@ -9,7 +9,7 @@ import contextlib
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ropescale.common.io import InputError
@@ -33,6 +33,8 @@ class ExperimentSettings:
     out: str | None = setting(None, "work directory (default runs/experiments/NAME, NAME-quick with --quick)",
                               metavar="DIR", resume="ignore")
     page: str | None = setting(None, "the page's path (default OUT/NAME.md)", metavar="FILE", resume="ignore")
+    rerun_changed: bool = setting(False, "re-run the runs (and prepared files) whose recorded flags differ from the "
+                                  "file's now (the old ones moved aside to PATH.changed-N)", resume="ignore")
 
 
 def say(exp: Experiment, msg: str) -> None:
@@ -100,6 +102,122 @@ def prepared(path: Path) -> bool:
         except (OSError, ValueError):
             return False
     return path.exists()
+
+
+ARGV = "argv.json"  # beside a run's record: the flags it was called with ({work} for the work directory)
+
+
+def beside(path: Path) -> Path:
+    """Where the flags a prepared output was made with are: ``PATH.argv.json`` beside it (a run's: RUN/argv.json)."""
+    return path.parent / (path.name + ".argv.json")
+
+
+def portable(argv: list[str], work: Path) -> list[str]:
+    """The flags with the work directory written ``{work}`` (a copied work directory reads the same)."""
+    return [x.replace(str(work), "{work}") for x in argv]
+
+
+def recorded(side: Path) -> dict | None:
+    """The recorded flags ``{"argv": [...], "prepared": {NAME: [...]}}`` (None: none recorded, a run made before
+    they were)."""
+    if not side.is_file():
+        return None
+    try:
+        v = json.loads(side.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        v = None
+    if not isinstance(v, dict) or not isinstance(v.get("argv"), list):
+        raise InputError("unreadable flags record (expected {\"argv\": [...]})", side)
+    return {"argv": v["argv"], "prepared": v.get("prepared") or {}}
+
+
+def flag_diff(old: list, new: list) -> str:
+    """``--n 8 -> --n 16; (none) -> --dca``: what differs between two flag lists."""
+    import difflib
+
+    ops = difflib.SequenceMatcher(a=old, b=new, autojunk=False).get_opcodes()
+    return "; ".join(f"{' '.join(old[i1:i2]) or '(none)'} -> {' '.join(new[j1:j2]) or '(none)'}"
+                     for op, i1, i2, j1, j2 in ops if op != "equal")
+
+
+def record_diff(old: dict, new: dict) -> str:
+    """What differs between two flag records: the flags, then each prepared file's (``prepare NAME: ...``)."""
+    out = [flag_diff(old["argv"], new["argv"])] if old["argv"] != new["argv"] else []
+    for k in sorted({*old["prepared"], *new["prepared"]}):
+        a, b = old["prepared"].get(k, []), new["prepared"].get(k, [])
+        if a != b:
+            out.append(f"prepare {k}: {flag_diff(a, b)}")
+    return "; ".join(out)
+
+
+def record_argv(side: Path, rec: dict) -> None:
+    """Write the flags a run or prepared output is made with (atomically, before it is made)."""
+    from ropescale.common.io import claim_output_file, write_json_atomic
+
+    side.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(claim_output_file(side, None, overwrite=True), rec)
+
+
+def move_aside(path: Path, side: Path) -> Path:
+    """``path`` renamed to the first free ``PATH.changed-N`` (its flags record ``side`` with it); the new path."""
+    n = 1
+    while path.with_name(f"{path.name}.changed-{n}").exists():
+        n += 1
+    new = path.with_name(f"{path.name}.changed-{n}")
+    path.rename(new)
+    if side.parent != path and side.is_file():
+        side.rename(beside(new))
+    return new
+
+
+def changed(what: str, path: Path, side: Path, rec: dict, rerun: bool, exp: Experiment) -> bool:
+    """Whether ``path`` was made with other flags than ``rec`` (then moved aside with ``rerun``, else refused in
+    one line naming it and the flags that differ); a path with no flags recorded is taken as it is."""
+    was = recorded(side)
+    if was is None or was == rec:
+        return False
+    if not rerun:
+        raise InputError(f"{what}: {path} was made with other flags ({record_diff(was, rec)}): --rerun-changed "
+                         f"re-runs it (the old one moved aside), or give another --out", exp.path)
+    say(exp, f"{what}: flags changed ({record_diff(was, rec)}): {path} moved to {move_aside(path, side)}")
+    return True
+
+
+def prepare_argv(exp: Experiment, work: Path, v: dict, name: str) -> list[str]:
+    """The flags a prepared file is made with (``v``: :func:`values` of its seed and length), ``{work}`` portable."""
+    return portable(fill(exp.prepare[name][1], dict(v, out=v[name]), f"prepare {name}"), work)
+
+
+def arm_record(exp: Experiment, work: Path, arm: str, seed: int, length: int | None) -> dict:
+    """The flags an arm's run at one seed and length is called with (before ``--out`` / ``--resume``) and those of
+    the prepared files it reads, ``{work}`` portable."""
+    rd = run_dir(work, arm, seed, length)
+    v = dict(values(exp, work, seed, length), run=str(rd), out=str(rd))
+    return {"argv": portable(fill(exp.arms[arm].run, v, f"arm {arm}"), work),
+            "prepared": {n: prepare_argv(exp, work, v, n) for n in sorted(needs(exp, [arm])) if n in v}}
+
+
+def check_runs(exp: Experiment, work: Path, arms, seeds, rerun: tuple = ()) -> None:
+    """Every run of ``arms`` there was made with the flags the file gives it now; a changed one of the arms in
+    ``rerun`` is moved aside (run again), any other refused (:func:`changed`)."""
+    for a in arms:
+        for s in seeds:
+            for t in lengths_of(exp, a):
+                rd = run_dir(work, a, s, t)
+                if (rd / ARGV).is_file():
+                    changed(f"arm {a}", rd, rd / ARGV, arm_record(exp, work, a, s, t), a in rerun, exp)
+
+
+def check_prepared(exp: Experiment, work: Path, seeds, rerun: bool) -> None:
+    """Every prepared file there was made with the flags the file gives it now (:func:`changed`)."""
+    for s in seeds:
+        for t in (None, *exp.lengths):
+            v = values(exp, work, s, t)
+            for name in prepare_of(exp, t):
+                out = Path(v[name])
+                if out.exists():
+                    changed(f"prepare {name}", out, beside(out), {"argv": prepare_argv(exp, work, v, name),
+                                                                  "prepared": {}}, rerun, exp)
 
 
 def own_process(argv: list[str]) -> bool:
@@ -182,6 +300,8 @@ def run(exp: Experiment, st: ExperimentSettings, work: Path) -> dict:
     """Every prepared file and every running arm's runs not complete yet; returns {"ran": runs called,
     "seconds": ...}."""
     arms, seeds = plan(exp, st)
+    check_runs(exp, work, plan(exp, replace(st, only=None))[0], seeds, tuple(arms) if st.rerun_changed else ())
+    check_prepared(exp, work, seeds, st.rerun_changed)
     every = [(a, s, t) for a in arms for s in seeds for t in lengths_of(exp, a)]
     todo = [(a, s, t) for a, s, t in every if not complete(run_dir(work, a, s, t), exp, a)]
     per = sorted({len(lengths_of(exp, a)) for a in arms})
@@ -195,9 +315,10 @@ def run(exp: Experiment, st: ExperimentSettings, work: Path) -> dict:
             need = needs(exp, here)
             v = values(exp, work, s, t)
             for name in [k for k in prepare_of(exp, t) if k in need]:
-                if not prepared(Path(v[name])):
+                out = Path(v[name])
+                if not prepared(out):
                     say(exp, f"prepare {name} (seed {s}{'' if t is None else f', T{t}'})")
-                    Path(v[name]).parent.mkdir(parents=True, exist_ok=True)
+                    record_argv(beside(out), {"argv": prepare_argv(exp, work, v, name), "prepared": {}})
                     call(fill(exp.prepare[name][1], dict(v, out=v[name]), f"prepare {name}"), f"prepare {name}")
     t_start, done = time.time(), 0
     for k, (a, s, t) in enumerate(todo):
@@ -207,6 +328,8 @@ def run(exp: Experiment, st: ExperimentSettings, work: Path) -> dict:
         rd = run_dir(work, a, s, t)
         rd.parent.mkdir(parents=True, exist_ok=True)
         v = dict(values(exp, work, s, t), run=str(rd), out=str(rd))
+        rd.mkdir(exist_ok=True)
+        record_argv(rd / ARGV, arm_record(exp, work, a, s, t))
         call(fill(exp.arms[a].run, v, f"arm {a}") + ["--out", str(rd), "--resume", "auto"], f"arm {a}")
         make_scores(exp, a, rd, v)
         done += 1

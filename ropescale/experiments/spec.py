@@ -7,7 +7,8 @@ length before the arms: ``NAME: {out: PATH, run: [flags]}``; the arms name the f
 per seed and length with ``--out`` a run directory and ``--resume auto``; or ``{label, reads: ARM, field}``: another
 field of ARM's runs, running nothing), ``pools`` (rows that average arms per sample: ``NAME: {label, arms:
 [...]}``), ``score`` (``file``, ``field``, ``id``, ``name``, ``kind``: mean or proportion, ``make``: the command
-that writes the file into ``{run}`` when it is missing), ``table`` (the rows shown, arms or pools), ``families``
+that writes the file into ``{run}`` when it is missing, ``range``: [lo, hi], the score's range, e.g. [0, 100] for a
+share in percent: a mean's interval stays inside it), ``table`` (the rows shown, arms or pools), ``families``
 (``NAME: [[a, b], ...]``: the comparisons a - b read together, BH q per family) and ``quick`` (overrides of
 ``seeds``, ``lengths``, ``vars`` and ``arms``, a list: the miniature a test runs). ``scores`` holds several scores
 (``NAME: {...}`` as ``score``, plus ``unit``, ``length``: the record field a length-less arm's records carry their
@@ -34,8 +35,9 @@ from ropescale.common.io import InputError
 KEYS = ("name", "title", "about", "seeds", "lengths", "vars", "prepare", "arms", "pools", "score", "scores",
         "table", "families", "quick")
 KINDS = ("mean", "proportion")
-UNITS = ("sample", "window", "bucket")  # what one id of a score is: the paired tests' unit
-SCORE_KEYS = ("file", "field", "id", "name", "make", "kind", "unit", "length", "column", "table", "digits")
+UNITS = ("sample", "window")  # what one id of a score is: the paired tests' unit (never a bucket: see score())
+SCORE_KEYS = ("file", "field", "id", "name", "make", "kind", "unit", "length", "column", "table", "digits",
+              "range")
 ARM_KEYS = ("label", "run", "reads", "field", "fields", "scores", "facts", "lengths")
 QUICK_KEYS = ("seeds", "lengths", "vars", "arms")
 RUNTIME = ("seed", "length", "run", "out", "work")  # placeholders the runner fills in
@@ -75,11 +77,12 @@ class Score:
     name: str = "ROUGE-L"
     make: tuple = ()
     kind: str = "mean"  # mean | proportion (scores 0 or 1: a cell is k of n trials, Wilson, shown in percent)
-    unit: str = "sample"  # what one id is (sample, window, bucket): the unit of the paired tests, named on the page
+    unit: str = "sample"  # what one id is (sample, window): the unit of the paired tests, named on the page
     length: str | None = None  # the record field holding the length a record is at (an arm run once per seed)
     column: str = "T"  # a column's header: COLUMN + length (T512; "pos " for bucket starts)
     table: tuple = ()  # the rows shown for this score (default: the experiment's table, the rows that have it)
     digits: int = 1  # decimals of its cells and tests on the page
+    range: tuple | None = None  # (lo, hi): the score's range; a mean's interval stays inside it (stats.means bounds)
     key: str = "score"  # its name in ``scores:`` (``score`` for the one ``score:`` block)
 
 
@@ -326,6 +329,9 @@ def read_score(r: Reader, sc: dict, key: str, where: str) -> Score:
         r.fail(unknown[0], f"{where}: unknown key {unknown[0]!r} (known: {', '.join(SCORE_KEYS)})")
     if sc.get("kind", "mean") not in KINDS:
         r.fail("kind", f"{where}: kind: {sc['kind']!r} is not one of {', '.join(KINDS)}")
+    if sc.get("unit") == "bucket":  # a window's buckets are correlated: a per-bucket sign flip over-rejects
+        r.fail("unit", f"{where}: unit: bucket is not a test unit (a window's buckets are correlated): key the score "
+                       f"by its window (id: window, unit: window) and compare buckets with a family's within:")
     if sc.get("unit", "sample") not in UNITS:
         r.fail("unit", f"{where}: unit: {sc['unit']!r} is not one of {', '.join(UNITS)}")
     if "table" in sc and not isinstance(sc["table"], list):
@@ -333,7 +339,13 @@ def read_score(r: Reader, sc: dict, key: str, where: str) -> Score:
     if "digits" in sc and (isinstance(sc["digits"], bool) or not isinstance(sc["digits"], int)
                            or not 0 <= sc["digits"] <= 6):
         r.fail("digits", f"{where}: digits: an integer 0-6 (decimals shown)")
-    conv = {"make": lambda v: r.flags(v, "make"), "table": lambda v: tuple(str(x) for x in v), "digits": int}
+    rng = sc.get("range")
+    if rng is not None and not (isinstance(rng, list) and len(rng) == 2
+                                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in rng)
+                                and rng[0] < rng[1]):
+        r.fail("range", f"{where}: range: [lo, hi], two numbers with lo < hi (a share in percent: [0, 100])")
+    conv = {"make": lambda v: r.flags(v, "make"), "table": lambda v: tuple(str(x) for x in v), "digits": int,
+            "range": lambda v: (float(v[0]), float(v[1]))}
     return Score(**{k: conv.get(k, str)(v) for k, v in sc.items()}, key=key)
 
 
