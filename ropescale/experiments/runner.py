@@ -1,8 +1,10 @@
 """Running an experiment: its settings (:class:`ExperimentSettings`, recorded in the out dir's run.json), the prepared
 files, then every arm x seed x length as an in-process call of a ``ropescale`` command's entry function with ``--out``
 its run directory (WORK/runs/ARM/sSEED/TLENGTH) and ``--resume auto``. A run whose run.json says complete (and whose
-score file is there) is not called again, so a second ``run`` runs nothing. Progress on stderr: the arm, the seed,
-the length, and the time left by the runs done."""
+score file is there) is not called again, so a second ``run`` runs nothing; each run and prepared file records the
+flags it is made with (``argv.json``), and one made with other flags is refused or, with ``--rerun-changed``, moved
+aside and made again (:func:`changed`). Progress on stderr: the arm, the seed, the length, and the time left by the
+runs done."""
 from __future__ import annotations
 
 import contextlib
@@ -27,7 +29,7 @@ class ExperimentSettings:
     beside it in run.json)."""
 
     quick: bool = setting(False, "the file's quick: miniature (a test runs it)", resume="ignore")
-    only: list[str] | None = setting(None, "run only these arms (comma-separated); the page shows what is there",
+    only: list[str] | None = setting(None, "run only these arms (comma-separated); the page reads every arm's runs",
                                      metavar="ARM", resume="ignore")
     seeds: list[int] | None = setting(None, "seeds (comma-separated; default: the file's)", resume="ignore")
     out: str | None = setting(None, "work directory (default runs/experiments/NAME, NAME-quick with --quick)",
