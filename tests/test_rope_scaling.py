@@ -254,8 +254,8 @@ def test_describe_table_and_config_dir(capsys, make_tiny_model, tmp_path):
     cfg.save_pretrained(tmp_path)
     assert describe_main(["--config", str(tmp_path)]) == 0  # the scaled model dir describes what it carries
     out = capsys.readouterr().out
-    # + the angle bound and Liu et al.'s critical dimension (a changed base)
-    assert "rope ntk" in out and "kind" in out and len(out.splitlines()) == 8 + D // 2
+    # + the angle bound, Liu et al.'s critical dimension (a changed base) and the matched ABF base
+    assert "rope ntk" in out and "kind" in out and len(out.splitlines()) == 9 + D // 2
     assert f"effective base {10000 * 4 ** (16 / 14):.6g}" in out
     assert "the config carries ntk x4" in out
 
