@@ -32,14 +32,12 @@ def small_chapters(tmp_path_factory, chapters):
     return p
 
 
-def test_build_is_deterministic(tmp_path, small_chapters, monkeypatch):
-    a = tiny.build_tiny(MINI, tmp_path / "a", chapters_path=small_chapters, log=lambda m: None)
-    # the second build's recall score (greedy answers of up to 160 tokens to 12 samples a prompt: most of a build's
-    # time) on one sample with 8 new tokens: it runs after the weights are final, and only the files are compared
-    full = tiny.recall_score
-    monkeypatch.setattr(tiny, "recall_score", lambda model, tok, samples, prompt: full(model, tok, samples[:1], prompt,
-                                                                                       max_new_tokens=8))
-    b = tiny.build_tiny(MINI, tmp_path / "b", chapters_path=small_chapters, log=lambda m: None)
+def test_build_is_deterministic(tmp_path, small_chapters):
+    # the recall score (greedy answers of up to 160 tokens to 12 samples a prompt: most of a build's time) on one
+    # sample with 8 new tokens: it runs after the weights are final, and only the files are compared
+    small = {"recall_n": 1, "recall_new_tokens": 8}
+    a = tiny.build_tiny(MINI, tmp_path / "a", chapters_path=small_chapters, log=lambda m: None, **small)
+    b = tiny.build_tiny(MINI, tmp_path / "b", chapters_path=small_chapters, log=lambda m: None, **small)
     for f in (models.MODEL_FILE, "tokenizer.json", "config.json"):
         assert sha256_file(a / f) == sha256_file(b / f), f
     info = json.loads((a / "tiny.json").read_text(encoding="utf-8"))

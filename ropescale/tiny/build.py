@@ -160,10 +160,13 @@ def _threads(n: int):
 
 
 def build_tiny(spec: TinySpec = DEFAULT_SPEC, out_dir: str | os.PathLike | None = None,
-               chapters_path: str | os.PathLike = CHAPTERS_JSONL, log=print, eval_every: int = 0) -> Path:
+               chapters_path: str | os.PathLike = CHAPTERS_JSONL, log=print, eval_every: int = 0,
+               recall_n: int = 12, recall_new_tokens: int = 160) -> Path:
     """Build the tiny default into ``out_dir`` (atomically: built in a temp folder, then renamed). Deterministic
     for a spec on a given machine and torch version: ``spec.threads`` fixes the CPU thread count. The phases, in
-    order: the novels read and the tokenizer trained -> a random model -> pretraining -> measuring -> writing."""
+    order: the novels read and the tokenizer trained -> a random model -> pretraining -> measuring -> writing.
+    ``recall_n`` / ``recall_new_tokens``: the recall score's samples and answer budget (measured after the weights
+    are final; not part of the spec's key)."""
     import torch
 
     from ropescale.common.io import atomic_dir
@@ -177,7 +180,7 @@ def build_tiny(spec: TinySpec = DEFAULT_SPEC, out_dir: str | os.PathLike | None 
         held_windows = windows(corpus.held_ids, spec.orig_ctx, spec.heldout_windows, spec.seed)
         ppl_random = perplexity(model, held_windows)
         hist = pretrain_tiny(model, spec, corpus, log, eval_every)
-        measured = measure(model, spec, corpus, held_windows, ppl_random, log)
+        measured = measure(model, spec, corpus, held_windows, ppl_random, log, recall_n, recall_new_tokens)
         write_build(model, tmp, spec, corpus, measured, hist, time.time() - t0)
     return out
 
@@ -229,15 +232,17 @@ def pretrain_tiny(model, spec: TinySpec, corpus: Corpus, log, eval_every: int) -
                     on_eval=probe, eval_every=eval_every)
 
 
-def measure(model, spec: TinySpec, corpus: Corpus, held_windows, ppl_random: float, log) -> Measured:
-    """Phase 3: held-out perplexity, the copy effect and recall ROUGE-L with both F.2 prompts."""
+def measure(model, spec: TinySpec, corpus: Corpus, held_windows, ppl_random: float, log, recall_n: int = 12,
+            recall_new_tokens: int = 160) -> Measured:
+    """Phase 3: held-out perplexity, the copy effect and recall ROUGE-L with both F.2 prompts (``recall_n`` samples,
+    greedy answers of up to ``recall_new_tokens`` tokens)."""
     from ropescale.common.recall import recall_samples, sources
 
     ppl = perplexity(model, held_windows)
     ce = copy_effect(model, corpus.held_ids, seq_len=spec.orig_ctx)
     held_src = sources(corpus.held_chs, corpus.tok)
-    rec = recall_samples(held_src, corpus.tok, n=12, target=spec.orig_ctx - 160, seed=spec.seed)  # + answer: 512
-    rs = {p: recall_score(model, corpus.tok, rec, p) for p in ("ft-ie", "ft-ib")}
+    rec = recall_samples(held_src, corpus.tok, n=recall_n, target=spec.orig_ctx - 160, seed=spec.seed)  # + 160: 512
+    rs = {p: recall_score(model, corpus.tok, rec, p, max_new_tokens=recall_new_tokens) for p in ("ft-ie", "ft-ib")}
     log(f"[tiny] held-out perplexity: trained {ppl:.1f} vs random {ppl_random:.1f}; copy loss "
         f"{ce['copy_loss']:.2f} vs {ce['nocopy_loss']:.2f} without the copy; recall ROUGE-L {rs}")
     return Measured(ppl_random, ppl, ce, rs)
