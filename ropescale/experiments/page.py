@@ -100,6 +100,8 @@ def family_table(exp: Experiment, sc: Score, name: str, tests: list, cols: list)
         return mse_table(exp, sc, name, tests)
     if fam.within:
         return within_table(sc, name, fam, tests)
+    if fam.baseline is not None:  # the baseline's own lengths are not tested
+        cols = [t for t in cols if not fam.baseline[0] <= t < fam.baseline[1]]
     by_pair: dict = {}
     for a, b, t, sig in tests:
         by_pair.setdefault((a, b), {})[t] = sig

@@ -172,16 +172,16 @@ def move_aside(path: Path, side: Path) -> Path:
     return new
 
 
-def changed(what: str, path: Path, side: Path, rec: dict, rerun: bool, exp: Experiment) -> bool:
-    """Whether ``path`` was made with other flags than ``rec`` (then moved aside with ``rerun``, else refused in
-    one line naming it and the flags that differ); a path with no flags recorded is taken as it is."""
+def changed(what: str, path: Path, side: Path, recs: list[dict], rerun: bool, exp: Experiment) -> bool:
+    """Whether ``path`` was made with flags none of ``recs`` are (then moved aside with ``rerun``, else refused in
+    one line naming it and the flags that differ from the first); a path with no flags recorded is taken as it is."""
     was = recorded(side)
-    if was is None or was == rec:
+    if was is None or was in recs:
         return False
     if not rerun:
-        raise InputError(f"{what}: {path} was made with other flags ({record_diff(was, rec)}): --rerun-changed "
+        raise InputError(f"{what}: {path} was made with other flags ({record_diff(was, recs[0])}): --rerun-changed "
                          f"re-runs it (the old one moved aside), or give another --out", exp.path)
-    say(exp, f"{what}: flags changed ({record_diff(was, rec)}): {path} moved to {move_aside(path, side)}")
+    say(exp, f"{what}: flags changed ({record_diff(was, recs[0])}): {path} moved to {move_aside(path, side)}")
     return True
 
 
@@ -207,19 +207,27 @@ def check_runs(exp: Experiment, work: Path, arms, seeds, rerun: tuple = ()) -> N
             for t in lengths_of(exp, a):
                 rd = run_dir(work, a, s, t)
                 if (rd / ARGV).is_file():
-                    changed(f"arm {a}", rd, rd / ARGV, arm_record(exp, work, a, s, t), a in rerun, exp)
+                    changed(f"arm {a}", rd, rd / ARGV, [arm_record(exp, work, a, s, t)], a in rerun, exp)
 
 
 def check_prepared(exp: Experiment, work: Path, seeds, rerun: bool) -> None:
-    """Every prepared file there was made with the flags the file gives it now (:func:`changed`)."""
+    """Every prepared file there was made with the flags the file gives it now (:func:`changed`); one made once a
+    seed whose flags name ``{length}`` is made at the first length that needs it: the flags of any length match."""
+    from .spec import placeholders
+
     for s in seeds:
+        recs: dict = {}
         for t in (None, *exp.lengths):
             v = values(exp, work, s, t)
             for name in prepare_of(exp, t):
-                out = Path(v[name])
-                if out.exists():
-                    changed(f"prepare {name}", out, beside(out), {"argv": prepare_argv(exp, work, v, name),
-                                                                  "prepared": {}}, rerun, exp)
+                if t is None and "length" in placeholders(exp.prepare[name][1]):
+                    continue
+                recs.setdefault(v[name], (name, []))[1].append({"argv": prepare_argv(exp, work, v, name),
+                                                               "prepared": {}})
+        for path, (name, rs) in recs.items():
+            out = Path(path)
+            if out.exists():
+                changed(f"prepare {name}", out, beside(out), rs, rerun, exp)
 
 
 def own_process(argv: list[str]) -> bool:
