@@ -4,6 +4,7 @@ policy in the settings record (a resume with another one is refused), and bad co
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from ft_helpers import finetune_cmd, packed, run, train_log
@@ -50,6 +51,8 @@ def test_pose_resume_redraws_the_same_positions(setup, tmp_path, capfd, one_thre
     assert rc == 0, err[-2000:]
     rc, err = _ft(capfd, _args(model_dir, data, cut_dir, 2))
     assert rc == 0, err[-2000:]
+    old_dir = tmp_path / "old"
+    shutil.copytree(cut_dir, old_dir)  # the same 2-step run, for the resume from a checkpoint without coverage below
     rc, err = _ft(capfd, [*_args(model_dir, data, cut_dir, STEPS), "--resume", "auto"])
     assert rc == 0, err[-2000:]
     assert "resuming from" in err and "checkpoint-2" in err
@@ -70,9 +73,6 @@ def test_pose_resume_redraws_the_same_positions(setup, tmp_path, capfd, one_thre
 
     # a checkpoint written before runs kept a coverage record: the resume says so, and its coverage counts the
     # steps after the checkpoint only, recorded as from_step
-    old_dir = tmp_path / "old"
-    rc, err = _ft(capfd, _args(model_dir, data, old_dir, 2))
-    assert rc == 0, err[-2000:]
     (old_dir / "checkpoint-2" / "coverage.json").unlink()
     rc, err = _ft(capfd, [*_args(model_dir, data, old_dir, STEPS), "--resume", "auto"])
     assert rc == 0, err[-2000:]
