@@ -211,9 +211,13 @@ def pct(flags: list[bool]) -> str:
     return f"{100 * w.rate:.0f} [{100 * w.lo:.0f}, {100 * w.hi:.0f}] (n={w.n})"
 
 
-def t_cell(values: list[float], digits: int = 2, spread: bool = True) -> str:
-    """A mean over few units (windows): the 95 % t interval (the floor's), and (``spread``) the units' range."""
-    e = t_interval([x for x in values if not math.isnan(x)])
+LOSS = (0.0, math.inf)  # a loss's range: its interval is clipped to it (the floor's rule)
+
+
+def t_cell(values: list[float], digits: int = 2, spread: bool = True, bounds=None) -> str:
+    """A mean over few units (windows): the 95 % t interval (the floor's; ``bounds``: clipped to the score's range),
+    and (``spread``) the units' range."""
+    e = t_interval([x for x in values if not math.isnan(x)], bounds=bounds)
     if e.mean is None:
         return "-"
     if e.lo is None:
@@ -247,7 +251,7 @@ def by_distance(by_row: dict, plan: Plan) -> str:
     refs = ("| *references* | " + " | ".join(f"guess {math.log(10):.2f}; copier of {k_in[L]}: "
                                              f"{copier_loss(k_in[L]):.2f}" for (L, d) in slots) + " |")
     rows = [f"| {name} | " + " | ".join(t_cell([sum(k["answer_loss"] for k in r["keys"] if (k["length"],
-                                                k["depth"]) == s) for r in recs]) for s in slots) + " |"
+                                                k["depth"]) == s) for r in recs], bounds=LOSS) for s in slots) + " |"
             for name, recs in by_row.items()]
     return ("\n### D. Answer loss by key distance (nats per digit; mean over windows [95 % t interval over windows] "
             "(range of the windows))\n\n" + "\n".join(head + [refs] + rows) + "\n")
@@ -268,10 +272,11 @@ def summarize(by_row: dict, plan: Plan, model_dir: Path) -> list[dict]:
         spec = state_specs[name]
         keys = [k for r in recs for k in r["keys"]]
         acc = {kilo(L): [bool(k["retrieved"]) for k in keys if k["length"] == L] for L in plan.lengths}
-        ans = {kilo(L): cell([k["answer_loss"] for k in keys if k["length"] == L]) for L in plan.lengths}
+        ans = {kilo(L): cell([k["answer_loss"] for k in keys if k["length"] == L], bounds=LOSS)
+               for L in plan.lengths}
         nb = plan.total // plan.bucket
         bucket_values = [[r["buckets"][b] for r in recs if not math.isnan(r["buckets"][b])] for b in range(nb)]
-        buckets = [cell(v) for v in bucket_values]  # the means the effective length reads
+        buckets = [cell(v, bounds=LOSS) for v in bucket_values]  # the means the effective length reads
         cost = [inwin(r) - base[r["window"]] for r in recs if r["window"] in base]
         d = describe(cfg, spec, seq_len=plan.total)
         bound = d["attention_extend"]["max_context"] if "attention_extend" in d else d["reach"]
@@ -313,14 +318,15 @@ def tables(rows: list[dict], plan: Plan, ref: float | None) -> str:
     for i in range(nb):
         lab = f"{kilo(i * plan.bucket)}-{kilo((i + 1) * plan.bucket)}"
         mark = " (past the window)" if i * plan.bucket >= plan.orig else ""
-        c.append(f"| {lab}{mark} | " + " | ".join(t_cell(r["bucket_values"][i], spread=False) for r in rows) + " |")
+        c.append(f"| {lab}{mark} | " + " | ".join(t_cell(r["bucket_values"][i], spread=False, bounds=LOSS)
+                                                  for r in rows) + " |")
     refs = "-" if ref is None else f"{ref:.3f}"
     return ("### A. Passkey retrieval (% of keys; [95 % Wilson interval], n keys) and the effective lengths\n\n"
             + "\n".join(a) + f"\n\nIn-window loss of the unscaled model (positions {kilo(plan.bucket)}-"
             f"{kilo(plan.orig)}, mean over windows): {refs} nats/token; a row's in-window cost is its own minus that, "
             "window by window (95 % t interval over windows, and the windows' range).\n\n"
-            "### B. Answer loss (nats per answer digit, teacher-forced; mean [95 % bootstrap interval over keys], "
-            "n keys)\n\n"
+            "### B. Answer loss (nats per answer digit, teacher-forced; mean [95 % t interval over keys: the keys of "
+            "one window are not independent, so it is too narrow], n keys)\n\n"
             + "\n".join(b) + "\n\n### C. Loss by position (nats/token over the novel's own tokens; mean over windows "
             "[95 % t interval over windows])\n\n" + "\n".join(c) + "\n")
 
