@@ -28,14 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ropescale.common.stats.lengths import effective_length, effective_length_relative
+from ropescale.common.stats.lengths import NOLIMA_KEEP, effective_length, effective_length_relative
 from ropescale.common.stats.means import cell, cell_of_prompts
 from ropescale.common.stats.proportions import wilson
 
 from .tasks import GRID
 
 RULER_THRESHOLD = 85.6  # RULER: Llama-2-7B's average at 4K
-NOLIMA_KEEP = 0.85
 SCORE_RANGE = (0.0, 100.0)  # a task's score and the average: shares in percent
 LOSS_RANGE = (0.0, math.inf)  # a loss in nats: >= 0, no upper end
 
