@@ -198,7 +198,8 @@ def test_seconds_after_resume_cover_the_whole_run(env, tmp_path, capsys):
     wall = time.time() - t0
     assert rc == 0, err[-2000:]
     meta = json.loads((y / "run.json").read_text())
-    assert meta["status"] == "done" and 1000.0 < meta["seconds"] <= 1000.0 + wall
+    # the record keeps 0.1 s (training/run.py rounds the sum): a part shorter than a second can round up past wall
+    assert meta["status"] == "done" and 1000.0 < meta["seconds"] <= round(1000.0 + wall, 1) + 0.05
     assert [r["step"] for r in train_log(y)] == [1, 2]
 
 
