@@ -1,16 +1,15 @@
 """One full-length fine-tune of SmolLM2-135M, a GPU suite step (``smollm2-METHOD-xS``): LoRA with RoPE scaling
 METHOD at xS on packed windows of S x 8,192 tokens of Austen's three training novels (Pride and Prejudice, Sense
 and Sensibility, Mansfield Park: the real-model table's held-out three are never trained on), merged, then read on
-the real-model windows (``scripts/real_model.py``'s held-out novels with planted passkeys,
-``ropescale.probes.passkey``) beside the same method training-free on the base model: passkeys retrieved per
-length, answer loss, loss inside the original window and past it. Prints one JSON line (stdout); progress on
-stderr.
+the real-model windows (experiments/real_model.yaml's held-out novels with planted passkeys,
+``ropescale.probes.passkey.novel_windows``) beside the same method training-free on the base model: passkeys
+retrieved per length, answer loss, loss inside the original window and past it. Prints one JSON line (stdout);
+progress on stderr.
 
     python bench/gpusuite/smollm2.py --method yarn --scale 2 --workdir DIR [--dry-run]
 
 ``--dry-run`` (CPU): the same code on 256 x S-token samples and windows, 1 optimizer step, 1 window, fp32: the path,
-not a
-measurement. Where the model directory is missing the step fails in one line (``make real-model`` writes it).
+not a measurement. Where the model directory is missing the step fails in one line (``make real-model`` writes it).
 """
 from __future__ import annotations
 
@@ -26,6 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "smollm2-135m"
 TRAIN = ("prideprejudice", "sensesensibility", "mansfieldpark")
+HELDOUT = ("emma", "persuasion", "northangerabbey")  # experiments/real_model.yaml's windows
+SEED = 0
 ORIG = 8192  # SmolLM2's window (max_position_embeddings)
 METHODS = ("pi", "ntk", "yarn")
 # the GPU run (minutes on an H200 in all): optimizer steps and samples a step, the same tokens a step at x2 and x4
@@ -36,14 +37,6 @@ DRY = {"length_div": 32, "steps": 1, "windows": 1}
 
 def log(msg: str) -> None:
     print(f"[smollm2] {msg}", file=sys.stderr, flush=True)
-
-
-def _real_model():
-    """scripts/real_model.py (its held-out novels, windows plan and passkey reading)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import real_model
-
-    return real_model
 
 
 def settings(scale: int, dry: bool) -> dict:
@@ -125,15 +118,15 @@ def main(argv=None) -> int:
 
     from data_concat.text import pack_text
     from rope_scaling import RopeSpec
+    from ropescale.common.paths import DATA_DIR
 
-    rm = _real_model()
     cfg = settings(a.scale, a.dry_run)
     device = "cuda" if torch.cuda.is_available() and not a.dry_run else "cpu"
     work = Path(a.workdir) / f"{a.method}-x{a.scale}"
     data = Path(a.workdir) / f"data-{cfg['length']}"
     t0 = time.monotonic()
     if not data.is_dir():
-        pack_text([rm.AUSTEN / f"{n}.txt" for n in TRAIN], model, data, length=cfg["length"])
+        pack_text([DATA_DIR / "english" / "austen" / f"{n}.txt" for n in TRAIN], model, data, length=cfg["length"])
     run_dir, merged = work / "run", work / "merged"
     ft = [sys.executable, ROOT / "finetune.py", "--model", model, "--data", data, "--rope", a.method, "--scale",
           a.scale, "--max-steps", cfg["steps"], "--global-batch", cfg["global_batch"], "--out", run_dir,
@@ -148,11 +141,13 @@ def main(argv=None) -> int:
              "final_loss": steps[-1]["loss"] if steps else None,
              "tokens_per_s": next((r.get(k) for r in reversed(logs) for k in ("tokens_per_s_steady", "tokens_per_s")
                                    if r.get(k)), None), "seconds": round(time.monotonic() - t0, 1)}
-    plan = rm.Plan(windows=cfg["windows"], lengths=cfg["eval_lengths"], depths=cfg["depths"], orig=cfg["orig"],
-                   scale=float(a.scale))
     from transformers import AutoTokenizer
 
-    windows = rm.windows(plan, AutoTokenizer.from_pretrained(str(model)))
+    from ropescale.probes.passkey import novel_windows, read_novels
+
+    windows = novel_windows(AutoTokenizer.from_pretrained(str(model)),
+                            read_novels([f"english/austen/{n}.txt" for n in HELDOUT]), cfg["windows"],
+                            cfg["eval_lengths"], cfg["depths"], SEED)
     spec = RopeSpec(a.method, float(a.scale), orig_ctx=ORIG)
     res = {"method": a.method, "scale": a.scale, "length": cfg["length"], "device": device,
            "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "train": train,
