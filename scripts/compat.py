@@ -24,8 +24,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import envbuild
+import envbuild  # beside this file: python puts a script's directory first on sys.path
 
 SHOWN = ("torch", "transformers", "peft", "accelerate", "deepspeed", "datasets", "tokenizers", "huggingface-hub",
          "safetensors", "numpy")

@@ -14,10 +14,8 @@ import platform
 import re
 import shutil
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import envbuild
+import envbuild  # beside this file: python puts a script's directory first on sys.path
 
 HEADER = """\
 # requirements.lock: the exact version of every package scripts/setup.sh installs (make demo, make test, .ci/run).

@@ -1,5 +1,5 @@
 """The passkey probe: the papers' single-key window, the no-key control, the references, the reading by key distance,
-the functions scripts/real_model.py imports kept as they were, and the real-model windows (--novels), the loss by
+the reading functions, the real-model windows (--novels), the loss by
 bucket of the same forwards (--bucket, --in-window) and forwards shared by runs (--forwards)."""
 from __future__ import annotations
 

@@ -205,3 +205,21 @@ def test_the_slot_decoder_rules_are_not_in_the_engine():
     rules = sorted(n.name for n in ast.walk(tree) if (isinstance(n, ast.ClassDef) and "Rope" in n.name)
                    or (isinstance(n, ast.FunctionDef) and n.name in ("fixed_rope", "slot_ropes")))
     assert rules == [], f"{rel(engine)} defines {rules}"
+
+
+ENV_TOOLS = {"setup.sh", "envbuild.py", "lock.py", "compat.py"}  # scripts/: the environment's tools
+DEMO_ENTRY = {"demo.py", "demo.sh"}  # and the demo's thin entry points
+
+
+def test_scripts_hold_the_environment_tools_and_a_thin_demo_entry_only():
+    """A study is an experiment file (experiments/*.yaml, ``python -m ropescale.experiments``), never a script:
+    scripts/ keeps the environment's tools and the demo's entry points (each <= 40 lines), and nothing there puts a
+    directory on sys.path (a script's own directory is already first on it)."""
+    files = {f.name: f for f in (ROOT / "scripts").iterdir() if f.is_file()}
+    assert set(files) <= ENV_TOOLS | DEMO_ENTRY, sorted(set(files) - ENV_TOOLS - DEMO_ENTRY)
+    for name in DEMO_ENTRY & set(files):
+        n = len(files[name].read_text(encoding="utf-8").splitlines())
+        assert n <= 40, f"scripts/{name}: {n} lines (an entry point: at most 40)"
+    for name, f in files.items():
+        assert "sys.path.insert" not in f.read_text(encoding="utf-8"), f"scripts/{name} edits sys.path"
+    assert len(list((ROOT / "experiments").glob("*.yaml"))) >= 7

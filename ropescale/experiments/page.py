@@ -1,6 +1,6 @@
 """An experiment's page: the table of cells with their intervals (per seed, and over seeds when there are several),
 each family's comparisons with p and BH q, the command that made it, the machine and the wall time, and a reading
-section below :data:`READING` that a re-run keeps (the convention of ``scripts/real_model.py``)."""
+section below :data:`READING` that a re-run keeps."""
 from __future__ import annotations
 
 import os
