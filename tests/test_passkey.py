@@ -76,6 +76,9 @@ def test_probe_run_and_control(make_tiny_model, tiny_tokenizer, tmp_path, keys, 
         assert r["keys_in_context"] == 1
     else:
         assert max(x["keys_in_context"] for x in items) == 4  # every key of the window precedes the last answers
+        for x in items:  # the slot's nominal distance (a label: keys pushed by earlier insertions sit later)
+            assert x["back"] == round(x["col"] * (1 - x["depth"]))
+            assert x["copier"] == pytest.approx(math.log(x["keys_in_context"]) / 5)
         assert any(b["copier"] is not None and math.isfinite(b["copier"]) for b in summary["by_distance"])
 
 
