@@ -3,7 +3,7 @@ runs while the page reads every arm's runs (an arm without runs named, never dro
 with other flags is refused or, with --rerun-changed, moved aside and made again; a --quick work directory is not a
 full one; a baseline family tests only the lengths outside its baseline (BH over those); a pooled proportion row
 counts each sample once; a repeated id is an error; unit: bucket is refused; a score's range bounds its interval;
-seeds that agree exactly are no test. Numbers against scipy / the definitions written out here."""
+seeds that agree exactly are no test; an arm reads only its group of a run's records. Numbers against scipy / the definitions written out here."""
 from __future__ import annotations
 
 import itertools
@@ -249,3 +249,53 @@ def test_a_repeated_id_within_a_length_is_an_error(tmp_path, key):
         return
     with pytest.raises(InputError, match="record 3: window 'w0' is repeated at bucket 0"):
         scores(p, "loss", "window", length="bucket")
+
+
+GROUPS = """name: groups
+title: A probe writing two variants a run
+seeds: [0]
+lengths: [64]
+arms:
+  orig: {label: original, run: [probes, ppl, --model, tiny, --lengths, "{length}"], group: original}
+  swapped: {label: swapped, reads: orig, group: names-swapped}
+  gap: {label: "swapped - original, paired in the run", reads: orig, group: names-swapped, field: diff}
+score: {file: scores.jsonl, field: score}
+table: [orig, swapped, gap]
+"""
+
+
+def test_an_arm_reads_only_its_group_of_a_runs_records(tmp_path, capsys):
+    """``group:``: an arm reads the records of its group alone (a probe that writes an original and a name-swapped
+    variant a prompt in one file: two rows), a field only one group has read from that group; a record of the
+    group without the field is an error naming the file and record."""
+    import scipy.stats
+
+    from ropescale.experiments.runner import run_dir
+
+    orig = [3.0, 4.0, 5.5, 2.0]
+    swap = [4.0, 4.5, 7.0, 2.5]
+
+    f, work = made_up(tmp_path, text=GROUPS, arms="")
+    d = run_dir(work, "orig", 0, 64)
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"kind": "probe", "status": "complete", "seconds": 1.0}))
+    recs = [{"id": f"{i}:original", "group": "original", "score": a} for i, a in enumerate(orig)]
+    recs += [{"id": f"{i}:names-swapped", "group": "names-swapped", "score": b, "diff": b - a}
+             for i, (a, b) in enumerate(zip(orig, swap))]
+    (d / "scores.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rc, res = report(f, work)
+    assert rc == 0, capsys.readouterr().err
+    capsys.readouterr()
+    cells = next(iter(res.values()))["seeds"]["0"]["cells"]
+    for arm, xs in (("orig", orig), ("swapped", swap), ("gap", [b - a for a, b in zip(orig, swap)])):
+        c = cells[arm]["T64"]
+        ci = scipy.stats.ttest_1samp(xs, 0.0).confidence_interval()
+        assert c["n"] == 4 and c["mean"] == pytest.approx(sum(xs) / 4)
+        assert (c["lo"], c["hi"]) == pytest.approx((ci.low, ci.high))
+    # a swapped record without the field its arm reads
+    (d / "scores.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "diff"}) + "\n"
+                                            for r in recs))
+    rc, _ = report(f, work)
+    assert rc == 2
+    err = one_error(capsys)
+    assert "scores.jsonl" in err and "no 'diff' in a record of group 'names-swapped'" in err

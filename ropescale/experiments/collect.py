@@ -25,12 +25,20 @@ def number(v, kind: str, where: str, path: Path) -> float:
     return float(v)
 
 
-def scores(path: Path, field: str, key: str, kind: str = "mean", length: str | None = None) -> dict:
-    """{id (as a string): float} of one score file; with ``length`` (a record field): {length: {id: float}}.
-    A record without a finite number in ``field`` (or an integer ``length``), a proportion's score that is not
-    0 or 1, or an id repeated (within a length), is an error naming the file and record."""
+def scores(path: Path, field: str, key: str, kind: str = "mean", length: str | None = None,
+           group: str | None = None) -> dict:
+    """{id (as a string): float} of one score file; with ``length`` (a record field): {length: {id: float}}; with
+    ``group``, only the records whose ``group`` field is it (the others are another arm's). A record without a
+    finite number in ``field`` (or an integer ``length``), a proportion's score that is not 0 or 1, or an id repeated
+    (within a length), is an error naming the file and record."""
     out: dict = {}
-    for k, rec in enumerate(read_jsonl(path, (key, field) + ((length,) if length else ())), 1):
+    need = (key,) + ((length,) if length else ()) + (() if group else (field,))  # a group's: checked in it
+    for k, rec in enumerate(read_jsonl(path, need), 1):
+        if group is not None:
+            if rec.get("group") != group:
+                continue
+            if field not in rec:
+                raise InputError(f"record {k}: no {field!r} in a record of group {group!r}", path)
         v = number(rec[field], kind, f"record {k}: {field}", path)
         i = str(rec[key])
         if length is None:
@@ -60,7 +68,7 @@ def collect_score(exp: Experiment, sc: Score, work: Path, arms, seeds) -> dict:
                 p = run_dir(work, arm.reads or a, s, t) / sc.file
                 if not p.is_file():
                     continue
-                got = scores(p, arm.field_of(sc), sc.id, sc.kind, sc.length)
+                got = scores(p, arm.field_of(sc), sc.id, sc.kind, sc.length, arm.group)
                 by = out.setdefault(a, {}).setdefault(s, {})
                 if sc.length is None:
                     by[t if t is not None else 0] = got

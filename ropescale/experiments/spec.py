@@ -38,7 +38,7 @@ KINDS = ("mean", "proportion")
 UNITS = ("sample", "window")  # what one id of a score is: the paired tests' unit (never a bucket: see score())
 SCORE_KEYS = ("file", "field", "id", "name", "make", "kind", "unit", "length", "column", "table", "digits",
               "range")
-ARM_KEYS = ("label", "run", "reads", "field", "fields", "scores", "facts", "lengths")
+ARM_KEYS = ("label", "run", "reads", "field", "fields", "scores", "facts", "lengths", "group")
 QUICK_KEYS = ("seeds", "lengths", "vars", "arms")
 RUNTIME = ("seed", "length", "run", "out", "work")  # placeholders the runner fills in
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -58,6 +58,7 @@ class Arm:
     facts: dict = dc_field(default_factory=dict)  # fact -> a dotted key of its runs' run.json, shown beside its row
     per_length: bool = True  # runs once per seed and length (its flags name {length}); else once per seed
     lengths: tuple = ()  # the experiment's lengths it runs at (empty: every one)
+    group: str | None = None  # only its runs' records whose ``group`` field is this (a probe writing two variants)
 
     def field_of(self, score: "Score") -> str:
         return self.fields.get(score.key) or self.field or score.field
@@ -259,7 +260,7 @@ def read_prepare(r: Reader, data: dict) -> dict:
 
 
 def arm_extras(r: Reader, k: str, v: dict) -> dict:
-    """An arm's ``field``, ``fields``, ``scores`` and ``facts``, checked."""
+    """An arm's ``field``, ``fields``, ``scores``, ``facts``, ``lengths`` and ``group``, checked."""
     out = {"field": v.get("field") and str(v["field"])}
     fields = r.mapping(v.get("fields"), k)
     out["fields"] = {str(a): str(b) for a, b in fields.items()}
@@ -272,6 +273,9 @@ def arm_extras(r: Reader, k: str, v: dict) -> dict:
         r.fail(k, f"arm {k}: facts: NAME: a dotted key of its runs' run.json (e.g. train.coverage)")
     out["facts"] = {str(a): b for a, b in facts.items()}
     out["lengths"] = r.ints(v["lengths"], k) if "lengths" in v else ()
+    if "group" in v and not (isinstance(v["group"], str) and v["group"]):
+        r.fail(k, f"arm {k}: group: the records' group field to keep (a string, e.g. original)")
+    out["group"] = v.get("group")
     return out
 
 
