@@ -175,6 +175,9 @@ def test_proportions_match_scipy(n):
         ci = scipy.stats.binomtest(k, n).proportion_ci(0.95, method="exact")
         c = P.clopper_pearson(k, n)
         assert (c.lo, c.hi) == (pytest.approx(ci.low, abs=1e-9), pytest.approx(ci.high, abs=1e-9))
+    # the bounds at 0 of n and n of n are 0 and 1 exactly (a page prints 0 [0, 30], never a 5.6e-17 lower bound)
+    assert P.wilson(0, n).lo == 0.0 and P.wilson(n, n).hi == 1.0
+    assert P.clopper_pearson(0, n).lo == 0.0 and P.clopper_pearson(n, n).hi == 1.0
 
 
 # ------------------------------------------------------------------------------------------------ families

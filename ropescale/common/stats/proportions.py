@@ -37,7 +37,10 @@ def wilson(k: int, n: int, confidence: float = CONFIDENCE) -> Proportion:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return Proportion(k, n, p, max(0.0, centre - half), min(1.0, centre + half), "Wilson")
+    # at k = 0 (k = n) the bound is 0 (1) exactly: centre = half there, which floating point leaves ~1e-17 apart
+    lo = 0.0 if k == 0 else max(0.0, centre - half)
+    hi = 1.0 if k == n else min(1.0, centre + half)
+    return Proportion(k, n, p, lo, hi, "Wilson")
 
 
 def beta_quantile(q: float, a: float, b: float) -> float:
