@@ -56,14 +56,6 @@ def dynamic_ntk_scale(s: float, seq_len: int, orig_ctx: int) -> float:
     return s * max(seq_len, orig_ctx) / orig_ctx - (s - 1)
 
 
-def label_at_length(spec: RopeSpec, seq_len: int) -> str:
-    """A row's label at ``seq_len``: ``spec.label()``, and for dynamic NTK its effective NTK scale there
-    (``dynamic_ntk x2 (NTK x3 at 16K)``, :func:`dynamic_ntk_scale`)."""
-    at = f"{seq_len // 1024}K" if seq_len % 1024 == 0 else f"{seq_len:,}"
-    s = dynamic_ntk_scale(spec.scale, seq_len, spec.orig_ctx) if spec.method == "dynamic_ntk" else None
-    return spec.label() + ("" if s is None else f" (NTK x{s:.3g} at {at})")
-
-
 def yarn_correction_range(d: int, base: float, orig_ctx: int, beta_fast: float, beta_slow: float,
                           truncate: bool = True) -> tuple[float, float]:
     """Ramp ends i(beta_fast), i(beta_slow), i(r) = d*ln(L/(2*pi*r))/(2*ln b), floored / ceiled to whole pairs unless
@@ -432,7 +424,10 @@ def _longrope_lines(d: dict) -> list[str]:
 
 
 def _dynamic_ntk_at(d: dict) -> str:
-    return f"  (dynamic NTK at seq_len {d['seq_len']})"
+    """The length it was read at and the NTK scale transformers' rule runs there (:func:`dynamic_ntk_scale`): a row
+    labelled ``dynamic_ntk x2`` runs NTK x3 at 16K."""
+    s = dynamic_ntk_scale(d["scale"], d["seq_len"], d["orig_ctx"])
+    return f"  (dynamic NTK at seq_len {d['seq_len']}: NTK x{s:.3g} there)"
 
 
 def _dynamic_yarn_at(d: dict) -> str:

@@ -9,7 +9,7 @@ from transformers.modeling_rope_utils import _compute_dynamic_ntk_parameters
 
 from rope_scaling import RopeSpec
 from rope_scaling.bounds import reach
-from rope_scaling.formulas import dynamic_ntk_scale, label_at_length
+from rope_scaling.formulas import dynamic_ntk_scale
 
 D, BASE, L0 = 64, 1e5, 8192
 
@@ -44,8 +44,15 @@ def test_smollm2_at_16k_runs_ntk_x3():
     assert math.floor(bound) == 16642  # 8192 * 3^(40/62), the first bounded pair 20
 
 
-def test_row_label_states_the_effective_scale():
-    spec = RopeSpec("dynamic_ntk", 2.0, orig_ctx=L0)
-    assert label_at_length(spec, 16384) == "dynamic_ntk x2 (NTK x3 at 16K)"
-    assert label_at_length(spec, 32768) == "dynamic_ntk x2 (NTK x7 at 32K)"
-    assert label_at_length(RopeSpec("yarn", 2.0, orig_ctx=L0), 16384) == "yarn x2"
+def test_describe_states_the_effective_scale():
+    """``rope describe --seq-len L`` of dynamic NTK names the NTK scale transformers' rule runs at L: x2 read at
+    16K is NTK x3, at 32K NTK x7 (s L / L0 - (s - 1))."""
+    from transformers import LlamaConfig
+
+    from rope_scaling.describe import describe, format_table
+
+    cfg = LlamaConfig(hidden_size=576, num_attention_heads=9, head_dim=D, max_position_embeddings=L0,
+                      rope_parameters={"rope_type": "default", "rope_theta": BASE})
+    for L, s in ((16384, 3), (32768, 7), (8192, 1)):
+        text = format_table(describe(cfg, RopeSpec("dynamic_ntk", 2.0, orig_ctx=L0), seq_len=L))
+        assert f"(dynamic NTK at seq_len {L}: NTK x{s} there)" in text, text.splitlines()[:2]
