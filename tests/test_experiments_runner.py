@@ -3,7 +3,7 @@ runs while the page reads every arm's runs (an arm without runs named, never dro
 with other flags is refused or, with --rerun-changed, moved aside and made again; a --quick work directory is not a
 full one; a baseline family tests only the lengths outside its baseline (BH over those); a pooled proportion row
 counts each sample once; a repeated id is an error; unit: bucket is refused; a score's range bounds its interval;
-seeds that agree exactly are no test; an arm reads only its group of a run's records. Numbers against scipy / the definitions written out here."""
+seeds that agree exactly are no test; an arm reads only its group of a run's records; a run not finished is not read. Numbers against scipy / the definitions written out here."""
 from __future__ import annotations
 
 import itertools
@@ -299,3 +299,19 @@ def test_an_arm_reads_only_its_group_of_a_runs_records(tmp_path, capsys):
     assert rc == 2
     err = one_error(capsys)
     assert "scores.jsonl" in err and "no 'diff' in a record of group 'names-swapped'" in err
+
+
+def test_a_run_not_finished_is_not_read(tmp_path, capsys):
+    """A run still going (or stopped part-way) holds some of its records; the page reads only finished runs, so a
+    row never shows fewer samples than its flags ask: arm c's run at seed 1, T128 says running, and its cell there
+    is absent (seed 0's is read)."""
+    from ropescale.experiments.runner import run_dir
+
+    f, work = made_up(tmp_path)
+    rj = run_dir(work, "c", 1, 128) / "run.json"
+    rj.write_text(json.dumps({"kind": "probe", "status": "running", "seconds": 1.0}))
+    rc, res = report(f, work)
+    assert rc == 0, capsys.readouterr().err
+    cells = next(iter(res.values()))["seeds"]
+    assert "T128" in cells["0"]["cells"]["c"] and "T128" not in cells["1"]["cells"].get("c", {})
+    assert "T256" in cells["1"]["cells"]["c"]

@@ -1,7 +1,7 @@
 """Collecting an experiment's runs: each run directory's per-sample scores (the file and field each score names),
 as {score: {arm: {seed: {length: {sample id: score}}}}} (a score with ``length:``: each record at the length its
-field holds), and the row facts of the arms' run.json. Only what is there: a run not made yet is absent, not an
-error."""
+field holds), and the row facts of the arms' run.json. Only what is there and finished: a run not made yet, or
+not finished (its run.json not ``complete``), is absent, not an error."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ropescale.common.io import InputError, read_jsonl
 
-from .runner import lengths_of, run_dir
+from .runner import FINISHED, lengths_of, run_dir
 from .spec import Experiment, Score
 
 
@@ -55,8 +55,19 @@ def scores(path: Path, field: str, key: str, kind: str = "mean", length: str | N
     return out
 
 
+def finished(run: Path) -> bool:
+    """Whether a run directory's run.json says it finished (a run still going, or stopped part-way, holds some of its
+    records: read, they would make a row of fewer samples than its flags ask)."""
+    import json
+
+    try:
+        return json.loads((run / "run.json").read_text(encoding="utf-8")).get("status") in FINISHED
+    except (OSError, ValueError):
+        return False
+
+
 def collect_score(exp: Experiment, sc: Score, work: Path, arms, seeds) -> dict:
-    """{arm: {seed: {length: {id: score}}}} of one score, from the runs that have its file (an arm that
+    """{arm: {seed: {length: {id: score}}}} of one score, from the finished runs that have its file (an arm that
     ``reads:`` another: that arm's runs, its own field)."""
     out: dict = {}
     for a in arms:
@@ -66,7 +77,7 @@ def collect_score(exp: Experiment, sc: Score, work: Path, arms, seeds) -> dict:
         for s in seeds:
             for t in lengths_of(exp, a):
                 p = run_dir(work, arm.reads or a, s, t) / sc.file
-                if not p.is_file():
+                if not p.is_file() or not finished(p.parent):
                     continue
                 got = scores(p, arm.field_of(sc), sc.id, sc.kind, sc.length, arm.group)
                 by = out.setdefault(a, {}).setdefault(s, {})
@@ -103,7 +114,7 @@ def facts(exp: Experiment, work: Path, arms, seeds) -> dict:
             for s in seeds:
                 for t in lengths_of(exp, a):
                     p = run_dir(work, arm.reads or a, s, t) / "run.json"
-                    if p.is_file():
+                    if p.is_file() and finished(p.parent):
                         try:
                             v = dotted(json.loads(p.read_text(encoding="utf-8")), key)
                         except (OSError, ValueError) as e:
