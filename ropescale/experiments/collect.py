@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ropescale.common.io import InputError, read_jsonl
 
-from .runner import FINISHED, lengths_of, run_dir
+from .runner import finished, lengths_of, run_dir
 from .spec import Experiment, Score
 
 
@@ -53,17 +53,6 @@ def scores(path: Path, field: str, key: str, kind: str = "mean", length: str | N
             raise InputError(f"record {k}: {key} {i!r} is repeated at {length} {t} (one record an id a length)", path)
         out.setdefault(t, {})[i] = v
     return out
-
-
-def finished(run: Path) -> bool:
-    """Whether a run directory's run.json says it finished (a run still going, or stopped part-way, holds some of its
-    records: read, they would make a row of fewer samples than its flags ask)."""
-    import json
-
-    try:
-        return json.loads((run / "run.json").read_text(encoding="utf-8")).get("status") in FINISHED
-    except (OSError, ValueError):
-        return False
 
 
 def collect_score(exp: Experiment, sc: Score, work: Path, arms, seeds) -> dict:

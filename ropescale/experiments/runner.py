@@ -84,15 +84,18 @@ def score_files(exp: Experiment, arm: str) -> list[str]:
     return list(dict.fromkeys(sc.file for k, sc in exp.scores.items() if exp.arms[arm].has(k)))
 
 
-def complete(run: Path, exp: Experiment, arm: str) -> bool:
-    """A finished run: run.json says complete and its score files are there."""
-    rj = run / "run.json"
-    if not rj.is_file() or not all((run / f).is_file() for f in score_files(exp, arm)):
-        return False
+def finished(run: Path) -> bool:
+    """Whether a run directory's run.json says it finished (a run still going, or stopped part-way, holds some of its
+    records: read, they would make a row of fewer samples than its flags ask)."""
     try:
-        return json.loads(rj.read_text(encoding="utf-8")).get("status") in FINISHED
+        return json.loads((run / "run.json").read_text(encoding="utf-8")).get("status") in FINISHED
     except (OSError, ValueError):
         return False
+
+
+def complete(run: Path, exp: Experiment, arm: str) -> bool:
+    """A finished run whose score files are there."""
+    return finished(run) and all((run / f).is_file() for f in score_files(exp, arm))
 
 
 def prepared(path: Path) -> bool:

@@ -449,8 +449,8 @@ def multi_windows(loaded, hay, s, lengths) -> list[Window]:
 def key_record(loaded, s, w: Window, k: Key, i: int, read) -> dict:
     """A key's record: its digits' losses, retrieved, distance, its slot's nominal distance (``back``: length x (1 -
     depth) tokens, the same in every window: a label, as a key pushed past its depth by an earlier insertion sits
-    nearer its answer), the keys in its context and
-    a copier's loss among them (:func:`copier_loss`), the no-key control."""
+    nearer its answer), the keys in its context and a copier's loss among them (:func:`copier_loss`), the no-key
+    control."""
     nll, arg = read
     rec = digit_record(w.ids, k.answer_pos, nll, arg)
     seen = sum(1 for o in w.keys if o.key_pos < k.answer_pos[0])
