@@ -3,7 +3,8 @@ runs while the page reads every arm's runs (an arm without runs named, never dro
 with other flags is refused or, with --rerun-changed, moved aside and made again; a --quick work directory is not a
 full one; a baseline family tests only the lengths outside its baseline (BH over those); a pooled proportion row
 counts each sample once; a repeated id is an error; unit: bucket is refused; a score's range bounds its interval;
-seeds that agree exactly are no test; an arm reads only its group of a run's records; a run not finished is not read. Numbers against scipy / the definitions written out here."""
+seeds that agree exactly are no test; an arm reads only its group of a run's records; a run not finished is not
+read. Numbers against scipy / the definitions written out here."""
 from __future__ import annotations
 
 import itertools
