@@ -100,12 +100,8 @@ def complete(run: Path, exp: Experiment, arm: str) -> bool:
 
 def prepared(path: Path) -> bool:
     """A prepared file is there; a prepared run directory (a fine-tune: run.json) is finished."""
-    rj = path / "run.json"
-    if path.is_dir() and rj.is_file():
-        try:
-            return json.loads(rj.read_text(encoding="utf-8")).get("status") in FINISHED
-        except (OSError, ValueError):
-            return False
+    if path.is_dir() and (path / "run.json").is_file():
+        return finished(path)
     return path.exists()
 
 
