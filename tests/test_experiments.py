@@ -66,7 +66,7 @@ def _check_cells_against_scipy(exp, out: Path):
                     for a in exp.members(series):
                         d = run_dir(out, exp.arms[a].reads or a, s, t if exp.arms[a].per_length else None)
                         got = scores(d / sc.file, exp.arms[a].field_of(sc), sc.id, sc.kind, sc.length,
-                                     exp.arms[a].group)
+                                     exp.arms[a].group, sc.partial)
                         by_arm.append(got if sc.length is None else got[t])
                     if any(set(g) != set(by_arm[0]) for g in by_arm):
                         continue

@@ -109,6 +109,52 @@ quick: {seeds: [0]}
 """
 
 
+def test_a_work_dir_in_the_repository_keeps_what_its_page_needs(tmp_path, capsys, monkeypatch):
+    """``work:`` puts a full run's work directory in the repository (a quick's stays in runs/); what git keeps of it
+    by experiments/real_model/work/.gitignore (the records, not the forwards, the training set, checkpoints,
+    models or locks) re-makes the same results on a fresh clone."""
+    import shutil
+    import subprocess
+
+    from ropescale.common import paths
+    from ropescale.experiments import __main__ as cli
+    from ropescale.experiments import runner, spec
+
+    repo = tmp_path / "repo"
+    monkeypatch.setattr(paths, "REPO_ROOT", repo)
+    f = tmp_path / "running.yaml"
+    f.write_text(RUNNING + "work: experiments/running/work\n", encoding="utf-8")
+    work = repo / "experiments" / "running" / "work"
+    assert runner.work_dir(spec.load(f), runner.ExperimentSettings()) == work
+    assert runner.work_dir(spec.load(f, quick=True), runner.ExperimentSettings()) == \
+        repo / "runs" / "experiments" / "running-quick"
+    monkeypatch.setattr(runner, "call", fake_call([]))
+    assert cli.main(["run", str(f)]) == 0
+    (work / "forwards").mkdir()  # what a real run leaves besides its records
+    (work / "forwards" / "w0.pt").write_bytes(b"0" * 64)
+    ft = work / "train" / "ft-s0"
+    (ft / "checkpoint-10").mkdir(parents=True)
+    for name in ("checkpoint-10/adapter_model.safetensors", "adapter_model.safetensors", "merged", ".lock",
+                 "run.json", "train_log.jsonl", "config.json"):
+        (ft / name).write_text("{}\n", encoding="utf-8")
+    (work / "train" / "ft-s0.argv.json").write_text("{}\n", encoding="utf-8")
+    shutil.copy(Path(__file__).resolve().parents[1] / "experiments" / "real_model" / "work" / ".gitignore", work)
+    git = ["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    kept = set(subprocess.run(git + ["ls-files"], check=True, capture_output=True, text=True).stdout.split())
+    assert {"train/ft-s0/run.json", "train/ft-s0/train_log.jsonl", "train/ft-s0.argv.json", "data/s0.jsonl.argv.json",
+            "runs/a/s0/T64/scores.jsonl", "runs/a/s0/T64/run.json", "runs/a/s0/T64/argv.json", "run.json"} <= kept
+    assert not [k for k in kept if k.startswith(("forwards/", "data/s0.jsonl", "train/ft-s0/checkpoint"))
+                and not k.endswith(".argv.json") or k.endswith((".lock", ".safetensors", "merged"))], kept
+    fresh = tmp_path / "fresh"
+    for k in kept:
+        (fresh / k).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(work / k, fresh / k)
+    assert report(f, fresh) == report(f, work)
+    capsys.readouterr()
+
+
 def test_a_run_made_with_other_flags_is_refused_or_rerun(tmp_path, capsys, monkeypatch):
     from ropescale.experiments import __main__ as cli
     from ropescale.experiments import runner
@@ -250,6 +296,18 @@ def test_a_repeated_id_within_a_length_is_an_error(tmp_path, key):
         return
     with pytest.raises(InputError, match="record 3: window 'w0' is repeated at bucket 0"):
         scores(p, "loss", "window", length="bucket")
+
+
+def test_a_partial_score_skips_the_records_without_its_field(tmp_path):
+    from ropescale.common.io import InputError
+    from ropescale.experiments.collect import scores
+
+    p = tmp_path / "items.jsonl"  # a control measured for the short key only
+    p.write_text('{"id": "k0", "col": 4, "loss": 1.0, "control": 2.0}\n{"id": "k1", "col": 8, "loss": 1.5}\n',
+                 encoding="utf-8")
+    assert scores(p, "control", "id", length="col", partial=True) == {4: {"k0": 2.0}}
+    with pytest.raises(InputError, match="control"):
+        scores(p, "control", "id", length="col")
 
 
 GROUPS = """name: groups

@@ -78,6 +78,19 @@ def test_probe_run_and_control(make_tiny_model, tiny_tokenizer, tmp_path, keys, 
         assert max(x["keys_in_context"] for x in items) == 4  # every key of the window precedes the last answers
         for x in items:  # the slot's nominal distance (a label: keys pushed by earlier insertions sit later)
             assert x["back"] == round(x["col"] * (1 - x["depth"]))
+        # --control-upto: the control only for the keys of the shorter length, each equal to the full run's
+        part = tmp_path / "upto"
+        pk.passkey_probe(loaded, [], lengths=[512, 1024], depths=[0.2, 0.6], n=1, keys=keys, control_upto=512,
+                         out=str(part))
+        cut = {x["id"]: x for x in map(json.loads, (part / "items.jsonl").read_text().splitlines())}
+        assert cut.keys() == {x["id"] for x in items}
+        for x in items:
+            y = cut[x["id"]]
+            assert y["answer_loss"] == pytest.approx(x["answer_loss"], abs=1e-6)
+            if x["col"] <= 512:
+                assert y["control_loss"] == pytest.approx(x["control_loss"], abs=1e-6)
+            else:
+                assert "control_loss" not in y
             assert x["copier"] == pytest.approx(math.log(x["keys_in_context"]) / 5)
         assert any(b["copier"] is not None and math.isfinite(b["copier"]) for b in summary["by_distance"])
 

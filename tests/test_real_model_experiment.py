@@ -78,7 +78,8 @@ def both(smollm2, tmp_path_factory):
     torch.set_num_threads(1)
     try:
         tmp = tmp_path_factory.mktemp("real_model_experiment")
-        assert cli.main(["run", str(YAML), "--quick", "--only", ",".join(ARMS), "--out", str(tmp / "e")]) == 0
+        assert cli.main(["run", str(YAML), "--quick", "--only", ",".join(ARMS + ("none_control",)),
+                         "--out", str(tmp / "e")]) == 0
         tok = AutoTokenizer.from_pretrained(str(smollm2))
         texts = pk.read_novels(["english/austen/emma.txt", "english/austen/persuasion.txt"])
         windows = pk.novel_windows(tok, texts, QUICK["windows"], QUICK["lengths"], QUICK["depths"], QUICK["seed"])
@@ -170,6 +171,51 @@ def test_cells_and_in_window_cost_equal_scipy_on_transformers(both):
         ci = t.confidence_interval()
         assert (got["lo"], got["hi"]) == pytest.approx((ci.low, ci.high), abs=1e-3)
         assert got["p"] == pytest.approx(t.pvalue, abs=1e-3)
+
+
+def test_no_key_control_equals_transformers_without_the_key(both, smollm2):
+    """none_control: each key up to the quick's control_upto (256) read again by transformers with its sentence cut
+    out of the window (the other keys stay), to its length; the keys past it carry no control; its cell and the
+    family's with-the-key - without-it difference, paired by key, against the same numbers and scipy's t."""
+    import scipy.stats
+    import torch
+
+    from ropescale.probes import passkey as pk
+
+    run = both["work"] / "runs" / "none_control" / "s0"
+    items = {(r["window"], r["col"], r["depth"]): r for r in jsonl(run / "items.jsonl")}
+    model = theirs(smollm2, entries("none"), QUICK["orig"])
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    want = {}
+    try:
+        for i, w in enumerate(both["windows"]):
+            for k in w.keys:
+                got = items[(i, k.length, k.depth)]
+                if k.length > 256:
+                    assert "control_loss" not in got
+                    continue
+                sentence = pk.encode(both["tok"], pk.key_text(k.name, k.number))
+                assert w.ids[k.key_pos:k.key_pos + len(sentence)] == sentence
+                ids = w.ids[:k.key_pos] + w.ids[k.key_pos + len(sentence):k.length]
+                nll = hf_read(model, ids)[0]
+                loss = sum(float(nll[p - len(sentence)]) for p in k.answer_pos) / len(k.answer_pos)
+                assert got["control_loss"] == pytest.approx(loss, abs=TOL)
+                want[f"w{i}:L{k.length}:d{k.depth}"] = (got["answer_loss"], loss)
+    finally:
+        torch.set_num_threads(n)
+    assert len(want) == 4
+    res = json.loads((both["work"] / "results.json").read_text(encoding="utf-8"))["scores"]["control"]["seeds"]["0"]
+    cells = res["cells"]
+    assert set(cells["none_control"]) == {"L256"} and set(cells["none_keyed"]) == {"L256", "L512"}
+    assert cells["none_control"]["L256"]["mean"] == pytest.approx(sum(b for _, b in want.values()) / 4, abs=TOL)
+    fam = res["families"]["with the key - without it (the no-key control)"]
+    got = [f for f in fam if f["a"] == "none_keyed"]
+    assert len(got) == 1 and got[0]["n"] == 4
+    d = [a - b for a, b in want.values()]
+    assert got[0]["statistic"] == pytest.approx(sum(d) / 4, abs=TOL)
+    ci = scipy.stats.ttest_1samp(d, 0.0).confidence_interval()
+    assert (got[0]["lo"], got[0]["hi"]) == pytest.approx((ci.low, ci.high), abs=1e-3)
 
 
 def test_forwards_are_shared_by_frequencies(both):

@@ -280,7 +280,8 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
 
 # ---------------------------------------------------------------- the one output rule: replace only what we wrote
 OUTPUTS_RECORD = ".ropescale-outputs.json"  # beside a command's outputs: {name: {"sha256"|"dir", "by", "at"}}
-SCAFFOLDING = (OUTPUTS_RECORD, ".lock")  # what a command leaves in a folder besides its outputs
+# what a command leaves in a folder besides its outputs, and a .gitignore of a work directory kept in the repository
+SCAFFOLDING = (OUTPUTS_RECORD, ".lock", ".gitignore")
 _claimed: set[str] = set()  # absolute paths this process claimed: recorded once written (atomic_open / atomic_dir)
 _claimed_dirs: set[str] = set()  # folders whose files this process writes (a report's --out DIR)
 writer_name = "ropescale"  # who the record says wrote an output (the Tool sets it to its command line)

@@ -26,14 +26,17 @@ def number(v, kind: str, where: str, path: Path) -> float:
 
 
 def scores(path: Path, field: str, key: str, kind: str = "mean", length: str | None = None,
-           group: str | None = None) -> dict:
+           group: str | None = None, partial: bool = False) -> dict:
     """{id (as a string): float} of one score file; with ``length`` (a record field): {length: {id: float}}; with
-    ``group``, only the records whose ``group`` field is it (the others are another arm's). A record without a
-    finite number in ``field`` (or an integer ``length``), a proportion's score that is not 0 or 1, or an id repeated
-    (within a length), is an error naming the file and record."""
+    ``group``, only the records whose ``group`` field is it (the others are another arm's); ``partial``: a record
+    without ``field`` is skipped (a measure made for some records only). A record without a finite number in
+    ``field`` (or an integer ``length``), a proportion's score that is not 0 or 1, or an id repeated (within a
+    length), is an error naming the file and record."""
     out: dict = {}
-    need = (key,) + ((length,) if length else ()) + (() if group else (field,))  # a group's: checked in it
+    need = (key,) + ((length,) if length else ()) + (() if group or partial else (field,))  # a group's: checked in it
     for k, rec in enumerate(read_jsonl(path, need), 1):
+        if partial and field not in rec:
+            continue
         if group is not None:
             if rec.get("group") != group:
                 continue
@@ -68,7 +71,7 @@ def collect_score(exp: Experiment, sc: Score, work: Path, arms, seeds) -> dict:
                 p = run_dir(work, arm.reads or a, s, t) / sc.file
                 if not p.is_file() or not finished(p.parent):
                     continue
-                got = scores(p, arm.field_of(sc), sc.id, sc.kind, sc.length, arm.group)
+                got = scores(p, arm.field_of(sc), sc.id, sc.kind, sc.length, arm.group, sc.partial)
                 by = out.setdefault(a, {}).setdefault(s, {})
                 if sc.length is None:
                     by[t if t is not None else 0] = got

@@ -32,7 +32,8 @@ class ExperimentSettings:
     only: list[str] | None = setting(None, "run only these arms (comma-separated); the page reads every arm's runs",
                                      metavar="ARM", resume="ignore")
     seeds: list[int] | None = setting(None, "seeds (comma-separated; default: the file's)", resume="ignore")
-    out: str | None = setting(None, "work directory (default runs/experiments/NAME, NAME-quick with --quick)",
+    out: str | None = setting(None, "work directory (default: the file's work:, else runs/experiments/NAME; "
+                                    "runs/experiments/NAME-quick with --quick)",
                               metavar="DIR", resume="ignore")
     page: str | None = setting(None, "the page's path (default OUT/NAME.md)", metavar="FILE", resume="ignore")
     rerun_changed: bool = setting(False, "re-run the runs (and prepared files) whose recorded flags differ from the "
@@ -44,9 +45,14 @@ def say(exp: Experiment, msg: str) -> None:
 
 
 def work_dir(exp: Experiment, st: ExperimentSettings) -> Path:
+    """--out; else the file's ``work:`` (a full run); else runs/experiments/NAME (NAME-quick for the quick)."""
     from ropescale.common.paths import REPO_ROOT
 
-    return Path(st.out) if st.out else REPO_ROOT / "runs" / "experiments" / (exp.name + ("-quick" if exp.quick else ""))
+    if st.out:
+        return Path(st.out)
+    if exp.work and not exp.quick:
+        return REPO_ROOT / exp.work
+    return REPO_ROOT / "runs" / "experiments" / (exp.name + ("-quick" if exp.quick else ""))
 
 
 def run_dir(work: Path, arm: str, seed: int, length: int | None) -> Path:

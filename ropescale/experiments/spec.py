@@ -8,9 +8,12 @@ per seed and length with ``--out`` a run directory and ``--resume auto``; or ``{
 field of ARM's runs, running nothing), ``pools`` (rows that average arms per sample: ``NAME: {label, arms:
 [...]}``), ``score`` (``file``, ``field``, ``id``, ``name``, ``kind``: mean or proportion, ``make``: the command
 that writes the file into ``{run}`` when it is missing, ``range``: [lo, hi], the score's range, e.g. [0, 100] for a
-share in percent: a mean's interval stays inside it), ``table`` (the rows shown, arms or pools), ``families``
-(``NAME: [[a, b], ...]``: the comparisons a - b read together, BH q per family) and ``quick`` (overrides of
-``seeds``, ``lengths``, ``vars`` and ``arms``, a list: the miniature a test runs). ``scores`` holds several scores
+share in percent: a mean's interval stays inside it; ``partial: true``: a record without the field is not one of
+the score's samples, e.g. a control made for some keys only), ``table`` (the rows shown, arms or pools), ``families``
+(``NAME: [[a, b], ...]``: the comparisons a - b read together, BH q per family), ``work`` (the work directory,
+repository-relative, default runs/experiments/NAME: one in the repository keeps the records with the file) and
+``quick`` (overrides of ``seeds``, ``lengths``, ``vars`` and ``arms``, a list: the miniature a test runs; it
+always works in runs/experiments/NAME-quick). ``scores`` holds several scores
 (``NAME: {...}`` as ``score``, plus ``unit``, ``length``: the record field a length-less arm's records carry their
 length in, ``column``, ``table``); an arm names the ones it has (``scores: [...]``, default the first), a family
 the one it reads (``NAME: {score, pairs}``; ``{score, rows, baseline: [lo, hi]}``: each row against its own mean
@@ -33,11 +36,11 @@ from pathlib import Path
 from ropescale.common.io import InputError
 
 KEYS = ("name", "title", "about", "seeds", "lengths", "vars", "prepare", "arms", "pools", "score", "scores",
-        "table", "families", "quick")
+        "table", "families", "quick", "work")
 KINDS = ("mean", "proportion")
 UNITS = ("sample", "window")  # what one id of a score is: the paired tests' unit (never a bucket: see score())
 SCORE_KEYS = ("file", "field", "id", "name", "make", "kind", "unit", "length", "column", "table", "digits",
-              "range")
+              "range", "partial")
 ARM_KEYS = ("label", "run", "reads", "field", "fields", "scores", "facts", "lengths", "group")
 QUICK_KEYS = ("seeds", "lengths", "vars", "arms")
 RUNTIME = ("seed", "length", "run", "out", "work")  # placeholders the runner fills in
@@ -84,6 +87,7 @@ class Score:
     table: tuple = ()  # the rows shown for this score (default: the experiment's table, the rows that have it)
     digits: int = 1  # decimals of its cells and tests on the page
     range: tuple | None = None  # (lo, hi): the score's range; a mean's interval stays inside it (stats.means bounds)
+    partial: bool = False  # a record without ``field`` is not this score's sample (a measure made for some records)
     key: str = "score"  # its name in ``scores:`` (``score`` for the one ``score:`` block)
 
 
@@ -126,6 +130,7 @@ class Experiment:
     table: tuple
     families: dict  # name -> Family
     quick: bool = False
+    work: str | None = None  # the work directory (repository-relative) when it is not runs/experiments/NAME
     lines: dict = dc_field(default_factory=dict, compare=False)
 
     @property
@@ -348,8 +353,10 @@ def read_score(r: Reader, sc: dict, key: str, where: str) -> Score:
                                 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in rng)
                                 and rng[0] < rng[1]):
         r.fail("range", f"{where}: range: [lo, hi], two numbers with lo < hi (a share in percent: [0, 100])")
+    if "partial" in sc and not isinstance(sc["partial"], bool):
+        r.fail("partial", f"{where}: partial: true or false (true: a record without the field is not a sample)")
     conv = {"make": lambda v: r.flags(v, "make"), "table": lambda v: tuple(str(x) for x in v), "digits": int,
-            "range": lambda v: (float(v[0]), float(v[1]))}
+            "range": lambda v: (float(v[0]), float(v[1])), "partial": bool}
     return Score(**{k: conv.get(k, str)(v) for k, v in sc.items()}, key=key)
 
 
@@ -426,6 +433,16 @@ def per_length(exp: Experiment, flags) -> bool:
     return "length" in used or any("length" in placeholders((exp.prepare[k][0],)) for k in used & set(exp.prepare))
 
 
+def read_work(r: Reader, data: dict) -> str | None:
+    """``work:``, a repository-relative directory (the records kept with the file, docs/experiments.md), or None."""
+    w = data.get("work")
+    if w is None:
+        return None
+    if not isinstance(w, str) or not w.strip() or Path(w).is_absolute() or ".." in Path(w).parts:
+        r.fail("work", "work: a directory inside the repository, relative to its root (e.g. experiments/NAME/work)")
+    return w
+
+
 def load(path: str | Path, *, quick: bool = False) -> Experiment:
     """The experiment ``path`` describes (with ``quick``: its ``quick:`` block applied), every key checked."""
     p = Path(path)
@@ -443,7 +460,7 @@ def load(path: str | Path, *, quick: bool = False) -> Experiment:
     variables = read_vars(r, data, q, quick)
     exp = Experiment(p, r.name(data["name"], "name"), str(data.get("title", data["name"])),
                      str(data.get("about", "")).strip(), seeds, lengths, variables, read_prepare(r, data), arms,
-                     pools, scores, table, read_families(r, data, scores, variables), quick)
+                     pools, scores, table, read_families(r, data, scores, variables), quick, read_work(r, data))
     for k, arm in exp.arms.items():  # an arm that reads another's runs: that arm's flags
         v = data["arms"][arm.reads] if arm.reads else arm.run
         flags = arm.run or r.flags(v if isinstance(v, list) else (v or {}).get("run"), arm.reads)

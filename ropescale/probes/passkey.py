@@ -279,6 +279,9 @@ class PasskeySettings(ProbeSettings):
     haystack: str = setting("noise", "noise: the papers' repeated sentences; novel: --data's text",
                             choices=("noise", "novel"))
     control: bool = setting(True, "also read each key with its key sentence removed (the no-key control)")
+    control_upto: int | None = setting(None, "--keys multi: the no-key control only for the keys of lengths <= L "
+                                             "(a forward a key, to its length: the costly part); default: every key",
+                                       check=POSITIVE, metavar="L")
     novels: list[str] | None = setting(None, "--keys multi: .txt novels (or a directory of them, sorted), "
                                              "comma-separated: window i from novel i in order, cycling, at a random "
                                              "start (the real-model windows, novel_windows); default: --data's text",
@@ -456,7 +459,8 @@ def key_record(loaded, s, w: Window, k: Key, i: int, read) -> dict:
     seen = sum(1 for o in w.keys if o.key_pos < k.answer_pos[0])
     rec.update(distance=k.distance, back=round(k.length * (1 - k.depth)), keys_in_context=seen,
                copier=copier_loss(seen), name=k.name, window=i)
-    if s.control:  # the window up to this key's length with its key sentence cut out
+    if s.control and (s.control_upto is None or k.length <= s.control_upto):  # the window up to this key's
+        # length with its key sentence cut out
         n_key = len(encode(loaded.tokenizer, key_text(k.name, k.number)))
         ids = w.ids[:k.key_pos] + w.ids[k.key_pos + n_key:k.length]
         pos = [p - n_key for p in k.answer_pos]
