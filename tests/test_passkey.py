@@ -78,6 +78,8 @@ def test_probe_run_and_control(make_tiny_model, tiny_tokenizer, tmp_path, keys, 
         assert max(x["keys_in_context"] for x in items) == 4  # every key of the window precedes the last answers
         for x in items:  # the slot's nominal distance (a label: keys pushed by earlier insertions sit later)
             assert x["back"] == round(x["col"] * (1 - x["depth"]))
+            assert x["copier"] == pytest.approx(math.log(x["keys_in_context"]) / 5)
+        assert any(b["copier"] is not None and math.isfinite(b["copier"]) for b in summary["by_distance"])
         # --control-upto: the control only for the keys of the shorter length, each equal to the full run's
         part = tmp_path / "upto"
         pk.passkey_probe(loaded, [], lengths=[512, 1024], depths=[0.2, 0.6], n=1, keys=keys, control_upto=512,
@@ -91,8 +93,6 @@ def test_probe_run_and_control(make_tiny_model, tiny_tokenizer, tmp_path, keys, 
                 assert y["control_loss"] == pytest.approx(x["control_loss"], abs=1e-6)
             else:
                 assert "control_loss" not in y
-            assert x["copier"] == pytest.approx(math.log(x["keys_in_context"]) / 5)
-        assert any(b["copier"] is not None and math.isfinite(b["copier"]) for b in summary["by_distance"])
 
 
 def test_cli_registers_passkey_and_ruler():
