@@ -90,6 +90,8 @@ def build(venv: Path, pins: list[str] | tuple = (), *, log, python: str = sys.ex
     ds = ds_pins or ["-r", "requirements-deepspeed.txt"]
     _run(pip + ["--no-build-isolation", *ds, *other], log, env=env)
     _run([py, "-m", "pip", "--disable-pip-version-check", "check"], log)
+    # the launcher hook scripts/setup.sh writes into .venv (DS_ACCELERATOR, a quiet Ctrl-C): the suite tests it
+    _run([py, "-c", "from ropescale.common.process import write_accelerator_pth as w; w()"], log)
     log.write(f"[envbuild] {venv} built in {time.time() - t0:.0f} s\n")
     return installed(venv)
 
