@@ -183,3 +183,18 @@ def test_command_on_the_tiny_default(tmp_path, capsys):
         cont.draw_starts(1633, 2, 5032, 0, Doc("a", "a", "", f"{d / 'a.txt'}:1"))
     assert str(e.value) == (f"{d / 'a.txt'}: document a: 1633 tokens, a window needs 5032 (--prompt-len + "
                             f"--continuation)")
+
+
+def test_data_takes_several_paths_in_order(tmp_path):
+    """--data a,b: the documents of each path in the order given (a directory's sorted), one id twice refused."""
+    d = tmp_path / "texts"
+    d.mkdir()
+    for name, k in (("b", 2), ("c", 3)):
+        (d / f"{name}.txt").write_text(hand_text(k, 20), encoding="utf-8")
+    (tmp_path / "a.txt").write_text(hand_text(4, 20), encoding="utf-8")
+    docs = cont.load_texts(cont.ContinuationSettings(data=f"{d / 'c.txt'},{tmp_path / 'a.txt'}"))
+    assert [x.id for x in docs] == ["c", "a"] and docs[1].text == hand_text(4, 20)
+    assert [x.id for x in cont.load_texts(cont.ContinuationSettings(data=f"{tmp_path / 'a.txt'},{d}"))] == \
+        ["a", "b", "c"]
+    with pytest.raises(InputError, match="document 'c' twice"):
+        cont.load_texts(cont.ContinuationSettings(data=f"{d},{d / 'c.txt'}"))

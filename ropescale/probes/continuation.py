@@ -1,11 +1,11 @@
 """continuation: has the model memorised the text? Greedy continuations against the text's own next tokens, beside
 the same windows with every character name replaced (a form of the text the model cannot have read).
 
-From each document (``--data``: a ``.txt`` file, a directory of them, or a documents file) ``--n`` prompts of
-``--prompt-len`` tokens are drawn at seeded positions; the model continues each greedily for ``--continuation``
-tokens (32 by default), compared with the document's next tokens: an exact match (every token the same; a
-proportion, Wilson's interval) and the longest common prefix (tokens, mean). Carlini et al. 2023 (arXiv 2202.07646,
-Sec 3, Definition 3.1) call a greedy continuation equal to the text's own an extraction of memorised text.
+From each document (``--data``: a ``.txt`` file, a directory of them, or a documents file; several comma-separated)
+``--n`` prompts of ``--prompt-len`` tokens are drawn at seeded positions; the model continues each greedily for
+``--continuation`` tokens (32 by default), compared with the document's next tokens: an exact match (every token the
+same; a proportion, Wilson's interval) and the longest common prefix (tokens, mean). Carlini et al. 2023 (arXiv
+2202.07646, Sec 3, Definition 3.1) call a greedy continuation equal to the text's own an extraction of memorised text.
 
 The name-swapped variant reads the same windows in a copy of the document whose character names are replaced
 (:func:`swap_names`): a capitalised word (``[A-Z][a-z]+``) that is not a title, weekday or month and occurs at
@@ -64,7 +64,8 @@ VARIANTS = ("original", "names-swapped")
 
 @dataclass(frozen=True)
 class ContinuationSettings(ProbeSettings):
-    data: str = data_setting("a .txt file, a directory of .txt files (one document each) or a documents JSONL")
+    data: str = data_setting("a .txt file, a directory of .txt files (one document each) or a documents JSONL; "
+                             "several: comma-separated")
     n: int = setting(50, "prompts a document", check=POSITIVE)
     prompt_len: int = setting(256, "tokens a prompt", check=POSITIVE, metavar="P")
     continuation: int = setting(32, "tokens a greedy continuation (compared with the text's own)", check=POSITIVE,
@@ -129,13 +130,22 @@ def swap_names(text: str, min_count: int, pool=NAMES, cost: Callable[[str], int]
 
 
 def load_texts(s: ContinuationSettings) -> list[Doc]:
-    """``--data``: a directory's ``*.txt`` files (sorted by name, one document each) or what ``load_docs`` reads."""
-    p = Path(s.data)
-    if not p.is_dir():
-        return load_docs(p)
-    docs = [d for f in sorted(p.glob("*.txt")) for d in load_docs(f)]
-    if not docs:
-        raise InputError("a directory of texts holds *.txt files; none here", p)
+    """``--data``: comma-separated, each a directory's ``*.txt`` files (sorted by name, one document each) or what
+    ``load_docs`` reads; the documents in the order given."""
+    docs: list[Doc] = []
+    for part in [x for x in s.data.split(",") if x.strip()]:
+        p = Path(part.strip())
+        if not p.is_dir():
+            docs += load_docs(p)
+            continue
+        here = [d for f in sorted(p.glob("*.txt")) for d in load_docs(f)]
+        if not here:
+            raise InputError("a directory of texts holds *.txt files; none here", p)
+        docs += here
+    ids = [d.id for d in docs]
+    dup = next((i for i in ids if ids.count(i) > 1), None)
+    if dup is not None:
+        raise InputError(f"--data names document {dup!r} twice (a document's id is its file's stem)", s.data)
     return docs
 
 
